@@ -1,0 +1,14 @@
+"""Errors a user can fix. The CLI turns them into a message and exit code 2."""
+
+
+class InputError(ValueError):
+    """Bad user input: names the input and what was expected."""
+
+    def __init__(self, what: str, problem: str, expected: str | None = None):
+        self.what = what
+        self.problem = problem
+        self.expected = expected
+        msg = f"{what}: {problem}"
+        if expected:
+            msg += f" (expected {expected})"
+        super().__init__(msg)

@@ -1,0 +1,138 @@
+"""The run directory: every command writes into one, the next command reads it.
+
+Layout (all paths relative to the run directory; a file that is absent means
+"not measured", never zero):
+
+    meta.json                      tpcomm + stack versions, command lines, created_utc
+    status.json                    per stage: {"state": "running|complete|incomplete|failed", ...}
+    topo.json                      `tpcomm topo` (GPUs, links, P2P, NUMA, NCCL env)
+    plan.json                      `tpcomm plan --json` document
+    predict.json                   `tpcomm predict --json` document
+    probe/results.parquet|.json    one row per (backend, op, mode, bytes, timing)
+    probe/fit.json                 fitted latency model per backend and op
+    hook/collectives.parquet       one row per collective call per rank (hook records)
+    hook/steps.parquet             one row per engine step per rank
+    load/requests.parquet          one row per client request (TTFT, ITL, TPOT, E2E)
+    load/levels.json               per concurrency level: throughput, percentiles, flags
+    attribution/*.parquet|.json    per-step and per-level split
+    report.pdf, report.md          `tpcomm report`
+
+Tables are Parquet, small documents JSON. Writes are atomic (temp file +
+rename) so an interrupted run never leaves a truncated file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpcomm.errors import InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunDir:
+    """A self-describing run directory (see the module docstring for its layout)."""
+
+    def __init__(self, path: str | os.PathLike, create: bool = True):
+        self.path = Path(path)
+        if create:
+            self.path.mkdir(parents=True, exist_ok=True)
+        elif not self.path.is_dir():
+            raise InputError(f"run directory {self.path}", "does not exist", "a folder written by a tpcomm command")
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def exists(self, name: str) -> bool:
+        return (self.path / name).exists()
+
+    # ---- JSON documents -------------------------------------------------
+    def write_json(self, name: str, obj: Any) -> Path:
+        p = self.path / name
+        _atomic_write_bytes(p, (json.dumps(obj, indent=2, default=_json_default) + "\n").encode())
+        return p
+
+    def read_json(self, name: str, default: Any = None) -> Any:
+        p = self.path / name
+        if not p.exists():
+            return default
+        try:
+            return json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise InputError(str(p), f"is not valid JSON ({e.msg} at line {e.lineno})", "a JSON document written by tpcomm") from None
+
+    # ---- tables ---------------------------------------------------------
+    def write_table(self, name: str, df: "pd.DataFrame") -> Path:
+        import io
+
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        p = self.path / name
+        _atomic_write_bytes(p, buf.getvalue())
+        return p
+
+    def read_table(self, name: str) -> "pd.DataFrame | None":
+        import pandas as pd
+
+        p = self.path / name
+        if not p.exists():
+            return None
+        try:
+            return pd.read_parquet(p)
+        except Exception as e:
+            raise InputError(str(p), f"cannot be read as Parquet ({type(e).__name__}: {e})", "a Parquet table written by tpcomm; it may be truncated") from None
+
+    # ---- metadata and stage status -------------------------------------
+    def record_command(self, command: str, argv: list[str] | None = None) -> None:
+        """Append this command to meta.json (created with stack versions on first use)."""
+        from tpcomm.versions import stack_versions
+
+        meta = self.read_json("meta.json") or {"created_utc": _utc(), "versions": stack_versions(), "commands": []}
+        meta["commands"].append({"command": command, "argv": list(argv if argv is not None else sys.argv), "utc": _utc()})
+        self.write_json("meta.json", meta)
+
+    def mark(self, stage: str, state: str, **info: Any) -> None:
+        """Record a stage's state (running, complete, incomplete, failed) in status.json."""
+        status = self.read_json("status.json") or {}
+        status[stage] = {"state": state, "utc": _utc(), **info}
+        self.write_json("status.json", status)
+
+    def stage_state(self, stage: str) -> str | None:
+        return (self.read_json("status.json") or {}).get(stage, {}).get("state")
+
+
+def _utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _json_default(o: Any) -> Any:
+    # numpy scalars and arrays, Paths
+    if hasattr(o, "item") and callable(o.item):
+        try:
+            return o.item()
+        except Exception:
+            pass
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
