@@ -1,0 +1,71 @@
+"""A model's shapes, normalised across architectures (what plan and predict need).
+
+Units: sizes are element counts (hidden size, heads, ...); `dtype_bytes` is the
+activation/weight dtype size in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from tpcomm.models.quant import QuantScheme
+
+# architecture (config.json "architectures"[0]) -> vLLM model file it follows
+FAMILIES = {
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v2",
+    "KimiK25ForConditionalGeneration": "deepseek_v2",
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
+    "Glm4MoeForCausalLM": "glm4_moe",
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    source: str                 # where the config came from (path or preset + its source)
+    architecture: str
+    family: str                 # vLLM model file the derivation follows (model_executor/models/<family>.py)
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int      # dense MLP
+    vocab_size: int
+    dtype: str = "bfloat16"
+    dtype_bytes: int = 2
+    tie_word_embeddings: bool = False
+    attention: str = "gqa"      # "mla" or "gqa"
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    n_routed_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    n_shared_experts: int = 0
+    moe_layers: tuple[int, ...] = ()
+    quant: QuantScheme = field(default_factory=QuantScheme)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_routed_experts > 0
+
+    @property
+    def dense_layers(self) -> tuple[int, ...]:
+        moe = set(self.moe_layers)
+        return tuple(i for i in range(self.num_layers) if i not in moe)
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        d["quant"] = {"method": self.quant.method, "description": self.quant.description,
+                      "weight_bits": self.quant.weight_bits, "activations": self.quant.activations}
+        d["moe_layers"] = len(self.moe_layers)
+        d["dense_layers"] = len(self.dense_layers)
+        return d

@@ -1,0 +1,90 @@
+"""`tpcomm plan`: the collectives vLLM issues per decode step, and the bytes each
+GPU reads per token, for a model config and a parallel layout.
+
+    >>> from tpcomm.plan import build_plan
+    >>> doc = build_plan("kimi-k2.5", tp=8, batches=[1]).to_dict()
+    >>> doc["collectives"][0]["op"], doc["totals"]["all_reduce"]["count"]
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpcomm.errors import InputError
+from tpcomm.models import ModelSpec, load_model
+from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED, Collective, decode_collectives
+from tpcomm.plan.layout import Layout, pp_partition
+from tpcomm.plan.weights import kv_bytes_per_token, weight_bytes_per_gpu, weight_components
+
+__all__ = ["build_plan", "Plan", "Layout", "Collective"]
+
+
+@dataclass
+class Plan:
+    model: ModelSpec
+    layout: Layout
+    batches: list[int]
+    collectives: list[Collective] = field(default_factory=list)
+
+    def for_batch(self, batch: int) -> list[Collective]:
+        return [c for c in self.collectives if c.batch == batch]
+
+    def totals(self, batch: int | None = None) -> dict:
+        """Per op: calls per decode step on the critical path (all pipeline stages) and bytes per rank."""
+        batch = self.batches[0] if batch is None else batch
+        t: dict = defaultdict(lambda: {"count": 0, "bytes": 0})
+        for c in self.for_batch(batch):
+            t[c.op]["count"] += c.count
+            t[c.op]["bytes"] += c.count * c.bytes
+        return dict(t)
+
+    def message_sizes(self) -> list[dict]:
+        """Distinct (op, group, group_size, bytes, dtype) for the probe, over all batches."""
+        seen = {}
+        for c in self.collectives:
+            seen.setdefault((c.op, c.group, c.group_size, c.bytes, c.dtype), c.batch)
+        return [{"op": o, "group": g, "group_size": n, "bytes": b, "dtype": d, "batch": bt} for (o, g, n, b, d), bt in seen.items()]
+
+    def to_dict(self) -> dict:
+        m, lay = self.model, self.layout
+        b0 = self.batches[0]
+        return {
+            "model": {"name": m.name, "source": m.source, "architecture": m.architecture, "vllm_model_file": f"model_executor/models/{m.family}.py",
+                      "hidden_size": m.hidden_size, "num_layers": m.num_layers, "moe_layers": len(m.moe_layers),
+                      "dense_layers": len(m.dense_layers), "attention": m.attention, "num_heads": m.num_heads,
+                      "num_kv_heads": m.num_kv_heads, "vocab_size": m.vocab_size, "n_routed_experts": m.n_routed_experts,
+                      "num_experts_per_tok": m.num_experts_per_tok, "dtype": m.dtype,
+                      "quantization": {"method": m.quant.method, "description": m.quant.description,
+                                       "weight_bits": m.quant.weight_bits, "activations": m.quant.activations,
+                                       "notes": list(m.quant.notes)}},
+            "layout": lay.to_dict(),
+            "pp_layers_per_stage": pp_partition(m.num_layers, lay.pp),
+            "batches": self.batches,
+            "vllm_version_followed": VLLM_VERSION_FOLLOWED,
+            "collectives": [c.to_dict() for c in self.collectives],
+            "totals": {str(b): self.totals(b) for b in self.batches},
+            "weights": {str(b): {"bytes_per_gpu_per_step": weight_bytes_per_gpu(m, lay, b),
+                                 "components": [c.to_dict() for c in weight_components(m, lay, b)]} for b in self.batches},
+            "kv_cache": kv_bytes_per_token(m, lay),
+            "conditions": {"phase": "decode (one token per sequence per step)", "batch_means": "sequences per step",
+                           "bytes_means": "per rank per call (input buffer); all_gather output = bytes x group_size",
+                           "count_means": "calls per decode step on one rank of the stage (pp_stage)",
+                           "derived_from": f"vLLM {VLLM_VERSION_FOLLOWED} model code, eager semantics (CUDA graphs replay the same collectives)"},
+        }
+
+
+def build_plan(model: str | Path | dict | ModelSpec, tp: int = 1, ep: bool = False, dp: int = 1, pp: int = 1, dcp: int = 1,
+               batches: list[int] | tuple[int, ...] = (1,)) -> Plan:
+    m = model if isinstance(model, ModelSpec) else load_model(model)
+    lay = Layout(tp=tp, ep=ep, dp=dp, pp=pp, dcp=dcp)
+    lay.validate(m)
+    batches = list(batches) or [1]
+    for b in batches:
+        if not isinstance(b, int) or b < 1:
+            raise InputError(f"--batch {b}", "is not a positive integer", "a decode batch size >= 1")
+    plan = Plan(m, lay, batches)
+    for b in batches:
+        plan.collectives.extend(decode_collectives(m, lay, b))
+    return plan

