@@ -45,11 +45,24 @@ class LazyGroup(click.Group):
             raise
         return getattr(module, attr)
 
+    def invoke(self, ctx):
+        # Library code raises InputError for user mistakes; show it as one line, exit 2.
+        from tpcomm.errors import InputError
+
+        try:
+            return super().invoke(ctx)
+        except InputError as e:
+            raise BadInput(str(e)) from None
+
     def format_commands(self, ctx, formatter):
         # Short help from the table above: listing commands must not import them.
         rows = [(name, short) for name, (_, _, short) in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+class BadInput(click.ClickException):
+    exit_code = 2
 
 
 def _unavailable(name: str, short: str) -> click.Command:

@@ -1,0 +1,180 @@
+"""`tpcomm plan`: collectives, weight bytes and errors, checked against vLLM 0.32's model code."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tpcomm.cli import cli
+from tpcomm.plan import build_plan
+from tpcomm.plan.weights import expected_experts, weight_bytes_per_gpu
+from tpcomm.tinymodel import TINY_CONFIG
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(TINY_CONFIG))
+    return p
+
+
+def ops(plan, batch=1):
+    return {op: t["count"] for op, t in plan.totals(batch).items()}
+
+
+def test_tiny_model_tp2_matches_what_vllm_cpu_issues(tiny_config):
+    # Measured in a real vLLM-CPU server (DESIGN.md): 9 all-reduces + the logits gather per step.
+    p = build_plan(tiny_config, tp=2)
+    assert ops(p) == {"all_reduce": 9, "all_gather": 1}
+    assert {c.bytes for c in p.collectives if c.op == "all_reduce"} == {256 * 2}
+    gather = next(c for c in p.collectives if c.op == "all_gather")
+    assert gather.bytes == 2048 // 2 * 2 and gather.site.startswith("logits")
+
+
+def test_kimi_k25_tp8_collectives():
+    p = build_plan("kimi-k2.5", tp=8, batches=[1, 32])
+    # 61 o_proj + 1 dense down_proj + 60 MoE + 1 embedding
+    assert ops(p, 1) == {"all_reduce": 123, "all_gather": 1}
+    assert {c.bytes for c in p.for_batch(1) if c.op == "all_reduce"} == {7168 * 2}  # 14 KiB per token
+    assert {c.bytes for c in p.for_batch(32) if c.op == "all_reduce"} == {32 * 7168 * 2}
+    sites = {c.site: c.count for c in p.for_batch(1)}
+    assert sites["model.layers.*.self_attn.o_proj"] == 61
+    assert sites["model.layers.*.mlp.experts"] == 60
+    assert sites["model.layers.*.mlp.down_proj"] == 1
+
+
+def test_deepseek_v3_dense_layers_and_fp8():
+    p = build_plan("deepseek-v3", tp=8)
+    sites = {c.site: c.count for c in p.collectives}
+    assert sites["model.layers.*.mlp.down_proj"] == 3 and sites["model.layers.*.mlp.experts"] == 58
+    assert p.model.quant.method == "fp8" and 8 < p.model.quant.weight_bits < 8.01
+
+
+def test_nvfp4_and_int4_issue_same_collectives_and_read_same_bytes():
+    a, b = build_plan("kimi-k2.5", tp=8), build_plan("kimi-k2.5-nvfp4", tp=8)
+    key = lambda c: (c.op, c.bytes, c.count, c.site)
+    assert sorted(map(key, a.collectives)) == sorted(map(key, b.collectives))
+    assert weight_bytes_per_gpu(a.model, a.layout) == pytest.approx(weight_bytes_per_gpu(b.model, b.layout))
+    assert "W4A4" in b.model.quant.activations and "weight-only" in a.model.quant.activations
+
+
+def test_quantization_applies_to_routed_experts_only():
+    doc = build_plan("kimi-k2.5", tp=8).to_dict()
+    bits = {c["component"]: c["bits_per_weight"] for c in doc["weights"]["1"]["components"]}
+    assert bits["routed experts"] == 4.5
+    assert bits["attention o_proj (sharded)"] == 16 and bits["shared experts (sharded)"] == 16 and bits["lm_head (sharded)"] == 16
+
+
+def test_weight_bytes_kimi_by_hand():
+    doc = build_plan("kimi-k2.5", tp=8).to_dict()
+    comps = {c["component"]: c["bytes_per_gpu"] for c in doc["weights"]["1"]["components"]}
+    assert comps["attention o_proj (sharded)"] == pytest.approx(61 * 64 * 128 * 7168 / 8 * 2)
+    assert comps["attention q_a/kv_a (replicated)"] == pytest.approx(61 * 7168 * (1536 + 512 + 64) * 2)
+    assert comps["routed experts"] == pytest.approx(60 * 8 * 3 * 7168 * 2048 / 8 * 4.5 / 8)
+    assert doc["kv_cache"]["bytes_per_token_per_gpu"] == 61 * 576 * 2
+
+
+def test_expected_experts_formula():
+    assert expected_experts(384, 8, 1) == pytest.approx(8)
+    assert expected_experts(384, 8, 32) == pytest.approx(384 * (1 - (1 - 8 / 384) ** 32))
+    assert expected_experts(8, 2, 10**6) == pytest.approx(8)
+
+
+def test_llama_and_qwen_dense():
+    p = build_plan("llama-3.1-70b", tp=8)
+    assert ops(p) == {"all_reduce": 1 + 80 * 2, "all_gather": 1}
+    q = build_plan("qwen3-32b", tp=8)
+    assert ops(q) == {"all_reduce": 1 + 64 * 2, "all_gather": 1}
+
+
+@pytest.mark.parametrize("preset,layers", [("qwen3-235b-a22b", 94), ("mixtral-8x7b", 32), ("glm-4.5-air", 46)])
+def test_moe_families(preset, layers):
+    p = build_plan(preset, tp=4)
+    assert ops(p)["all_reduce"] == 1 + 2 * layers
+
+
+def test_pipeline_parallel_adds_send_recv_and_splits_layers():
+    p = build_plan("kimi-k2.5", tp=4, pp=2)
+    d = p.to_dict()
+    assert d["pp_layers_per_stage"] == [31, 30]
+    sr = [c for c in p.collectives if c.op == "send_recv"]
+    assert len(sr) == 1 and sr[0].count == 2 and sr[0].bytes == 7168 * 2 // 4
+    o = {(c.site, c.pp_stage): c.count for c in p.collectives}
+    assert o[("model.layers.*.self_attn.o_proj", 0)] == 31 and o[("model.layers.*.self_attn.o_proj", 1)] == 30
+    assert ("model.embed_tokens", 0) in o and ("logits_processor (lm_head vocab shards)", 1) in o
+
+
+def test_dp_ep_uses_allgather_reducescatter():
+    p = build_plan("deepseek-v3", tp=1, dp=8, ep=True)
+    by = {(c.op, c.group) for c in p.collectives}
+    assert ("all_gather", "dp") in by and ("reduce_scatter", "dp") in by and ("all_reduce", "dp") in by
+    assert not any(c.op == "all_reduce" and c.group == "tp" for c in p.collectives)
+
+
+def test_dcp_adds_mla_gathers():
+    p = build_plan("deepseek-v3", tp=8, dcp=2)
+    dcp = [c for c in p.collectives if c.group == "dcp"]
+    assert {c.op for c in dcp} == {"all_gather", "reduce_scatter"} and all(c.count == 61 for c in dcp)
+
+
+def test_json_output_has_documented_keys():
+    r = CliRunner().invoke(cli, ["plan", "--model", "deepseek-r1", "--tp", "8", "--batch", "1,4", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    c = doc["collectives"][0]
+    assert set(c) >= {"op", "group", "bytes", "count", "batch", "dtype", "site"}
+    assert set(doc["totals"]) == {"1", "4"} and doc["vllm_version_followed"] == "0.32.0"
+
+
+def test_table_output_and_run_dir(tmp_path):
+    r = CliRunner().invoke(cli, ["plan", "--model", "kimi-k2.5", "--tp", "8", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    assert "model.layers.*.self_attn.o_proj" in r.output and "all_reduce x123" in r.output
+    saved = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert saved["layout"]["tp"] == 8
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["versions"]["tpcomm"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "deepseek-v3", "--tp", "3"], "does not divide the 128 attention heads"),
+    (["--model", "kimi-k2.5", "--tp", "7"], "attention heads"),
+    (["--model", "mixtral-8x7b", "--tp", "8", "--ep", "--dp", "2"], "routed experts"),
+    (["--model", "deepseek-v3", "--tp", "0"], "not positive"),
+    (["--model", "deepseek-v3", "--batch", "0"], "not positive"),
+    (["--model", "deepseek-v3", "--batch", "x"], "not an integer"),
+    (["--model", "no-such-model"], "presets: deepseek-r1"),
+    (["--model", "deepseek-v3", "--tp", "8", "--dcp", "3"], "--dcp 3"),
+])
+def test_bad_layouts_exit_2_with_named_input(args, needle):
+    r = CliRunner().invoke(cli, ["plan", *args])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "Traceback" not in r.output
+
+
+def test_vocab_not_divisible(tmp_path):
+    cfg = dict(TINY_CONFIG, vocab_size=64, num_attention_heads=6)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    r = CliRunner().invoke(cli, ["plan", "--model", str(p), "--tp", "3"])
+    assert r.exit_code == 2 and "vocabulary" in r.output
+
+
+@pytest.mark.parametrize("content,needle", [
+    ('{"architectures": ["GPT2LMHeadModel"]}', "unsupported architecture 'GPT2LMHeadModel'"),
+    ('{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}', "missing config fields: num_hidden_layers, num_attention_heads, vocab_size"),
+    ('{"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 64, '
+     '"intermediate_size": 8, "moe_intermediate_size": 8, "n_routed_experts": 2, "num_experts_per_tok": 1}', "kv_lora_rank"),
+    ("not json {", "is not valid JSON"),
+    ("[1, 2]", "not an object"),
+])
+def test_bad_config_files(tmp_path, content, needle):
+    p = tmp_path / "config.json"
+    p.write_text(content)
+    r = CliRunner().invoke(cli, ["plan", "--model", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+
+
+def test_folder_without_config(tmp_path):
+    r = CliRunner().invoke(cli, ["plan", "--model", str(tmp_path)])
+    assert r.exit_code == 2 and "has no config.json" in r.output

@@ -1,0 +1,118 @@
+"""`tpcomm predict`: the analytic model, validated against the case study in ../shared/REFERENCE.md."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tpcomm.cli import cli
+from tpcomm.predict import Knobs, predict
+from tpcomm.predict.latency import nccl_model_us
+
+# REFERENCE s1: 8x RTX PRO 6000 Blackwell, PCIe Gen5, no NVLink, vLLM TP 8.
+INT4_C1 = 82.0
+NVFP4_C1 = 61.3
+NVFP4_LADDER = {32: 464, 48: 657, 64: 803, 96: 1017, 128: 1238}
+# The documented MoE-kernel penalty for NVFP4 (README): fitted to the C=1 and C=32 points.
+NVFP4_PENALTY = dict(moe_penalty_us=65.0, moe_bw_factor=2.03)
+
+
+def test_kimi_int4_tp8_rtx_pro_6000_within_20pct_of_82():
+    d = predict("kimi-k2.5", tp=8, gpu="rtx-pro-6000")
+    assert d["single_stream"]["tok_per_s"] == pytest.approx(INT4_C1, rel=0.20)
+    bd = d["single_stream"]["breakdown_ms"]
+    assert sum(bd.values()) == pytest.approx(d["single_stream"]["ms_per_token"])
+    assert d["single_stream"]["collectives_per_token"] == 124
+
+
+def test_nvfp4_ladder_with_moe_penalty_within_30pct():
+    d = predict("kimi-k2.5-nvfp4", tp=8, gpu="rtx-pro-6000", batches=list(NVFP4_LADDER), knobs=Knobs(**NVFP4_PENALTY))
+    got = {b["batch"]: b["tok_per_s"] for b in d["batches"]}
+    for c, measured in NVFP4_LADDER.items():
+        assert got[c] == pytest.approx(measured, rel=0.30), (c, got[c], measured)
+    assert got[1] == pytest.approx(NVFP4_C1, rel=0.20)
+
+
+def test_nvfp4_vs_int4_conclusion_names_the_kernels():
+    r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", "--compare-model", "kimi-k2.5-nvfp4",
+                                 "--measured", "82,61.3", "--json"])
+    assert r.exit_code == 0, r.output
+    cmp = json.loads(r.output)["compare"]
+    assert cmp["same_collectives"] and cmp["same_weight_bytes"]
+    assert cmp["predicted_tok_per_s"][0] == pytest.approx(cmp["predicted_tok_per_s"][1])
+    assert "cannot come from the interconnect" in cmp["conclusion"]
+    assert cmp["measured_gap_ms_per_token"] == pytest.approx(1e3 / 61.3 - 1e3 / 82)
+
+
+def test_json_keys_and_ceilings():
+    r = CliRunner().invoke(cli, ["predict", "--model", "deepseek-v3", "--tp", "8", "--gpu", "h200", "--batch", "1,16", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    ss, ce = d["single_stream"], d["ceilings"]
+    assert set(ss["breakdown_ms"]) >= {"weights", "collectives", "overhead"}
+    assert ce["comm_only_tok_per_s"] == pytest.approx(1e3 / ss["breakdown_ms"]["collectives"])
+    assert ce["compute_only_tok_per_s"] == pytest.approx(1e3 / (ss["ms_per_token"] - ss["breakdown_ms"]["collectives"]))
+    assert [b["batch"] for b in d["batches"]] == [1, 16] and d["batches"][1]["tok_per_s"] > ss["tok_per_s"]
+    names = {w["name"] for w in d["what_if"]}
+    assert {"one-shot-allreduce", "tp4"} <= names and "nvlink" not in names  # H200 is already NVLink
+    assert any("assumption" in a for a in d["assumptions"])
+
+
+def test_what_ifs_move_the_right_way():
+    d = predict("kimi-k2.5", tp=8, gpu="rtx-pro-6000")
+    w = {x["name"]: x for x in d["what_if"]}
+    base = d["single_stream"]["tok_per_s"]
+    assert w["one-shot-allreduce"]["tok_per_s"] > base
+    assert w["nvlink"]["tok_per_s"] > base
+    assert w["p2p-disabled"]["tok_per_s"] < base
+    assert w["no-interconnect-cost"]["tok_per_s"] == pytest.approx(d["ceilings"]["compute_only_tok_per_s"])
+    assert w["tp4"]["fits_memory"] is False
+
+
+def test_allreduce_us_override_is_used():
+    d = predict("kimi-k2.5", tp=8, allreduce_us=25.0, what_if=False)
+    ar = sum(c["time_us"] for c in d["single_stream"]["top_collectives"] if c["op"] == "all_reduce")
+    assert ar == pytest.approx(123 * 25.0)
+    assert d["collective_latency_kind"] == "user"
+
+
+def test_nccl_model_matches_reference_formula():
+    # Ring LL, 8 PCIe ranks: 6.6 + 14 * 1.0 us + bytes / (1000 * algbw)
+    link = {"type": "pcie", "p2p": True, "p2p_GBps": 53}
+    t, how = nccl_model_us("all_reduce", 14336, 8, link)
+    algbw = 53 * 0.5 * 8 / 14
+    assert t == pytest.approx(min(6.6 + 14 * 1.0 + 14336 / (1000 * algbw), 6.8 + 14 * 1.0 + 14336 / (1000 * algbw)))
+    assert "LL" in how
+    big, how_big = nccl_model_us("all_reduce", 64 << 20, 8, link)
+    assert "Simple" in how_big and big > 1000
+
+
+def test_user_profile_file(tmp_path):
+    prof = {"name": "My GPU", "memory_bandwidth_GBps": 1000, "memory_GB": 48, "bf16_tflops": 100,
+            "link": {"type": "pcie", "p2p": True, "p2p_GBps": 20}}
+    p = tmp_path / "gpu.json"
+    p.write_text(json.dumps(prof))
+    r = CliRunner().invoke(cli, ["predict", "--model", "qwen3-32b", "--tp", "4", "--gpu", str(p), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["hardware"]["name"] == "My GPU"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpu", "tpu-v9"], "--gpu tpu-v9"),
+    (["--gpu", "cpu"], "--probe RUN_DIR"),
+    (["--allreduce-us", "-1"], "--allreduce-us -1"),
+    (["--memory-efficiency", "1.5"], "--memory-efficiency 1.5"),
+    (["--moe-bw-factor", "0.5"], "--moe-bw-factor 0.5"),
+    (["--measured", "82,61"], "--measured needs --compare-model"),
+])
+def test_bad_predict_inputs(args, needle):
+    r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", *args])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+
+
+def test_bad_profile_file(tmp_path):
+    p = tmp_path / "gpu.json"
+    p.write_text('{"name": "x", "memory_GB": 1}')
+    r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", "--gpu", str(p)])
+    assert r.exit_code == 2 and "missing fields: memory_bandwidth_GBps" in r.output

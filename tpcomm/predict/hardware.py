@@ -1,0 +1,84 @@
+"""Hardware profiles: built-in JSON files in profiles/, or a user profile file.
+
+A profile holds: memory_bandwidth_GBps, memory_GB, bf16_tflops, link {type
+(pcie|nvlink|shm), p2p (bool), p2p_GBps per direction, nvlink_GBps}, and
+optionally kernel_overhead_us and memory_efficiency; `sources` names where each
+figure comes from. GB = 1e9 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from tpcomm.errors import InputError
+
+REQUIRED = ("memory_bandwidth_GBps", "memory_GB", "bf16_tflops", "link")
+LINK_TYPES = ("pcie", "nvlink", "shm")
+
+
+def profile_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("tpcomm.predict").joinpath("profiles").iterdir() if p.name.endswith(".json"))
+
+
+def _builtin(name: str) -> dict | None:
+    key = name.lower().replace("_", "-").replace(" ", "-")
+    for n in profile_names():
+        prof = json.loads(resources.files("tpcomm.predict").joinpath("profiles", n + ".json").read_text())
+        if key == n or key in prof.get("aliases", []):
+            return prof
+    return None
+
+
+def load_profile(name_or_path: str) -> dict:
+    prof = _builtin(name_or_path)
+    if prof is None:
+        p = Path(name_or_path).expanduser()
+        if not p.is_file():
+            raise InputError(f"--gpu {name_or_path}", "is neither a built-in profile nor a profile file",
+                             "one of " + ", ".join(profile_names()) + ", or a JSON profile file")
+        try:
+            prof = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InputError(str(p), f"is not valid JSON ({e})", "a JSON hardware profile") from None
+        if not isinstance(prof, dict):
+            raise InputError(str(p), "is not a JSON object", "a JSON hardware profile")
+        prof.setdefault("profile", p.stem)
+        prof.setdefault("name", p.stem)
+        prof.setdefault("sources", {"*": f"user profile {p}"})
+    missing = [k for k in REQUIRED if k not in prof]
+    if missing:
+        raise InputError(f"hardware profile {prof.get('profile', name_or_path)}", "missing fields: " + ", ".join(missing),
+                         "memory_bandwidth_GBps, memory_GB, bf16_tflops and link {type, p2p, p2p_GBps}")
+    for k in ("memory_bandwidth_GBps", "memory_GB", "bf16_tflops"):
+        if not isinstance(prof[k], (int, float)) or prof[k] <= 0:
+            raise InputError(f"hardware profile {prof['profile']}", f"{k} is {prof[k]!r}", "a positive number")
+    link = prof["link"]
+    if not isinstance(link, dict) or link.get("type") not in LINK_TYPES or not isinstance(link.get("p2p_GBps"), (int, float)) or link["p2p_GBps"] <= 0:
+        raise InputError(f"hardware profile {prof['profile']}", f"link is {link!r}", "link {type: pcie|nvlink|shm, p2p: bool, p2p_GBps: > 0}")
+    return prof
+
+
+def with_interconnect(prof: dict, interconnect: str | None) -> dict:
+    """A copy of `prof` with its link replaced: nvlink4, pcie4, pcie5, pcie-no-p2p."""
+    if not interconnect:
+        return prof
+    p = json.loads(json.dumps(prof))
+    presets = {
+        "nvlink4": {"type": "nvlink", "generation": 4, "p2p": True, "p2p_GBps": 450, "nvlink_GBps": 450},
+        "nvlink5": {"type": "nvlink", "generation": 5, "p2p": True, "p2p_GBps": 900, "nvlink_GBps": 900},
+        "pcie4": {"type": "pcie", "generation": 4, "p2p": True, "p2p_GBps": 25, "nvlink_GBps": None},
+        "pcie5": {"type": "pcie", "generation": 5, "p2p": True, "p2p_GBps": 53, "nvlink_GBps": None},
+    }
+    if interconnect == "pcie-no-p2p":
+        p["link"] = {**p["link"], "type": "pcie", "p2p": False}
+    elif interconnect in presets:
+        p["link"] = presets[interconnect]
+    else:
+        raise InputError(f"--interconnect {interconnect}", "is not known", "nvlink4, nvlink5, pcie4, pcie5 or pcie-no-p2p")
+    p["interconnect_override"] = interconnect
+    return p
+
+
+INTERCONNECTS = ("nvlink4", "nvlink5", "pcie4", "pcie5", "pcie-no-p2p")

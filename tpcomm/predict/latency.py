@@ -1,0 +1,103 @@
+"""Collective latency, in order of preference: a probe run directory, a value
+the user gives, NCCL's own tuning model (src/graph/tuning.cc) for the link.
+
+Units: time_us (microseconds), bytes per rank per call (plan convention),
+bandwidths in GB/s (1e9 B/s).
+
+NCCL model (../shared/REFERENCE.md s4): time = lat + nBytes / (1000 * algbw);
+ring all-reduce lat = base + 2(n-1) * hwLat; all-gather/reduce-scatter
+n-1 steps. LL128 only over NVLink; NCCL picks the fastest protocol. Protocol
+bandwidth efficiency LL 0.5 (8 of 16 bytes carry data), LL128 120/128,
+Simple 1.0, applied to the link's P2P bandwidth as the ring's busbw.
+P2P disabled: traffic stages through host memory; per-hop latency 12 us
+(measured 12-17 us without P2P vs 0.36-0.53 us with it, REFERENCE s3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+BASE_LAT_US = {"ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}, "tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4}}
+HW_LAT_US = {
+    "nvlink": {"tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0}, "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}},
+    "pcie": {"tree": {"LL": 1.0, "LL128": 1.9, "Simple": 4.0}, "ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7}},
+}
+PROTO_EFF = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
+NO_P2P_HOP_US = 12.0
+
+
+def nccl_model_us(op: str, nbytes: float, n: int, link: dict) -> tuple[float, str]:
+    """(time_us, protocol/algorithm chosen) for one collective of `nbytes` per rank over n ranks."""
+    if n <= 1:
+        return 0.0, "none (1 rank)"
+    ltype = "nvlink" if link["type"] == "nvlink" else "pcie"
+    busbw = float(link.get("nvlink_GBps") or link["p2p_GBps"]) if ltype == "nvlink" else float(link["p2p_GBps"])
+    protos = ["LL", "LL128", "Simple"] if ltype == "nvlink" else ["LL", "Simple"]
+    best = None
+    for algo in (["ring", "tree"] if op == "all_reduce" else ["ring"]):
+        for proto in protos:
+            hop = HW_LAT_US[ltype][algo][proto]
+            if not link.get("p2p", True):
+                hop = max(hop, NO_P2P_HOP_US)
+            bw = busbw * PROTO_EFF[proto]
+            if op == "all_reduce":
+                steps = 2 * (n - 1)
+                algbw = bw * n / (2 * (n - 1))
+                total = nbytes
+            elif op in ("all_gather", "reduce_scatter", "gather"):
+                steps = n - 1
+                algbw = bw * n / (n - 1)
+                total = nbytes * n if op != "reduce_scatter" else nbytes
+            elif op == "all_to_all":
+                steps, algbw, total = n - 1, bw * n / (n - 1), nbytes
+            else:  # send_recv: one hop
+                steps, algbw, total = 1, bw, nbytes
+            t = BASE_LAT_US[algo][proto] + steps * hop + total / (1000.0 * algbw)
+            if best is None or t < best[0]:
+                best = (t, f"NCCL model {algo}/{proto}")
+    return best
+
+
+def oneshot_allreduce_us(nbytes: float, n: int, link: dict) -> float:
+    """A one-shot custom all-reduce: each rank reads the n-1 peer buffers over P2P.
+    Base 7.5 us over PCIe (lowest measured one-shot kernel on 8x RTX PRO 6000, REFERENCE s5),
+    10 us over NVLink (vLLM custom all-reduce at 512 B on 8x H100, REFERENCE s5)."""
+    base = 10.0 if link["type"] == "nvlink" else 7.5
+    bw = float(link.get("nvlink_GBps") or link["p2p_GBps"])
+    return base + (n - 1) * nbytes / (1000.0 * bw)
+
+
+@dataclass
+class LatencySource:
+    """How collective latencies are obtained, and the function that gives them."""
+
+    kind: str          # probe | user | nccl-model
+    description: str
+    fn: Callable[[str, float, int], float]
+
+    def __call__(self, op: str, nbytes: float, n: int) -> float:
+        return self.fn(op, nbytes, n)
+
+
+def make_source(link: dict, allreduce_us: float | None = None, probe_dir: str | Path | None = None) -> LatencySource:
+    if probe_dir is not None:
+        from tpcomm.predict.probe_fit import probe_latency
+
+        fn, desc = probe_latency(probe_dir, link)
+        return LatencySource("probe", desc, fn)
+    if allreduce_us is not None:
+        def user(op, nbytes, n):
+            if op == "all_reduce":
+                return allreduce_us if n > 1 else 0.0
+            return nccl_model_us(op, nbytes, n, link)[0]
+        return LatencySource("user", f"all-reduce {allreduce_us:g} us per call as given (--allreduce-us); other ops from the NCCL model", user)
+    if link["type"] == "shm":
+        from tpcomm.errors import InputError
+
+        raise InputError("--gpu cpu", "has no NCCL latency model for shared-memory collectives",
+                         "--probe RUN_DIR (a tpcomm probe run) or --allreduce-us X")
+    hopdesc = "P2P off: host-staged hops" if not link.get("p2p", True) else "P2P on"
+    return LatencySource("nccl-model", f"NCCL tuning model (tuning.cc) for {link['type'].upper()}, {hopdesc}, busbw {link.get('nvlink_GBps') or link['p2p_GBps']} GB/s",
+                         lambda op, nbytes, n: nccl_model_us(op, nbytes, n, link)[0])
