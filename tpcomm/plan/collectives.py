@@ -87,8 +87,12 @@ def decode_collectives(m: ModelSpec, lay: Layout, batch: int) -> list[Collective
             add("all_gather", "dcp", lay.dcp, batch * heads_local * 4, n, "model.layers.*.self_attn (DCP LSE gather)", dtype="float32")
             add("reduce_scatter", "dcp", lay.dcp, batch * heads_local * m.kv_lora_rank * m.dtype_bytes, n,
                 "model.layers.*.self_attn (DCP output combine)")
-        if sp_moe:
-            # Sequence-parallel MoE: o_proj unreduced, reduce-scattered over TP, all-gathered back before attention.
+        if sp_moe and m.family != "deepseek_v2":
+            # qwen3_moe & co: attention keeps its all-reduce; the MoE input is chunked (no comm) and its output all-gathered.
+            add("all_reduce", "tp", tp, act, n, "model.layers.*.self_attn.o_proj", "RowParallelLinear(reduce_results=True)")
+            add("all_gather", "tp", tp, _pad(batch, tp) // tp * m.hidden_size * m.dtype_bytes, n_moe, "model.layers.*.mlp (sequence-parallel MoE output)")
+        elif sp_moe:
+            # DeepSeek: o_proj unreduced, reduce-scattered over TP, all-gathered back before attention.
             add("all_reduce", "tp", tp, act, n - n_moe, "model.layers.*.self_attn.o_proj", "dense layers keep the all-reduce")
             add("reduce_scatter", "tp", tp, _pad(batch, tp) * m.hidden_size * m.dtype_bytes, n_moe, "model.layers.*.self_attn.o_proj (sequence-parallel MoE)")
             add("all_gather", "tp", tp, _pad(batch, tp) // tp * m.hidden_size * m.dtype_bytes, n_moe, "model.layers.*.mlp (sequence-parallel MoE output)")
