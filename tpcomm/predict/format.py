@@ -18,7 +18,7 @@ def format_predict(doc: dict) -> str:
         f"single stream: {ss['tok_per_s']:.1f} tok/s ({ss['ms_per_token']:.2f} ms/token, {ss['bound']}-bound)",
     ]
     bd = ss["breakdown_ms"]
-    lines.append(render(["term", "ms/token", "share"], [[k, v, f"{100 * v / ss['ms_per_token']:.0f}%"] for k, v in bd.items()], "lrr"))
+    lines.append(render(["term", "ms/token", "share"], [[k, f"{v:.2f}", f"{100 * v / ss['ms_per_token']:.0f}%"] for k, v in bd.items()], "lrr"))
     comm = ce["comm_only_tok_per_s"]
     lines += ["",
               f"interconnect: {ss['collectives_per_token']} collectives per token, {bd['collectives']:.2f} ms = "
@@ -28,14 +28,15 @@ def format_predict(doc: dict) -> str:
     if len(doc["batches"]) > 1:
         lines += ["", "batched decode (throughput):",
                   render(["batch", "step ms", "tok/s", "bound", "weights", "kv", "collectives", "overhead", "extra"],
-                         [[b["batch"], b["step_ms"], b["tok_per_s"], b["bound"], b["breakdown_ms"]["weights"], b["breakdown_ms"]["kv_cache"],
-                           b["breakdown_ms"]["collectives"], b["breakdown_ms"]["overhead"],
-                           sum(v for k, v in b["breakdown_ms"].items() if k not in ("weights", "kv_cache", "collectives", "overhead"))]
+                         [[b["batch"], f"{b['step_ms']:.2f}", f"{b['tok_per_s']:.1f}", b["bound"]]
+                          + [f"{x:.2f}" for x in (b["breakdown_ms"]["weights"], b["breakdown_ms"]["kv_cache"], b["breakdown_ms"]["collectives"],
+                                                  b["breakdown_ms"]["overhead"],
+                                                  sum(v for k, v in b["breakdown_ms"].items() if k not in ("weights", "kv_cache", "collectives", "overhead")))]
                           for b in doc["batches"]], "rrrlrrrrr")]
     if doc.get("what_if"):
         lines += ["", "what if (single stream):",
                   render(["scenario", "tok/s", "change", "description"],
-                         [[w["name"], w["tok_per_s"], "-" if w["delta_pct"] is None else f"{w['delta_pct']:+.0f}%", w["description"]]
+                         [[w["name"], "-" if w["tok_per_s"] is None else f"{w['tok_per_s']:.1f}", "-" if w["delta_pct"] is None else f"{w['delta_pct']:+.0f}%", w["description"]]
                           for w in doc["what_if"]], "lrrl")]
     if doc.get("compare"):
         lines += ["", "compare: " + doc["compare"]["conclusion"]]
