@@ -10,6 +10,8 @@ Layout (all paths relative to the run directory; a file that is absent means
     predict.json                   `tpcomm predict --json` document
     probe/results.parquet|.json    one row per (backend, op, mode, bytes, timing)
     probe/fit.json                 fitted latency model per backend and op
+    probe/results.jsonl            rank 0's raw record stream (one JSON object per line)
+    probe/spec.json, ranks/, logs/ what the ranks ran, their live status, their output
     hook/collectives.parquet       one row per collective call per rank (hook records)
     hook/steps.parquet             one row per engine step per rank
     load/requests.parquet          one row per client request (TTFT, ITL, TPOT, E2E)

@@ -1,0 +1,276 @@
+"""The backends a vLLM deployment can route a collective through, each driven
+the way vLLM drives it:
+
+    gloo       torch.distributed on a gloo group (vLLM-CPU's fallback, and its path
+               for ops the shared-memory communicator lacks)
+    shm        vLLM's CpuCommunicator with its shared-memory dist module
+               (torch.ops._C.shm_allreduce / shm_all_gather / shm_gather): what
+               vLLM-CPU tensor parallelism uses
+    nccl       torch.distributed on an NCCL group
+    pynccl     vLLM's PyNcclCommunicator (vLLM's own NCCL binding, used in CUDA graphs)
+    custom-ar  vLLM's CustomAllreduce (one-shot/two-shot P2P kernels)
+
+A backend that cannot run raises Ineligible with vLLM's own reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+
+
+class Ineligible(Exception):
+    """This backend cannot run here; the message says why (as vLLM would)."""
+
+
+class Backend:
+    name = ""
+    device = torch.device("cpu")
+    graph_capable = False
+    ops: tuple[str, ...] = ()
+    # Ops that must not run back to back without a barrier (no pipelined timing).
+    no_back_to_back: tuple[str, ...] = ()
+
+    def __init__(self, cpu_group, local_rank: int):
+        self.cpu_group = cpu_group
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.local_rank = local_rank
+
+    def unsupported(self, op: str) -> str | None:
+        if op not in self.ops:
+            return f"{self.name} has no {op} (vLLM routes {op} elsewhere)"
+        return None
+
+    def run(self, op: str, b) -> torch.Tensor | None:
+        """Issue one op on buffers `b`; returns the result tensor when out of place."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        pass
+
+    def barrier(self, ctrl) -> None:
+        """Line the ranks up before an isolated op."""
+        dist.barrier(group=ctrl)
+
+    def capture(self):
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass
+
+
+def _torch_dist_run(op: str, b, group, world: int, rank: int):
+    if op == "all_reduce":
+        dist.all_reduce(b.inp, group=group)
+        return b.inp
+    if op == "all_gather":
+        dist.all_gather_into_tensor(b.out, b.inp, group=group)
+        return b.out
+    if op == "gather":
+        dist.gather(b.inp, b.gather_list if rank == 0 else None, dst=0, group=group)
+        return torch.cat(b.gather_list) if rank == 0 else None
+    if op == "reduce_scatter":
+        dist.reduce_scatter_tensor(b.out, b.inp, group=group)
+        return b.out
+    if op == "all_to_all":
+        dist.all_to_all_single(b.out, b.inp, group=group)
+        return b.out
+    if op == "send_recv":
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, b.inp, (rank + 1) % world, group),
+                                       dist.P2POp(dist.irecv, b.out, (rank - 1) % world, group)])
+        for r in reqs:
+            r.wait()
+        return b.out
+    raise ValueError(op)
+
+
+class GlooBackend(Backend):
+    name = "gloo"
+    ops = ("all_reduce", "all_gather", "gather", "reduce_scatter", "all_to_all", "send_recv")
+
+    def __init__(self, cpu_group, local_rank):
+        super().__init__(cpu_group, local_rank)
+        # A group of its own, so barriers on the control group never queue behind it.
+        self.group = dist.new_group(backend="gloo")
+
+    def unsupported(self, op):
+        if op == "reduce_scatter":
+            return "gloo has no reduce_scatter_tensor in torch.distributed"
+        return super().unsupported(op)
+
+    def run(self, op, b):
+        return _torch_dist_run(op, b, self.group, self.world, self.rank)
+
+
+class ShmBackend(Backend):
+    """vLLM's CpuCommunicator, built the way GroupCoordinator builds it for the TP group."""
+
+    name = "shm"
+    ops = ("all_reduce", "all_gather", "gather")
+    # Non-destination ranks return from shm_gather at once and, called again, deadlock
+    # the destination; vLLM always has other collectives between two gathers.
+    no_back_to_back = ("gather",)
+
+    def __init__(self, cpu_group, local_rank):
+        super().__init__(cpu_group, local_rank)
+        try:
+            from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator, _CPUSHMDistributed
+            from vllm.platforms import current_platform
+        except Exception as e:  # noqa: BLE001 - any import failure means "not installed here"
+            raise Ineligible(f"vLLM is not importable ({type(e).__name__}: {e})") from None
+        if not current_platform.is_cpu():
+            raise Ineligible("vLLM's shared-memory all-reduce is the CPU platform's; this vLLM is a GPU build")
+        # vLLM's CPU worker loads its kernels and sets the group identity before building groups.
+        current_platform.import_kernels()
+        if not hasattr(torch.ops._C, "init_shm_manager"):
+            raise Ineligible("this vLLM build has no torch.ops._C.init_shm_manager (shared-memory communicator)")
+        os.environ.setdefault("VLLM_DIST_IDENT", f"tpcomm-probe-{os.environ.get('MASTER_PORT', '0')}")
+        self.group = dist.new_group(backend="gloo")
+        # unique_name must start with "tp" for vLLM to pick the shm module (cpu_communicator.py).
+        self.comm = CpuCommunicator(cpu_group=self.group, device_group=self.group, unique_name="tp:0")
+        if not isinstance(self.comm.dist_module, _CPUSHMDistributed):
+            raise Ineligible("vLLM's CpuCommunicator fell back to torch.distributed (ranks disagree on the SHM group name)")
+
+    def barrier(self, ctrl):
+        # A gloo barrier releases ranks up to ~1 ms apart (TCP, a sleeping thread to
+        # wake): that skew, not the shm op, would be timed. vLLM's ranks reach an
+        # all-reduce hot, spinning; a one-element shm all-reduce lines them up the same way.
+        if not hasattr(self, "_token"):
+            self._token = torch.zeros(8, dtype=torch.float32)
+        self.comm.all_reduce(self._token)
+
+    def run(self, op, b):
+        if op == "all_reduce":
+            return self.comm.all_reduce(b.inp)
+        if op == "all_gather":
+            return self.comm.all_gather(b.inp, dim=0)
+        if op == "gather":
+            return self.comm.gather(b.inp, dst=0, dim=0)
+        raise ValueError(op)
+
+
+class NcclBackend(Backend):
+    name = "nccl"
+    graph_capable = True
+    ops = GlooBackend.ops
+
+    def __init__(self, cpu_group, local_rank):
+        super().__init__(cpu_group, local_rank)
+        if not torch.cuda.is_available():
+            raise Ineligible("no CUDA device (torch.cuda.is_available() is False)")
+        if not dist.is_nccl_available():
+            raise Ineligible("this torch build has no NCCL")
+        self.device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(self.device)
+        self.group = dist.new_group(backend="nccl")
+
+    def run(self, op, b):
+        return _torch_dist_run(op, b, self.group, self.world, self.rank)
+
+    def sync(self):
+        torch.cuda.synchronize(self.device)
+
+
+class PyNcclBackend(NcclBackend):
+    name = "pynccl"
+    ops = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+
+    def __init__(self, cpu_group, local_rank):
+        Backend.__init__(self, cpu_group, local_rank)
+        if not torch.cuda.is_available():
+            raise Ineligible("no CUDA device (torch.cuda.is_available() is False)")
+        try:
+            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        except Exception as e:  # noqa: BLE001
+            raise Ineligible(f"vLLM's PyNccl is not importable ({type(e).__name__}: {e})") from None
+        self.device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(self.device)
+        self.group = dist.new_group(backend="gloo")
+        self.comm = PyNcclCommunicator(group=self.group, device=self.device)
+        if self.comm.disabled:
+            raise Ineligible("PyNcclCommunicator disabled itself (world size 1 or libnccl not found)")
+
+    def run(self, op, b):
+        s = torch.cuda.current_stream()
+        if op == "all_reduce":
+            return self.comm.all_reduce(b.inp, b.out, stream=s)
+        if op == "all_gather":
+            self.comm.all_gather(b.out, b.inp, stream=s)
+            return b.out
+        if op == "reduce_scatter":
+            self.comm.reduce_scatter(b.out, b.inp, stream=s)
+            return b.out
+        if op == "send_recv":
+            # Even ranks send first: PyNccl has no batched isend/irecv.
+            nxt, prv = (self.rank + 1) % self.world, (self.rank - 1) % self.world
+            if self.rank % 2 == 0:
+                self.comm.send(b.inp, nxt, stream=s)
+                self.comm.recv(b.out, prv, stream=s)
+            else:
+                self.comm.recv(b.out, prv, stream=s)
+                self.comm.send(b.inp, nxt, stream=s)
+            return b.out
+        raise ValueError(op)
+
+
+class CustomArBackend(NcclBackend):
+    name = "custom-ar"
+    ops = ("all_reduce",)
+
+    def __init__(self, cpu_group, local_rank):
+        Backend.__init__(self, cpu_group, local_rank)
+        if not torch.cuda.is_available():
+            raise Ineligible("no CUDA device (torch.cuda.is_available() is False)")
+        try:
+            from vllm.distributed.device_communicators import custom_all_reduce as car
+        except Exception as e:  # noqa: BLE001
+            raise Ineligible(f"vLLM's custom all-reduce is not importable ({type(e).__name__}: {e})") from None
+        self.device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(self.device)
+        self.group = dist.new_group(backend="gloo")
+        self.comm = car.CustomAllreduce(group=self.group, device=self.device)
+        if self.comm.disabled:
+            raise Ineligible(custom_ar_reason(car, self.world, self.rank, self.group))
+
+    def run(self, op, b):
+        out = self.comm.custom_all_reduce(b.inp)
+        if out is None:  # vLLM would fall through to PyNccl for this tensor
+            raise Ineligible(f"vLLM's should_custom_ar() refuses {b.inp.numel() * b.inp.element_size()} B "
+                             f"(max_size {self.comm.max_size} B, multiple of 16 B, fp16/bf16/fp32)")
+        return out
+
+    def capture(self):
+        return self.comm.capture()
+
+    def close(self):
+        self.comm.close()
+
+
+def custom_ar_reason(car, world: int, rank: int, group) -> str:
+    """Why vLLM's CustomAllreduce disabled itself: the checks of its __init__, in its order."""
+    from vllm.distributed.parallel_state import in_the_same_node_as
+    from vllm.platforms import current_platform
+
+    if not car.custom_ar:
+        return "vLLM's custom all-reduce library (_C custom_ar ops) is not in this build"
+    if world not in car.CustomAllreduce._SUPPORTED_WORLD_SIZES:
+        return f"world size {world} not in {car.CustomAllreduce._SUPPORTED_WORLD_SIZES}"
+    if not all(in_the_same_node_as(group, source_rank=0)):
+        return "ranks span nodes and not every GPU is MNNVL-capable"
+    ids = [current_platform.visible_device_id_to_physical_device_id(i) for i in range(world)]
+    if world > 2 and not current_platform.is_fully_connected(ids):
+        return "not supported on more than two PCIe-only GPUs (no NVLink between all of them)"
+    if not car._can_p2p(rank, world):
+        return "GPU P2P capability missing or vLLM's P2P test failed"
+    return "disabled by vLLM (see its log)"
+
+
+BACKEND_CLASSES = {c.name: c for c in (GlooBackend, ShmBackend, NcclBackend, PyNcclBackend, CustomArBackend)}
+
+
+def make_backend(name: str, cpu_group, local_rank: int) -> Backend:
+    return BACKEND_CLASSES[name](cpu_group, local_rank)

@@ -1,0 +1,290 @@
+"""Rank-side collective probe. One process per rank; torch.distributed env://
+rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), so it runs
+under `tpcomm probe`'s own launcher, torchrun or srun alike:
+
+    torchrun --nproc-per-node 2 probes/collectives.py --backend gloo,shm \
+        --ops all_reduce --sizes 14336,1M --out /tmp/probe
+
+Rank 0 appends one JSON record per line to OUT/results.jsonl as each measurement
+finishes ({"kind": "result" | "skipped" | "start" | "done", ...}).
+
+Test-only fault injection: TPCOMM_PROBE_FAULT="hang|die:RANK:OP|*:BYTES|*" makes
+that rank sleep forever (or exit 17) when it reaches that measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import mmap
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+
+if __package__ in (None, ""):  # run as a script: make `probes` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+import torch.distributed as dist
+
+from probes.backends import Ineligible, make_backend
+from probes.measure import Timer, count_wrong, make_buffers, nccl_size_and_factor, slowest_rank, summarize
+from probes.spec import BACKENDS, MODES, build_items, parse_sizes
+
+
+class RankState:
+    """What this rank is doing, readable from outside: a status file per phase and
+    a counter of collectives entered, updated in place (mmap) before every op, so
+    a supervisor can tell which rank never arrived at a hung collective."""
+
+    def __init__(self, status_dir: str | None, rank: int):
+        self.rank = rank
+        self.item: dict | None = None
+        self.phase = "init"
+        self.since = time.monotonic()
+        self.entered = 0
+        self.status_path = self._mm = None
+        if status_dir:
+            os.makedirs(status_dir, exist_ok=True)
+            self.status_path = os.path.join(status_dir, f"rank{rank}.json")
+            with open(os.path.join(status_dir, f"rank{rank}.count"), "w+b") as f:
+                f.write(b"\0" * 8)
+                f.flush()
+                self._mm = mmap.mmap(f.fileno(), 8)
+
+    def set(self, phase: str, item: dict | None = None) -> None:
+        if item is not None:
+            self.item = item
+            self.since = time.monotonic()
+        self.phase = phase
+        if self.status_path:
+            tmp = f"{self.status_path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"rank": self.rank, "pid": os.getpid(), "phase": phase, "item": self.item, "entered": self.entered}, f)
+            os.replace(tmp, self.status_path)
+
+    def tick(self, n: int = 1) -> None:
+        self.entered += n
+        if self._mm is not None:
+            struct.pack_into("q", self._mm, 0, self.entered)
+
+
+def _maybe_fault(rank: int, item: dict) -> None:
+    spec = os.environ.get("TPCOMM_PROBE_FAULT")
+    if not spec:
+        return
+    kind, r, op, nbytes = (spec.split(":") + ["*"] * 4)[:4]
+    if int(r) != rank or op not in ("*", item["op"]) or nbytes not in ("*", str(item["bytes"])):
+        return
+    if kind == "die":
+        os._exit(17)
+    while kind == "hang":
+        time.sleep(3600)
+
+
+def _watchdog(state: RankState, timeout: float) -> None:
+    # Under torchrun nobody else watches: a rank that waits too long names what it waits on and exits.
+    while True:
+        time.sleep(min(1.0, timeout / 4))
+        if state.item and time.monotonic() - state.since > timeout:
+            it = state.item
+            print(f"tpcomm probe: rank {state.rank} timed out after {timeout:.0f} s in {it['op']} of {it['bytes']} B "
+                  f"(backend {it['backend']}, {it['mode']}, phase {state.phase})", file=sys.stderr, flush=True)
+            os._exit(124)
+
+
+def _hardware(device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def _graph(backend, op, b, reps):
+    """Capture `reps` back-to-back ops in one CUDA graph (vLLM's decode path)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            backend.run(op, b)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with backend.capture():
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                res = backend.run(op, b)
+    return g, res
+
+
+def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
+    op, n, rank = item["op"], backend.world, backend.rank
+    b = make_buffers(op, item["bytes"], item["dtype"], rank, n, backend.device)
+    graph = item["mode"] == "graph"
+    state.set("check", item)
+    _maybe_fault(rank, item)
+    if graph:
+        g1, res1 = _graph(backend, op, b, 1)
+        nchunk = max(1, min(10, iters))
+        per = max(1, iters // nchunk)
+        gn, _ = _graph(backend, op, b, per)
+        b.inp.copy_(make_buffers(op, item["bytes"], item["dtype"], rank, n, backend.device).inp)
+        state.tick()
+        g1.replay()
+        run1 = g1.replay
+        result = res1
+    else:
+        state.tick()
+        result = backend.run(op, b)
+        run1 = lambda: backend.run(op, b)  # noqa: E731
+    backend.sync()
+    wrong = torch.tensor([count_wrong(result, b)], dtype=torch.int64)
+    dist.all_reduce(wrong, group=ctrl)
+    if op == "all_reduce":
+        b.inp.zero_()  # in place: keep repeated sums finite while timing
+    state.set("warmup")
+    lone = op in backend.no_back_to_back
+    for _ in range(warmup):
+        if lone:
+            dist.barrier(group=ctrl)
+        state.tick()
+        run1()
+    backend.sync()
+    state.set("isolated")
+    iso = []
+    for _ in range(iters):
+        backend.sync()
+        backend.barrier(ctrl)
+        state.tick()
+        iso.append(timer.time_us(run1))
+    state.set("pipelined")
+    nchunk = 0 if lone else max(1, min(10, iters))
+    per = max(1, iters // max(1, nchunk))
+    backend.sync()
+    dist.barrier(group=ctrl)
+    pipe = []
+    for _ in range(nchunk):
+        state.tick(per)
+        if graph:
+            pipe.append(timer.time_us(gn.replay) / per)
+        else:
+            def chunk():
+                for _ in range(per):
+                    backend.run(op, b)
+            pipe.append(timer.time_us(chunk) / per)
+        backend.sync()
+    iso = slowest_rank(iso, ctrl)
+    pipe = slowest_rank(pipe, ctrl) if pipe else []
+    esize = b.inp.element_size()
+    nbytes = b.count * esize
+    size, factor = nccl_size_and_factor(op, nbytes, n)
+    rows = {}
+    for timing, samples, count in (("isolated", iso, iters), ("pipelined", pipe, nchunk * per)):
+        if not samples:
+            continue
+        st = summarize(samples)
+        algbw = size / (st["p50_us"] * 1e-6) / 1e9 if st["p50_us"] > 0 else None
+        rows[timing] = {**st, "timing": timing, "ops_timed": count, "algbw_GBps": algbw,
+                        "busbw_GBps": algbw * factor if algbw is not None else None}
+    base = {"backend": item["backend"], "op": op, "mode": item["mode"], "bytes": nbytes, "requested_bytes": item["bytes"],
+            "count": b.count, "dtype": item["dtype"], "nccl_size_bytes": size, "world_size": n,
+            "iters": iters, "warmup": warmup, "wrong": int(wrong.item()), "timer": timer.name}
+    return [{"kind": "result", **base, **rows[t]} for t in ("isolated", "pipelined") if t in rows]
+
+
+def run(spec: dict, sink=None) -> int:
+    """Run every measurement of `spec` on this rank. Rank 0 hands each record to
+    `sink` (default: append to spec['out_jsonl']). Returns the exit code."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    timeout = float(spec.get("timeout", 60))
+    state = RankState(spec.get("status_dir"), rank)
+    if not os.environ.get("TPCOMM_PROBE_SUPERVISED"):
+        threading.Thread(target=_watchdog, args=(state, timeout), daemon=True).start()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout + 30))
+    ctrl = dist.new_group(backend="gloo")
+    if sink is None and rank == 0 and spec.get("out_jsonl"):
+        path = spec["out_jsonl"]
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fh = open(path, "a", buffering=1)
+        sink = lambda rec: fh.write(json.dumps(rec) + "\n")  # noqa: E731
+    emit = sink if rank == 0 and sink else (lambda rec: None)
+    items = spec["items"]
+    common = {"world_size": world, "nodes": max(1, world // max(1, local_world)), "host": socket.gethostname(),
+              "torch": torch.__version__}
+    emit({"kind": "start", "items": len(items), **common})
+    by_backend: dict[str, list[dict]] = {}
+    for it in items:
+        by_backend.setdefault(it["backend"], []).append(it)
+    for name, its in by_backend.items():
+        state.set("setup", None)
+        try:
+            backend = make_backend(name, ctrl, local_rank)
+        except Ineligible as e:
+            for it in its:
+                emit({"kind": "skipped", **it, "reason": str(e), **common})
+            continue
+        timer = Timer(backend)
+        hw = _hardware(backend.device)
+        for it in its:
+            reason = backend.unsupported(it["op"])
+            if it["mode"] == "graph" and not backend.graph_capable:
+                reason = f"{name} runs on the CPU: no CUDA graph mode"
+            if reason is None:
+                try:
+                    rows = measure_item(backend, it, spec["iters"], spec["warmup"], ctrl, state, timer)
+                except (Ineligible, NotImplementedError) as e:
+                    reason = str(e)
+                except RuntimeError as e:
+                    if "not supported" not in str(e).lower():
+                        raise
+                    reason = f"{name}: {str(e).splitlines()[0][:200]}"
+            if reason is not None:
+                emit({"kind": "skipped", **it, "reason": reason, **common})
+                continue
+            for r in rows:
+                emit({**r, **common, "hardware": hw, "device": str(backend.device)})
+        backend.close()
+    state.set("done", None)
+    dist.barrier(group=ctrl)
+    emit({"kind": "done", **common})
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Time collectives on one rank (run one process per rank).")
+    p.add_argument("--spec", help="JSON spec written by `tpcomm probe` (items, iters, warmup, timeout, out_jsonl, status_dir)")
+    p.add_argument("--backend", default="gloo", help=f"comma list of {','.join(BACKENDS)}")
+    p.add_argument("--ops", default="all_reduce", help="comma list of ops")
+    p.add_argument("--sizes", default="14336", help="bytes per rank: 14336,1K:1M:x2")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--mode", default="eager", help=f"comma list of {','.join(MODES)}")
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds one measurement may take before this rank gives up")
+    p.add_argument("--out", default=".", help="folder for results.jsonl (rank 0)")
+    a = p.parse_args(argv)
+    if a.spec:
+        with open(a.spec) as f:
+            spec = json.load(f)
+    else:
+        sizes = [(s, a.dtype) for s in parse_sizes(a.sizes)]
+        spec = {"items": build_items(a.backend.split(","), a.mode.split(","), {op: sizes for op in a.ops.split(",")}),
+                "iters": a.iters, "warmup": a.warmup, "timeout": a.timeout,
+                "out_jsonl": os.path.join(a.out, "results.jsonl")}
+    return run(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

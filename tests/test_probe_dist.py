@@ -1,0 +1,173 @@
+"""`tpcomm probe` with real ranks: the default run, every op, a dead rank, a hung
+collective, Ctrl-C, and two torchrun "nodes" over loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tpcomm.probe.fit import load_latency_model
+from tpcomm.probe.launcher import free_port
+
+pytestmark = pytest.mark.dist
+BIN = Path(sys.executable).parent
+TPCOMM = [sys.executable, "-m", "tpcomm.cli"]
+
+
+def _probe(args, env=None, timeout=240):
+    t0 = time.monotonic()
+    p = subprocess.run(TPCOMM + ["probe", *args], capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, **(env or {})})
+    return p, time.monotonic() - t0
+
+
+def _rank_pids(run: Path) -> list[int]:
+    pids = []
+    for f in (run / "probe" / "ranks").glob("rank*.json"):
+        pids.append(json.loads(f.read_text())["pid"])
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.split(")")[-1].split()[0] != "Z"
+
+
+def test_default_probe_on_two_cpu_ranks(tmp_path):
+    run = tmp_path / "run"
+    p, wall = _probe(["--gpus", "2", "--out", str(run), "--json"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    entries = json.loads(p.stdout)
+    keys = {"backend", "op", "mode", "bytes", "world_size", "p50_us", "p99_us", "busbw_GBps", "wrong"}
+    assert entries and all(keys <= set(e) for e in entries)
+    # deepseek-v3 at TP=2, batch 1: the per-token all-reduce is 7168 * 2 B; the logits all-gather is vocab/2 * 2 B
+    ar = [e for e in entries if e["op"] == "all_reduce" and e["bytes"] == 14336]
+    assert {e["backend"] for e in ar} == {"gloo", "shm"} and {e["timing"] for e in ar} == {"isolated", "pipelined"}
+    assert all(e["wrong"] == 0 and e["world_size"] == 2 and e["p50_us"] > 0 for e in entries)
+    assert any(e["op"] == "all_gather" for e in entries)
+    df = pd.read_parquet(run / "probe" / "results.parquet")
+    assert len(df) == len(entries) and (df["p50_us"] <= df["p99_us"]).all() and (df["min_us"] <= df["p50_us"]).all()
+    model = load_latency_model(run)
+    assert model.backends("all_reduce")[0] == "shm"
+    assert model.latency_us("all_reduce", 14336) > 0
+    topo = json.loads((run / "topo.json").read_text())
+    assert topo["cpu"]["logical_cpus"] >= 1
+    assert json.loads((run / "status.json").read_text())["probe"]["state"] == "complete"
+    print(f"default probe wall time: {wall:.1f} s")
+
+
+def test_every_op_on_gloo_and_shm_with_skips_explained(tmp_path):
+    run = tmp_path / "run"
+    p, _ = _probe(["--gpus", "2", "--backend", "gloo,shm", "--ops", "all_reduce,all_gather,gather,reduce_scatter,all_to_all,send_recv",
+                   "--sizes", "1K,14336", "--iters", "20", "--warmup", "3", "--out", str(run)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads((run / "probe" / "results.json").read_text())
+    done = {(r["backend"], r["op"]) for r in doc["results"]}
+    assert {("gloo", op) for op in ("all_reduce", "all_gather", "gather", "all_to_all", "send_recv")} <= done
+    assert {("shm", "all_reduce"), ("shm", "all_gather"), ("shm", "gather")} <= done
+    assert all(r["wrong"] == 0 for r in doc["results"])
+    skipped = {(s["backend"], s["op"]): s["reason"] for s in doc["skipped"]}
+    assert ("gloo", "reduce_scatter") in skipped and ("shm", "send_recv") in skipped
+    assert all(reason for reason in skipped.values())
+    assert "# all_reduce  backend shm" in p.stdout and "not measured" in p.stdout
+
+
+def test_dead_rank_stops_all_and_keeps_finished_sizes(tmp_path):
+    run = tmp_path / "run"
+    p, _ = _probe(["--gpus", "2", "--backend", "gloo", "--sizes", "1K,2K,4K", "--iters", "10", "--timeout", "20", "--out", str(run)],
+                  env={"TPCOMM_PROBE_FAULT": "die:1:all_reduce:4096"})
+    assert p.returncode == 1
+    assert "rank 1 died" in p.stderr and "all_reduce of 4096 B" in p.stderr, p.stderr[-2000:]
+    df = pd.read_parquet(run / "probe" / "results.parquet")
+    assert sorted(df["bytes"].unique()) == [1024, 2048]
+    assert json.loads((run / "status.json").read_text())["probe"]["state"] == "failed"
+    assert load_latency_model(run).latency_us("all_reduce", 1024) > 0
+    assert not any(_alive(pid) for pid in _rank_pids(run))
+
+
+def test_hung_collective_times_out_naming_rank_op_size(tmp_path):
+    run = tmp_path / "run"
+    p, wall = _probe(["--gpus", "2", "--backend", "gloo", "--sizes", "1K,4K", "--iters", "10", "--timeout", "5", "--out", str(run)],
+                     env={"TPCOMM_PROBE_FAULT": "hang:1:all_reduce:4096"})
+    assert p.returncode == 1
+    assert "timed out" in p.stderr and "rank 1 never entered" in p.stderr and "all_reduce of 4096 B" in p.stderr, p.stderr[-2000:]
+    df = pd.read_parquet(run / "probe" / "results.parquet")
+    assert list(df["bytes"].unique()) == [1024]
+    assert not any(_alive(pid) for pid in _rank_pids(run))
+
+
+def test_ctrl_c_leaves_no_orphans(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(TPCOMM + ["probe", "--gpus", "2", "--backend", "gloo", "--sizes", "1K", "--timeout", "600",
+                                      "--out", str(run)], env={**os.environ, "TPCOMM_PROBE_FAULT": "hang:1:*:*"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            pids = _rank_pids(run) if (run / "probe" / "ranks").exists() else []
+            if len(pids) == 2 and all(json.loads(f.read_text())["phase"] == "check"
+                                      for f in (run / "probe" / "ranks").glob("rank*.json")):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("ranks never reached the hung collective")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    time.sleep(0.5)
+    assert not any(_alive(pid) for pid in pids)
+    assert json.loads((run / "status.json").read_text())["probe"]["state"] == "incomplete"
+
+
+def test_two_torchrun_nodes_over_loopback(tmp_path):
+    run = tmp_path / "run"
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+               "--master-addr", "127.0.0.1", "--master-port", str(port),
+               "-m", "tpcomm.cli", "probe", "--backend", "gloo", "--sizes", "1K,64K", "--iters", "10", "--timeout", "60",
+               "--out", str(run)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
+    try:
+        outs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    doc = json.loads((run / "probe" / "results.json").read_text())
+    assert doc["conditions"]["launch"] == "joined"
+    rows = doc["results"]
+    assert {r["bytes"] for r in rows} == {1024, 65536}
+    assert all(r["world_size"] == 2 and r["nodes"] == 2 and r["wrong"] == 0 for r in rows)
+
+
+def test_rank_script_runs_by_hand_under_torchrun(tmp_path):
+    # the rank side alone, as on a cluster node: imports only torch for gloo
+    script = Path(__file__).resolve().parents[1] / "probes" / "collectives.py"
+    p = subprocess.run([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                        "--master-port", str(free_port()), str(script), "--backend", "gloo", "--ops", "all_reduce,all_gather",
+                        "--sizes", "1K", "--iters", "5", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    recs = [json.loads(ln) for ln in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert recs[0]["kind"] == "start" and recs[-1]["kind"] == "done"
+    res = [r for r in recs if r["kind"] == "result"]
+    assert {(r["op"], r["timing"]) for r in res} == {(o, t) for o in ("all_reduce", "all_gather") for t in ("isolated", "pipelined")}
+    assert all(r["wrong"] == 0 and r["world_size"] == 2 for r in res)

@@ -1,0 +1,39 @@
+"""The CUDA paths of the probe (NCCL eager and inside a captured CUDA graph, the
+CUDA-event timer, vLLM's PyNccl/custom all-reduce or their ineligibility). One
+GPU is enough: NCCL runs a one-rank communicator."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.dist, pytest.mark.skipif(_gpus() == 0, reason="needs CUDA")]
+
+
+def test_nccl_eager_and_graph_on_one_gpu(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "tpcomm.cli", "probe", "--gpus", "1", "--backend", "nccl,pynccl,custom-ar",
+                        "--ops", "all_reduce,all_gather", "--sizes", "1K,1M", "--mode", "both", "--iters", "20",
+                        "--out", str(tmp_path), "--json"], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(p.stdout)
+    nccl = [r for r in rows if r["backend"] == "nccl"]
+    assert {(r["mode"], r["timing"]) for r in nccl} == {(m, t) for m in ("eager", "graph") for t in ("isolated", "pipelined")}
+    assert all(r["wrong"] == 0 and r["timer"] == "cuda_event" and 0 < r["p50_us"] < 10_000 for r in nccl)
+    doc = json.loads((tmp_path / "probe" / "results.json").read_text())
+    measured = {r["backend"] for r in doc["results"]}
+    explained = {s["backend"] for s in doc["skipped"] if s["reason"]}
+    assert {"pynccl", "custom-ar"} <= measured | explained  # each measured or said why not

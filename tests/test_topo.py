@@ -1,0 +1,114 @@
+"""`tpcomm topo`: the CPU topology of this machine, vLLM's all-reduce eligibility
+rules on NVML-shaped topologies, and NVML itself where a GPU exists."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from tpcomm.cli import cli
+from tpcomm.topo.collect import collect_topology, format_topology
+from tpcomm.topo.cpu import cpu_topology, parse_cpulist
+from tpcomm.topo.rules import cpu_paths, gpu_paths, vllm_tables
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def test_cpulist():
+    assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpulist("") == []
+
+
+def test_cpu_topology_matches_this_machine():
+    c = cpu_topology()
+    assert c["logical_cpus"] == os.cpu_count()
+    assert set(c["usable_cpus"]) == os.sched_getaffinity(0)
+    assert sum(len(n["cpus"]) for n in c["numa_nodes"]) >= len(c["usable_cpus"])
+
+
+@pytest.mark.skipif(_cuda(), reason="checks the no-driver message")
+def test_topo_without_gpu_says_so_and_shows_cpu(tmp_path):
+    r = CliRunner().invoke(cli, ["topo", "--tp", "2", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "No NVIDIA GPU" in r.output and "NUMA node 0" in r.output and "shm" in r.output
+    doc = json.loads((tmp_path / "topo.json").read_text())
+    assert doc["gpu"] is None and doc["gpu_absent_reason"] and doc["vllm"]["platform"] == "cpu"
+
+
+def test_topo_json_shows_nccl_env():
+    p = subprocess.run([sys.executable, "-m", "tpcomm.cli", "topo", "--json"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "NCCL_P2P_DISABLE": "1", "NCCL_PROTO": "LL"})
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["env"]["NCCL_P2P_DISABLE"] == "1" and doc["env"]["NCCL_PROTO"] == "LL" and doc["env"]["NCCL_ALGO"] is None
+    assert "NCCL_P2P_DISABLE=1" in format_topology(doc)
+
+
+def _gpus(n, nvlink, p2p=True, cc="12.0"):
+    return {"driver": "580.00", "gpus": [{"index": i, "name": "GPU", "compute_capability": cc} for i in range(n)],
+            "p2p_read": [[p2p or i == j for j in range(n)] for i in range(n)],
+            "nvlink_p2p": [[nvlink or i == j for j in range(n)] for i in range(n)],
+            "topology": [["X" if i == j else "PXB (several PCIe switches)" for j in range(n)] for i in range(n)]}
+
+
+def _path(paths, name):
+    return next(p for p in paths if p["path"] == name)
+
+
+def test_rules_eight_pcie_gpus_like_the_case_study():
+    t = vllm_tables()
+    paths = gpu_paths(_gpus(8, nvlink=False), 8, t)
+    ca = _path(paths, "custom-ar")
+    assert not ca["eligible"] and "more than two PCIe-only GPUs" in ca["why"]
+    assert not _path(paths, "torch-symm-mem")["eligible"]
+    fi = _path(paths, "flashinfer-pcie-ipc")
+    assert not fi["eligible"] and "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1" in fi["lever"]
+    assert _path(paths, "pynccl")["eligible"]
+
+
+def test_rules_two_pcie_gpus_with_p2p_allow_custom_ar_but_not_without():
+    t = vllm_tables()
+    assert _path(gpu_paths(_gpus(2, nvlink=False), 2, t), "custom-ar")["eligible"]
+    no_p2p = _path(gpu_paths(_gpus(2, nvlink=False, p2p=False), 2, t), "custom-ar")
+    assert not no_p2p["eligible"] and "P2P" in no_p2p["why"]
+    odd = _path(gpu_paths(_gpus(3, nvlink=True), 3, t), "custom-ar")
+    assert not odd["eligible"] and "world size 3" in odd["why"]
+
+
+def test_rules_nvlink_h200_symm_mem(monkeypatch):
+    t = vllm_tables()
+    assert 8 in t["custom_ar_world_sizes"] and "9.0" in t["symm_mem_max_sizes"]
+    paths = gpu_paths(_gpus(8, nvlink=True, cc="9.0"), 8, t)
+    assert _path(paths, "custom-ar")["eligible"] and _path(paths, "torch-symm-mem")["eligible"]
+    monkeypatch.setenv("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
+    assert not _path(gpu_paths(_gpus(8, nvlink=True, cc="9.0"), 8, t), "torch-symm-mem")["eligible"]
+
+
+def test_cpu_rules():
+    assert _path(cpu_paths(2, True), "shm")["eligible"]
+    assert not _path(cpu_paths(2, False), "shm")["eligible"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs CUDA")
+def test_nvml_reads_every_gpu():
+    import torch
+
+    doc = collect_topology()
+    assert doc["gpu"] is not None and len(doc["gpu"]["gpus"]) == torch.cuda.device_count()
+    g = doc["gpu"]["gpus"][0]
+    assert g["pcie"]["width_max"] and g["compute_capability"] and g["name"]
+    assert all(doc["gpu"]["p2p_read"][i][i] for i in range(len(doc["gpu"]["gpus"])))
+    assert "GPU0" in format_topology(doc)

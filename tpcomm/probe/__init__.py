@@ -1,0 +1,1 @@
+"""Collective microbenchmarks at the plan's message sizes (see runner.py, fit.py)."""

@@ -1,0 +1,112 @@
+"""`tpcomm probe` (and `tpcomm probe import FILE`): parse and hand off to
+tpcomm.probe.runner / nccl_import."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from probes.spec import BACKENDS, OPS
+from tpcomm.cli_common import IntList
+
+
+class _ProbeGroup(click.Group):
+    def format_commands(self, ctx, formatter):
+        with formatter.section("Subcommands"):
+            formatter.write_dl([("import FILE", "Read nccl-tests output (text or JSON) into RUN_DIR/probe/.")])
+
+
+@click.group("probe", cls=_ProbeGroup, invoke_without_command=True)
+@click.option("--gpus", "-n", type=click.IntRange(min=1), default=None,
+              help="Ranks to start on this machine (default: every CUDA GPU, or 2 CPU ranks). Ignored under torchrun/srun, "
+                   "where each rank runs `tpcomm probe` and RANK/WORLD_SIZE decide.")
+@click.option("--backend", "backends", default="auto", show_default=True,
+              help=f"Comma list: auto (nccl,pynccl,custom-ar on CUDA; gloo,shm on CPU), all, or of {', '.join(BACKENDS)}. "
+                   "Ineligible backends are reported with vLLM's reason.")
+@click.option("--model", "-m", default=None, metavar="MODEL",
+              help="Plan source (preset, config.json or folder) whose message sizes are probed. Default, when --sizes "
+                   "is not given either: the deepseek-v3 preset at TP = ranks, batch 1.")
+@click.option("--tp", type=click.IntRange(min=1), default=None, help="TP size of the plan (default: number of ranks).")
+@click.option("--batch", "-b", "batches", type=IntList(), default="1", show_default=True, help="Decode batch size(s) of the plan: 1 or 1,8,32.")
+@click.option("--sizes", default=None, help="Extra sweep in bytes per rank: 14336,1K:64M:x2 (K=1024). Alone (no --model): only these sizes.")
+@click.option("--ops", default=None, help=f"Comma list of {', '.join(OPS)} (default: the plan's ops; all_reduce for a bare sweep).")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default=None, help="Element type of the sweep sizes (default bfloat16; plan sizes keep the plan's).")
+@click.option("--mode", type=click.Choice(["auto", "eager", "graph", "both"]), default="auto", show_default=True,
+              help="Eager launches, inside a captured CUDA graph, or both. auto: both on CUDA, eager on CPU.")
+@click.option("--iters", type=click.IntRange(min=1), default=100, show_default=True, help="Timed ops per measurement (isolated and pipelined each).")
+@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True, help="Untimed ops before timing.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds without progress before every rank is stopped (a dead or hung rank); rank start-up gets extra time.")
+@click.option("--out", "-o", type=click.Path(file_okay=False), default=None,
+              help="Run directory (default runs/probe-DATE-TIME): probe/results.parquet|json, probe/fit.json, topo.json.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON entry per measurement instead of the table.")
+@click.pass_context
+def probe(ctx, gpus, backends, model, tp, batches, sizes, ops, dtype, mode, iters, warmup, timeout, out, as_json):
+    """Time the model's collectives on the backends vLLM could use, at the
+    plan's message sizes: isolated latency (barrier before each op, as a decode
+    step sees it) and back-to-back pipelined average, p50/p90/p99, algbw/busbw
+    as nccl-tests, a correctness check per measurement, and a fitted latency
+    model for `tpcomm predict --probe RUN_DIR`.
+
+    \b
+    Examples:
+      tpcomm probe --gpus 2                         # deepseek-v3 plan sizes, TP=2, batch 1
+      tpcomm probe --gpus 8 --model kimi-k2.5 --batch 1,8,32 --out runs/r1
+      tpcomm probe --gpus 2 --backend gloo --sizes 1K:16M:x4
+      torchrun --nnodes 2 --nproc-per-node 8 ... -m tpcomm.cli probe --out runs/r2
+      tpcomm probe import all_reduce_perf.txt --out runs/r3
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from tpcomm.probe.launcher import ProbeFailed
+    from tpcomm.probe.results import format_table
+    from tpcomm.probe.runner import ProbeConfig, run_probe
+
+    cfg = ProbeConfig(gpus=gpus, backends=backends.split(","), model=model, tp=tp, batches=batches, sizes=sizes,
+                      ops=ops.split(",") if ops else None, dtype=dtype, mode=mode, iters=iters, warmup=warmup,
+                      timeout=timeout, out=out)
+    try:
+        res = run_probe(cfg, argv=sys.argv)
+    except ProbeFailed as e:
+        # exit 1: a measurement failed; what finished is on disk (tpcomm/cli.py exit codes)
+        raise click.ClickException(f"probe failed: {e}\nMeasurements finished before the failure are kept in "
+                                   f"{e.run_dir or 'the run directory'}.") from None
+    if res.run is None:  # a non-zero rank of a joined launch: rank 0 reports
+        return
+    if as_json:
+        click.echo(json.dumps(res.json_entries(), indent=1))
+    else:
+        click.echo(format_table(res.rows, res.skipped, res.conditions))
+        click.echo(f"# saved: {res.run.path}/probe/results.parquet, results.json, fit.json; topo.json", err=True)
+
+
+@probe.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--op", type=click.Choice(list(OPS)), default=None, help="Collective measured (default: read from the output or file name).")
+@click.option("--world-size", type=click.IntRange(min=1), default=None, help="Ranks in the test (default: the '# Rank' lines).")
+@click.option("--out", "-o", type=click.Path(file_okay=False), required=True, help="Run directory to write probe/ into.")
+@click.option("--json", "as_json", is_flag=True, help="Print the imported entries as JSON.")
+def import_cmd(file, op, world_size, out, as_json):
+    """Read nccl-tests output (plain text or its JSON) into RUN_DIR/probe/ in
+    the probe's format, with a fitted latency model."""
+    from tpcomm.probe.fit import fit_document
+    from tpcomm.probe.nccl_import import import_file
+    from tpcomm.probe.results import ProbeResults, format_table
+    from tpcomm.rundir import RunDir
+
+    rows = import_file(file, op, world_size)
+    run = RunDir(out)
+    prev = run.read_json("probe/results.json") or {}
+    res = ProbeResults(run, {**(prev.get("conditions") or {}), "imported_from": str(file), "world_size": rows[0]["world_size"],
+                             "hardware": rows[0]["hardware"]})
+    keep = [r for r in prev.get("results", []) if not (r.get("source") == "nccl-tests" and r["op"] == rows[0]["op"])]
+    res.rows = keep + rows
+    res.skipped = prev.get("skipped", [])
+    res.state = "complete"
+    res.write()
+    run.write_json("probe/fit.json", fit_document(res.rows, res.conditions))
+    run.record_command("probe import")
+    run.mark("probe", "complete", measurements=len(res.rows), imported=str(file))
+    click.echo(json.dumps(res.json_entries(), indent=1) if as_json else format_table(rows, [], res.conditions))

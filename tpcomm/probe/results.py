@@ -1,0 +1,130 @@
+"""Probe results: one row per (backend, op, mode, bytes, timing), written to the
+run directory after every measurement so a failure keeps what finished.
+
+Columns of probe/results.parquet (and the "results" list of probe/results.json):
+    backend, op, mode (eager|graph), timing (isolated|pipelined), bytes (per-rank
+    input), count (elements), dtype, nccl_size_bytes (size as nccl-tests prints
+    it), world_size, nodes, p50_us, p90_us, p99_us, min_us, max_us, mean_us,
+    samples, algbw_GBps, busbw_GBps (from p50, nccl-tests formulas, GB = 1e9),
+    wrong (#wrong elements), timer, hardware, device, host, source (probe|nccl-tests)
+"""
+
+from __future__ import annotations
+
+from tpcomm.rundir import RunDir
+from tpcomm.table import human_bytes
+
+COLUMNS = ["backend", "op", "mode", "timing", "bytes", "count", "dtype", "nccl_size_bytes", "world_size", "nodes",
+           "p50_us", "p90_us", "p99_us", "min_us", "max_us", "mean_us", "samples", "algbw_GBps", "busbw_GBps",
+           "wrong", "iters", "warmup", "timer", "hardware", "device", "host", "source"]
+JSON_KEYS = ["backend", "op", "mode", "timing", "bytes", "world_size", "p50_us", "p90_us", "p99_us", "min_us", "max_us",
+             "algbw_GBps", "busbw_GBps", "wrong"]
+
+
+class ProbeResults:
+    """Collects records from the ranks; `write()` saves Parquet + JSON atomically."""
+
+    def __init__(self, run: RunDir | None, conditions: dict):
+        self.run = run
+        self.conditions = conditions
+        self.rows: list[dict] = []
+        self.skipped: list[dict] = []
+        self.state = "running"
+        self.error: str | None = None
+        self.planned = 0
+
+    def add(self, rec: dict) -> None:
+        kind = rec.get("kind")
+        if kind == "start":
+            self.planned = rec.get("items", 0)
+            self.conditions.setdefault("world_size", rec.get("world_size"))
+            self.conditions.setdefault("nodes", rec.get("nodes"))
+            return
+        if kind == "result":
+            self.rows.append({c: rec.get(c) for c in COLUMNS} | {"source": rec.get("source", "probe")})
+        elif kind == "skipped":
+            self.skipped.append({k: rec.get(k) for k in ("backend", "op", "mode", "bytes", "dtype", "reason")})
+        else:
+            return
+        self.write()
+
+    @property
+    def done_items(self) -> int:
+        return len({(r["backend"], r["op"], r["mode"], r["bytes"]) for r in self.rows}) + len(self.skipped)
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=COLUMNS)
+
+    def document(self) -> dict:
+        return {"state": self.state, "error": self.error, "conditions": self.conditions,
+                "results": self.rows, "skipped": self.skipped}
+
+    def write(self) -> None:
+        if self.run is None:
+            return
+        self.run.write_table("probe/results.parquet", self.frame())
+        self.run.write_json("probe/results.json", self.document())
+
+    def json_entries(self) -> list[dict]:
+        """`--json`: one entry per measurement, the keys of JSON_KEYS first."""
+        return [{k: r.get(k) for k in JSON_KEYS} | {k: v for k, v in r.items() if k not in JSON_KEYS} for r in self.rows]
+
+
+def _f(v, nd=2) -> str:
+    if v is None:
+        return "-"
+    if v >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{nd}f}"
+
+
+def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str:
+    """nccl-tests' layout, one block per (backend, mode, op): isolated | pipelined."""
+    out = []
+    cond = conditions
+    out.append(f"# tpcomm probe: world size {cond.get('world_size')} on {cond.get('nodes', 1)} node(s), "
+               f"{cond.get('hardware', '?')}; torch {cond.get('torch', '?')}, vLLM {cond.get('vllm') or 'not installed'}")
+    out.append("# isolated: barrier before each op (as a decode step sees it); pipelined: back-to-back average (nccl-tests' time)")
+    out.append("# algbw/busbw from p50, GB/s = 1e9 B/s; busbw as nccl-tests: all_reduce x2(n-1)/n, all_gather/reduce_scatter/all_to_all x(n-1)/n")
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        g = groups.setdefault((r["backend"], r["mode"], r["op"]), {})
+        g.setdefault(r["bytes"], {})[r["timing"]] = r
+    for (backend, mode, op), by_size in groups.items():
+        any_row = next(iter(next(iter(by_size.values())).values()))
+        out.append("#")
+        out.append(f"# {op}  backend {backend}  mode {mode}  timer {any_row.get('timer')}  ranks {any_row.get('world_size')}")
+        out.append(f"# {'size(B)':>12} {'count':>10} {'type':>8} |{'isolated p50':>13} {'p99':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} |"
+                   f"{'pipelined':>10} {'algbw':>7} {'busbw':>7}")
+        out.append(f"# {'':>12} {'(elements)':>10} {'':>8} |{'(us)':>13} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} |{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}")
+        for nbytes in sorted(by_size):
+            iso, pipe = by_size[nbytes].get("isolated"), by_size[nbytes].get("pipelined")
+            base = iso or pipe
+            size = base.get("nccl_size_bytes") or nbytes
+            cells = f"  {size:>12} {base.get('count') or 0:>10} {base.get('dtype') or '':>8} |"
+            if iso:
+                cells += f"{_f(iso['p50_us']):>13} {_f(iso['p99_us']):>9} {_f(iso['algbw_GBps']):>7} {_f(iso['busbw_GBps']):>7} {iso['wrong']:>6} |"
+            else:
+                cells += f"{'-':>13} {'-':>9} {'-':>7} {'-':>7} {base.get('wrong', '-'):>6} |"
+            if pipe:
+                cells += f"{_f(pipe['p50_us']):>10} {_f(pipe['algbw_GBps']):>7} {_f(pipe['busbw_GBps']):>7}"
+            else:
+                cells += f"{'-':>10} {'-':>7} {'-':>7}"
+            out.append(cells)
+    if skipped:
+        out.append("#")
+        out.append("# not measured:")
+        seen = set()
+        for s in skipped:
+            key = (s["backend"], s.get("op"), s.get("mode"), s["reason"])
+            if key in seen:
+                continue
+            seen.add(key)
+            sizes = sorted({x["bytes"] for x in skipped if (x["backend"], x.get("op"), x.get("mode"), x["reason"]) == key})
+            out.append(f"#   {s['backend']:<9} {s.get('op') or '':<14} {s.get('mode') or '':<6} "
+                       f"({', '.join(human_bytes(b) for b in sizes[:4])}{', ...' if len(sizes) > 4 else ''}): {s['reason']}")
+    bad = sum(int(r.get("wrong") or 0) for r in rows if r["timing"] == "isolated")
+    out.append(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
+    return "\n".join(out)

@@ -1,0 +1,114 @@
+"""Which all-reduce paths vLLM would enable on this topology, and why not.
+
+The conditions are those of vLLM's own code (0.32): CustomAllreduce.__init__ and
+should_custom_ar (custom_all_reduce.py), SymmMemCommunicator (symm_mem.py),
+should_nccl_symm_mem_allreduce (all_reduce_utils.py), FlashInferPcieIpcAllReduce
+(flashinfer_pcie_ipc_all_reduce.py), CpuCommunicator (cpu_communicator.py).
+The tables are read from the installed vLLM when it imports; else the 0.32 values.
+"""
+
+from __future__ import annotations
+
+import os
+
+MiB = 1024 * 1024
+_FALLBACK = {
+    "source": "vLLM 0.32 values recorded in tpcomm (vLLM not importable here)",
+    "custom_ar_world_sizes": [2, 4, 6, 8, 16],
+    "custom_ar_max_bytes": 8 * MiB,
+    "symm_mem_max_sizes": {"9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
+                           "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB}},
+    "nccl_symm_min_world": 4,
+    "flashinfer_pcie_world_sizes": [2, 4, 8],
+}
+
+
+def vllm_tables() -> dict:
+    try:
+        from vllm.distributed.device_communicators import all_reduce_utils as aru
+        from vllm.distributed.device_communicators import custom_all_reduce as car
+        from vllm.distributed.device_communicators import flashinfer_pcie_ipc_all_reduce as fpi
+        from vllm.version import __version__ as v
+    except Exception:  # noqa: BLE001 - a partial or CPU-only vLLM build
+        return dict(_FALLBACK)
+    import inspect
+
+    max_size = inspect.signature(car.CustomAllreduce.__init__).parameters["max_size"].default
+    return {"source": f"read from installed vLLM {v}", "custom_ar_world_sizes": list(car.CustomAllreduce._SUPPORTED_WORLD_SIZES),
+            "custom_ar_max_bytes": max_size,
+            "symm_mem_max_sizes": {k: dict(val) for k, val in aru.SYMM_MEM_ALL_REDUCE_MAX_SIZES.items()},
+            "nccl_symm_min_world": aru.NCCL_SYMM_MEM_ALL_REDUCE_CONFIG["min_world_size"],
+            "flashinfer_pcie_world_sizes": list(fpi._SUPPORTED_WORLD_SIZES)}
+
+
+def _env_on(name: str, default: str) -> bool:
+    return os.environ.get(name, default) not in ("0", "", "false", "False")
+
+
+def gpu_paths(gpu: dict, tp: int, t: dict) -> list[dict]:
+    """Each all-reduce path vLLM tries, in its order, with eligible True/False and why."""
+    gpus = gpu["gpus"][:tp]
+    idx = range(len(gpus))
+    nvlink_all = all(gpu["nvlink_p2p"][i][j] for i in idx for j in idx)
+    p2p_all = all(gpu["p2p_read"][i][j] for i in idx for j in idx)
+    cc = gpus[0]["compute_capability"] if gpus else None
+    out = []
+
+    def add(name, ok, why, lever=None):
+        out.append({"path": name, "eligible": ok, "why": why, "lever": lever})
+
+    if len(gpus) < tp:
+        add("all", False, f"TP={tp} but only {len(gpus)} GPU(s) visible on this node")
+        return out
+    # NCCL symmetric memory (opt-in)
+    if not _env_on("VLLM_USE_NCCL_SYMM_MEM", "0"):
+        add("nccl-symm-mem", False, "opt-in, off", "VLLM_USE_NCCL_SYMM_MEM=1")
+    else:
+        ok = tp >= t["nccl_symm_min_world"]
+        add("nccl-symm-mem", ok, f"on; world size {tp} {'>=' if ok else '<'} {t['nccl_symm_min_world']}")
+    # FlashInfer PCIe IPC (opt-in)
+    fi_ok = tp in t["flashinfer_pcie_world_sizes"]
+    if not _env_on("VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "0"):
+        add("flashinfer-pcie-ipc", False, "opt-in, off" + ("" if fi_ok else f"; world size {tp} not in {t['flashinfer_pcie_world_sizes']}"),
+            "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 (one node, bf16/fp16, FlashInfer with PcieIpcAllReduceWorkspace)" if fi_ok else None)
+    else:
+        add("flashinfer-pcie-ipc", fi_ok, "on; needs one node, bf16/fp16 and a FlashInfer build with PcieIpcAllReduceWorkspace"
+            if fi_ok else f"world size {tp} not in {t['flashinfer_pcie_world_sizes']}")
+    # vLLM custom all-reduce
+    if tp == 1:
+        add("custom-ar", False, "one GPU: no all-reduce")
+    elif tp not in t["custom_ar_world_sizes"]:
+        add("custom-ar", False, f"world size {tp} not in {t['custom_ar_world_sizes']}")
+    elif tp > 2 and not nvlink_all:
+        add("custom-ar", False, "not supported on more than two PCIe-only GPUs (needs NVLink between every pair)",
+            "TP=2, or the opt-in FlashInfer PCIe IPC all-reduce")
+    elif not p2p_all:
+        add("custom-ar", False, "GPU P2P not available between every pair (NVML P2P read status)",
+            "enable P2P (IOMMU/ACS settings, driver); check NCCL_P2P_DISABLE")
+    else:
+        add("custom-ar", True, f"eligible for messages < {t['custom_ar_max_bytes'] // MiB} MiB (multiple of 16 B)")
+    # torch symmetric memory
+    sizes = t["symm_mem_max_sizes"].get(cc or "", {})
+    if not _env_on("VLLM_ALLREDUCE_USE_SYMM_MEM", "1"):
+        add("torch-symm-mem", False, "switched off by VLLM_ALLREDUCE_USE_SYMM_MEM=0")
+    elif not sizes:
+        add("torch-symm-mem", False, f"compute capability {cc} not in {sorted(t['symm_mem_max_sizes'])}")
+    elif tp not in sizes:
+        add("torch-symm-mem", False, f"world size {tp} not in {sorted(sizes)} for SM {cc}")
+    elif not nvlink_all:
+        add("torch-symm-mem", False, "needs NVSwitch multicast; these GPUs are not NVLink-connected")
+    else:
+        add("torch-symm-mem", True, f"eligible if NVSwitch multicast works (NVML cannot confirm), up to {sizes[tp] // MiB} MiB")
+    add("pynccl", True, "always available: vLLM's NCCL binding, captured in CUDA graphs")
+    return out
+
+
+def cpu_paths(tp: int, vllm_installed: bool) -> list[dict]:
+    if not vllm_installed:
+        return [{"path": "shm", "eligible": False, "why": "vLLM is not installed", "lever": None},
+                {"path": "gloo", "eligible": True, "why": "torch.distributed gloo", "lever": None}]
+    return [{"path": "shm", "eligible": tp > 1,
+             "why": ("vLLM-CPU's shared-memory all-reduce (torch.ops._C.shm_allreduce) for TP/PP groups whose ranks "
+                     "share one machine and VLLM_DIST_IDENT") if tp > 1 else "one rank: no all-reduce",
+             "lever": "VLLM_CPU_OMP_THREADS_BIND: one core set per rank, on one NUMA node"},
+            {"path": "gloo", "eligible": True, "why": "fallback when the shm communicator is off; ops shm lacks", "lever": None}]
