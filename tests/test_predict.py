@@ -116,3 +116,27 @@ def test_bad_profile_file(tmp_path):
     p.write_text('{"name": "x", "memory_GB": 1}')
     r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", "--gpu", str(p)])
     assert r.exit_code == 2 and "missing fields: memory_bandwidth_GBps" in r.output
+
+
+@pytest.mark.dist
+def test_predict_calibrated_by_a_real_probe_run(tmp_path):
+    """A real 2-rank shm/gloo probe at the tiny model's sizes feeds predict --probe."""
+    from tpcomm.plan import build_plan
+    from tpcomm.probe.fit import load_latency_model
+    from tpcomm.tinymodel import TINY_CONFIG
+
+    cfg = tmp_path / "model" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps(TINY_CONFIG))
+    run = tmp_path / "run"
+    r = CliRunner().invoke(cli, ["probe", "--gpus", "2", "--model", str(cfg.parent), "--iters", "30", "--warmup", "5", "--out", str(run)])
+    assert r.exit_code == 0, r.output
+    d = predict(str(cfg.parent), tp=2, gpu="cpu", probe=str(run))
+    assert d["collective_latency_kind"] == "probe"
+    fit = load_latency_model(run)
+    plan = build_plan(str(cfg.parent), tp=2)
+    expect = sum(c.count * fit.latency_us(c.op, c.bytes) for c in plan.collectives)
+    assert d["single_stream"]["breakdown_ms"]["collectives"] == pytest.approx(expect / 1e3)
+    # A layout the probe did not measure is refused, not extrapolated.
+    with pytest.raises(Exception, match="world size 2"):
+        predict("kimi-k2.5", tp=8, gpu="cpu", probe=str(run))
