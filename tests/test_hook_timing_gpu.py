@@ -1,0 +1,88 @@
+"""The CUDA timer: events captured inside a CUDA graph and read after replays, and
+eager event pairs read without blocking. Needs CUDA (skipped without it)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture
+def patched_timer():
+    from tpcomm.hook.timing import CudaEventTimer, patch_cuda_graphs
+
+    timer = CudaEventTimer(sample_every=1)
+    replays: list = []
+    patch_cuda_graphs(timer, lambda g, t: replays.append((g, t)))
+    yield timer, replays
+    cls = torch.cuda.graphs.CUDAGraph
+    cls.capture_begin, cls.capture_end, cls.replay = cls._tpcomm_originals
+    cls._tpcomm_patched = False
+
+
+def _eager_ms(fn, reps: int = 20) -> float:
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(reps):
+        fn()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) / reps
+
+
+def test_events_recorded_into_a_cuda_graph_time_each_replay(patched_timer):
+    timer, replays = patched_timer
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            x @ x
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ev = timer.graph_begin()
+        y = x @ x
+        timer.graph_end(ev, "matmul")
+        ev = timer.graph_begin()
+        z = y[:16] + 1
+        timer.graph_end(ev, "small add")
+    assert timer.graphs_with_slots == 1 and len(g._tpcomm_slots) == 2
+    mm_ms = _eager_ms(lambda: x @ x)
+    rows = []
+    for _ in range(5):
+        g.replay()
+        graph, t_host = replays[-1]
+        n = timer.read_replay(graph, t_host, lambda meta, t0, t1: rows.append((meta, t0, t1)))
+        assert n == 2
+    assert len(rows) == 10 and torch.isfinite(z).all()
+    mm = [(t1 - t0) / 1e6 for meta, t0, t1 in rows if meta == "matmul"]
+    add = [(t1 - t0) / 1e6 for meta, t0, t1 in rows if meta == "small add"]
+    assert all(0.3 * mm_ms < d < 3 * mm_ms for d in mm), (mm, mm_ms)
+    assert max(add) < min(mm)
+    # the add starts after the matmul ends (same stream), stamped on the host clock of the replay
+    for i in range(0, 10, 2):
+        assert rows[i + 1][1] >= rows[i][2] - 1_000 and abs(rows[i][1] - time.time_ns()) < 60e9
+
+
+def test_eager_event_pairs_are_read_later_without_blocking_the_call():
+    from tpcomm.hook.timing import CudaEventTimer
+
+    timer = CudaEventTimer(pool_size=2)
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    got = {}
+    pairs = [timer.eager_begin() for _ in range(3)]
+    assert pairs[2] is None  # pool of 2: the third call is not event-timed (host-enqueue)
+    for row, pair in enumerate(pairs[:2]):
+        x @ x
+    # record the end events after the work, then read
+    for row, pair in enumerate(pairs[:2]):
+        timer.eager_end(pair, row, 1_000)
+    timer.poll(lambda row, t_end: got.__setitem__(row, t_end), block=True)
+    assert set(got) == {0, 1} and all(t > 1_000 for t in got.values())
+    assert len(timer._free) == 2

@@ -1,0 +1,126 @@
+"""The hook's parts without a server: bounded buffer, columnar records, Prometheus
+text, client frames, and vLLM's real plugin loader patching (or not) GroupCoordinator."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tpcomm.hook.client import COLLECTIVE_DTYPES, STEP_DTYPES, records_to_frames, save_records
+from tpcomm.hook.metrics import prometheus_text
+from tpcomm.hook.recorder import Recorder
+from tpcomm.hook.routes import merge_records
+from tpcomm.hook.rpc import _pack
+
+
+def _filled(rank: int, n: int, cap: int = 16) -> Recorder:
+    rec = Recorder(max_records=cap, max_steps=cap)
+    g = rec.group_code("tp", "tp:0", rank, 2)
+    for i in range(n):
+        rec.add(g, rec.ops.code("all_reduce"), 512, rec.dtypes.code("bfloat16"), rec.backends.code("shm"),
+                i // 2, i % 2, 1_000_000 + i * 1000, 1_000_000 + i * 1000 + 40_000, rec.timings.code("host-sync"))
+    for s in range(n // 2):
+        rec.add_step(s, 1_000_000 + s * 2000, 1_000_000 + s * 2000 + 90_000, 1, 1, 0)
+    return rec
+
+
+def test_buffer_is_bounded_counts_drops_and_never_grows():
+    rec = _filled(0, 20, cap=16)
+    before = rec.nbytes
+    assert rec.n == 16 and rec.dropped == 4
+    assert rec.add(0, 0, 1, 0, 0, 0, 0, 0, 0, 0) == -1 and rec.dropped == 5
+    assert rec.nbytes == before  # preallocated: nothing grows when full
+    assert rec.add_step(99, 0, 1, 1, 1, 0) in range(16) and rec.n_steps == 11
+    rec.clear()
+    assert rec.n == 0 and rec.dropped == 0
+
+
+def test_default_bound_per_worker_is_stated():
+    rec = Recorder()
+    # 262,144 collective rows x 42 B + 65,536 step rows x 33 B (recorder.py docstring)
+    assert rec.nbytes == 262_144 * 42 + 65_536 * 33
+    assert rec.nbytes < 13 * 2**20
+
+
+def test_columns_roundtrip_through_rpc_packing_routes_and_client(tmp_path):
+    per_rank = []
+    for rank in (0, 1):
+        cols = _filled(rank, 6).columns(rank)
+        per_rank.append({"meta": {"rank": rank, "enabled": True, "armed": False, "records": 6, "dropped": 0,
+                                  "record_capacity": 16, "buffer_bytes": 1, "timing": ["host-sync"], "versions": {}},
+                         **{t: {k: _pack(v) for k, v in c.items()} for t, c in cols.items()}})
+    doc = merge_records(per_rank)
+    json.dumps(doc)  # plain JSON types only
+    assert doc["meta"]["ranks"] == [0, 1]
+    assert doc["collectives"]["rank"] == [0] * 6 + [1] * 6
+    assert doc["collectives"]["duration_us"][0] == pytest.approx(40.0)
+    coll, steps, meta = records_to_frames(doc)
+    assert list(coll.columns) == list(COLLECTIVE_DTYPES) and list(steps.columns) == list(STEP_DTYPES)
+    assert set(coll["group_rank"]) == {0, 1} and set(coll["group"]) == {"tp"}
+    assert (coll.groupby(["rank", "step"]).size() == 2).all()
+    assert steps["kind"].eq("decode").all() and steps["duration_us"].eq(90.0).all()
+    paths = save_records(doc, tmp_path / "run")
+    import pandas as pd
+
+    back = pd.read_parquet(paths["collectives"])
+    assert len(back) == 12 and back["bytes"].eq(512).all()
+    assert json.loads(paths["meta"].read_text())["ranks"] == [0, 1]
+
+
+def test_prometheus_histogram_counts_match_records():
+    doc = merge_records([{"meta": {"rank": 0, "enabled": True, "armed": True, "records": 6, "dropped": 3,
+                                   "record_capacity": 16, "buffer_bytes": 1, "timing": ["host-sync"], "versions": {}},
+                          **_filled(0, 6).columns(0)}])
+    text = prometheus_text(doc)
+    lab = 'rank="0",group="tp",op="all_reduce",bytes="512",backend="shm"'
+    assert f"tpcomm_collective_duration_us_count{{{lab}}} 6" in text
+    assert f'tpcomm_collective_duration_us_bucket{{{lab},le="25"}} 0' in text
+    assert f'tpcomm_collective_duration_us_bucket{{{lab},le="50"}} 6' in text
+    assert 'tpcomm_dropped_records{rank="0"} 3' in text
+    assert "# TYPE tpcomm_step_duration_us histogram" in text
+
+
+_LOAD = """
+import json
+from vllm.plugins import load_general_plugins
+from vllm.distributed.parallel_state import GroupCoordinator as G
+from vllm.v1.worker.worker_base import WorkerWrapperBase as W
+load_general_plugins()
+print(json.dumps({
+    "patched": sorted(n for n in dir(G) if hasattr(getattr(G, n, None), "_tpcomm_original")),
+    "all_reduce_module": G.all_reduce.__code__.co_filename,
+    "worker_methods": sorted(n for n in dir(W) if n.startswith("tpcomm_")),
+}))
+"""
+
+
+def _load_plugins(value: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    if value is not None:
+        env["VLLM_PLUGINS"] = value
+    r = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_vllm_plugin_loader_patches_only_when_enabled():
+    off = _load_plugins("")
+    assert off["patched"] == [] and off["worker_methods"] == []
+    assert off["all_reduce_module"].endswith("vllm/distributed/parallel_state.py")
+    on = _load_plugins("tpcomm")
+    assert {"_all_reduce_out_place", "_all_gather_out_place", "all_reduce", "gather", "broadcast",
+            "send", "recv", "isend_tensor_dict", "irecv_tensor_dict"} <= set(on["patched"])
+    assert on["worker_methods"] == ["tpcomm_records", "tpcomm_start", "tpcomm_status", "tpcomm_stop"]
+    assert on["all_reduce_module"].endswith("tpcomm/hook/plugin.py")
+
+
+def test_recorder_columns_are_numpy_and_sized():
+    cols = _filled(1, 4).columns(1)
+    assert isinstance(cols["collectives"]["bytes"], np.ndarray)
+    assert cols["collectives"]["group_rank"].tolist() == [1] * 4
+    assert cols["steps"]["step"].tolist() == [0, 1]

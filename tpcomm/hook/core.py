@@ -1,0 +1,293 @@
+"""The hook's per-process state: armed or not, the current engine step, the timed call.
+
+`HOOK` is the one instance per worker process. The patched vLLM methods
+(see `plugin.py`) call `HOOK.timed(...)` around each collective and
+`HOOK.step_begin/step_end/sample_end` around each engine step. Whatever goes
+wrong inside the hook's own code disables it (one log line, reason in status);
+the collective itself always runs, and its own exceptions pass through untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable, NamedTuple
+
+from tpcomm.hook import timing
+from tpcomm.hook.recorder import Recorder
+
+logger = logging.getLogger("vllm.tpcomm.hook")  # a child of vLLM's logger: same format and prefix
+
+# Set by the backend tags (plugin.py) during a CUDA collective: which path ran.
+LAST_BACKEND: list[str | None] = [None]
+
+
+class Sized(NamedTuple):
+    """Size of a collective's input, taken at CUDA graph capture (the tensor is gone at replay)."""
+
+    nbytes: int
+    dtype: str
+
+
+_TENSOR: list = []
+
+
+def _Tensor() -> type:
+    if not _TENSOR:
+        import torch
+
+        _TENSOR.append(torch.Tensor)
+    return _TENSOR[0]
+
+
+def tensor_bytes(x: Any) -> tuple[int, str]:
+    """Bytes and dtype of a tensor, or of the tensors in a list/tuple/dict (two levels deep)."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size(), str(x.dtype).removeprefix("torch.")
+    ts = list(_tensors(x, torch.Tensor, 0))
+    if not ts:
+        return 0, "none"
+    dtypes = {str(t.dtype).removeprefix("torch.") for t in ts}
+    return sum(t.numel() * t.element_size() for t in ts), dtypes.pop() if len(dtypes) == 1 else "mixed"
+
+
+def _tensors(x: Any, tensor_type: type, depth: int):
+    if isinstance(x, tensor_type):
+        yield x
+    elif depth < 2 and isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v, tensor_type, depth + 1)
+    elif depth < 2 and isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v, tensor_type, depth + 1)
+
+
+class Hook:
+    def __init__(self) -> None:
+        self.armed = False
+        self.disabled_reason: str | None = None
+        self.gpu = False  # set at register time: CUDA present in this process
+        self.rec: Recorder | None = None
+        self.cuda: timing.CudaEventTimer | None = None
+        self.step = -1  # engine steps seen by this worker, armed or not (aligned across ranks)
+        self.in_step = False
+        self.call_idx = 0
+        self.step_row = -1
+        self._step_meta: tuple[int, int, int, int] | None = None
+        self.fault_after: int | None = None  # test-only fault injection (TPCOMM_HOOK_TEST_FAULTS=1)
+        self.n_added = 0
+        self.compiled_op_calls = 0
+        self.patched: list[str] = []
+        self.started_ns = 0
+        self.stopped_ns = 0
+
+    # ---- arming -------------------------------------------------------
+    def recorder(self) -> Recorder:
+        if self.rec is None:
+            self.rec = Recorder()
+        return self.rec
+
+    def start(self, fault_after: int | None = None) -> None:
+        if self.disabled_reason:
+            return
+        self.poll(block=True)
+        if self.rec is not None:  # allocated on the first record, so processes that never record never pay
+            self.rec.clear()
+        self.n_added = 0
+        self.fault_after = fault_after
+        self.started_ns, self.stopped_ns = time.time_ns(), 0
+        self.armed = True
+
+    def stop(self) -> None:
+        self.armed = False
+        self.stopped_ns = time.time_ns()
+        self.poll(block=True)
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        if self.disabled_reason is None:
+            self.disabled_reason = f"{where}: {type(exc).__name__}: {exc}"
+            logger.warning("tpcomm hook disabled after an error in %s (%s: %s); serving continues unrecorded",
+                           where, type(exc).__name__, exc)
+        self.armed = False
+
+    def poll(self, block: bool = False) -> None:
+        if self.cuda is not None and self.rec is not None:
+            try:
+                code = self.rec.timings.code(timing.CUDA_EVENT_EAGER)
+                self.cuda.poll(lambda row, t1: self.rec.update_duration(row, t1, code), block=block)
+            except Exception as e:  # noqa: BLE001 - the hook must never take serving down
+                self.fail("reading CUDA events", e)
+
+    # ---- one collective -------------------------------------------------
+    def timed(self, group: Any, op: str, probe: Any, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` (the original collective) and record it when armed."""
+        if self.disabled_reason is not None or not (self.armed or self.gpu):
+            return fn(*args, **kwargs)
+        if self.gpu and (getattr(probe, "is_cuda", False) if probe is not None
+                         else getattr(getattr(group, "device", None), "type", "") == "cuda"):
+            return self._timed_cuda(group, op, probe, fn, args, kwargs)
+        if not self.armed:
+            return fn(*args, **kwargs)
+        t0 = time.time_ns()
+        out = fn(*args, **kwargs)
+        t1 = time.time_ns()
+        try:
+            self._add(group, op, probe if probe is not None else out, None, t0, t1, timing.HOST_SYNC)
+        except Exception as e:  # noqa: BLE001
+            self.fail(f"recording {op}", e)
+        return out
+
+    def _timed_cuda(self, group, op, probe, fn, args, kwargs):
+        import torch
+
+        try:
+            capturing = torch.cuda.is_current_stream_capturing()
+            timer = self.cuda
+            if capturing and not timer.capturing:
+                timer.untimed_graph_calls += 1
+                capturing = None
+            if capturing is None or (not capturing and not self.armed):
+                return fn(*args, **kwargs)
+            LAST_BACKEND[0] = None
+            t0 = time.time_ns()
+            ev = timer.graph_begin() if capturing else timer.eager_begin()
+        except Exception as e:  # noqa: BLE001
+            self.fail(f"timing {op}", e)
+            return fn(*args, **kwargs)
+        out = fn(*args, **kwargs)
+        try:
+            backend = LAST_BACKEND[0]
+            if probe is None:  # recv: the size is that of what arrived
+                probe = out
+            if capturing:
+                timer.graph_end(ev, (group, op, Sized(*tensor_bytes(probe)), backend))
+            elif ev is None:
+                self._add(group, op, probe, backend, t0, time.time_ns(), timing.HOST_ENQUEUE)
+            else:
+                row = self._add(group, op, probe, backend, t0, t0, timing.CUDA_EVENT_EAGER)
+                if row >= 0:
+                    timer.eager_end(ev, row, t0)
+                else:
+                    timer.release(ev)
+        except Exception as e:  # noqa: BLE001
+            self.fail(f"timing {op}", e)
+        return out
+
+    def after_replay(self, graph: Any, t_replay_ns: int) -> None:
+        """Called after every CUDA graph replay that holds captured collectives."""
+        if not self.armed or self.cuda is None or not self.cuda.due(self.step):
+            return
+        try:
+            def emit(meta, t0, t1):
+                group, op, sized, backend = meta
+                self._add(group, op, sized, backend, t0, t1, timing.CUDA_EVENT_GRAPH)
+            self.cuda.read_replay(graph, t_replay_ns, emit)
+        except Exception as e:  # noqa: BLE001
+            self.fail("reading CUDA graph events", e)
+
+    def _add(self, group, op, probe, backend, t0, t1, how) -> int:
+        rec = self.rec if self.rec is not None else self.recorder()
+        if self.fault_after is not None and self.n_added >= self.fault_after:
+            raise RuntimeError("injected test fault (TPCOMM_HOOK_TEST_FAULTS)")
+        self.n_added += 1
+        # Per (group, op, backend, timing): the row's constant codes, computed once (serving path).
+        codes = group.__dict__.get("_tpcomm_codes")
+        if codes is None:
+            codes = group._tpcomm_codes = {}
+        c = codes.get((op, backend, how))
+        if c is None or c[0] is not rec:
+            c = codes[(op, backend, how)] = self._codes(rec, group, op, backend, how)
+        if type(probe) is _Tensor():
+            nbytes = probe.nbytes
+            dc = rec.dtype_codes.get(probe.dtype)
+            if dc is None:
+                dc = rec.dtype_codes[probe.dtype] = rec.dtypes.code(str(probe.dtype).removeprefix("torch."))
+        else:
+            nbytes, dtype = (probe.nbytes, probe.dtype) if isinstance(probe, Sized) else tensor_bytes(probe)
+            dc = rec.dtypes.code(dtype)
+        idx = self.call_idx
+        self.call_idx = idx + 1
+        return rec.add(c[1], c[2], nbytes, dc, c[3], self.step if self.in_step else -1, idx, t0, t1, c[4])
+
+    @staticmethod
+    def _codes(rec: Recorder, group: Any, op: str, backend: str | None, how: str) -> tuple:
+        kind = group.unique_name.split(":")[0]
+        gi = rec.group_code(kind, group.unique_name, group.rank_in_group, group.world_size)
+        b = backend if backend is not None else group_backend(group, op)
+        return rec, gi, rec.ops.code(op), rec.backends.code(b), rec.timings.code(how)
+
+    # ---- engine steps ---------------------------------------------------
+    def step_begin(self, scheduler_output: Any) -> None:
+        self.step += 1
+        self.in_step = True
+        self.call_idx = 0
+        self.step_row = -1
+        self._step_meta = None
+        if not self.armed or self.disabled_reason:
+            return
+        try:
+            if self.cuda is not None:
+                self.poll()
+            per_req = scheduler_output.num_scheduled_tokens
+            tokens = int(scheduler_output.total_num_scheduled_tokens)
+            if tokens:
+                new = {r.req_id for r in scheduler_output.scheduled_new_reqs}
+                prefill = sum(1 for rid, n in per_req.items() if n > 1 or rid in new)
+                kind = 0 if prefill == 0 else (1 if prefill == len(per_req) else 2)
+                self._step_meta = (time.time_ns(), len(per_req), tokens, kind)
+        except Exception as e:  # noqa: BLE001
+            self.fail("step start", e)
+
+    def step_end(self, output: Any) -> None:
+        # None means sample_tokens follows and belongs to this step.
+        self.in_step = output is None
+        if self._step_meta is None or not self.armed:
+            return
+        try:
+            t0, seqs, toks, kind = self._step_meta
+            self.step_row = self.recorder().add_step(self.step, t0, time.time_ns(), seqs, toks, kind)
+        except Exception as e:  # noqa: BLE001
+            self.fail("step end", e)
+
+    def sample_end(self) -> None:
+        self.in_step = False
+        if self.step_row >= 0 and self.armed:
+            self.rec.extend_step(self.step_row, time.time_ns())
+
+
+def group_backend(group: Any, op: str) -> str:
+    """Which transport a collective on this group used, when no backend tag said so."""
+    cache = getattr(group, "_tpcomm_backends", None)
+    if cache is None:
+        cache = group._tpcomm_backends = {}
+    b = cache.get(op)
+    if b is None:
+        b = cache[op] = _infer_backend(group, op)
+    return b
+
+
+def _infer_backend(group: Any, op: str) -> str:
+    import torch.distributed as dist
+
+    dc = group.device_communicator
+    try:
+        pg_backend = str(dist.get_backend(group.device_group))
+    except Exception:  # noqa: BLE001
+        pg_backend = "torch_distributed"
+    if op == "broadcast" or dc is None:
+        return pg_backend
+    dist_module = getattr(dc, "dist_module", None)
+    if type(dist_module).__name__ == "_CPUSHMDistributed":
+        if op in ("all_reduce", "all_gather", "gather") or (op in ("send", "recv") and group.use_cpu_custom_send_recv):
+            return "shm"
+    return pg_backend
+
+
+HOOK = Hook()
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")

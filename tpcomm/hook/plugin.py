@@ -1,0 +1,205 @@
+"""vLLM general plugin: time every collective and every engine step in the workers.
+
+Entry point ``vllm.general_plugins: tpcomm = tpcomm.hook.plugin:register``.
+vLLM calls `register()` in each process it starts when ``VLLM_PLUGINS``
+names tpcomm (or is unset). It patches classes, not objects:
+
+- `GroupCoordinator` (vllm/distributed/parallel_state.py): the methods that
+  do the transfer (`_all_reduce_out_place`, `_all_gather_out_place`,
+  `_reduce_scatter_out_place`, `all_gatherv`, `reduce_scatterv*`, `gather`,
+  `broadcast`, `broadcast_tensor_dict`, `send`, `recv`, `isend_tensor_dict`,
+  `irecv_tensor_dict`, `dispatch*`/`combine` for all-to-all) are timed; the
+  public `all_reduce`/`all_gather`/`reduce_scatter` only reroute to the
+  opaque `tpcomm::` ops while dynamo compiles (see ops.py). On CUDA the
+  `vllm::all_reduce` custom op already reaches `_all_reduce_out_place`.
+- `WorkerWrapperBase` (vllm/v1/worker/worker_base.py): `execute_model` and
+  `sample_tokens` bracket an engine step; `tpcomm_status`, `tpcomm_start`,
+  `tpcomm_stop`, `tpcomm_records` are added for `collective_rpc`.
+- On CUDA: `torch.cuda.CUDAGraph` capture/replay (events inside graphs, see
+  timing.py) and the backends behind `CudaCommunicator.all_reduce`, so each
+  record names the path that ran (custom_ar, pynccl, symm_mem, ...).
+
+Durations: the transfer itself for the blocking ops; for `isend_tensor_dict` /
+`irecv_tensor_dict` on torch.distributed (async) only the time to post them
+(the CPU shared-memory path is synchronous, so there it is the transfer).
+In processes without parallel groups (the engine core) the patches stay inert.
+Recording is off until POST /tpcomm/v1/start (or TPCOMM_RECORD_AT_START=1).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable
+
+from tpcomm.hook.core import HOOK, LAST_BACKEND, env_flag, logger
+
+# method -> (op name, where the sized tensor is: positional index, keyword, or None = the output)
+_TIMED: dict[str, tuple[str, int | None, str | None]] = {
+    "_all_reduce_out_place": ("all_reduce", 0, "input_"),
+    "_all_gather_out_place": ("all_gather", 0, "input_"),
+    "all_gatherv": ("all_gather", 0, "input_"),
+    "_reduce_scatter_out_place": ("reduce_scatter", 0, "input_"),
+    "reduce_scatterv": ("reduce_scatter", 0, "input_"),
+    "reduce_scatterv_into_output": ("reduce_scatter", 0, "input_"),
+    "gather": ("gather", 0, "input_"),
+    "broadcast": ("broadcast", 0, "input_"),
+    "broadcast_tensor_dict": ("broadcast", 0, "tensor_dict"),
+    "send": ("send", 0, "tensor"),
+    "recv": ("recv", None, None),
+    "isend_tensor_dict": ("send", 0, "tensor_dict"),
+    "irecv_tensor_dict": ("recv", None, None),
+    "dispatch_router_logits": ("all_to_all", 0, "hidden_states"),
+    "dispatch": ("all_to_all", 0, "hidden_states"),
+    "combine": ("all_to_all", 0, "hidden_states"),
+}
+# public method -> tpcomm op used while dynamo traces it
+_REROUTED = ("all_reduce", "all_gather", "reduce_scatter")
+
+# (module, class, methods, backend name) for the paths behind CudaCommunicator
+_CUDA_BACKENDS = [
+    ("custom_all_reduce", "CustomAllreduce", ("custom_all_reduce",), "custom_ar"),
+    ("pynccl", "PyNcclCommunicator", ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter",
+                                      "reduce_scatterv", "send", "recv", "broadcast"), "pynccl"),
+    ("symm_mem", "SymmMemCommunicator", ("all_reduce",), "symm_mem"),
+    ("quick_all_reduce", "QuickAllReduce", ("quick_all_reduce",), "quick_ar"),
+    ("flashinfer_all_reduce", "FlashInferAllReduce", ("all_reduce",), "flashinfer"),
+    ("flashinfer_pcie_ipc_all_reduce", "FlashInferPcieIpcAllReduce", ("all_reduce",), "flashinfer_pcie_ipc"),
+    ("aiter_custom_all_reduce", "AiterCustomAllreduce", ("custom_all_reduce",), "aiter_ar"),
+]
+
+_installed = False
+
+
+def register() -> None:
+    """vLLM general-plugin entry point. Never raises: a failure leaves vLLM unpatched."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    try:
+        _install()
+    except Exception as e:  # noqa: BLE001 - a broken hook must not stop the server
+        HOOK.fail("install", e)
+        return
+    if env_flag("TPCOMM_RECORD_AT_START"):
+        HOOK.start()
+    logger.info("tpcomm hook installed (pid %d): %d methods patched, recording %s",
+                os.getpid(), len(HOOK.patched), "armed" if HOOK.armed else "off until POST /tpcomm/v1/start")
+
+
+def _install() -> None:
+    import torch
+    from vllm.distributed.parallel_state import GroupCoordinator
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    import tpcomm.hook.ops  # noqa: F401 - registers the tpcomm:: custom ops
+
+    for name, (op, pos, kw) in _TIMED.items():
+        if hasattr(GroupCoordinator, name):
+            _patch(GroupCoordinator, name, _timed_method(getattr(GroupCoordinator, name), op, pos, kw))
+    for name in _REROUTED:
+        _patch(GroupCoordinator, name, _rerouted_method(getattr(GroupCoordinator, name), name))
+    _patch_worker(WorkerWrapperBase)
+
+    if torch.cuda.is_available():
+        from tpcomm.hook import timing
+
+        HOOK.gpu = True
+        HOOK.cuda = timing.CudaEventTimer()
+        if timing.patch_cuda_graphs(HOOK.cuda, HOOK.after_replay):
+            HOOK.patched.append("torch.cuda.CUDAGraph.capture_begin/capture_end/replay")
+        _tag_cuda_backends()
+
+
+def _patch(cls: type, name: str, new: Callable) -> None:
+    orig = getattr(cls, name)
+    new._tpcomm_original = orig
+    setattr(cls, name, new)
+    HOOK.patched.append(f"{cls.__name__}.{name}")
+
+
+def is_patched(cls: type, name: str) -> bool:
+    return hasattr(getattr(cls, name, None), "_tpcomm_original")
+
+
+def _timed_method(orig: Callable, op: str, pos: int | None, kw: str | None) -> Callable:
+    import torch
+
+    @functools.wraps(orig)
+    def timed(self, *args, **kwargs):
+        # Under dynamo, stay traceable: the compiled graph gets vLLM's own code
+        # (the public methods reroute to tpcomm:: ops before reaching here).
+        if torch.compiler.is_compiling() or self.world_size == 1:
+            return orig(self, *args, **kwargs)
+        probe = None if pos is None else (args[pos] if len(args) > pos else kwargs.get(kw))
+        return HOOK.timed(self, op, probe, orig, self, *args, **kwargs)
+
+    return timed
+
+
+def _rerouted_method(orig: Callable, name: str) -> Callable:
+    import torch
+
+    if name == "all_reduce":
+        def method(self, input_):
+            if (self.world_size > 1 and not getattr(self, "use_custom_op_call", False)
+                    and torch.compiler.is_compiling()):
+                return torch.ops.tpcomm.all_reduce(input_, self.unique_name)
+            return orig(self, input_)
+    else:
+        def method(self, input_, dim=-1):
+            if (self.world_size > 1 and not getattr(self, "use_custom_op_call", False)
+                    and torch.compiler.is_compiling()):
+                return getattr(torch.ops.tpcomm, name)(input_, dim, self.world_size, self.unique_name)
+            return orig(self, input_, dim)
+    return functools.wraps(orig)(method)
+
+
+def _patch_worker(cls: type) -> None:
+    orig_execute = cls.execute_model
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        HOOK.step_begin(scheduler_output)
+        out = orig_execute(self, scheduler_output, *args, **kwargs)
+        HOOK.step_end(out)
+        return out
+
+    orig_sample = cls.__dict__.get("sample_tokens")
+
+    def sample_tokens(self, *args, **kwargs):
+        out = orig_sample(self, *args, **kwargs) if orig_sample else self.worker.sample_tokens(*args, **kwargs)
+        HOOK.sample_end()
+        return out
+
+    _patch(cls, "execute_model", functools.wraps(orig_execute)(execute_model))
+    sample_tokens._tpcomm_original = orig_sample
+    cls.sample_tokens = sample_tokens
+    HOOK.patched.append(f"{cls.__name__}.sample_tokens")
+    from tpcomm.hook import rpc
+
+    for name in rpc.METHODS:
+        setattr(cls, name, getattr(rpc, name))
+
+
+def _tag_cuda_backends() -> None:
+    import importlib
+
+    for mod, cls_name, methods, tag in _CUDA_BACKENDS:
+        try:
+            cls = getattr(importlib.import_module(f"vllm.distributed.device_communicators.{mod}"), cls_name)
+        except Exception:  # noqa: BLE001 - a backend this build lacks
+            continue
+        for m in methods:
+            if hasattr(cls, m):
+                _patch(cls, m, _tagged(getattr(cls, m), tag))
+
+
+def _tagged(orig: Callable, tag: str) -> Callable:
+    @functools.wraps(orig)
+    def tagged(self, *args, **kwargs):
+        LAST_BACKEND[0] = tag
+        return orig(self, *args, **kwargs)
+
+    return tagged
+

@@ -1,0 +1,132 @@
+"""Worker methods added to vLLM's WorkerWrapperBase, reached with `collective_rpc`.
+
+Each returns plain data (dicts, lists, numpy arrays) that vLLM's msgpack
+transport carries from every worker back to the API server. They run on the
+worker's own thread between engine steps, so they never race the recording.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from tpcomm.hook import timing
+from tpcomm.hook.core import HOOK, env_flag
+from tpcomm.hook.recorder import (COLLECTIVE_COLUMNS, DEFAULT_MAX_RECORDS, DEFAULT_MAX_STEPS, STEP_COLUMNS, Recorder,
+                                  _env_int)
+
+METHODS = ("tpcomm_status", "tpcomm_start", "tpcomm_stop", "tpcomm_records")
+
+_versions: dict | None = None
+
+
+def _rank(worker: Any) -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return dist.get_rank()
+    except Exception:  # noqa: BLE001
+        pass
+    return int(getattr(worker, "global_rank", getattr(worker, "rpc_rank", -1)))
+
+
+def _graph_breaks() -> int | None:
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(sum(counters["graph_break"].values()))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _compile_counters() -> dict:
+    """vLLM's own counters: did this worker compile, or load a compiled graph from its cache?"""
+    try:
+        from vllm.compilation.counter import compilation_counter as c
+
+        return {k: int(getattr(c, k)) for k in ("num_aot_compiles", "num_aot_artifacts_loaded", "num_graphs_seen")
+                if hasattr(c, k)}
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def tpcomm_status(self: Any) -> dict:
+    global _versions
+    if _versions is None:
+        from tpcomm.versions import stack_versions
+
+        _versions = stack_versions()
+    rec = HOOK.rec
+    cap = rec.capacity if rec else _env_int("TPCOMM_HOOK_MAX_RECORDS", DEFAULT_MAX_RECORDS)
+    scap = rec.step_capacity if rec else _env_int("TPCOMM_HOOK_MAX_STEPS", DEFAULT_MAX_STEPS)
+    row_b = sum(np.dtype(d).itemsize for d in COLLECTIVE_COLUMNS.values())
+    step_b = sum(np.dtype(d).itemsize for d in STEP_COLUMNS.values())
+    return {
+        "rank": _rank(self),
+        "pid": os.getpid(),
+        "enabled": HOOK.disabled_reason is None,
+        "disabled_reason": HOOK.disabled_reason,
+        "armed": HOOK.armed,
+        "records": rec.n if rec else 0,
+        "record_capacity": cap,
+        "dropped": rec.dropped if rec else 0,
+        "steps": rec.n_steps if rec else 0,
+        "step_capacity": scap,
+        "dropped_steps": rec.dropped_steps if rec else 0,
+        "buffer_bytes": cap * row_b + scap * step_b,
+        "buffer_allocated": rec is not None,
+        "engine_step": HOOK.step,
+        "timing": _timing_modes(),
+        "graph_sample_every": HOOK.cuda.sample_every if HOOK.cuda else None,
+        "untimed_graph_calls": HOOK.cuda.untimed_graph_calls if HOOK.cuda else 0,
+        "graph_breaks": _graph_breaks(),
+        "compile": _compile_counters(),
+        "compiled_op_calls": HOOK.compiled_op_calls,
+        "patched": list(HOOK.patched),
+        "groups": [{"group": g[0], "name": g[1], "group_rank": g[2], "group_size": g[3]} for g in (rec.groups if rec else [])],
+        "started_ns": HOOK.started_ns,
+        "stopped_ns": HOOK.stopped_ns,
+        "versions": _versions,
+    }
+
+
+def _timing_modes() -> list[str]:
+    if HOOK.rec is not None and HOOK.rec.timings.names:
+        return list(HOOK.rec.timings.names)
+    return [timing.CUDA_EVENT_EAGER, timing.CUDA_EVENT_GRAPH] if HOOK.gpu else [timing.HOST_SYNC]
+
+
+def tpcomm_start(self: Any, fault_after: int | None = None) -> dict:
+    """Clear the buffer and arm recording. ``fault_after`` (tests only) needs TPCOMM_HOOK_TEST_FAULTS=1."""
+    if fault_after is not None and not env_flag("TPCOMM_HOOK_TEST_FAULTS"):
+        fault_after = None
+    HOOK.start(fault_after=fault_after)
+    return tpcomm_status(self)
+
+
+def tpcomm_stop(self: Any) -> dict:
+    HOOK.stop()
+    return tpcomm_status(self)
+
+
+def tpcomm_records(self: Any) -> dict:
+    """Records since the last start, columnar (the schema of hook/collectives.parquet, hook/steps.parquet)."""
+    HOOK.poll(block=True)
+    rank = _rank(self)
+    if HOOK.rec is None:
+        cols = Recorder(max_records=16, max_steps=16).columns(rank)
+    else:
+        cols = HOOK.rec.columns(rank)
+    packed = {t: {k: _pack(v) for k, v in c.items()} for t, c in cols.items()}
+    return {"meta": tpcomm_status(self), **packed}
+
+
+def _pack(v: Any) -> Any:
+    # vLLM's msgpack transport does not hand untyped numpy arrays back as arrays:
+    # send numeric columns as raw bytes plus dtype (see routes.unpack).
+    if isinstance(v, np.ndarray):
+        return {"nd": v.dtype.str, "b": v.tobytes()}
+    return v
