@@ -98,7 +98,7 @@ def _what_ifs(model, tp, hw, ep, dp, pp, dcp, k, plan, base) -> list[dict]:
                     "delta_pct": 100 * (st["tok_per_s"] / base_tps - 1), "breakdown_ms": st["breakdown_ms"], **extra})
 
     link = hw["link"]
-    if link["type"] != "nvlink":
+    if link["type"] == "pcie":
         nv = with_interconnect(hw, "nvlink4")
         src = LatencySource("nccl-model", "NCCL model, NVLink4", lambda op, b, n: nccl_model_us(op, b, n, nv["link"])[0])
         entry("nvlink", "NVLink4 (450 GB/s per direction) instead of the current link, NCCL model", step_time(plan, 1, nv, src, k))

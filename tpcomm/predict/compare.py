@@ -28,11 +28,13 @@ def compare_models(a: str, b: str, doc_a: dict, doc_b: dict, tp: int, measured: 
     if measured and len(measured) == 2:
         ma, mb = measured
         gap_ms = 1e3 / mb - 1e3 / ma
-        n_moe = len(pb.model.moe_layers)
         out["measured_tok_per_s"] = [ma, mb]
         out["measured_gap_ms_per_token"] = gap_ms
-        text += (f" Measured {ma:g} vs {mb:g} tok/s (given): {b} spends {gap_ms:+.2f} ms more per token"
-                 + (f", {gap_ms * 1e3 / n_moe:+.0f} us per MoE layer if it all sits in the MoE kernels" if n_moe else "")
+        slow, fast = (b, a) if gap_ms >= 0 else (a, b)
+        gap = abs(gap_ms)
+        moe_layers = len((pb if gap_ms >= 0 else pa).model.moe_layers)
+        text += (f" Measured {ma:g} vs {mb:g} tok/s (given): {slow} spends {gap:.2f} ms more per token than {fast}"
+                 + (f", {gap * 1e3 / moe_layers:.0f} us per MoE layer if it all sits in the MoE kernels" if moe_layers else "")
                  + ". Model it with --moe-penalty-us / --moe-bw-factor.")
     out["conclusion"] = text
     return out

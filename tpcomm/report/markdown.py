@@ -1,0 +1,67 @@
+"""The report as Markdown beside the PDF: same blocks as pdf.py, figures as SVG
+files in a folder next to it (report_figures/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tpcomm.report import figures as F
+from tpcomm.report import tables
+from tpcomm.report.analysis import Report
+
+
+def _cell(x) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header, rows, _widths) -> str:
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(report: Report, out: str | Path) -> Path:
+    out = Path(out)
+    figdir = out.parent / (out.stem + "_figures")
+    parts: list[str] = [f"# {tables.title(report)}", f"_Run directory: `{report.run_dir}`_"]
+
+    def figure(key: str, data: dict, caption: str) -> None:
+        fig = F.ALL[key][1](data)
+        if fig is None:
+            return
+        figdir.mkdir(parents=True, exist_ok=True)
+        F.to_svg(fig, figdir / f"{key}.svg")
+        parts.append(f"![{caption}]({figdir.name}/{key}.svg)\n\n_{caption}_")
+
+    def missing(sec) -> None:
+        parts.extend(f"**Not measured:** {m['what']}. Measure it with: `{m['command']}`" for m in sec.not_measured)
+
+    v = report["verdict"]
+    parts.append(f"## {v.title}")
+    if v.conditions:
+        parts.append(f"_Conditions: {v.conditions}_")
+    parts.extend(v.data.get("sentences", []))
+    missing(v)
+    if v.data.get("levers"):
+        parts.append(tables.LEVERS_INTRO)
+        parts.append(_table(*tables.levers(v.data["levers"])))
+    figure("token_split", v.data, tables.TOKEN_SPLIT_CAPTION)
+    for key in ("system", "plan", "probe", "breakdown", "timeline", "ladder", "what_if", "methods"):
+        sec = report[key]
+        parts.append(f"## {sec.title}")
+        if sec.conditions:
+            parts.append(f"_Conditions: {sec.conditions}_")
+        missing(sec)
+        if not sec.available:
+            parts.append("Not measured.")
+            continue
+        for item in tables.section_blocks(sec):
+            if item[0] == "text":
+                parts.append(item[1])
+            elif item[0] == "table":
+                parts.append(_table(*item[1]))
+            elif item[0] == "figure":
+                figure(item[1], sec.data, item[2])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n\n".join(parts) + "\n")
+    return out

@@ -1,0 +1,171 @@
+"""The PDF report: reportlab platypus for text and tables, matplotlib for figures.
+
+Figures stay vector: each is saved by matplotlib as a one-page PDF, platypus
+reserves a slot of the right size where it belongs (FigureSlot records the
+page and position when it is laid out), and after the build pypdf stamps the
+figure page into its slot. Text in both is real text, so the PDF is
+searchable. This module only draws; every number comes from analysis.py.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from reportlab.lib import colors
+from reportlab.lib.pagesizes import A4
+from reportlab.lib.styles import ParagraphStyle, getSampleStyleSheet
+from reportlab.lib.units import mm
+from reportlab.platypus import (CondPageBreak, Flowable, KeepTogether, PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table,
+                                TableStyle)
+
+from tpcomm.report import figures as F
+from tpcomm.report import tables
+from tpcomm.report.analysis import Report
+
+MARGIN = 18 * mm
+FRAME_W = A4[0] - 2 * MARGIN
+FRAME_H = A4[1] - 2 * MARGIN
+_ss = getSampleStyleSheet()
+ST = {
+    "title": ParagraphStyle("t", parent=_ss["Title"], fontSize=16, spaceAfter=4),
+    "h1": ParagraphStyle("h1", parent=_ss["Heading1"], fontSize=13, spaceBefore=6, spaceAfter=4),
+    "body": ParagraphStyle("b", parent=_ss["BodyText"], fontSize=9, leading=12),
+    "verdict": ParagraphStyle("v", parent=_ss["BodyText"], fontSize=10.5, leading=14, spaceAfter=4),
+    "cond": ParagraphStyle("c", parent=_ss["BodyText"], fontSize=7.5, leading=9.5, textColor=colors.HexColor("#555555")),
+    "missing": ParagraphStyle("m", parent=_ss["BodyText"], fontSize=9, leading=12, textColor=colors.HexColor("#8B0000")),
+    "cell": ParagraphStyle("cell", parent=_ss["BodyText"], fontSize=7, leading=8.5),
+    "cellb": ParagraphStyle("cellb", parent=_ss["BodyText"], fontSize=7, leading=8.5, fontName="Helvetica-Bold"),
+}
+
+
+class FigureSlot(Flowable):
+    """Reserves space for a figure; records where it landed for the stamping pass."""
+
+    def __init__(self, key: str, pdf_bytes: bytes, slots: list):
+        super().__init__()
+        from pypdf import PdfReader
+
+        self.key, self.pdf_bytes, self.slots = key, pdf_bytes, slots
+        box = PdfReader(io.BytesIO(pdf_bytes)).pages[0].mediabox
+        self.fw, self.fh = float(box.width), float(box.height)
+        # Fit the frame: a figure taller than a page (many ranks, many what-ifs) is shrunk, never cut.
+        self.scale = min(1.0, FRAME_W / self.fw, 0.8 * FRAME_H / self.fh)
+        self.width, self.height = self.fw * self.scale, self.fh * self.scale
+
+    def wrap(self, aw, ah):
+        return self.width, self.height
+
+    def draw(self):
+        x, y = self.canv.absolutePosition(0, 0)
+        self.slots.append({"key": self.key, "page": self.canv.getPageNumber() - 1, "x": x, "y": y,
+                           "scale": self.scale, "pdf": self.pdf_bytes})
+
+
+def P(text: str, style: str = "body") -> Paragraph:
+    return Paragraph(escape(str(text)), ST[style])
+
+
+def render_pdf(report: Report, out: str | Path) -> Path:
+    out = Path(out)
+    slots: list[dict] = []
+    story = _story(report, slots)
+    buf = io.BytesIO()
+    title = tables.title(report)
+    doc = SimpleDocTemplate(buf, pagesize=A4, leftMargin=MARGIN, rightMargin=MARGIN, topMargin=MARGIN,
+                            bottomMargin=MARGIN, title=title, author="tpcomm", subject="tpcomm report")
+
+    def footer(canv, _doc):
+        canv.saveState()
+        canv.setFont("Helvetica", 7)
+        canv.setFillColor(colors.HexColor("#777777"))
+        canv.drawString(MARGIN, 10 * mm, f"{title}  |  run directory: {report.run_dir}"[:150])
+        canv.drawRightString(A4[0] - MARGIN, 10 * mm, f"page {canv.getPageNumber()}")
+        canv.restoreState()
+
+    doc.build(story, onFirstPage=footer, onLaterPages=footer)
+    _stamp(buf.getvalue(), slots, out)
+    return out
+
+
+def _stamp(base: bytes, slots: list[dict], out: Path) -> None:
+    from pypdf import PdfReader, PdfWriter, Transformation
+
+    w = PdfWriter(clone_from=PdfReader(io.BytesIO(base)))
+    for s in slots:
+        fig_page = PdfReader(io.BytesIO(s["pdf"])).pages[0]
+        w.pages[s["page"]].merge_transformed_page(fig_page, Transformation().scale(s["scale"], s["scale"]).translate(s["x"], s["y"]))
+    tmp = out.with_name(f".{out.name}.tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as f:
+        w.write(f)
+    tmp.replace(out)
+
+
+def _figure(key: str, data: dict, caption: str, slots: list) -> list[Flowable]:
+    fig = F.ALL[key][1](data)
+    if fig is None:
+        return []
+    return [KeepTogether([FigureSlot(key, F.to_pdf_bytes(fig), slots), P(caption, "cond"), Spacer(1, 4)])]
+
+
+def _missing(sec) -> list[Flowable]:
+    return [P(f"Not measured: {m['what']}. Measure it with: {m['command']}", "missing") for m in sec.not_measured]
+
+
+def _table(header: list[str], rows: list[list], widths: list[float]) -> Table:
+    total = sum(widths)
+    cols = [FRAME_W * w / total for w in widths]
+    data = [[Paragraph(escape(h), ST["cellb"]) for h in header]] + [[Paragraph(escape(str(c)), ST["cell"]) for c in r] for r in rows]
+    t = Table(data, colWidths=cols, repeatRows=1)
+    t.setStyle(TableStyle([("GRID", (0, 0), (-1, -1), 0.25, colors.HexColor("#BBBBBB")),
+                           ("BACKGROUND", (0, 0), (-1, 0), colors.HexColor("#EEEEEE")),
+                           ("VALIGN", (0, 0), (-1, -1), "TOP"), ("TOPPADDING", (0, 0), (-1, -1), 1.5),
+                           ("BOTTOMPADDING", (0, 0), (-1, -1), 1.5)]))
+    return t
+
+
+def _story(report: Report, slots: list) -> list[Flowable]:
+    st: list[Flowable] = [P(tables.title(report), "title"),
+                          P(f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from {report.run_dir}", "cond")]
+    v = report["verdict"]
+    st.append(P(v.title, "h1"))
+    if v.conditions:
+        st.append(P("Conditions: " + v.conditions, "cond"))
+    for s in v.data.get("sentences", []):
+        st.append(P(s, "verdict"))
+    st += _missing(v)
+    if v.data.get("levers"):
+        st.append(P(tables.LEVERS_INTRO, "body"))
+        hdr, rows, w = tables.levers(v.data["levers"])
+        st.append(_table(hdr, rows, w))
+        st.append(Spacer(1, 4))
+    st += _figure("token_split", v.data, tables.TOKEN_SPLIT_CAPTION, slots)
+    st.append(PageBreak())
+    for key in ("system", "plan", "probe", "breakdown", "timeline", "ladder", "what_if", "methods"):
+        sec = report[key]
+        head: list[Flowable] = [P(sec.title, "h1")]
+        if sec.conditions:
+            head.append(P("Conditions: " + sec.conditions, "cond"))
+        head += _missing(sec)
+        if not sec.available:
+            st.append(KeepTogether(head + [P("Not measured.", "missing")]))
+            continue
+        body: list[Flowable] = []
+        for item in tables.section_blocks(sec):
+            if item[0] == "text":
+                body.append(P(item[1]))
+            elif item[0] == "table":
+                body += [_table(*item[1]), Spacer(1, 4)]
+            elif item[0] == "figure":
+                body += _figure(item[1], sec.data, item[2], slots)
+        # A heading never ends a page alone: it travels with a leading figure, or starts a new page when
+        # less than a few table rows of room are left (a long table itself may then split across pages).
+        if body and isinstance(body[0], KeepTogether):
+            st.append(KeepTogether(head + body[:1]))
+            st += body[1:]
+        else:
+            st += [CondPageBreak(140)] + head + body
+    return st

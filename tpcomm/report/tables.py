@@ -1,0 +1,206 @@
+"""The report's content as blocks (text, table, figure), shared by the PDF and
+the Markdown renderers so both say the same thing. Only formatting happens
+here; the numbers come from analysis.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpcomm.report.verdict import fmt
+
+LEVERS_INTRO = ("Levers and what-ifs, ranked by predicted effect on single-stream tok/s (model-based rows come from "
+                "tpcomm predict; bounds from the measurement assume everything else stays as measured):")
+TOKEN_SPLIT_CAPTION = "Where one token's time goes (conditions as stated above)."
+Block = tuple  # ("text", str) | ("table", (header, rows, widths)) | ("figure", key, caption)
+
+
+def title(report) -> str:
+    plan = report["plan"].data
+    pred = report.verdict.get("predicted") or {}
+    model = plan.get("served_name") or (plan.get("model") or {}).get("name") or pred.get("model_name")
+    tp = (plan.get("layout") or {}).get("tp") or pred.get("tp")
+    src = report.verdict.get("source")
+    return "tpcomm report" + (f": {model}" if model else "") + (f", TP {tp}" if tp else "") + (f" ({src})" if src else "")
+
+
+def _b(n: Any) -> str:
+    """Bytes in decimal units (GB = 1e9, as nccl-tests and `tpcomm plan` print them), exact below 1 kB."""
+    if n is None:
+        return "n/a"
+    n = float(n)
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= k:
+            return f"{n / k:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.0f}%"
+
+
+def levers(levers: list[dict]) -> tuple[list[str], list[list], list[float]]:
+    rows = [[lv["rank"], lv["name"], lv.get("description", ""), fmt(lv.get("tok_per_s")) if lv.get("tok_per_s") else "not sized",
+             _pct(lv.get("change_pct")), lv.get("source", "")] for lv in levers if lv.get("top", True)]
+    if len(rows) < len(levers):
+        rows.append(["", f"{len(levers) - len(rows)} more", "ranked lower: see the what-if and system sections", "", "", ""])
+    return ["#", "lever", "what it means", "tok/s", "change", "source"], rows, [0.3, 2, 4, 0.8, 0.8, 2]
+
+
+def section_blocks(sec) -> list[Block]:
+    return {"system": _system, "plan": _plan, "probe": _probe, "breakdown": _breakdown, "timeline": _timeline,
+            "ladder": _ladder, "what_if": _what_if, "methods": _methods}[sec.key](sec.data)
+
+
+def _system(d: dict) -> list[Block]:
+    out: list[Block] = []
+    topo = d.get("topo") or {}
+    if topo.get("scalars"):
+        out.append(("table", (["machine", "value"], [[k, v] for k, v in topo["scalars"].items()], [1, 4])))
+    if topo.get("gpus"):
+        keys = ["index", "name", "cc", "pcie", "numa_node", "nvlinks_up", "pci_bus_id"]
+        out.append(("table", (keys, [[g.get(k, "") for k in keys] for g in topo["gpus"]], [0.5, 2, 0.5, 2, 0.7, 0.7, 1.5])))
+    if topo.get("topology"):
+        n = len(topo["topology"])
+        out.append(("text", "GPU-to-GPU path (NVML common ancestor):"))
+        out.append(("table", ([""] + [f"GPU{j}" for j in range(n)], [[f"GPU{i}", *row] for i, row in enumerate(topo["topology"])], [1] * (n + 1))))
+    if topo.get("paths"):
+        out.append(("text", f"vLLM all-reduce paths on this {topo.get('platform') or 'machine'}, in the order vLLM tries them:"))
+        out.append(("table", (["path", "eligible", "why", "lever"], [[p.get("path"), "yes" if p.get("eligible") else "no", p.get("why", ""),
+                                                                     p.get("lever") or ""] for p in topo["paths"]], [1.2, 0.6, 4, 2])))
+    if topo.get("findings"):
+        out.append(("text", "Topology findings:"))
+        out.append(("table", (["finding", "kind", "lever"], [[f["text"], f.get("severity") or "", f.get("lever") or ""] for f in topo["findings"]], [5, 0.8, 3])))
+    if topo:
+        env = topo.get("nccl_env") or {}
+        out.append(("text", "NCCL / vLLM environment: " + (", ".join(f"{k}={v}" for k, v in env.items()) if env else "no NCCL_* / VLLM_* setting in effect (defaults).")))
+    if d.get("versions"):
+        out.append(("table", (["software", "version"], [list(r) for r in d["versions"]], [1, 3])))
+    if d.get("serving"):
+        out.append(("table", (["serving / load setting", "value"], [list(r) for r in d["serving"]], [1, 3])))
+    if d.get("stages"):
+        out.append(("text", "Stages: " + ", ".join(f"{k} {v}" for k, v in d["stages"].items())))
+    return out
+
+
+def _plan(d: dict) -> list[Block]:
+    m, pt = d.get("model") or {}, d.get("per_token") or {}
+    out: list[Block] = [("text", f"Model {d.get('served_name') or m.get('name', '?')}: {m.get('architecture', '?')}, hidden {m.get('hidden_size', '?')}, "
+                                 f"{m.get('num_layers', '?')} layers. Per decode step at batch 1: {fmt(pt.get('count'))} collectives per rank, "
+                                 f"{_b(pt.get('bytes'))} sent per rank in total.")]
+    # A plan over several batch sizes repeats every site per batch: the table shows the smallest batch.
+    batches = sorted({r["batch"] for r in d.get("rows", []) if r.get("batch") is not None})
+    shown = [r for r in d.get("rows", []) if not batches or r.get("batch") == batches[0]]
+    rows = [[r["op"], r["group"], _b(r["bytes"]), r["count"], r["batch"], r["dtype"], r["site"]] for r in shown]
+    out.append(("table", (["op", "group", "bytes/rank/call", "count/step", "batch", "dtype", "site"], rows, [1.2, 0.6, 1, 0.8, 0.5, 0.7, 3])))
+    if len(batches) > 1:
+        out.append(("text", f"Batches {', '.join(map(str, batches[1:]))}: the same calls at the sizes of those batches (plan.json lists every row)."))
+    w = d.get("weights") or {}
+    if w.get("components"):
+        out.append(("text", f"Weight bytes each GPU reads per decode step at batch {w.get('batch')}: {_b(w.get('total_bytes'))}."))
+        out.append(("table", (["component", "sharding", "bits/weight", "bytes per GPU"],
+                              [[c.get("component"), c.get("sharding"), c.get("bits_per_weight"), _b(c.get("bytes_per_gpu"))] for c in w["components"]],
+                              [3, 1, 0.8, 1])))
+    return out
+
+
+def _probe(d: dict) -> list[Block]:
+    out: list[Block] = [("figure", "probe", "Collective time per call (p50) and bus bandwidth vs message size, per backend and op; "
+                                            "dotted lines mark the model's message sizes.")]
+    rows = d.get("rows") or []
+    sizes = {m["bytes"] for m in d.get("model_sizes") or []}
+    shown = [r for r in rows if r["bytes"] in sizes] or rows
+    # One row per (backend, op, mode, size): isolated (what a decode step sees) beside pipelined (nccl-tests style).
+    merged: dict[tuple, dict] = {}
+    for r in shown:
+        key = (r.get("backend", ""), r.get("op", ""), r.get("mode", ""), r["bytes"])
+        merged.setdefault(key, {})[r.get("timing") or "isolated"] = r
+    table = []
+    for (backend, op, mode, nbytes), by in merged.items():
+        iso, pipe = by.get("isolated") or next(iter(by.values())), by.get("pipelined")
+        wrong = [x.get("wrong") for x in by.values() if x.get("wrong") is not None]
+        table.append([backend, op, mode, nbytes, fmt(iso["time_us_p50"]), fmt(iso.get("time_us_p99")),
+                      fmt(pipe["time_us_p50"]) if pipe else "n/a", fmt(iso.get("busbw_GBps")),
+                      fmt(pipe.get("busbw_GBps")) if pipe else "n/a", sum(wrong) if wrong else "n/a"])
+    out.append(("text", "At the model's sizes:" if shown is not rows else "All measured sizes:"))
+    out.append(("table", (["backend", "op", "mode", "bytes", "isolated p50 us", "isolated p99 us", "pipelined p50 us",
+                           "busbw GB/s (isolated)", "busbw GB/s (pipelined)", "wrong"], table,
+                          [0.8, 1, 0.6, 0.7, 0.9, 0.9, 0.9, 0.9, 0.9, 0.6])))
+    if d.get("fit"):
+        keys = ["backend", "op", "mode", "timing", "bytes", "alpha_us", "beta_GBps", "points", "max_rel_err"]
+        out.append(("text", "Fitted latency model (probe/fit.json" + (f"; {d['fit_formula']}" if d.get("fit_formula") else "") + "):"))
+        out.append(("table", (keys, [[fmt(r.get(k)) if isinstance(r.get(k), float) else ("n/a" if r.get(k) is None else r.get(k)) for k in keys]
+                                     for r in d["fit"]], [0.8, 1, 0.7, 0.9, 1.2, 0.8, 0.8, 0.6, 0.9])))
+    return out
+
+
+def _breakdown(d: dict) -> list[Block]:
+    out: list[Block] = [("figure", "breakdown", "Per-token split per concurrency level (stacked, server-side hook records) beside the client-measured TPOT p50 and ITL p50.")]
+    rows = [[lv["concurrency"], fmt(lv.get("tpot_ms_p50")), fmt(lv["itl_ms_p50"]), fmt(lv["compute_ms"]), fmt(lv["transfer_ms"]), fmt(lv["wait_ms"]),
+             fmt(lv["host_overhead_ms"]), fmt(lv["comm_only_tok_per_s"]), fmt(lv["compute_only_tok_per_s"]),
+             f"{lv['collectives_observed']} / {lv['collectives_planned']}" + ("" if lv["collectives_match"] in (None, True) else " (mismatch)")]
+            for lv in d.get("levels", [])]
+    out.append(("table", (["C", "TPOT p50 ms", "ITL p50 ms", "compute ms", "transfer ms", "wait ms", "host ms", "comm-only tok/s",
+                           "compute-only tok/s", "collectives/step seen / planned"], rows, [0.4, 0.8, 0.8, 0.8, 0.8, 0.7, 0.7, 0.9, 0.9, 1.4])))
+    for lv in d.get("levels", []):
+        if lv.get("collectives_detail"):
+            out.append(("text", f"C={lv['concurrency']}: {lv['collectives_detail']}"))
+    return out
+
+
+def _timeline(d: dict) -> list[Block]:
+    txt = (f"Decode step {d['step']}" + (f" ({d['num_seqs']} sequence(s))" if d.get("num_seqs") is not None else "")
+           + f": {d['n_collectives']} collectives per rank; step {fmt(d.get('step_us'))} us across ranks; largest entry skew "
+           f"{fmt(d.get('max_entry_skew_us'))} us, summed over the step's collectives {fmt(d.get('sum_entry_skew_us'))} us.")
+    rows = [[r["rank"], fmt((r["step_span_us"][1] - r["step_span_us"][0]) if r["step_span_us"] else None), len(r["calls"]),
+             fmt(r["collective_us"])] for r in d["ranks"]]
+    return [("figure", "timeline", "One decode step per rank: grey the step, coloured each collective call."), ("text", txt),
+            ("table", (["rank", "step us", "collectives", "time in collectives us"], rows, [1, 1, 1, 1.5]))]
+
+
+def _ladder(d: dict) -> list[Block]:
+    rows = [[r["concurrency"], r["repeat"], f"{r['requests']}/{r['failed']}", fmt(r["output_tok_per_s"]), fmt(r["ttft_ms_p50"]),
+             fmt(r["tpot_ms_p50"]), fmt(r["itl_ms_p50"]), fmt(r["itl_ms_p99"]), fmt(r["e2e_ms_p50"]),
+             {True: "yes", False: "NO"}.get(r["steady"], "n/a"), fmt(r["repeat_spread_pct"]),
+             "; ".join(r.get("flags") or []) or (r.get("steady_note") or "")]
+            for r in d.get("rows", [])]
+    out: list[Block] = [("figure", "ladder", "Output throughput (left axis) and TPOT p50 (right axis) vs concurrency, each repeat shown.")]
+    out.append(("table", (["C", "rep", "req/failed", "out tok/s", "TTFT p50 ms", "TPOT p50 ms", "ITL p50 ms", "ITL p99 ms",
+                           "E2E p50 ms", "steady", "repeat spread %", "flags"], rows, [0.4, 0.5, 0.8, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.8, 2.2])))
+    if d.get("flagged"):
+        out.append(("text", f"{len(d['flagged'])} level(s) flagged as unsteady or not repeatable: read their numbers with care."))
+    return out
+
+
+def _what_if(d: dict) -> list[Block]:
+    out: list[Block] = [("figure", "what_if", "Predicted single-stream tok/s per what-if (model-based, not measured).")]
+    br = d.get("breakdown_ms") or {}
+    if br:
+        out.append(("text", f"Baseline {fmt(d.get('baseline_tok_per_s'))} tok/s ({fmt(d.get('baseline_ms_per_token'))} ms per token): "
+                            + ", ".join(f"{k} {fmt(v)} ms" for k, v in br.items() if isinstance(v, (int, float))) + "."))
+    out.append(("table", (["what-if", "description", "tok/s", "ms/token", "change"],
+                          [[r["name"], r["description"], fmt(r["tok_per_s"]), fmt(r["ms_per_token"]), _pct(r["change_pct"])] for r in d.get("rows", [])],
+                          [1.8, 4, 0.7, 0.8, 0.7])))
+    c = d.get("compare")
+    if c and c.get("models"):
+        rows = [["quantization", *c.get("quantization", ["?"] * len(c["models"]))],
+                ["weight bytes per GPU per token", *[_b(x) for x in c.get("weight_bytes_per_gpu", [])]],
+                ["predicted tok/s", *[fmt(x) for x in c.get("predicted_tok_per_s", [])]]]
+        if c.get("measured_tok_per_s"):
+            rows.append(["measured tok/s (given by the user)", *[fmt(x) for x in c["measured_tok_per_s"]]])
+        out.append(("text", "Checkpoint comparison: same collectives: " + ("yes" if c.get("same_collectives") else "NO")
+                    + "; same weight bytes: " + ("yes" if c.get("same_weight_bytes") else "NO") + "."))
+        out.append(("table", (["", *c["models"]], rows, [1.5] + [2] * len(c["models"]))))
+    if d.get("batches"):
+        out.append(("text", "Predicted decode step time per batch size:"))
+        out.append(("table", (["batch", "step ms", "tok/s"], [[b.get("batch"), fmt(b.get("step_ms")), fmt(b.get("tok_per_s"))] for b in d["batches"]], [1, 1, 1])))
+    return out
+
+
+def _methods(d: dict) -> list[Block]:
+    out: list[Block] = [("table", (["number", "how it was measured or derived"], [[i["what"], i["how"]] for i in d.get("items", [])], [1.2, 5]))]
+    out.append(("text", "Files in this run directory: " + ", ".join(d.get("files") or []) + "."))
+    if d.get("commands"):
+        out.append(("text", "Commands that wrote this run directory (meta.json):"))
+        out.append(("table", (["UTC", "command", "command line"], [[c["utc"], c["command"], c["argv"]] for c in d["commands"]], [1.3, 0.8, 5])))
+    return out

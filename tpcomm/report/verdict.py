@@ -1,0 +1,234 @@
+"""Page 1 of the report: the verdict in plain words, with its numbers.
+
+Measured numbers come first: tok/s from the client's TPOT at the lowest
+concurrency (single stream when the ladder has C=1), the split of each token
+from the hook's records (attribution/summary.json). Without a measurement, or
+without the hook's split, the numbers come from `tpcomm predict` and say they
+are model-based; with neither, the verdict says what is not measured. The levers are the
+predict what-ifs and the topology findings, ranked by predicted effect, plus
+two bounds that follow from the measurement itself (no rank skew, free
+interconnect).
+
+Units: *_ms milliseconds per token, *_us microseconds, tok/s per stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpcomm.report import readers
+
+# Shares of a token above which a term is called the bottleneck / a major part.
+BOTTLENECK_SHARE = 0.5
+MAJOR_SHARE = 0.25
+# Measured compute this many times predict's weight streaming + per-kernel overhead = a slow kernel path.
+SLOW_KERNEL_RATIO = 2.0
+TOP_LEVERS = 5          # rows of the lever table on page 1; the what-if section lists them all
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    """Numbers as the report prints them: ~3 significant digits, no exponent."""
+    if x is None:
+        return "n/a"
+    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) < 1e6 and not isinstance(x, bool) and abs(x) >= 10):
+        return f"{int(x)}"
+    ax = abs(x)
+    if ax >= 100 or ax == 0:
+        return f"{x:.0f}"
+    if ax >= 10:
+        return f"{x:.1f}"
+    if ax >= 1:
+        return f"{x:.2f}"
+    return f"{x:.{digits}f}"
+
+
+def build_verdict(inp: readers.Inputs, cmds: dict[str, str], s):
+    meas = _measured(inp)
+    pred = _predicted(inp)
+    d: dict[str, Any] = {"measured": meas, "predicted": pred, "numbers": {}, "sentences": [], "levers": []}
+    s.data = d
+    if meas is None and pred is None:
+        s.missing("single-stream tok/s (measured)", cmds["attribute"])
+        s.missing("single-stream tok/s (model-based)", cmds["predict"])
+        d["sentences"].append("No measurement and no prediction in this run directory: nothing to conclude yet.")
+        return s
+    s.available = True
+    head = meas or pred
+    d["source"] = "measured" if meas else "model-based"
+    num = d["numbers"]
+    num["cap_tok_per_s"] = fmt(head["tok_per_s"])
+    num["ms_per_token"] = fmt(head["ms_per_token"])
+    sent = d["sentences"]
+    sent.append(f"Single-stream decode is capped at {num['cap_tok_per_s']} tok/s ({num['ms_per_token']} ms per token), "
+                + ("measured." if meas else "model-based (a prediction, not a measurement)."))
+    d["conditions"] = head["label"]
+    s.conditions = head["label"]
+    # Where each token goes: the measured split when the hook ran, else the model's, else nothing.
+    split = meas if meas and meas["split"] else pred
+    d["split"], d["split_source"] = split, (None if split is None else "measured" if split is meas else "model-based")
+    if split is None:
+        sent.append("How much of each token is interconnect: not measured (the server ran without the tpcomm plugin, "
+                    "and there is no prediction to fall back to).")
+        s.missing("per-token split (interconnect transfer / wait)", cmds["attribute_plugin"])
+        s.missing("model-based split", cmds["predict"])
+    else:
+        num["interconnect_ms"] = fmt(split["interconnect_ms"])
+        num["interconnect_pct"] = fmt(split["interconnect_share"] * 100)
+        num["collectives_per_token"] = fmt(split["collectives_per_token"])
+        num["latency_us_each"] = fmt(split["latency_us_each"])
+        ic = (f"Interconnect: {num['collectives_per_token']} collectives per token x {num['latency_us_each']} us each = "
+              f"{num['interconnect_ms']} ms, {num['interconnect_pct']}% of each token")
+        if split is pred and meas:
+            ic += " (model-based: no hook records in this run, i.e. the server ran without the tpcomm plugin)"
+        if split.get("transfer_ms") is not None:
+            num["transfer_ms"] = fmt(split["transfer_ms"])
+            num["wait_ms"] = fmt(split["wait_ms"])
+            ic += f"; of that, transfer {num['transfer_ms']} ms and waiting for other ranks (skew) {num['wait_ms']} ms."
+        else:
+            ic += "; transfer vs wait: not measured (needs tpcomm attribute against a server running the tpcomm plugin)."
+        sent.append(ic)
+        d["bottleneck"] = _bottleneck(split, pred if split is meas else None)
+        sent.append(d["bottleneck"]["statement"])
+    if meas and pred:
+        num["predicted_tok_per_s"] = fmt(pred["tok_per_s"])
+        gap = readers.pct_change(meas["tok_per_s"], pred["tok_per_s"])
+        num["measured_vs_predicted_pct"] = fmt(abs(gap))
+        sent.append(f"For comparison, the analytic model predicts {num['predicted_tok_per_s']} tok/s; the measurement is "
+                    f"{num['measured_vs_predicted_pct']}% {'below' if gap < 0 else 'above'} it ({pred['label']}).")
+    cmp_ = (inp.predict or {}).get("compare")
+    if cmp_ and cmp_.get("conclusion"):
+        d["compare"] = cmp_
+        sent.append("Checkpoint comparison (model-based" + (", measured tok/s as given by the user" if cmp_.get("measured_tok_per_s") else "")
+                    + "): " + cmp_["conclusion"])
+    if not meas:
+        s.missing("measured single-stream tok/s and its split", cmds["attribute"])
+    d["levers"] = _levers(inp, meas, pred)
+    return s
+
+
+def _measured(inp: readers.Inputs) -> dict[str, Any] | None:
+    """Client tok/s at the lowest concurrency, and the server-side split when the hook recorded one."""
+    alevels = [x for x in (inp.attribution or {}).get("levels") or [] if x.get("concurrency") is not None]
+    clevels = [x for x in readers.levels_list(inp.levels) if x.get("concurrency") is not None]
+    if not alevels and not clevels:
+        return None
+    conc = min(x["concurrency"] for x in (alevels or clevels))
+    lv = next((x for x in alevels if x["concurrency"] == conc), {})
+    # The client's TPOT (per request: (E2E - TTFT) / (tokens - 1), median) is the decode rate a stream sees; median
+    # ITL is fooled by bursty delivery on a busy host, so it is only the fallback.
+    client = sorted(x["tpot_ms_p50"] for x in clevels if x["concurrency"] == conc and x.get("tpot_ms_p50"))
+    pt = lv.get("per_token_ms") or {}
+    terms = {k: pt.get(k) for k in ("compute", "transfer", "wait", "host_overhead")}
+    total = sum(v for v in terms.values() if v is not None)
+    if client:
+        ms, what = client[len(client) // 2], "client TPOT p50"
+    else:
+        ms, what = lv.get("itl_ms_p50") or total, "client ITL p50" if lv.get("itl_ms_p50") else "server step split"
+    if not ms:
+        return None
+    cond = readers.conditions_text((inp.attribution or {}).get("conditions") or readers.levels_conditions(inp.levels))
+    out = {"tok_per_s": 1000.0 / ms, "ms_per_token": ms, "concurrency": conc, "cap_from": what, "split": bool(pt),
+           "terms": terms, "split_total_ms": total, "interconnect_ms": None, "interconnect_share": None,
+           "transfer_ms": None, "wait_ms": None, "collectives_per_token": None, "latency_us_each": None}
+    if not pt:
+        out["label"] = f"measured at concurrency {conc}: tok/s from the {what}; no per-token split (no hook records) ({cond})"
+        return out
+    transfer, wait = terms.get("transfer"), terms.get("wait")
+    ic = (transfer or 0) + (wait or 0)
+    # Per token of one stream = per decode step: every running stream gets one token per step.
+    per_tok = readers.total_count(lv.get("collectives_per_step") or {}, "observed")
+    out.update(interconnect_ms=ic, interconnect_share=ic / total if total else 0.0, transfer_ms=transfer, wait_ms=wait,
+               collectives_per_token=per_tok, latency_us_each=1000.0 * ic / per_tok if per_tok else None,
+               label=f"measured at concurrency {conc}: tok/s from the {what}, split from the server-side hook "
+                     f"records per decode step ({cond})")
+    return out
+
+
+def _predicted(inp: readers.Inputs) -> dict[str, Any] | None:
+    p = inp.predict
+    ss = (p or {}).get("single_stream") or {}
+    if not ss.get("tok_per_s"):
+        return None
+    br = dict(ss.get("breakdown_ms") or {})
+    total = sum(v for v in br.values() if isinstance(v, (int, float)))
+    ic = br.get("collectives") or 0.0
+    n = ss.get("collectives_per_token")
+    if not n and inp.plan:
+        n = readers.plan_per_step(inp.plan, batch=1).get("count")
+    return {"tok_per_s": ss["tok_per_s"], "ms_per_token": ss.get("ms_per_token") or 1000.0 / ss["tok_per_s"],
+            "terms": br, "interconnect_ms": ic, "interconnect_share": ic / total if total else 0.0,
+            "transfer_ms": None, "wait_ms": None, "collectives_per_token": n,
+            "latency_us_each": 1000.0 * ic / n if n else None, "weights_ms": br.get("weights"),
+            "label": readers.predict_conditions(p), "hardware": (p.get("hardware") or {}).get("name"),
+            "model_name": (p.get("model") or {}).get("name"), "tp": (p.get("layout") or {}).get("tp")}
+
+
+def _bottleneck(head: dict, pred: dict | None) -> dict[str, Any]:
+    share = head["interconnect_share"]
+    terms = head["terms"]
+    others = {k: v for k, v in terms.items() if k not in ("transfer", "wait", "collectives") and v}
+    main_other = max(others, key=others.get) if others else None
+    names = {"compute": "compute (kernels and weight streaming)", "weights": "weight streaming from memory",
+             "overhead": "per-kernel launch and host overhead", "host_overhead": "host overhead (scheduling, sampling, Python)",
+             "kv_cache": "KV-cache reads"}
+    is_bn = share >= BOTTLENECK_SHARE
+    if is_bn:
+        text = f"The interconnect is the bottleneck: it takes {fmt(share * 100)}% of each token."
+    elif share >= MAJOR_SHARE:
+        text = (f"The interconnect is a major part ({fmt(share * 100)}%) but not the only cause; the largest other term "
+                f"is {names.get(main_other, main_other)}.")
+    else:
+        text = (f"The interconnect is not the bottleneck ({fmt(share * 100)}% of each token); the cause is elsewhere: "
+                f"{names.get(main_other, main_other)}.")
+    wait, transfer = head.get("wait_ms"), head.get("transfer_ms")
+    if wait is not None and transfer is not None and wait > transfer:
+        text += (" Most collective time is waiting for the slowest rank, not moving bytes: a faster link alone "
+                 "helps little; rank skew (uneven compute or host jitter) is what to remove.")
+    if pred and terms.get("compute"):
+        floor = sum(v for k, v in pred["terms"].items() if k != "collectives" and isinstance(v, (int, float)))
+        if floor and terms["compute"] / floor >= SLOW_KERNEL_RATIO:
+            text += (f" Measured compute ({fmt(terms['compute'])} ms) is {fmt(terms['compute'] / floor)}x what the analytic model "
+                     f"expects for weight streaming plus per-kernel overhead on {pred.get('hardware')} ({fmt(floor)} ms): "
+                     "the kernels run slower than memory bandwidth allows (a slow kernel path).")
+    if head is not None and terms.get("host_overhead") and terms["host_overhead"] / max(head["ms_per_token"], 1e-9) >= MAJOR_SHARE:
+        text += f" Host overhead is {fmt(100 * terms['host_overhead'] / head['ms_per_token'])}% of each token."
+    return {"interconnect_is_bottleneck": is_bn, "interconnect_share": share, "main_other": main_other, "statement": text}
+
+
+def _levers(inp: readers.Inputs, meas: dict | None, pred: dict | None) -> list[dict[str, Any]]:
+    levers: list[dict[str, Any]] = []
+    if pred:
+        for w in (inp.predict or {}).get("what_if") or []:
+            if w.get("tok_per_s") is None:
+                continue
+            levers.append({"name": w.get("name"), "description": w.get("description", ""), "tok_per_s": w.get("tok_per_s"),
+                           "change_pct": w["delta_pct"] if w.get("delta_pct") is not None else readers.pct_change(w.get("tok_per_s"), pred["tok_per_s"]),
+                           "fits_memory": w.get("fits_memory"), "source": "model-based (tpcomm predict)"})
+    if meas and meas["split"]:
+        if meas.get("wait_ms"):
+            t = 1000.0 / (meas["ms_per_token"] - meas["wait_ms"])
+            levers.append({"name": "remove rank skew", "description": "ranks reach each collective together (no waiting)",
+                           "tok_per_s": t, "change_pct": readers.pct_change(t, meas["tok_per_s"]), "source": "bound from the measurement"})
+        if meas["interconnect_ms"] and meas["interconnect_ms"] < meas["ms_per_token"]:
+            t = 1000.0 / (meas["ms_per_token"] - meas["interconnect_ms"])
+            levers.append({"name": "free interconnect (upper bound)", "description": "all collective time removed",
+                           "tok_per_s": t, "change_pct": readers.pct_change(t, meas["tok_per_s"]), "source": "bound from the measurement"})
+    what_ifs = {w.get("name"): w for w in (inp.predict or {}).get("what_if") or []}
+    for f in readers.topo_summary(inp.topo).get("findings", []):
+        if not f.get("lever"):
+            continue
+        w = what_ifs.get(f.get("what_if"))
+        tok, chg = None, None
+        if w and w.get("tok_per_s") and pred:
+            if f["what_if"] == "p2p-disabled":
+                # The prediction assumed P2P on; found off, fixing it is the way back from the P2P-off what-if.
+                tok, chg = pred["tok_per_s"], readers.pct_change(pred["tok_per_s"], w["tok_per_s"])
+            else:
+                tok, chg = w["tok_per_s"], w.get("delta_pct")
+        levers.append({"name": str(f["lever"]), "description": f["text"], "tok_per_s": tok, "change_pct": chg,
+                       "source": "topology finding (tpcomm topo)" + (" + tpcomm predict" if tok else "")})
+    levers.sort(key=lambda x: -(x["change_pct"] if x["change_pct"] is not None else -1e9))
+    for i, lv in enumerate(levers):
+        lv["rank"] = i + 1
+        lv["top"] = i < TOP_LEVERS
+    return levers
