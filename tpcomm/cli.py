@@ -104,7 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     from tpcomm.errors import InputError
 
     try:
-        cli.main(args=argv, prog_name="tpcomm", standalone_mode=False)
+        rc = cli.main(args=argv, prog_name="tpcomm", standalone_mode=False)
+        # Without standalone mode click returns (not raises) the code of ctx.exit(n).
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.Abort:

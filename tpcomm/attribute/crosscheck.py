@@ -1,0 +1,103 @@
+"""Observed collectives per decode step versus `tpcomm plan` for the served
+model and layout. A mismatch is reported with its detail, never hidden: it
+means either the plan misses something vLLM does or the server runs a
+different layout or code path than assumed.
+
+The model's config comes from the server's /v1/models `root` when that is a
+local folder (the client runs beside the server) or from --model-config; TP
+from the hook's records (group_size of the tp group).
+
+Units: bytes per rank per call; counts per decode step per rank.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+
+def observed_per_step(aligned: pd.DataFrame, decode_steps: pd.DataFrame) -> dict:
+    """The most common per-step signature {(group, op, bytes): count} on the lowest rank, and how common it is."""
+    if aligned.empty or decode_steps.empty:
+        return {"signature": {}, "share": None, "steps": 0, "batch": None}
+    ref = aligned["rank"].min()
+    a = aligned[(aligned["rank"] == ref) & aligned["step"].isin(decode_steps["step"])]
+    sigs = Counter()
+    batch_of = {}
+    seqs = decode_steps.set_index("step")["num_seqs"].to_dict()
+    for step, g in a.groupby("step"):
+        sig = tuple(sorted(Counter(zip(g["group"], g["op"], g["bytes"].astype(int))).items()))
+        sigs[sig] += 1
+        batch_of.setdefault(sig, Counter())[seqs.get(step)] += 1
+    steps_with = len(decode_steps)
+    steps_without = steps_with - sum(sigs.values())
+    if steps_without > 0:
+        sigs[()] += steps_without
+    sig, n = sigs.most_common(1)[0]
+    batch = batch_of.get(sig, Counter({None: 1})).most_common(1)[0][0]
+    return {"signature": {k: v for k, v in sig}, "share": n / max(steps_with, 1), "steps": steps_with,
+            "batch": int(batch) if batch is not None else None, "distinct_signatures": len(sigs)}
+
+
+def planned_per_step(model_source: str | Path | None, tp: int | None, batch: int | None) -> tuple[dict | None, str, dict]:
+    """({(group, op, bytes): count} from tpcomm.plan or None, how it was made or why not, {(group, op, bytes): [sites]})."""
+    if model_source is None:
+        return None, ("model config not readable from here (the server's model root is not a local folder); "
+                      "pass --model-config"), {}
+    if not tp:
+        return None, "tensor-parallel size unknown (no tp group in the hook records)", {}
+    try:
+        from tpcomm.plan import build_plan
+
+        doc = build_plan(str(model_source), tp=tp, batches=[batch or 1]).to_dict()
+    except Exception as e:  # the plan is a separate component: its failure is reported, not fatal
+        return None, f"tpcomm plan failed for {model_source} tp={tp}: {type(e).__name__}: {e}", {}
+    out: Counter = Counter()
+    sites: dict = {}
+    for c in doc.get("collectives", []):
+        if c.get("batch", batch or 1) != (batch or 1):
+            continue
+        key = (c.get("group", "tp"), c["op"], int(c["bytes"]))
+        out[key] += int(c["count"])
+        sites.setdefault(key, []).append(f"{c.get('site', '?')} x{c['count']}")
+    return dict(out), f"tpcomm plan {model_source} tp={tp} batch={batch or 1}", sites
+
+
+def compare(observed: dict, planned: dict | None, plan_note: str) -> dict:
+    obs = observed["signature"]
+    doc = {
+        "observed": [{"group": g, "op": o, "bytes": b, "count": n} for (g, o, b), n in sorted(obs.items())],
+        "observed_total": int(sum(obs.values())),
+        "observed_share_of_steps": observed["share"],
+        "batch": observed["batch"],
+        "planned": None, "planned_total": None, "match": None, "detail": plan_note,
+    }
+    if planned is None:
+        doc["detail"] = "not compared: " + plan_note
+        return doc
+    doc["planned"] = [{"group": g, "op": o, "bytes": b, "count": n} for (g, o, b), n in sorted(planned.items())]
+    doc["planned_total"] = int(sum(planned.values()))
+    diffs = []
+    for key in sorted(set(obs) | set(planned)):
+        o, p = obs.get(key, 0), planned.get(key, 0)
+        if o != p:
+            g, op, b = key
+            diffs.append(f"{g} {op} {b} B: observed {o}/step, planned {p}/step")
+    doc["match"] = not diffs
+    doc["detail"] = (f"matches {plan_note}" if not diffs else "MISMATCH vs " + plan_note + ": " + "; ".join(diffs))
+    if observed["share"] is not None and observed["share"] < 0.9:
+        doc["detail"] += f" (only {observed['share']:.0%} of decode steps have the observed pattern)"
+    return doc
+
+
+def tp_from_records(coll: pd.DataFrame, status: dict | None = None) -> int | None:
+    tp = coll.loc[coll["group"] == "tp", "group_size"] if not coll.empty else pd.Series(dtype=int)
+    if len(tp):
+        return int(tp.mode().iloc[0])
+    if status:
+        for k in ("tp", "tp_size", "tensor_parallel_size"):
+            if isinstance(status.get(k), int):
+                return status[k]
+    return None

@@ -1,0 +1,231 @@
+"""The load generator: asynchronous OpenAI-compatible streaming requests at a
+fixed concurrency (closed loop: C clients, each sends its next request when
+the last one ends), fixed input and output lengths.
+
+Definitions match `vllm bench serve`: TTFT = first token chunk - request start;
+ITL = gaps between consecutive token chunks; TPOT = (E2E - TTFT) / (output
+tokens - 1); E2E = last token chunk - request start; output tok/s = output
+tokens of successful requests / wall time of the round.
+
+Units: *_ms milliseconds, t_*_ns / t_ns wall clock (time.time_ns(), the same
+clock the hook stamps its records with, so client and server events line up
+on one host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import httpx
+
+from tpcomm.attribute.server import ServerInfo
+
+# A monotonic clock expressed as wall-clock nanoseconds.
+_WALL0 = time.time_ns() - time.perf_counter_ns()
+
+
+def now_ns() -> int:
+    return _WALL0 + time.perf_counter_ns()
+
+
+_WORDS = ("tensor parallel inference splits every layer across several devices each decode step issues an all "
+          "reduce after attention and after the mlp the interconnect latency caps single stream tokens per "
+          "second cards without a fast link pay for every collective in microseconds quick brown fox jumps over "
+          "the lazy dog while the scheduler batches requests and the sampler picks the next token").split()
+
+
+@dataclass
+class LoadSpec:
+    api: str = "completions"          # completions | chat
+    input_len: int = 32
+    output_len: int = 32
+    requests: int = 8                 # per round of a level
+    warmup: int = 2                   # requests before the first level, not recorded
+    max_rounds: int = 3               # a level runs more rounds until it is steady
+    steady_pct: float = 10.0          # halves of a round within this -> steady
+    spread_pct: float = 10.0          # repeats of a level beyond this -> flagged
+    timeout_s: float = 300.0
+    seed: int = 0
+
+
+@dataclass
+class Prompts:
+    """Prompts of exactly input_len tokens where the server can tell us the count."""
+
+    api: str
+    input_len: int
+    exact: bool
+    note: str
+    token_pool: list[int] = field(default_factory=list)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    chat_words: int = 0               # words per chat message (fitted so that template + words = input_len)
+    words: list[str] = field(default_factory=lambda: list(_WORDS))
+
+    def make(self):
+        # Fresh random content per request, so the prefix cache cannot skip prefill.
+        if self.api == "completions" and self.token_pool:
+            return [self.rng.choice(self.token_pool) for _ in range(self.input_len)]
+        words = [self.rng.choice(self.words) for _ in range(self.input_len)]
+        if self.api == "chat":
+            return [{"role": "user", "content": _chat_text(words[: self.chat_words])}]
+        return " ".join(words)
+
+
+def _chat_text(words: list[str]) -> str:
+    return "".join(" " + w for w in words)
+
+
+def build_prompts(info: ServerInfo, spec: LoadSpec) -> Prompts:
+    """Completions: random token ids drawn from the tokenizer's own output (exact length).
+    Chat: a number of words found with /tokenize so that template + text = input_len."""
+    rng = random.Random(spec.seed)
+
+    def tokenize(payload):
+        r = httpx.post(info.url + "/tokenize", json={"model": info.model, **payload}, headers=info.headers, timeout=30)
+        r.raise_for_status()
+        return r.json()["count"], r.json().get("tokens") or []
+
+    try:
+        if spec.api == "completions":
+            _, toks = tokenize({"prompt": " ".join(_WORDS) * 2, "add_special_tokens": False})
+            pool = sorted(set(toks))
+            return Prompts("completions", spec.input_len, True, "token-id prompts of exactly input_len tokens", pool, rng)
+        # Words that are one token after a space (content " w1 w2 ...") keep words + template exact for any draw.
+        single = [w for w in sorted(set(_WORDS)) if tokenize({"prompt": " " + w, "add_special_tokens": False})[0] == 1]
+        words = single if len(single) >= 8 else list(_WORDS)
+        p = Prompts("chat", spec.input_len, False, "", rng=rng, words=words)
+        lo, hi, best = 1, max(2, spec.input_len), 1
+        sample = [rng.choice(words) for _ in range(hi)]
+        while lo <= hi:  # largest word count whose templated prompt fits input_len
+            mid = (lo + hi) // 2
+            n, _ = tokenize({"messages": [{"role": "user", "content": _chat_text(sample[:mid])}]})
+            if n <= spec.input_len:
+                best, lo = mid, mid + 1
+                p.exact = n == spec.input_len and words is single
+            else:
+                hi = mid - 1
+        p.chat_words = best
+        p.note = (f"chat prompts of {best} single-token words + the chat template = input_len tokens (checked with "
+                  "/tokenize)" if p.exact else "chat prompts fitted with /tokenize to at most input_len tokens "
+                  "(template included); the count per request is in prompt_tokens")
+        return p
+    except (httpx.HTTPError, KeyError, ValueError) as e:
+        p = Prompts(spec.api, spec.input_len, False, f"/tokenize unavailable ({type(e).__name__}): prompts of "
+                    "input_len words, actual token counts in prompt_tokens", rng=rng)
+        p.chat_words = spec.input_len
+        return p
+
+
+def _payload(info: ServerInfo, spec: LoadSpec, prompt) -> tuple[str, dict]:
+    common = {"model": info.model, "max_tokens": spec.output_len, "min_tokens": spec.output_len, "ignore_eos": True,
+              "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    if spec.api == "chat":
+        return "/v1/chat/completions", {**common, "messages": prompt}
+    return "/v1/completions", {**common, "prompt": prompt}
+
+
+async def stream_request(client: httpx.AsyncClient, info: ServerInfo, spec: LoadSpec, prompt) -> dict:
+    """One streaming request. Returns its row for requests.parquet plus 'token_ns' (arrival of each token chunk)."""
+    path, payload = _payload(info, spec, prompt)
+    row = {"ok": False, "error": "", "prompt_tokens": None, "output_tokens": None}
+    tokens: list[int] = []
+    t0 = now_ns()
+    try:
+        async with client.stream("POST", info.url + path, json=payload, headers=info.headers,
+                                 timeout=spec.timeout_s) as r:
+            if r.status_code != 200:
+                body = (await r.aread()).decode(errors="replace")[:300]
+                row["error"] = f"HTTP {r.status_code}: {body}"
+            else:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank separators and SSE comments (pings)
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    msg = json.loads(data)
+                    t = now_ns()
+                    if choices := msg.get("choices"):
+                        delta = choices[0].get("delta")
+                        # vLLM's chat stream opens with a role-only chunk sent together with the first token.
+                        if delta is not None and "role" in delta and not delta.get("content") and tokens == [] \
+                                and not choices[0].get("finish_reason"):
+                            continue
+                        tokens.append(t)
+                    elif usage := msg.get("usage"):
+                        row["output_tokens"] = usage.get("completion_tokens")
+                        row["prompt_tokens"] = usage.get("prompt_tokens")
+                        # vLLM's fingerprint names its version and TP size: "vllm-0.32.0-tp2-..."
+                        row["fingerprint"] = msg.get("system_fingerprint")
+                    if err := msg.get("error"):
+                        row["error"] = f"stream error: {err}"
+                row["ok"] = bool(tokens) and not row["error"]
+                if not tokens and not row["error"]:
+                    row["error"] = "no token chunk received"
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        row["error"] = f"{type(e).__name__}: {e}"
+    t1 = tokens[-1] if tokens else now_ns()
+    n_out = row["output_tokens"] or len(tokens)
+    row.update(t_start_ns=t0, t_end_ns=t1, token_ns=tokens)
+    if tokens:
+        ttft = (tokens[0] - t0) / 1e6
+        e2e = (t1 - t0) / 1e6
+        row.update(ttft_ms=ttft, e2e_ms=e2e, output_tokens=n_out,
+                   tpot_ms=(e2e - ttft) / (n_out - 1) if n_out > 1 else None,
+                   itl_ms_mean=(t1 - tokens[0]) / 1e6 / (len(tokens) - 1) if len(tokens) > 1 else None)
+    else:
+        row.update(ttft_ms=None, e2e_ms=None, tpot_ms=None, itl_ms_mean=None)
+    return row
+
+
+class ServerGone(RuntimeError):
+    """The server stopped answering during a round."""
+
+
+async def run_round(info: ServerInfo, spec: LoadSpec, prompts: Prompts, concurrency: int, n_requests: int,
+                    on_done: Callable[[dict], None] | None = None, is_alive: Callable[[], bool] | None = None,
+                    id_offset: int = 0) -> list[dict]:
+    """Closed loop: `concurrency` clients share `n_requests` requests. Stops early if the server dies
+    (raises ServerGone carrying the rows measured so far)."""
+    rows: list[dict] = []
+    next_id = iter(range(id_offset, id_offset + n_requests))
+    gone = asyncio.Event()
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+
+    async def client_loop(client):
+        for i in next_id:
+            if gone.is_set():
+                return
+            row = await stream_request(client, info, spec, prompts.make())
+            row["request_id"] = i
+            rows.append(row)
+            if on_done:
+                on_done(row)
+            if not row["ok"] and _looks_like_disconnect(row["error"]):
+                alive = await asyncio.to_thread(is_alive) if is_alive else True
+                if not alive:
+                    gone.set()
+                    return
+
+    async with httpx.AsyncClient(limits=limits, timeout=spec.timeout_s) as client:
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+    rows.sort(key=lambda r: r["request_id"])
+    if gone.is_set():
+        raise ServerGone(rows)
+    return rows
+
+
+def _looks_like_disconnect(error: str) -> bool:
+    return any(k in error for k in ("ConnectError", "RemoteProtocolError", "ReadError", "ConnectTimeout",
+                                    "ReadTimeout", "HTTP 5"))
+
+
+def warmup(info: ServerInfo, spec: LoadSpec, prompts: Prompts) -> list[dict]:
+    if spec.warmup <= 0:
+        return []
+    return asyncio.run(run_round(info, spec, prompts, 1, spec.warmup))

@@ -1,0 +1,266 @@
+"""The whole `tpcomm attribute` job, usable from Python without click.
+
+Order: check the server, warm up, then for each repeat and each concurrency
+level: start the hook, run rounds until steady (or max_rounds), stop the hook,
+pull its records, and write everything measured so far. Then align, split and
+cross-check. A server that dies mid-run leaves the run directory with what was
+measured and status.json marking the stage incomplete.
+
+Run-directory files written here (extending rundir.py's layout):
+    load/requests.parquet, load/tokens.parquet, load/levels.json
+    hook/collectives.parquet, hook/steps.parquet, hook/meta.json (+ concurrency, repeat columns)
+    attribution/steps.parquet          one row per decode step (terms averaged over ranks)
+    attribution/steps_by_rank.parquet  one row per (rank, step), all step kinds
+    attribution/summary.json           per level split, ceilings, top sites, cross-check
+    profile/summary.json               with --profile
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from tpcomm.attribute import load, records
+from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
+from tpcomm.attribute.server import ServerInfo, check_server, is_alive
+from tpcomm.rundir import RunDir
+
+REQUEST_COLUMNS = ["concurrency", "repeat", "round", "in_stats", "request_id", "ok", "error", "prompt_tokens",
+                   "output_tokens", "ttft_ms", "tpot_ms", "itl_ms_mean", "e2e_ms", "t_start_ns", "t_end_ns"]
+
+
+@dataclass
+class AttributeConfig:
+    server_url: str
+    out: str
+    model: str | None = None
+    api_key: str | None = None
+    concurrency: list[int] = field(default_factory=lambda: [1, 4])
+    repeat: int = 1
+    spec: load.LoadSpec = field(default_factory=load.LoadSpec)
+    profile: bool = False
+    profile_dir: str | None = None
+    model_config: str | None = None
+
+
+class Progress:
+    """Hooks for a UI; the CLI fills them with rich progress bars."""
+
+    def level_start(self, concurrency: int, repeat: int, round_: int, total: int) -> None: ...
+    def request_done(self, row: dict) -> None: ...
+    def level_end(self, level: dict) -> None: ...
+    def note(self, text: str) -> None: ...
+
+
+class Attribute:
+    def __init__(self, cfg: AttributeConfig, progress: Progress | None = None):
+        self.cfg = cfg
+        self.progress = progress or Progress()
+        self.info: ServerInfo | None = None
+        self.rd: RunDir | None = None
+        self.requests: list[dict] = []
+        self.tokens: list[pd.DataFrame] = []
+        self.levels: list[dict] = []
+        self.windows: list[dict] = []
+        self.coll: pd.DataFrame | None = None
+        self.steps: pd.DataFrame | None = None
+        self.hook_meta: dict = {}
+        self.notes: list[str] = []
+        self._next_id = 0
+
+    @property
+    def plugin_on(self) -> bool:
+        return bool(self.info and self.info.plugin and self.info.plugin.get("enabled", True))
+
+    def run(self, argv: list[str] | None = None) -> dict:
+        """Returns the result document (also in the run directory). Raises InputError before writing anything."""
+        self.info = check_server(self.cfg.server_url, self.cfg.model, self.cfg.api_key)
+        spec = self.cfg.spec
+        if self.info.max_model_len and spec.input_len + spec.output_len > self.info.max_model_len:
+            from tpcomm.errors import InputError
+            raise InputError("--input-len/--output-len", f"{spec.input_len}+{spec.output_len} tokens exceed the "
+                             f"server's max_model_len {self.info.max_model_len}", "a shorter request")
+        self.rd = RunDir(self.cfg.out)
+        self.rd.record_command("attribute", argv)
+        self.rd.mark("attribute", "running", server_url=self.info.url, model=self.info.model)
+        if not self.plugin_on:
+            self.notes.append(self.info.plugin_note + "; " + self.info.enable_hint())
+        prompts = load.build_prompts(self.info, spec)
+        self.prompt_note = prompts.note
+        try:
+            self.progress.note(f"warm-up: {spec.warmup} request(s)")
+            warm = load.warmup(self.info, spec, prompts)
+            if warm and not any(r["ok"] for r in warm):
+                raise load.ServerGone(warm) if not is_alive(self.info.url) else RuntimeError(
+                    "every warm-up request failed: " + warm[0]["error"])
+            self.info.fingerprint = next((r.get("fingerprint") for r in warm if r.get("fingerprint")), None)
+            if not self.plugin_on:
+                self.notes[-1] = self.info.plugin_note + "; " + self.info.enable_hint(self.server_tp() or "N")
+            for rep in range(self.cfg.repeat):
+                for c in self.cfg.concurrency:
+                    self._level(c, rep, prompts)
+        except load.ServerGone:
+            self._write_load()
+            if self.levels:
+                try:  # attribute what was measured before the server went away
+                    self._analyse()
+                except Exception as e:
+                    self.notes.append(f"attribution of the partial run failed: {type(e).__name__}: {e}")
+            self.notes.append("the server stopped answering mid-run: results up to that point are kept")
+            self.rd.mark("attribute", "incomplete", reason="server stopped answering",
+                         levels_done=len(self.levels), requests=len(self.requests))
+            return self.result(complete=False)
+        self._analyse()
+        if self.cfg.profile:
+            self._profile(prompts)
+        self.rd.mark("attribute", "complete", levels=len(self.levels), requests=len(self.requests),
+                     plugin=self.plugin_on)
+        return self.result(complete=True)
+
+    # ---- load ---------------------------------------------------------------
+    def _level(self, c: int, rep: int, prompts: load.Prompts) -> None:
+        spec = self.cfg.spec
+        hook_ok = self.plugin_on and self._hook(records.start)
+        for rnd in range(spec.max_rounds):
+            self.progress.level_start(c, rep, rnd, spec.requests)
+            offset = self._next_id
+            try:
+                rows = asyncio.run(load.run_round(self.info, spec, prompts, c, spec.requests,
+                                                  on_done=self.progress.request_done,
+                                                  is_alive=lambda: is_alive(self.info.url), id_offset=offset))
+            except load.ServerGone as e:
+                req, tok = self._add_rows(e.args[0] if e.args else [], (c, rep), rnd, True)
+                if len(req):
+                    self.levels.append(self._level_doc(c, rep, rnd, req, tok, None, "server stopped answering",
+                                                       ["incomplete: the server stopped answering during this level"]))
+                raise load.ServerGone([]) from None
+            req, tok = self._add_rows(rows, (c, rep), rnd, True)
+            steady, note = steadiness(req, tok, c, spec.steady_pct)
+            if steady is not False or rnd == spec.max_rounds - 1:
+                break
+            # Not steady: keep the round's rows out of the figures and run another.
+            for r in self.requests[-len(rows):]:
+                r["in_stats"] = False
+        flags = [f"C={c} not steady after {rnd + 1} round(s): {note}"] if steady is False else []
+        lv = self._level_doc(c, rep, rnd, req, tok, steady, note, flags)
+        self.levels.append(lv)
+        repeat_spread(self.levels, spec.spread_pct)
+        self.windows.append({"concurrency": c, "repeat": rep, "t_start_ns": int(req["t_start_ns"].min()),
+                             "t_end_ns": int(req["t_end_ns"].max())})
+        if hook_ok:
+            self._hook(records.stop)
+            self._pull_records(c, rep)
+        self._write_load()
+        self.progress.level_end(lv)
+
+    def _level_doc(self, c, rep, rnd, req, tok, steady, note, flags) -> dict:
+        lv = {"concurrency": c, "repeat": rep, "round": rnd, **level_figures(req, tok), "steady": steady,
+              "steady_note": note, "repeat_spread_pct": None, "flags": list(flags), "conditions": self.conditions()}
+        if (lv.get("itl_burst_pct") or 0) > 10:
+            lv["flags"].append(f"C={c}: {lv['itl_burst_pct']:.0f}% of tokens arrived in bursts (gap < 20% of TPOT): "
+                               "the server's output loop was starved (busy host?); median ITL is unreliable, "
+                               "use TPOT / mean ITL")
+        if lv["failed"]:
+            lv["flags"].append(f"{lv['failed']} of {lv['requests']} requests failed")
+        return lv
+
+    def _add_rows(self, rows: list[dict], level: tuple[int, int], rnd: int, in_stats: bool):
+        c, rep = level
+        toks = []
+        for r in rows:
+            r.update(concurrency=c, repeat=rep, round=rnd, in_stats=in_stats)
+            t = r.pop("token_ns", [])
+            toks.append(pd.DataFrame({"request_id": r["request_id"], "concurrency": c, "repeat": rep,
+                                      "token_idx": range(len(t)), "t_ns": t}))
+            self._next_id = max(self._next_id, r["request_id"] + 1)
+        self.requests.extend(rows)
+        tok = pd.concat(toks, ignore_index=True) if toks else _empty_tokens()
+        self.tokens.append(tok)
+        return pd.DataFrame(rows, columns=REQUEST_COLUMNS), tok
+
+    def _write_load(self) -> None:
+        req = pd.DataFrame(self.requests, columns=REQUEST_COLUMNS)
+        self.rd.write_table("load/requests.parquet", req)
+        self.rd.write_table("load/tokens.parquet", pd.concat(self.tokens, ignore_index=True) if self.tokens
+                            else _empty_tokens())
+        self.rd.write_json("load/levels.json", self.levels)
+
+    # ---- hook ---------------------------------------------------------------
+    def _hook(self, fn: Callable) -> bool:
+        try:
+            fn(self.info)
+            return True
+        except records.HookError as e:
+            if not is_alive(self.info.url):
+                raise load.ServerGone([]) from None
+            self.notes.append(f"hook: {e}")
+            return False
+
+    def _pull_records(self, c: int, rep: int) -> None:
+        try:
+            coll, steps, meta = records.fetch(self.info)
+        except records.HookError as e:
+            self.notes.append(f"hook: {e}")
+            return
+        self.hook_meta = meta
+        self.coll = records.merge(self.coll, coll, ["rank", "step", "call_idx", "t_start_ns"])
+        self.steps = records.merge(self.steps, steps, ["rank", "step", "t_start_ns"])
+        self.rd.write_table("hook/collectives.parquet", self.coll)
+        self.rd.write_table("hook/steps.parquet", self.steps)
+        self.rd.write_json("hook/meta.json", meta)
+
+    # ---- analysis -----------------------------------------------------------
+    def _analyse(self) -> None:
+        from tpcomm.attribute.analysis import analyse_run_dir
+
+        if self.info.plugin is not None:
+            self.rd.write_json("hook/status.json", self.info.plugin)
+        self.summary = analyse_run_dir(self.rd, model_source=self._model_source(), hook_status=self.info.plugin,
+                                       notes=self.notes, conditions=self.conditions())
+
+    def _model_source(self) -> str | None:
+        if self.cfg.model_config:
+            return self.cfg.model_config
+        d = self.info.local_model_dir
+        return str(d) if d else None
+
+    def _profile(self, prompts: load.Prompts) -> None:
+        from tpcomm.attribute.profile import profile_run
+
+        doc = profile_run(self.info, self.cfg.spec, prompts, self.cfg.profile_dir, self.rd)
+        self.rd.write_json("profile/summary.json", doc)
+        self.profile_doc = doc
+
+    # ---- output -------------------------------------------------------------
+    def server_tp(self) -> int | None:
+        import re
+
+        m = re.search(r"-tp(\d+)", self.info.fingerprint or "") if self.info else None
+        return int(m.group(1)) if m else None
+
+    def conditions(self) -> dict:
+        from tpcomm.versions import stack_versions
+
+        s = self.cfg.spec
+        st = (self.info.plugin or {}) if self.info else {}
+        return {"server_url": self.info.url, "model": self.info.model, "model_root": self.info.root,
+                "api": s.api, "input_len": s.input_len, "output_len": s.output_len, "prompt": getattr(self, "prompt_note", ""),
+                "requests_per_round": s.requests, "tp": self.server_tp() or (len(st["ranks"]) if st.get("ranks") else None),
+                "server_fingerprint": self.info.fingerprint,
+                "server_versions": st.get("versions"), "client_versions": stack_versions(),
+                "plugin": self.plugin_on}
+
+    def result(self, complete: bool) -> dict:
+        return {"complete": complete, "run_dir": str(self.rd.path), "plugin": self.plugin_on, "levels": self.levels,
+                "attribution": getattr(self, "summary", None), "profile": getattr(self, "profile_doc", None),
+                "notes": self.notes, "config": {**asdict(self.cfg), "api_key": "***" if self.cfg.api_key else None}}
+
+
+def _empty_tokens() -> pd.DataFrame:
+    return pd.DataFrame({"request_id": pd.Series(dtype="int64"), "concurrency": pd.Series(dtype="int64"),
+                         "repeat": pd.Series(dtype="int64"), "token_idx": pd.Series(dtype="int64"),
+                         "t_ns": pd.Series(dtype="int64")})
