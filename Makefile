@@ -1,7 +1,7 @@
 # The two set-up commands of the README:
 #   make demo   the whole job end to end on the built-in CPU default
 #   make test   every test (what CI runs)
-.PHONY: demo test venv bench
+.PHONY: demo test venv
 PY := .venv/bin/python
 
 venv:
@@ -12,6 +12,3 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q -rs
-
-bench: venv
-	$(PY) benchmarks/run_all.py

@@ -91,3 +91,12 @@ def vllm_server(vllm_server_factory) -> ServerHandle:
     handle = ServerHandle(vllm_server_factory, plugin=True)
     handle.server  # start it now, so that a start-up failure shows as this fixture's error
     return handle
+
+
+@pytest.fixture
+def no_pooled_server(request):
+    """Stop the pooled server before a test that starts its own: two TP-2 servers would fight over the cores."""
+    factory = request.getfixturevalue("vllm_server_factory")
+    close = getattr(getattr(factory, "__self__", None), "close", None)
+    if close:
+        close()

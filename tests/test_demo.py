@@ -66,7 +66,7 @@ def test_demo_without_server_reports_what_ran_and_clears_old_results(tmp_path):
 
 @pytest.mark.vllm
 @pytest.mark.timeout(900)
-def test_demo_end_to_end(tmp_path):
+def test_demo_end_to_end(tmp_path, no_pooled_server):
     out = tmp_path / "demo"
     t = time.monotonic()
     p = subprocess.run([str(BIN), "demo", "--out", str(out)], capture_output=True, text=True, timeout=840)
@@ -96,7 +96,7 @@ def test_demo_end_to_end(tmp_path):
 
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
-def test_demo_ctrl_c_stops_the_server(tmp_path):
+def test_demo_ctrl_c_stops_the_server(tmp_path, no_pooled_server):
     out = tmp_path / "demo"
     # attribute is kept: it holds the server while the interrupt arrives.
     p = subprocess.Popen([str(BIN), "demo", "--out", str(out), "--skip", "plan,topo,probe,predict,report"],

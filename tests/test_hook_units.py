@@ -109,9 +109,10 @@ def _load_plugins(value: str | None) -> dict:
 
 
 def test_vllm_plugin_loader_patches_only_when_enabled():
-    off = _load_plugins("")
-    assert off["patched"] == [] and off["worker_methods"] == []
-    assert off["all_reduce_module"].endswith("vllm/distributed/parallel_state.py")
+    for value in ("", None, "some_other_plugin"):  # None: VLLM_PLUGINS unset, vLLM loads every plugin
+        off = _load_plugins(value)
+        assert off["patched"] == [] and off["worker_methods"] == [], value
+        assert off["all_reduce_module"].endswith("vllm/distributed/parallel_state.py")
     on = _load_plugins("tpcomm")
     assert {"_all_reduce_out_place", "_all_gather_out_place", "all_reduce", "gather", "broadcast",
             "send", "recv", "isend_tensor_dict", "irecv_tensor_dict"} <= set(on["patched"])

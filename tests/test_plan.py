@@ -178,3 +178,23 @@ def test_bad_config_files(tmp_path, content, needle):
 def test_folder_without_config(tmp_path):
     r = CliRunner().invoke(cli, ["plan", "--model", str(tmp_path)])
     assert r.exit_code == 2 and "has no config.json" in r.output
+
+
+def test_non_integer_shape_and_unwritable_out(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(dict(TINY_CONFIG, hidden_size="abc")))
+    r = CliRunner().invoke(cli, ["plan", "--model", str(p)])
+    assert r.exit_code == 2 and "not a whole number" in r.output
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = CliRunner().invoke(cli, ["plan", "--model", "kimi-k2.5", "--tp", "8", "--out", str(blocker / "run")])
+    assert r.exit_code == 2 and "cannot be created" in r.output
+
+
+def test_memory_fit_counts_every_expert_once():
+    from tpcomm.predict.model import fits_memory
+    from tpcomm.models import load_model
+
+    fits, stored = fits_memory(load_model("llama-3.1-70b"), 2, {"memory_GB": 80})
+    # 70.6 B parameters in BF16 over 2 GPUs: ~70.6 GB each, not more
+    assert 68e9 < stored < 73e9 and fits is True

@@ -104,6 +104,7 @@ def test_user_profile_file(tmp_path):
     (["--memory-efficiency", "1.5"], "--memory-efficiency 1.5"),
     (["--moe-bw-factor", "0.5"], "--moe-bw-factor 0.5"),
     (["--measured", "82,61"], "--measured needs --compare-model"),
+    (["--compare-model", "kimi-k2.5-nvfp4", "--measured", "0,61"], "not a positive finite number"),
 ])
 def test_bad_predict_inputs(args, needle):
     r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", *args])
@@ -140,3 +141,6 @@ def test_predict_calibrated_by_a_real_probe_run(tmp_path):
     # A layout the probe did not measure is refused, not extrapolated.
     with pytest.raises(Exception, match="world size 2"):
         predict("kimi-k2.5", tp=8, gpu="cpu", probe=str(run))
+    # A CPU probe does not calibrate a GPU profile.
+    with pytest.raises(Exception, match="does not match the pcie link"):
+        predict(str(cfg.parent), tp=2, gpu="rtx-pro-6000", probe=str(run))

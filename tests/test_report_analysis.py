@@ -49,12 +49,15 @@ def test_levers_ranked_with_predicted_effects(case_study):
     for w in doc["what_if"]:
         if w.get("tok_per_s") is None:
             continue
-        assert by_name[w["name"]]["tok_per_s"] == pytest.approx(w["tok_per_s"])
-        assert by_name[w["name"]]["change_pct"] == pytest.approx(w["delta_pct"])
+        if w["delta_pct"] > 0 and w.get("fits_memory") is not False:
+            assert by_name[w["name"]]["tok_per_s"] == pytest.approx(w["tok_per_s"])
+            assert by_name[w["name"]]["change_pct"] == pytest.approx(w["delta_pct"])
+        else:  # a risk (P2P off) or a layout that does not fit is not offered as a lever
+            assert w["name"] not in by_name
     effects = [lv["change_pct"] for lv in levers if lv["change_pct"] is not None]
-    assert effects == sorted(effects, reverse=True)
-    # The PCIe case names the levers the issue asks for: one-shot all-reduce, NVLink, fewer TP ranks.
-    assert {"one-shot-allreduce", "nvlink", "tp4"} <= set(by_name)
+    assert effects == sorted(effects, reverse=True) and all(e > 0 for e in effects)
+    # The PCIe case names the levers that help: a one-shot all-reduce and NVLink; fewer TP ranks do not fit.
+    assert {"one-shot-allreduce", "nvlink"} <= set(by_name) and "tp4" not in by_name
 
 
 def test_page_one_states_the_verdict_numbers(case_study, tmp_path):
@@ -85,7 +88,6 @@ def test_missing_everything_is_not_an_error(tmp_path):
 DEMO_RUN = __import__("pathlib").Path(__file__).parent / "data" / "demo_run"
 
 
-@pytest.mark.skipif(not DEMO_RUN.exists(), reason="tests/data/demo_run not committed yet")
 def test_measured_verdict_from_attribution_and_client_timings():
     import json
 
@@ -115,7 +117,6 @@ def test_measured_verdict_from_attribution_and_client_timings():
     assert {r["rank"] for r in tl["ranks"]} == {0, 1} and tl["n_collectives"] == lv["collectives_per_step"]["observed_total"]
 
 
-@pytest.mark.skipif(not DEMO_RUN.exists(), reason="tests/data/demo_run not committed yet")
 def test_timeline_skew_matches_hook_records():
     import pandas as pd
 

@@ -114,7 +114,6 @@ def test_cli_report_and_bad_input(plan_only, tmp_path):
     assert p.returncode == 2 and "does not exist" in p.stderr and "Traceback" not in p.stderr
 
 
-@pytest.mark.skipif(not DEMO_RUN.exists(), reason="tests/data/demo_run not committed yet")
 def test_measured_report_numbers_match_analysis(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(DEMO_RUN, run)
@@ -140,7 +139,6 @@ def test_measured_report_numbers_match_analysis(tmp_path):
     assert check_layout(out) >= 4
 
 
-@pytest.mark.skipif(not DEMO_RUN.exists(), reason="tests/data/demo_run not committed yet")
 def test_no_probe_no_plugin_run_renders(tmp_path):
     """Client load only (what `tpcomm attribute` gives against a server without the plugin), no probe."""
     run = tmp_path / "run"

@@ -57,7 +57,10 @@ class RunDir:
     def __init__(self, path: str | os.PathLike, create: bool = True):
         self.path = Path(path)
         if create:
-            self.path.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise InputError(f"run directory {self.path}", f"cannot be created ({e.strerror})", "a writable folder path") from None
         elif not self.path.is_dir():
             raise InputError(f"run directory {self.path}", "does not exist", "a folder written by a tpcomm command")
 

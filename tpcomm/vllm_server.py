@@ -24,14 +24,14 @@ def free_port() -> int:
 
 
 def cpu_bind_for(tp: int) -> str:
-    """One core (or a slice of cores) per rank, as vLLM-CPU's OMP binding wants: "0|1" for TP 2 on 2 cores."""
-    n = os.cpu_count() or 1
-    per = max(1, n // tp)
+    """One core (or a slice of cores) per rank, as vLLM-CPU's OMP binding wants: "0|1" for TP 2 on 2 cores.
+    Only CPUs this process may run on (a cpuset container may allow fewer than the host has)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    per = max(1, len(cpus) // tp)
     parts = []
     for r in range(tp):
-        lo = (r * per) % n
-        hi = min(lo + per - 1, n - 1)
-        parts.append(str(lo) if lo == hi else f"{lo}-{hi}")
+        chunk = [cpus[(r * per + i) % len(cpus)] for i in range(per)]
+        parts.append(",".join(map(str, chunk)))
     return "|".join(parts)
 
 
@@ -82,8 +82,12 @@ class VllmServer:
         if not self.port:
             self.port = free_port()
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()  # the child holds its own descriptor
         try:
             self.wait_ready(timeout_s)
         except BaseException:

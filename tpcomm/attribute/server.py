@@ -102,7 +102,8 @@ def plugin_status(url: str, api_key: str | None, timeout_s: float = 10) -> tuple
     except ValueError:
         return None, "/tpcomm/v1/status did not answer JSON"
     if not doc.get("enabled", True):
-        return doc, "plugin loaded but disabled: " + str(doc.get("reason") or doc.get("error") or "see server log")
+        reasons = sorted({str(r.get("disabled_reason")) for r in doc.get("per_rank") or [] if r.get("disabled_reason")})
+        return doc, "plugin loaded but disabled: " + ("; ".join(reasons) or "see the server log")
     return doc, "plugin on"
 
 

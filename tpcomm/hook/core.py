@@ -255,7 +255,10 @@ class Hook:
     def sample_end(self) -> None:
         self.in_step = False
         if self.step_row >= 0 and self.armed:
-            self.rec.extend_step(self.step_row, time.time_ns())
+            try:
+                self.rec.extend_step(self.step_row, time.time_ns())
+            except Exception as e:  # noqa: BLE001
+                self.fail("sample end", e)
 
 
 def group_backend(group: Any, op: str) -> str:

@@ -71,12 +71,20 @@ _CUDA_BACKENDS = [
 _installed = False
 
 
+def named_in_vllm_plugins() -> bool:
+    return "tpcomm" in [p.strip() for p in os.environ.get("VLLM_PLUGINS", "").split(",")]
+
+
 def register() -> None:
     """vLLM general-plugin entry point. Never raises: a failure leaves vLLM unpatched."""
     global _installed
     if _installed:
         return
     _installed = True
+    # vLLM loads every installed general plugin when VLLM_PLUGINS is unset; tpcomm
+    # patches nothing unless the operator names it (the endpoint plugin has the same rule).
+    if not named_in_vllm_plugins():
+        return
     try:
         _install()
     except Exception as e:  # noqa: BLE001 - a broken hook must not stop the server
@@ -119,10 +127,6 @@ def _patch(cls: type, name: str, new: Callable) -> None:
     HOOK.patched.append(f"{cls.__name__}.{name}")
 
 
-def is_patched(cls: type, name: str) -> bool:
-    return hasattr(getattr(cls, name, None), "_tpcomm_original")
-
-
 def _timed_method(orig: Callable, op: str, pos: int | None, kw: str | None) -> Callable:
     import torch
 
@@ -141,18 +145,19 @@ def _timed_method(orig: Callable, op: str, pos: int | None, kw: str | None) -> C
 def _rerouted_method(orig: Callable, name: str) -> Callable:
     import torch
 
+    # Extra arguments a later vLLM may add pass straight through to the original (no rerouting then).
     if name == "all_reduce":
-        def method(self, input_):
-            if (self.world_size > 1 and not getattr(self, "use_custom_op_call", False)
+        def method(self, input_, *args, **kwargs):
+            if (not args and not kwargs and self.world_size > 1 and not getattr(self, "use_custom_op_call", False)
                     and torch.compiler.is_compiling()):
                 return torch.ops.tpcomm.all_reduce(input_, self.unique_name)
-            return orig(self, input_)
+            return orig(self, input_, *args, **kwargs)
     else:
-        def method(self, input_, dim=-1):
-            if (self.world_size > 1 and not getattr(self, "use_custom_op_call", False)
+        def method(self, input_, dim=-1, *args, **kwargs):
+            if (not args and not kwargs and self.world_size > 1 and not getattr(self, "use_custom_op_call", False)
                     and torch.compiler.is_compiling()):
                 return getattr(torch.ops.tpcomm, name)(input_, dim, self.world_size, self.unique_name)
-            return orig(self, input_, dim)
+            return orig(self, input_, dim, *args, **kwargs)
     return functools.wraps(orig)(method)
 
 

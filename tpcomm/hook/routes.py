@@ -18,6 +18,7 @@ these routes check ``Authorization: Bearer KEY`` against the server's
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -156,10 +157,12 @@ def merge_records(per_rank: list[dict]) -> dict:
 @router.get("/records")
 async def records(request: Request) -> Response:
     try:
-        doc = merge_records(await _rpc(request, "tpcomm_records"))
+        per_rank = await _rpc(request, "tpcomm_records")
     except _HTTPError as e:
         return _error(e)
-    return Response(json.dumps(doc, separators=(",", ":")), media_type="application/json")
+    # Merging and encoding a full buffer takes ~1 s: off the event loop, so token streams keep flowing.
+    body = await asyncio.to_thread(lambda: json.dumps(merge_records(per_rank), separators=(",", ":")))
+    return Response(body, media_type="application/json")
 
 
 @router.get("/metrics")
@@ -167,7 +170,8 @@ async def metrics(request: Request) -> Response:
     from tpcomm.hook.metrics import prometheus_text
 
     try:
-        doc = merge_records(await _rpc(request, "tpcomm_records"))
+        per_rank = await _rpc(request, "tpcomm_records")
     except _HTTPError as e:
         return _error(e)
-    return PlainTextResponse(prometheus_text(doc), media_type="text/plain; version=0.0.4")
+    text = await asyncio.to_thread(lambda: prometheus_text(merge_records(per_rank)))
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

@@ -61,6 +61,15 @@ def _need(cfg: dict, where: str, *keys: str) -> None:
 def load_model(arg: str | Path | dict) -> ModelSpec:
     cfg, name, source = load_config(arg)
     where = f"model config {source.split(':')[0]}"
+    try:
+        return _spec(cfg, name, source, where)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, InputError):
+            raise
+        raise InputError(where, f"a shape field has a value that is not a whole number ({e})", "integers for sizes and counts") from None
+
+
+def _spec(cfg: dict, name: str, source: str, where: str) -> ModelSpec:
     top_arch = (cfg.get("architectures") or [None])[0]
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
     inner = text or cfg

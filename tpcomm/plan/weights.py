@@ -81,7 +81,8 @@ def weight_components(m: ModelSpec, lay: Layout, batch: int = 1) -> list[WeightC
             params, note = n_moe * touched * per_expert / tp, f"{touched:.1f} of {m.n_routed_experts} experts touched per step, each sharded over TP {tp}"
         add("routed experts", "expert", params, f"model.layers.{Lm}.mlp.experts.0.down_proj", note)
     add("lm_head (sharded)", "sharded", padded_vocab(m.vocab_size) * H / tp, "lm_head")
-    add("embedding rows", "sharded", batch * H, "model.embed_tokens", "B rows of the local vocab shard (upper bound)", linear=False)
+    rows = min(batch, padded_vocab(m.vocab_size) // tp)  # never more rows than the shard holds
+    add("embedding rows", "sharded", rows * H, "model.embed_tokens", "B rows of the local vocab shard (upper bound)", linear=False)
     return comps
 
 

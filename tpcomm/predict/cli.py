@@ -19,9 +19,13 @@ class FloatList(IntList):
 
     def convert(self, value, param, ctx):
         try:
-            return [float(t) for t in str(value).replace(",", " ").split()]
+            vals = [float(t) for t in str(value).replace(",", " ").split()]
         except ValueError:
             self.fail(f"{value!r} is not a list of numbers (expected e.g. 82,61.3)", param, ctx)
+        bad = [v for v in vals if not (0 < v < float("inf"))]
+        if bad:
+            self.fail(f"{bad[0]:g} is not a positive finite number (expected tok/s > 0, e.g. 82,61.3)", param, ctx)
+        return vals
 
 
 @click.command("predict")

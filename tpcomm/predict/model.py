@@ -99,5 +99,9 @@ def fits_memory(m: ModelSpec, tp: int, hw: dict, ep: bool = False) -> tuple[bool
     """Weights stored per GPU (all experts) against 90% of its memory."""
     from tpcomm.plan.layout import Layout
 
-    stored = sum(c.bytes_per_gpu for c in weight_components(m, Layout(tp=tp, ep=ep), batch=10**7))
+    # A batch large enough that every expert is touched: the components then cover every stored weight,
+    # plus the full embedding shard (not counted by the per-step reads).
+    lay = Layout(tp=tp, ep=ep)
+    comps = weight_components(m, lay, batch=10**7)
+    stored = sum(c.bytes_per_gpu for c in comps)
     return stored <= 0.9 * hw["memory_GB"] * 1e9, stored

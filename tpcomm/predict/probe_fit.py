@@ -21,6 +21,10 @@ def probe_latency(run_dir: str | Path, link: dict):
     fits = model.doc["models"]
     sizes = sorted({m["world_size"] for m in fits})
     backends = sorted({m["backend"] for m in fits})
+    cpu_probe = set(backends) <= {"gloo", "shm"}
+    if cpu_probe != (link["type"] == "shm"):
+        raise InputError(f"--probe {run_dir}", f"measured {', '.join(backends)}, which does not match the {link['type']} link of the hardware profile",
+                         "a probe run on the hardware being predicted (GPU backends for a GPU profile, gloo/shm for --gpu cpu)")
     desc = f"probe fit from {run_dir} (backends {', '.join(backends)}; world size {', '.join(map(str, sizes))}; isolated p50 per call)"
 
     def fn(op: str, nbytes: float, n: int) -> float:

@@ -201,9 +201,15 @@ def _levers(inp: readers.Inputs, meas: dict | None, pred: dict | None) -> list[d
         for w in (inp.predict or {}).get("what_if") or []:
             if w.get("tok_per_s") is None:
                 continue
-            levers.append({"name": w.get("name"), "description": w.get("description", ""), "tok_per_s": w.get("tok_per_s"),
-                           "change_pct": w["delta_pct"] if w.get("delta_pct") is not None else readers.pct_change(w.get("tok_per_s"), pred["tok_per_s"]),
-                           "fits_memory": w.get("fits_memory"), "source": "model-based (tpcomm predict)"})
+            chg = w["delta_pct"] if w.get("delta_pct") is not None else readers.pct_change(w.get("tok_per_s"), pred["tok_per_s"])
+            if chg is None or chg <= 0 or w.get("fits_memory") is False:
+                continue  # not a lever (a risk or a layout that does not fit): shown with the what-ifs, not here
+            tok, src = w.get("tok_per_s"), "model-based (tpcomm predict)"
+            if meas and meas.get("tok_per_s"):
+                # One column, one base: the model's relative change applied to the measured rate.
+                tok, src = meas["tok_per_s"] * (1 + chg / 100), "model-based change (tpcomm predict) applied to the measured rate"
+            levers.append({"name": w.get("name"), "description": w.get("description", ""), "tok_per_s": tok,
+                           "change_pct": chg, "fits_memory": w.get("fits_memory"), "source": src})
     if meas and meas["split"]:
         if meas.get("wait_ms"):
             t = 1000.0 / (meas["ms_per_token"] - meas["wait_ms"])
