@@ -3,6 +3,8 @@ tables. Only draws; every number comes from the result document."""
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -41,7 +43,8 @@ def _f(v, fmt="{:.2f}"):
 
 
 def render(res: dict, console: Console | None = None) -> None:
-    con = console or Console()
+    # Piped output (logs, the demo) has no terminal width: wide enough that numbers are never cut.
+    con = console or (Console() if sys.stdout.isatty() else Console(width=200))
     levels = res["levels"]
     cond = levels[0]["conditions"] if levels else {}
     con.print(f"[bold]Load[/bold] on {cond.get('server_url')} model {cond.get('model')} ({cond.get('api')}, "

@@ -97,8 +97,14 @@ def fig_breakdown(breakdown: dict[str, Any]) -> Figure | None:
     xs = list(range(len(levels)))
     bottom = [0.0] * len(levels)
     for key in ("compute", "transfer", "wait", "host_overhead"):
-        vals = [lv.get(f"{key}_ms") or 0.0 for lv in levels]
+        raw = [lv.get(f"{key}_ms") or 0.0 for lv in levels]
+        # A negative term (host overhead under bursty token delivery) cannot be stacked: drawn as 0 and marked.
+        vals = [max(v, 0.0) for v in raw]
         ax.bar(xs, vals, bottom=bottom, color=COLORS[key], width=0.55, label=key.replace("_", " "))
+        for x, v, b in zip(xs, raw, bottom):
+            if v < 0:
+                ax.annotate(f"{key.replace('_', ' ')} {v:.2f} ms\n(< 0: not drawn)", (x, b), xytext=(0, 4),
+                            textcoords="offset points", ha="center", fontsize=5)
         bottom = [b + v for b, v in zip(bottom, vals)]
     itl = [(x, lv["itl_ms_p50"]) for x, lv in zip(xs, levels) if lv.get("itl_ms_p50") is not None]
     if itl:
