@@ -180,17 +180,8 @@ class PyNcclBackend(NcclBackend):
     ops = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 
     def __init__(self, cpu_group, local_rank):
-        Backend.__init__(self, cpu_group, local_rank)
-        if not torch.cuda.is_available():
-            raise Ineligible("no CUDA device (torch.cuda.is_available() is False)")
-        try:
-            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        except Exception as e:  # noqa: BLE001
-            raise Ineligible(f"vLLM's PyNccl is not importable ({type(e).__name__}: {e})") from None
-        self.device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(self.device)
-        self.group = dist.new_group(backend="gloo")
-        self.comm = PyNcclCommunicator(group=self.group, device=self.device)
+        pynccl = _vllm_cuda_setup(self, cpu_group, local_rank, "vllm.distributed.device_communicators.pynccl", "PyNccl")
+        self.comm = pynccl.PyNcclCommunicator(group=self.group, device=self.device)
         if self.comm.disabled:
             raise Ineligible("PyNcclCommunicator disabled itself (world size 1 or libnccl not found)")
 
@@ -222,16 +213,8 @@ class CustomArBackend(NcclBackend):
     ops = ("all_reduce",)
 
     def __init__(self, cpu_group, local_rank):
-        Backend.__init__(self, cpu_group, local_rank)
-        if not torch.cuda.is_available():
-            raise Ineligible("no CUDA device (torch.cuda.is_available() is False)")
-        try:
-            from vllm.distributed.device_communicators import custom_all_reduce as car
-        except Exception as e:  # noqa: BLE001
-            raise Ineligible(f"vLLM's custom all-reduce is not importable ({type(e).__name__}: {e})") from None
-        self.device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(self.device)
-        self.group = dist.new_group(backend="gloo")
+        car = _vllm_cuda_setup(self, cpu_group, local_rank, "vllm.distributed.device_communicators.custom_all_reduce",
+                               "custom all-reduce")
         self.comm = car.CustomAllreduce(group=self.group, device=self.device)
         if self.comm.disabled:
             raise Ineligible(custom_ar_reason(car, self.world, self.rank, self.group))
@@ -274,3 +257,21 @@ BACKEND_CLASSES = {c.name: c for c in (GlooBackend, ShmBackend, NcclBackend, PyN
 
 def make_backend(name: str, cpu_group, local_rank: int) -> Backend:
     return BACKEND_CLASSES[name](cpu_group, local_rank)
+
+
+def _vllm_cuda_setup(backend: "Backend", cpu_group, local_rank: int, module: str, what: str):
+    """Shared set-up of the backends built on a vLLM communicator: CUDA device, a gloo
+    side group (vLLM's communicators take one), and the vLLM module, or Ineligible."""
+    import importlib
+
+    Backend.__init__(backend, cpu_group, local_rank)
+    if not torch.cuda.is_available():
+        raise Ineligible("no CUDA device (torch.cuda.is_available() is False)")
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001
+        raise Ineligible(f"vLLM's {what} is not importable ({type(e).__name__}: {e})") from None
+    backend.device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(backend.device)
+    backend.group = dist.new_group(backend="gloo")
+    return mod

@@ -73,13 +73,19 @@ class Demo:
         return importlib.util.find_spec(COMMANDS[command][0].rsplit(".", 1)[0]) is not None and \
             importlib.util.find_spec(COMMANDS[command][0]) is not None
 
-    def tpcomm(self, name: str, args: list[str], timeout_s: float) -> Stage:
-        """Run `tpcomm NAME ARGS` as a subprocess, its output streamed through."""
+    def _stage(self, name: str) -> Stage:
+        """A new stage, already marked skipped when --skip names it."""
         st = Stage(name)
         self.stages.append(st)
         if name in self.skip:
             st.state, st.note = "skipped", "--skip"
             self.say(f"{name}: skipped (--skip)", fg="yellow")
+        return st
+
+    def tpcomm(self, name: str, args: list[str], timeout_s: float) -> Stage:
+        """Run `tpcomm NAME ARGS` as a subprocess, its output streamed through."""
+        st = self._stage(name)
+        if st.state == "skipped":
             return st
         if not self.available(name):
             st.state, st.note = "not available", f"`tpcomm {name}` is not in this build"
@@ -109,11 +115,8 @@ class Demo:
         return st
 
     def lib(self, name: str, fn) -> Stage:
-        st = Stage(name)
-        self.stages.append(st)
-        if name in self.skip:
-            st.state, st.note = "skipped", "--skip"
-            self.say(f"{name}: skipped (--skip)", fg="yellow")
+        st = self._stage(name)
+        if st.state == "skipped":
             return st
         t = time.monotonic()
         try:
