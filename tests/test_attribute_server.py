@@ -159,6 +159,15 @@ def test_profile_counts_shm_collectives_like_the_hook(keyed_server, tmp_path):
     for c in cmp_:
         # Every collective the hook timed shows up as a shm op in the trace of that rank, and vice versa.
         assert c["trace_count"] > 0 and c["trace_count"] == c["hook_count"], cmp_
+    # The key given on the command line is in no file of the run directory, nor in its report (issue 12).
+    rep = subprocess.run([sys.executable, "-m", "tpcomm.cli", "report", str(out)], capture_output=True, text=True,
+                         timeout=300)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    from test_secrets import assert_secret_absent
+
+    files = {p.relative_to(out).as_posix() for p in assert_secret_absent(out, KEY)}
+    assert {"meta.json", "report.pdf", "report.md", "load/levels.json"} <= files
+    assert "--api-key ***" in (out / "report.md").read_text()
 
 
 @pytest.mark.vllm

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpcomm import redact
 from tpcomm.errors import InputError
 
 if TYPE_CHECKING:
@@ -73,7 +74,9 @@ class RunDir:
     # ---- JSON documents -------------------------------------------------
     def write_json(self, name: str, obj: Any) -> Path:
         p = self.path / name
-        _atomic_write_bytes(p, (json.dumps(obj, indent=2, default=_json_default) + "\n").encode())
+        # Scrubbed on the way out: a run directory is meant to be shared (see redact.py).
+        obj = redact.scrub(json.loads(json.dumps(obj, default=_json_default)))
+        _atomic_write_bytes(p, (json.dumps(obj, indent=2) + "\n").encode())
         return p
 
     def read_json(self, name: str, default: Any = None) -> Any:
@@ -90,7 +93,7 @@ class RunDir:
         import io
 
         buf = io.BytesIO()
-        df.to_parquet(buf, index=False)
+        _scrub_strings(df).to_parquet(buf, index=False)
         p = self.path / name
         _atomic_write_bytes(p, buf.getvalue())
         return p
@@ -112,7 +115,8 @@ class RunDir:
         from tpcomm.versions import stack_versions
 
         meta = self.read_json("meta.json") or {"created_utc": _utc(), "versions": stack_versions(), "commands": []}
-        meta["commands"].append({"command": command, "argv": list(argv if argv is not None else sys.argv), "utc": _utc()})
+        args = redact.argv(list(argv if argv is not None else sys.argv))
+        meta["commands"].append({"command": command, "argv": args, "utc": _utc()})
         self.write_json("meta.json", meta)
 
     def mark(self, stage: str, state: str, **info: Any) -> None:
@@ -123,6 +127,26 @@ class RunDir:
 
     def stage_state(self, stage: str) -> str | None:
         return (self.read_json("status.json") or {}).get(stage, {}).get("state")
+
+
+def _scrub_strings(df: "pd.DataFrame") -> "pd.DataFrame":
+    """Text columns (error messages may quote a URL) through redact.text, once per distinct value."""
+    from pandas.api.types import is_object_dtype, is_string_dtype
+
+    out = df
+    for c in df.columns:
+        if not (is_object_dtype(df[c].dtype) or is_string_dtype(df[c].dtype)):
+            continue
+        try:
+            vals = [v for v in df[c].dropna().unique() if isinstance(v, str)]
+        except TypeError:  # unhashable cells (lists): not free text
+            continue
+        fixed = {v: redact.text(v) for v in vals}
+        changed = {k: v for k, v in fixed.items() if k != v}
+        if changed:
+            out = out.copy() if out is df else out
+            out[c] = df[c].map(lambda v: changed.get(v, v) if isinstance(v, str) else v)
+    return out
 
 
 def _utc() -> str:

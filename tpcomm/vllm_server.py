@@ -61,8 +61,8 @@ class VllmServer:
                "--host", "127.0.0.1", "--port", str(self.port),
                "--dtype", "bfloat16", "--max-model-len", str(self.max_model_len),
                "--served-model-name", "tiny" if Path(self.model, ".tpcomm-tiny-model").exists() else self.model]
-        if self.api_key:
-            cmd += ["--api-key", self.api_key]
+        # The key goes by environment (VLLM_API_KEY, see environment()): on the command line it would show
+        # in `ps` and in vLLM's "non-default args" log line, and logs get shared.
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -76,6 +76,10 @@ class VllmServer:
             # An allowlist naming no plugin: vLLM loads neither tpcomm entry point.
             env["VLLM_PLUGINS"] = ""
         env.update(self.extra_env)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
+        else:
+            env.pop("VLLM_API_KEY", None)
         return env
 
     def start(self, timeout_s: float = 600) -> "VllmServer":

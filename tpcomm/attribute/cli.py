@@ -84,8 +84,11 @@ def attribute(server_url, model, api_key, concurrency, n_requests, input_len, ou
     finally:
         if progress:
             progress.close()
+    from tpcomm import redact
+
+    res = redact.scrub(json.loads(json.dumps(res, default=str)))
     if as_json:
-        click.echo(json.dumps(res, indent=2, default=str))
+        click.echo(json.dumps(res, indent=2))
     else:
         render(res)
     if not res["complete"]:

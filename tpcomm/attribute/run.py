@@ -78,7 +78,11 @@ class Attribute:
 
     def run(self, argv: list[str] | None = None) -> dict:
         """Returns the result document (also in the run directory). Raises InputError before writing anything."""
+        from tpcomm import redact
+
+        redact.register(self.cfg.api_key)  # never written to the run directory, a log or the report
         self.info = check_server(self.cfg.server_url, self.cfg.model, self.cfg.api_key)
+        redact.register(self.info.api_key)  # also when it came from OPENAI_API_KEY
         spec = self.cfg.spec
         if self.info.max_model_len and spec.input_len + spec.output_len > self.info.max_model_len:
             from tpcomm.errors import InputError

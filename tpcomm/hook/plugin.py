@@ -15,7 +15,9 @@ names tpcomm (or is unset). It patches classes, not objects:
 - `WorkerWrapperBase` (vllm/v1/worker/worker_base.py): `execute_model` and
   `sample_tokens` bracket an engine step; `tpcomm_status`, `tpcomm_start`,
   `tpcomm_stop`, `tpcomm_records` are added for `collective_rpc`.
-- On CUDA: `torch.cuda.CUDAGraph` capture/replay (events inside graphs, see
+- On CUDA, inside each worker once vLLM has initialised its device (never in
+  the API server or EngineCore, which fork the workers later):
+  `torch.cuda.CUDAGraph` capture/replay (events inside graphs, see
   timing.py) and the backends behind `CudaCommunicator.all_reduce`, so each
   record names the path that ran (custom_ar, pynccl, symm_mem, ...).
 
@@ -97,7 +99,6 @@ def register() -> None:
 
 
 def _install() -> None:
-    import torch
     from vllm.distributed.parallel_state import GroupCoordinator
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
@@ -110,14 +111,28 @@ def _install() -> None:
         _patch(GroupCoordinator, name, _rerouted_method(getattr(GroupCoordinator, name), name))
     _patch_worker(WorkerWrapperBase)
 
-    if torch.cuda.is_available():
-        from tpcomm.hook import timing
 
-        HOOK.gpu = True
-        HOOK.cuda = timing.CudaEventTimer()
-        if timing.patch_cuda_graphs(HOOK.cuda, HOOK.after_replay):
-            HOOK.patched.append("torch.cuda.CUDAGraph.capture_begin/capture_end/replay")
-        _tag_cuda_backends()
+def _install_cuda_timing() -> None:
+    """CUDA timing, installed in a worker right after vLLM initialised its device.
+
+    Never at register time: vLLM loads general plugins in the API server and in
+    EngineCore before it forks the workers, and `torch.cuda.is_available()` there
+    initialises the CUDA driver without `torch.cuda.is_initialized()` noticing, so
+    vLLM keeps fork and the forked workers die at their first CUDA call. The
+    platform is decided as vLLM decides it (NVML-based `current_platform`)."""
+    if HOOK.cuda is not None or HOOK.disabled_reason is not None:
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda_alike():
+        return
+    from tpcomm.hook import timing
+
+    HOOK.gpu = True
+    HOOK.cuda = timing.CudaEventTimer()
+    if timing.patch_cuda_graphs(HOOK.cuda, HOOK.after_replay):
+        HOOK.patched.append("torch.cuda.CUDAGraph.capture_begin/capture_end/replay")
+    _tag_cuda_backends()
 
 
 def _patch(cls: type, name: str, new: Callable) -> None:
@@ -177,6 +192,17 @@ def _patch_worker(cls: type) -> None:
         HOOK.sample_end()
         return out
 
+    orig_init_device = cls.init_device
+
+    def init_device(self, *args, **kwargs):
+        out = orig_init_device(self, *args, **kwargs)
+        try:  # the worker's device is up: CUDA timing may go in now (see _install_cuda_timing)
+            _install_cuda_timing()
+        except Exception as e:  # noqa: BLE001 - a broken hook must not stop the worker
+            HOOK.fail("install CUDA timing", e)
+        return out
+
+    _patch(cls, "init_device", functools.wraps(orig_init_device)(init_device))
     _patch(cls, "execute_model", functools.wraps(orig_execute)(execute_model))
     sample_tokens._tpcomm_original = orig_sample
     cls.sample_tokens = sample_tokens

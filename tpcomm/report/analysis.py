@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpcomm import redact
 from tpcomm.report import readers
 from tpcomm.report.verdict import build_verdict
 from tpcomm.rundir import RunDir
@@ -251,7 +252,7 @@ def _methods(inp: readers.Inputs, sections: dict[str, Section]) -> Section:
             items.append({"what": "assumption", "how": str(a)})
     s.data["items"] = items
     s.data["files"] = inp.files_present
-    s.data["commands"] = [{"utc": c.get("utc", ""), "command": c.get("command", ""), "argv": " ".join(map(str, c.get("argv") or []))}
+    s.data["commands"] = [{"utc": c.get("utc", ""), "command": c.get("command", ""), "argv": " ".join(redact.argv(c.get("argv") or []))}
                           for c in (inp.meta or {}).get("commands", [])]
     s.available = bool(items)
     s.conditions = "every figure in this report is traceable to the files listed here"
