@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpcomm import redact
+from tpcomm import contract, redact
+from tpcomm.contract import FileSpec, SchemaError
 from tpcomm.errors import InputError
 
 if TYPE_CHECKING:
@@ -65,49 +66,85 @@ class RunDir:
         elif not self.path.is_dir():
             raise InputError(f"run directory {self.path}", "does not exist", "a folder written by a tpcomm command")
 
-    def __truediv__(self, name: str) -> Path:
-        return self.path / name
+    def __truediv__(self, name: FileSpec | str) -> Path:
+        return self.path / str(name)
 
-    def exists(self, name: str) -> bool:
-        return (self.path / name).exists()
+    def exists(self, name: FileSpec | str) -> bool:
+        return (self.path / str(name)).exists()
+
+    def require(self, name: FileSpec | str) -> None:
+        """A file this step cannot do without: absent -> SchemaError naming the command that writes it."""
+        if not self.exists(name):
+            raise SchemaError(contract.spec_for(name) or str(name), f"is missing from {self.path}")
 
     # ---- JSON documents -------------------------------------------------
-    def write_json(self, name: str, obj: Any) -> Path:
-        p = self.path / name
+    def write_json(self, name: FileSpec | str, obj: Any) -> Path:
+        spec = _spec(name, "json")
+        p = self.path / str(name)
         # Scrubbed on the way out: a run directory is meant to be shared (see redact.py).
         obj = redact.scrub(json.loads(json.dumps(obj, default=_json_default)))
+        if spec is not None:
+            for item in (obj if spec.list_doc and isinstance(obj, list) else [obj]):
+                if isinstance(item, dict):
+                    item["schema_version"] = contract.SCHEMA_VERSION
+            contract.check_json(spec, obj)  # a writer that drifts from the contract fails here, not in a reader
         _atomic_write_bytes(p, (json.dumps(obj, indent=2) + "\n").encode())
         return p
 
-    def read_json(self, name: str, default: Any = None) -> Any:
-        p = self.path / name
+    def read_json(self, name: FileSpec | str, default: Any = None) -> Any:
+        spec = _spec(name, "json")
+        p = self.path / str(name)
         if not p.exists():
             return default
         try:
-            return json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise InputError(str(p), f"is not valid JSON ({e.msg} at line {e.lineno})", "a JSON document written by tpcomm") from None
+            doc = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise SchemaError(spec or str(name), f"is not valid JSON ({getattr(e, 'msg', e)}); it may be truncated") from None
+        if spec is not None:
+            contract.check_json(spec, doc)
+        return doc
 
     # ---- tables ---------------------------------------------------------
-    def write_table(self, name: str, df: "pd.DataFrame") -> Path:
+    def write_table(self, name: FileSpec | str, df: "pd.DataFrame") -> Path:
         import io
 
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        spec = _spec(name, "table")
+        df = _scrub_strings(df)
+        if spec is not None:
+            contract.check_table(spec, df)
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        meta = dict(table.schema.metadata or {})
+        meta[b"tpcomm.schema_version"] = str(contract.SCHEMA_VERSION).encode()
         buf = io.BytesIO()
-        _scrub_strings(df).to_parquet(buf, index=False)
-        p = self.path / name
+        pq.write_table(table.replace_schema_metadata(meta), buf)
+        p = self.path / str(name)
         _atomic_write_bytes(p, buf.getvalue())
         return p
 
-    def read_table(self, name: str) -> "pd.DataFrame | None":
-        import pandas as pd
+    def read_table(self, name: FileSpec | str) -> "pd.DataFrame | None":
+        import pyarrow.parquet as pq
 
-        p = self.path / name
+        spec = _spec(name, "table")
+        p = self.path / str(name)
         if not p.exists():
             return None
         try:
-            return pd.read_parquet(p)
+            table = pq.read_table(p)
+            df = table.to_pandas()
         except Exception as e:
-            raise InputError(str(p), f"cannot be read as Parquet ({type(e).__name__}: {e})", "a Parquet table written by tpcomm; it may be truncated") from None
+            raise SchemaError(spec or str(name), f"cannot be read as Parquet ({type(e).__name__}: {e}); "
+                              "it may be truncated") from None
+        if spec is not None:
+            raw = (table.schema.metadata or {}).get(b"tpcomm.schema_version")
+            try:
+                version = int(raw) if raw is not None else None
+            except ValueError:
+                version = raw.decode(errors="replace")
+            contract.check_table(spec, df, version)
+        return df
 
     # ---- metadata and stage status -------------------------------------
     def record_command(self, command: str, argv: list[str] | None = None) -> None:
@@ -127,6 +164,13 @@ class RunDir:
 
     def stage_state(self, stage: str) -> str | None:
         return (self.read_json("status.json") or {}).get(stage, {}).get("state")
+
+
+def _spec(name: FileSpec | str, fmt: str) -> FileSpec | None:
+    spec = contract.spec_for(name)
+    if spec is not None and spec.format != fmt:
+        raise ValueError(f"{spec.path} is a {spec.format} file in the run-directory contract, not {fmt}")
+    return spec
 
 
 def _scrub_strings(df: "pd.DataFrame") -> "pd.DataFrame":

@@ -14,10 +14,8 @@ from typing import Any
 import httpx
 
 from tpcomm.errors import InputError
+from tpcomm.hook.client import ENABLE_HINT, enable_hint  # noqa: F401 - the one enable hint
 
-ENABLE_HINT = ("interconnect attribution needs the tpcomm plugin in the server: install tpcomm in the server's "
-               "environment and start it with\n  VLLM_PLUGINS=tpcomm python -m vllm.entrypoints.openai.api_server "
-               "--model {model} --tensor-parallel-size {tp}")
 
 
 @dataclass
@@ -44,7 +42,7 @@ class ServerInfo:
         return None
 
     def enable_hint(self, tp: int | str = "N") -> str:
-        return ENABLE_HINT.format(model=self.root or self.model, tp=tp)
+        return enable_hint(self.root or self.model, tp)
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -88,19 +86,15 @@ def check_server(url: str, model: str | None = None, api_key: str | None = None,
 
 
 def plugin_status(url: str, api_key: str | None, timeout_s: float = 10) -> tuple[dict | None, str]:
-    """The hook's status document, or None and why not."""
+    """The hook's status document (through the one hook client), or None and why not."""
+    from tpcomm.hook.client import HookClient, HookError, HookUnavailable
+
     try:
-        r = httpx.get(url + "/tpcomm/v1/status", headers=auth_headers(api_key), timeout=timeout_s)
-    except httpx.HTTPError as e:
-        return None, f"status route failed ({type(e).__name__})"
-    if r.status_code == 404:
+        doc = HookClient(url, api_key=api_key, timeout_s=timeout_s).status()
+    except HookUnavailable:
         return None, "the server has no /tpcomm/v1 routes (plugin not loaded)"
-    if r.status_code != 200:
-        return None, f"/tpcomm/v1/status answered HTTP {r.status_code}"
-    try:
-        doc = r.json()
-    except ValueError:
-        return None, "/tpcomm/v1/status did not answer JSON"
+    except (HookError, ValueError) as e:
+        return None, f"/tpcomm/v1/status failed ({e})"
     if not doc.get("enabled", True):
         reasons = sorted({str(r.get("disabled_reason")) for r in doc.get("per_rank") or [] if r.get("disabled_reason")})
         return doc, "plugin loaded but disabled: " + ("; ".join(reasons) or "see the server log")

@@ -9,12 +9,13 @@
         coll, steps, meta = hook.frames()
         hook.save(run_dir)          # RUN_DIR/hook/collectives.parquet, steps.parquet, meta.json
 
-Columns are those of ../shared schemas (hook/collectives.parquet and
-hook/steps.parquet); `meta` is the server's {"versions", "ranks", "dropped",
-"timing", "buffer_capacity", "per_rank": [...]} document. Errors a user can fix
-(unreachable server, rejected API key) raise `InputError`; a server without
-the plugin raises `HookUnavailable` (an InputError) from every call except
-`available()`.
+Columns are those of the run-directory contract (tpcomm/contract.py:
+HOOK_COLLECTIVES, HOOK_STEPS); `meta` is the server's {"versions", "ranks",
+"dropped", "timing", "buffer_capacity", "per_rank": [...]} document. This is
+the one client of the hook's routes (`attribute` uses it too). Every failure
+is a `HookError` (an InputError: one line, exit 2 at the CLI); a server without
+the plugin raises its subclass `HookUnavailable` from every call except
+`available()`, with ENABLE_HINT.
 """
 
 from __future__ import annotations
@@ -22,23 +23,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tpcomm import contract
 from tpcomm.errors import InputError
 
-ENABLE_HINT = ("start the server with the tpcomm plugin: install tpcomm in the server's environment and run "
-               "`VLLM_PLUGINS=tpcomm vllm serve MODEL ...`")
+ENABLE_HINT = ("interconnect attribution needs the tpcomm plugin in the server: install tpcomm in the server's "
+               "environment and start it with\n  VLLM_PLUGINS=tpcomm python -m vllm.entrypoints.openai.api_server "
+               "--model {model} --tensor-parallel-size {tp}")
 
-COLLECTIVE_DTYPES = {
-    "rank": "int32", "group": "string", "group_rank": "int32", "group_size": "int32", "op": "string",
-    "bytes": "int64", "dtype": "string", "backend": "string", "step": "int64", "call_idx": "int32",
-    "t_start_ns": "int64", "t_end_ns": "int64", "duration_us": "float64", "timing": "string",
-}
-STEP_DTYPES = {
-    "rank": "int32", "step": "int64", "t_start_ns": "int64", "t_end_ns": "int64", "duration_us": "float64",
-    "num_seqs": "int32", "num_tokens": "int32", "kind": "string",
-}
+_DTYPE = {"i": "int64", "f": "float64", "s": "string", "b": "bool"}
+COLLECTIVE_DTYPES = {c.name: _DTYPE[c.kind] for c in contract.HOOK_COLLECTIVES.columns}
+STEP_DTYPES = {c.name: _DTYPE[c.kind] for c in contract.HOOK_STEPS.columns}
 
 
-class HookUnavailable(InputError):
+def enable_hint(model: str = "MODEL", tp: int | str = "N") -> str:
+    return ENABLE_HINT.format(model=model, tp=tp)
+
+
+class HookError(InputError):
+    """The hook's routes failed: unreachable, key rejected, an error answer, or malformed records."""
+
+
+class HookUnavailable(HookError):
     """The server answers but has no tpcomm routes (plugin not enabled) or its workers lack the hook."""
 
 
@@ -55,17 +60,17 @@ class HookClient:
         try:
             r = httpx.request(method, self.url + path, headers=headers, timeout=self.timeout_s)
         except httpx.HTTPError as e:
-            raise InputError(f"server {self.url}", f"unreachable ({type(e).__name__}: {e})",
+            raise HookError(f"server {self.url}", f"unreachable ({type(e).__name__}: {e})",
                              "a running vLLM server URL such as http://127.0.0.1:8000") from None
         if r.status_code == 401:
-            raise InputError(f"server {self.url}", "rejected the API key" if self.api_key else "needs an API key",
+            raise HookError(f"server {self.url}", "rejected the API key" if self.api_key else "needs an API key",
                              "the server's --api-key value (--api-key or VLLM_API_KEY)")
         if r.status_code in (404, 405, 503):
             detail = _error_text(r)
-            raise HookUnavailable(f"server {self.url}", f"has no tpcomm hook ({r.status_code} on {path}: {detail})",
-                                  ENABLE_HINT)
+            raise HookUnavailable(f"server {self.url}", f"has no tpcomm hook ({r.status_code} on {path}: {detail}); "
+                                  + enable_hint())
         if r.status_code != 200:
-            raise InputError(f"server {self.url}", f"answered {r.status_code} on {path}: {_error_text(r)}")
+            raise HookError(f"server {self.url}", f"answered {r.status_code} on {path}: {_error_text(r)}")
         return r
 
     def available(self) -> bool:
@@ -102,13 +107,39 @@ class HookClient:
 
 
 def records_to_frames(doc: dict) -> tuple[Any, Any, dict]:
+    """The columnar document of GET /tpcomm/v1/records -> (collectives, steps) typed as the contract says, meta."""
     import pandas as pd
 
-    def frame(cols: dict, dtypes: dict) -> pd.DataFrame:
-        df = pd.DataFrame({k: cols.get(k, []) for k in dtypes})
-        return df.astype(dtypes)
+    def frame(name: str, dtypes: dict) -> pd.DataFrame:
+        cols = doc.get(name) or {}
+        if not isinstance(cols, dict):
+            raise HookError("hook records", f"{name!r} is not a columnar object", "the tpcomm of the same version")
+        lens = {k: len(v) for k, v in cols.items()}
+        if len(set(lens.values())) > 1:
+            raise HookError("hook records", f"are malformed: columns of {name!r} differ in length {lens}")
+        df = pd.DataFrame(cols) if cols else pd.DataFrame({k: [] for k in dtypes})
+        if "duration_us" not in df.columns and len(df):
+            df["duration_us"] = (df["t_end_ns"] - df["t_start_ns"]) / 1e3
+        missing = [c for c in dtypes if c not in df.columns]
+        if missing:
+            raise HookError("hook records", f"lack columns {missing} in {name!r}",
+                            "tpcomm of the same version on the server and here")
+        return df[list(dtypes) + [c for c in df.columns if c not in dtypes]].astype(dtypes)
 
-    return frame(doc["collectives"], COLLECTIVE_DTYPES), frame(doc["steps"], STEP_DTYPES), doc["meta"]
+    if not isinstance(doc, dict):
+        raise HookError("hook records", f"are a JSON {type(doc).__name__}, not an object")
+    return frame("collectives", COLLECTIVE_DTYPES), frame("steps", STEP_DTYPES), doc.get("meta") or {}
+
+
+def merge(old: Any, new: Any, keys: list[str]) -> Any:
+    """Append records, dropping rows already held (a start that does not clear the buffer)."""
+    import pandas as pd
+
+    if old is None or old.empty:
+        return new.reset_index(drop=True)
+    if new.empty:
+        return old
+    return pd.concat([old, new], ignore_index=True).drop_duplicates(subset=keys, keep="first").reset_index(drop=True)
 
 
 def save_records(doc: dict, run_dir: Any) -> dict[str, Path]:
@@ -117,9 +148,9 @@ def save_records(doc: dict, run_dir: Any) -> dict[str, Path]:
     rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     coll, steps, meta = records_to_frames(doc)
     return {
-        "collectives": rd.write_table("hook/collectives.parquet", coll),
-        "steps": rd.write_table("hook/steps.parquet", steps),
-        "meta": rd.write_json("hook/meta.json", meta),
+        "collectives": rd.write_table(contract.HOOK_COLLECTIVES, coll),
+        "steps": rd.write_table(contract.HOOK_STEPS, steps),
+        "meta": rd.write_json(contract.HOOK_META, meta),
     }
 
 
