@@ -112,3 +112,36 @@ def test_nvml_reads_every_gpu():
     assert g["pcie"]["width_max"] and g["compute_capability"] and g["name"]
     assert all(doc["gpu"]["p2p_read"][i][i] for i in range(len(doc["gpu"]["gpus"])))
     assert "GPU0" in format_topology(doc)
+
+
+def test_p2p_caps_index_is_the_integer_nvml_wants():
+    """nvidia-ml-py defines NVML_P2P_CAPS_INDEX_READ as the tuple (0,): passed as is, ctypes raised, a broad
+    except swallowed it and every off-diagonal pair read "no P2P" (issue 13, item 2)."""
+    import pynvml
+
+    from tpcomm.topo.nvml import _safe, caps_index
+
+    assert caps_index("READ") == 0 and type(caps_index("READ")) is int
+    assert caps_index("NVLINK") == int(getattr(pynvml, "NVML_P2P_CAPS_INDEX_NVLINK")[0]
+                                       if isinstance(pynvml.NVML_P2P_CAPS_INDEX_NVLINK, tuple)
+                                       else pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+    # Only NVML's own "not supported here" errors become a default; a wrong call is not hidden.
+    with pytest.raises(TypeError):
+        _safe(lambda: (_ for _ in ()).throw(TypeError("wrong argument")))
+    assert _safe(lambda: (_ for _ in ()).throw(pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)),
+                 default="n/a") == "n/a"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs CUDA")
+def test_nvml_p2p_off_diagonal_matches_cuda():
+    import torch
+
+    n = torch.cuda.device_count()
+    if n < 2:
+        pytest.skip("one GPU: no off-diagonal P2P pair to read")
+    p2p = collect_topology()["gpu"]["p2p_read"]
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                assert p2p[i][j] == torch.cuda.can_device_access_peer(i, j), (i, j, p2p)

@@ -13,11 +13,24 @@ _TOPO_NAMES = {0: "internal", 10: "PIX (same PCIe switch)", 20: "PXB (several PC
 
 
 def _safe(fn, *a, default=None):
+    """An NVML query that may be unsupported on this GPU/driver: its NVMLError -> default. Any other
+    exception (a wrong argument type, a bug here) propagates: swallowing it once made every P2P cell False."""
+    import pynvml as nv
+
     try:
         v = fn(*a)
-    except Exception:  # noqa: BLE001 - NVML raises per unsupported query
+    except nv.NVMLError:
         return default
     return v.decode() if isinstance(v, bytes) else v
+
+
+def caps_index(name: str) -> int:
+    """nvidia-ml-py defines some NVML_P2P_CAPS_INDEX_* as 1-tuples, e.g. `NVML_P2P_CAPS_INDEX_READ = 0,`;
+    nvmlDeviceGetP2PStatus needs the integer."""
+    import pynvml as nv
+
+    v = getattr(nv, f"NVML_P2P_CAPS_INDEX_{name}")
+    return int(v[0] if isinstance(v, tuple) else v)
 
 
 def _affinity_cpus(nv, h, ncpus: int) -> list[int] | None:
@@ -38,6 +51,7 @@ def read_gpus(ncpus: int = 1) -> tuple[dict | None, str | None]:
         nv.nvmlInit()
     except Exception as e:  # noqa: BLE001
         return None, f"no NVIDIA driver (NVML init failed: {e})"
+    # Everything below touches only NVML (driver-level): no CUDA context, safe before vLLM forks.
     try:
         n = nv.nvmlDeviceGetCount()
         handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
@@ -66,9 +80,10 @@ def read_gpus(ncpus: int = 1) -> tuple[dict | None, str | None]:
             g["flags"] = flags
             gpus.append(g)
         ok = getattr(nv, "NVML_P2P_STATUS_OK", 0)
-        p2p = [[i == j or _safe(nv.nvmlDeviceGetP2PStatus, a, b, nv.NVML_P2P_CAPS_INDEX_READ) == ok
+        read, nvlink = caps_index("READ"), caps_index("NVLINK")
+        p2p = [[i == j or _safe(nv.nvmlDeviceGetP2PStatus, a, b, read) == ok
                 for j, b in enumerate(handles)] for i, a in enumerate(handles)]
-        nvl = [[i == j or _safe(nv.nvmlDeviceGetP2PStatus, a, b, nv.NVML_P2P_CAPS_INDEX_NVLINK) == ok
+        nvl = [[i == j or _safe(nv.nvmlDeviceGetP2PStatus, a, b, nvlink) == ok
                 for j, b in enumerate(handles)] for i, a in enumerate(handles)]
         topo = [[_TOPO_NAMES.get(_safe(nv.nvmlDeviceGetTopologyCommonAncestor, a, b), "?") if i != j else "X"
                  for j, b in enumerate(handles)] for i, a in enumerate(handles)]
