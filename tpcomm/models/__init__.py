@@ -69,6 +69,26 @@ def load_model(arg: str | Path | dict) -> ModelSpec:
         raise InputError(where, f"a shape field has a value that is not a whole number ({e})", "integers for sizes and counts") from None
 
 
+# Other spellings of the fields read below, per family: the `attribute_map`s of the installed transformers'
+# config classes (5.x: DeepseekV2Config num_experts, DeepseekV3Config/Glm4MoeConfig num_local_experts ->
+# n_routed_experts; Qwen3MoeConfig/MixtralConfig num_experts <-> num_local_experts) and what vLLM 0.32 reads.
+# A config saved by one transformers version uses one name, another version the other: both must plan.
+ALIASES: dict[str, dict[str, tuple[str, ...]]] = {
+    "deepseek_v2": {"n_routed_experts": ("num_local_experts", "num_experts")},
+    "glm4_moe": {"n_routed_experts": ("num_local_experts", "num_experts")},
+    "qwen3_moe": {"num_experts": ("num_local_experts",)},
+    "mixtral": {"num_local_experts": ("num_experts",)},
+}
+
+
+def _canonical(inner: dict, family: str) -> dict:
+    out = dict(inner)
+    for field, others in ALIASES.get(family, {}).items():
+        if out.get(field) is None:
+            out[field] = next((inner[o] for o in others if inner.get(o) is not None), None)
+    return out
+
+
 def _spec(cfg: dict, name: str, source: str, where: str) -> ModelSpec:
     top_arch = (cfg.get("architectures") or [None])[0]
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
@@ -77,6 +97,7 @@ def _spec(cfg: dict, name: str, source: str, where: str) -> ModelSpec:
     if arch not in FAMILIES:
         raise InputError(where, f"unsupported architecture {arch!r}", "one of " + ", ".join(sorted(FAMILIES)))
     family = FAMILIES[arch]
+    inner = _canonical(inner, family)
     # Quantization sits at the top level for multimodal wrappers (Kimi K2.5), in the text config otherwise.
     qc = cfg.get("quantization_config") or inner.get("quantization_config")
     dtype = str(inner.get("torch_dtype") or inner.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
