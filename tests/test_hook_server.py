@@ -98,12 +98,58 @@ def test_metrics_histograms_agree_with_records(vllm_server, tmp_path):
     text = hook.metrics()
     for rank in (0, 1):
         n = int(((coll["rank"] == rank) & (coll["op"] == "all_reduce") & (coll["bytes"] == 512)).sum())
-        lab = f'rank="{rank}",group="tp",op="all_reduce",bytes="512",backend="shm"'
+        lab = f'rank="{rank}",group="tp",op="all_reduce",size="<=1KiB",backend="shm"'
         assert re.search(rf"^tpcomm_collective_duration_us_count\{{{lab}\}} {n}$", text, re.M), text[:2000]
     assert meta["buffer_bytes_per_worker"] == 262_144 * 42 + 65_536 * 33
     assert meta["versions"]["vllm"].startswith("0.32")
     paths = hook.save(tmp_path / "run")
     assert paths["collectives"].name == "collectives.parquet" and paths["steps"].exists()
+
+
+def test_test_only_fault_parameter_is_ignored_unless_the_server_enables_it(vllm_server):
+    """The plain pooled server runs without TPCOMM_HOOK_TEST_FAULTS: the parameter does nothing there."""
+    r = httpx.post(vllm_server.url + "/tpcomm/v1/start?inject_fault_after=1", timeout=120)
+    assert r.status_code == 200 and r.json()["armed"]
+    _complete(vllm_server.url, n=4)
+    st = HookClient(vllm_server.url).stop()
+    assert st["enabled"] and all(v > 1 for v in st["records"].values())
+
+
+def test_a_session_names_the_recording_and_a_foreign_start_shows(vllm_server):
+    ours, theirs = HookClient(vllm_server.url), HookClient(vllm_server.url)
+    assert ours.start(session="run-a")["session"] == "run-a"
+    _complete(vllm_server.url, n=4)
+    theirs.start(session="run-b")  # someone else restarts recording mid-run
+    st = ours.status()
+    assert st["session"] == "run-b" and all(r["session"] == "run-b" for r in st["per_rank"])
+    theirs.stop()
+    assert not ours.status()["armed"] and ours.status()["stopped_ns"] > 0
+
+
+def test_concurrent_record_pulls_are_served_one_at_a_time(vllm_server):
+    import concurrent.futures as cf
+
+    hook = HookClient(vllm_server.url)
+    hook.start()
+    _complete(vllm_server.url, n=24)
+    hook.stop()
+    codes = []
+
+    def raw_pull(_):
+        r = httpx.get(vllm_server.url + "/tpcomm/v1/records", timeout=120)
+        codes.append(r.status_code)
+        if r.status_code == 429:
+            assert r.headers["Retry-After"] == "1"
+        return r.status_code
+
+    with cf.ThreadPoolExecutor(8) as ex:
+        list(ex.map(raw_pull, range(8)))
+    assert codes.count(200) >= 1 and set(codes) <= {200, 429}, codes
+    # The client waits as told and gets the whole record set, every time, also 8 at once.
+    with cf.ThreadPoolExecutor(8) as ex:
+        docs = list(ex.map(lambda _: HookClient(vllm_server.url).records(), range(8)))
+    n = {len(d["collectives"]["step"]) for d in docs}
+    assert len(n) == 1 and n.pop() == sum(hook.status()["records"].values())
 
 
 # ---- plugin on, --api-key, warm compile cache, test faults ---------------------------
@@ -124,6 +170,26 @@ def test_routes_honour_the_api_key(keyed):
         HookClient(keyed.url).status()
     with pytest.raises(InputError, match="rejected the API key"):
         HookClient(keyed.url, api_key="nope").status()
+
+
+def test_routes_authenticate_before_validating_and_never_echo_internals(keyed):
+    h = {"Authorization": f"Bearer {KEY}"}
+    # Without the key, a malformed or test-only parameter still gets a plain 401: nothing about it leaks.
+    for q in ("inject_fault_after=abc", "inject_fault_after=99999999999999999999999", "session=%00bad"):
+        r = httpx.post(keyed.url + "/tpcomm/v1/start?" + q, timeout=120)
+        assert r.status_code == 401, (q, r.status_code, r.text)
+    r = httpx.get(keyed.url + "/tpcomm/v1/records?page=x", timeout=120)
+    assert r.status_code == 401
+    # With the key: a clear 400, never a 500 with internal text.
+    for q in ("inject_fault_after=abc", "inject_fault_after=99999999999999999999999", "inject_fault_after=-1"):
+        r = httpx.post(keyed.url + "/tpcomm/v1/start?" + q, headers=h, timeout=120)
+        assert r.status_code == 400 and "inject_fault_after must be an integer" in r.json()["error"], r.text
+        assert "Traceback" not in r.text and "Error:" not in r.text
+    r = httpx.post(keyed.url + "/tpcomm/v1/start?session=" + "x" * 65, headers=h, timeout=120)
+    assert r.status_code == 400 and "session" in r.json()["error"]
+    r = httpx.get(keyed.url + "/tpcomm/v1/records?page=-3", headers=h, timeout=120)
+    assert r.status_code == 400
+    httpx.post(keyed.url + "/tpcomm/v1/stop", headers=h, timeout=120)
 
 
 def test_second_start_with_warm_compile_cache_still_records(keyed):

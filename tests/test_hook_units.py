@@ -72,17 +72,47 @@ def test_columns_roundtrip_through_rpc_packing_routes_and_client(tmp_path):
     assert json.loads(paths["meta"].read_text())["ranks"] == [0, 1]
 
 
-def test_prometheus_histogram_counts_match_records():
-    doc = merge_records([{"meta": {"rank": 0, "enabled": True, "armed": True, "records": 6, "dropped": 3,
-                                   "record_capacity": 16, "buffer_bytes": 1, "timing": ["host-sync"], "versions": {}},
-                          **_filled(0, 6).columns(0)}])
-    text = prometheus_text(doc)
-    lab = 'rank="0",group="tp",op="all_reduce",bytes="512",backend="shm"'
-    assert f"tpcomm_collective_duration_us_count{{{lab}}} 6" in text
-    assert f'tpcomm_collective_duration_us_bucket{{{lab},le="25"}} 0' in text
-    assert f'tpcomm_collective_duration_us_bucket{{{lab},le="50"}} 6' in text
-    assert 'tpcomm_dropped_records{rank="0"} 3' in text
-    assert "# TYPE tpcomm_step_duration_us histogram" in text
+def test_prometheus_histograms_are_kept_on_the_worker_and_folded_incrementally():
+    rec = _filled(0, 6)
+    rec.dropped = 3
+    rec.hist.fold(rec, last_step_open=False)
+    assert rec.hist.folded == 6 and rec.hist.folded_steps == 3
+
+    def text() -> str:
+        return prometheus_text([{"rank": 0, "armed": True, "dropped": rec.dropped, "histograms": rec.hist.export(rec)}])
+
+    lab = 'rank="0",group="tp",op="all_reduce",size="<=1KiB",backend="shm"'
+    t = text()
+    assert f"tpcomm_collective_duration_us_count{{{lab}}} 6" in t
+    assert f'tpcomm_collective_duration_us_bucket{{{lab},le="25"}} 0' in t
+    assert f'tpcomm_collective_duration_us_bucket{{{lab},le="50"}} 6' in t
+    assert f"tpcomm_collective_duration_us_sum{{{lab}}} 240.000" in t
+    assert 'tpcomm_step_duration_us_count{rank="0",kind="decode"} 3' in t
+    assert 'tpcomm_dropped_records{rank="0"} 3' in t
+    # New rows: only they are folded, and the counts stay cumulative (a Prometheus counter).
+    g = rec.group_code("tp", "tp:0", 0, 2)
+    rec.add(g, rec.ops.code("all_reduce"), 512, 0, rec.backends.code("shm"), 9, 0, 0, 7_000, 0)
+    rec.add(g, rec.ops.code("all_gather"), 300_000, 0, rec.backends.code("shm"), 9, 1, 0, 600_000, 0)
+    rec.hist.fold(rec, upto=7)  # row 7 (say, CUDA events not read yet) waits for the next scrape
+    t = text()
+    assert f"tpcomm_collective_duration_us_count{{{lab}}} 7" in t
+    assert f'tpcomm_collective_duration_us_bucket{{{lab},le="10"}} 1' in t
+    assert 'op="all_gather"' not in t
+    rec.hist.fold(rec)
+    assert 'tpcomm_collective_duration_us_count{rank="0",group="tp",op="all_gather",size="<=1MiB",backend="shm"} 1' \
+        in text()
+    rec.clear()
+    assert "tpcomm_collective_duration_us_count" not in text()
+
+
+def test_records_pages_cover_every_row_once():
+    rec = _filled(0, 16, cap=16)
+    pages = [rec.columns(0, page=p, page_rows=5) for p in range(5)]
+    assert [len(p["collectives"]["step"]) for p in pages] == [5, 5, 5, 1, 0]
+    assert [len(p["steps"]["step"]) for p in pages] == [5, 3, 0, 0, 0]
+    whole = rec.columns(0)
+    assert np.concatenate([p["collectives"]["t_start_ns"] for p in pages]).tolist() == whole["collectives"]["t_start_ns"].tolist()
+    assert sum((p["collectives"]["op"] for p in pages), []) == whole["collectives"]["op"]
 
 
 _LOAD = """
@@ -116,7 +146,7 @@ def test_vllm_plugin_loader_patches_only_when_enabled():
     on = _load_plugins("tpcomm")
     assert {"_all_reduce_out_place", "_all_gather_out_place", "all_reduce", "gather", "broadcast",
             "send", "recv", "isend_tensor_dict", "irecv_tensor_dict"} <= set(on["patched"])
-    assert on["worker_methods"] == ["tpcomm_records", "tpcomm_start", "tpcomm_status", "tpcomm_stop"]
+    assert on["worker_methods"] == ["tpcomm_metrics", "tpcomm_records", "tpcomm_start", "tpcomm_status", "tpcomm_stop"]
     assert on["all_reduce_module"].endswith("tpcomm/hook/plugin.py")
 
 
@@ -125,3 +155,33 @@ def test_recorder_columns_are_numpy_and_sized():
     assert isinstance(cols["collectives"]["bytes"], np.ndarray)
     assert cols["collectives"]["group_rank"].tolist() == [1] * 4
     assert cols["steps"]["step"].tolist() == [0, 1]
+
+
+def test_only_the_outermost_collective_is_recorded():
+    """dispatch/combine and the dict collectives call timed collectives inside: one transfer, one row."""
+    import torch
+
+    from tpcomm.hook.core import Hook
+
+    class Group:
+        unique_name, rank_in_group, world_size = "ep:0", 0, 2
+        device = torch.device("cpu")
+        _tpcomm_backends = {"broadcast": "gloo", "all_reduce": "gloo"}
+
+    h, g = Hook(), Group()
+    x = torch.zeros(64, dtype=torch.bfloat16)
+    inner = lambda t: h.timed(g, "all_reduce", t, lambda u: u, t)  # noqa: E731
+    outer = lambda d: (inner(d["a"]), inner(d["b"]))  # noqa: E731
+    h.start()
+    h.step_begin(type("S", (), {"num_scheduled_tokens": {"r": 1}, "total_num_scheduled_tokens": 1,
+                                "scheduled_new_reqs": []})())
+    h.timed(g, "broadcast", {"a": x, "b": x}, outer, {"a": x, "b": x})
+    h.timed(g, "all_reduce", x, lambda u: u, x)
+    cols = h.rec.columns(0)["collectives"]
+    assert cols["op"] == ["broadcast", "all_reduce"]
+    assert cols["bytes"].tolist() == [256, 128]  # the dict's two tensors, then the lone one
+    assert h.depth == 0
+    # A collective that raises leaves the hook ready for the next call.
+    with pytest.raises(ValueError):
+        h.timed(g, "all_reduce", x, lambda u: (_ for _ in ()).throw(ValueError("boom")), x)
+    assert h.depth == 0 and h.disabled_reason is None

@@ -11,19 +11,36 @@ import pandas as pd
 from tpcomm.attribute.server import ServerInfo
 from tpcomm.hook.client import HookClient, HookError, merge, records_to_frames
 
-__all__ = ["HookError", "start", "stop", "fetch", "merge", "from_columnar"]
+__all__ = ["HookError", "start", "stop", "status", "session_problem", "fetch", "merge", "from_columnar"]
 
 
 def _client(info: ServerInfo, timeout_s: float = 60) -> HookClient:
     return HookClient(info.url, api_key=info.api_key, timeout_s=timeout_s)
 
 
-def start(info: ServerInfo) -> dict:
-    return _client(info).start()
+def start(info: ServerInfo, session: str | None = None) -> dict:
+    return _client(info).start(session=session)
 
 
 def stop(info: ServerInfo) -> dict:
     return _client(info).stop()
+
+
+def status(info: ServerInfo) -> dict:
+    return _client(info).status()
+
+
+def session_problem(st: dict, session: str, started_ns: int) -> str | None:
+    """Why the recording this client started is no longer its own (from a status taken before its own stop):
+    someone else started recording (another session id), or stopped it (disarmed before we stopped)."""
+    if st.get("session") != session:
+        return (f"another client restarted the hook's recording during this level (session {st.get('session')!r}, "
+                f"ours {session!r}): records from before that restart are lost")
+    if not st.get("armed"):
+        when = st.get("stopped_ns") or 0
+        after = f" {(when - started_ns) / 1e9:.1f} s after our start" if when and started_ns else ""
+        return f"another client stopped the hook's recording during this level{after}: later steps were not recorded"
+    return None
 
 
 def fetch(info: ServerInfo, timeout_s: float = 120) -> tuple[pd.DataFrame, pd.DataFrame, dict]:

@@ -53,12 +53,20 @@ class HookClient:
         self.api_key = api_key
         self.timeout_s = timeout_s
 
-    def _request(self, method: str, path: str) -> Any:
+    def _request(self, method: str, path: str, params: dict | None = None) -> Any:
+        import time
+
         import httpx
 
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        deadline = time.monotonic() + self.timeout_s
         try:
-            r = httpx.request(method, self.url + path, headers=headers, timeout=self.timeout_s)
+            while True:
+                r = httpx.request(method, self.url + path, headers=headers, params=params, timeout=self.timeout_s)
+                if r.status_code != 429 or time.monotonic() > deadline:
+                    break
+                # Another client's pull is being served (one at a time): wait as the server asks.
+                time.sleep(min(float(r.headers.get("Retry-After") or 1), 5.0))
         except httpx.HTTPError as e:
             raise HookError(f"server {self.url}", f"unreachable ({type(e).__name__}: {e})",
                              "a running vLLM server URL such as http://127.0.0.1:8000") from None
@@ -84,15 +92,23 @@ class HookClient:
     def status(self) -> dict:
         return self._request("GET", "/tpcomm/v1/status").json()
 
-    def start(self) -> dict:
-        return self._request("POST", "/tpcomm/v1/start").json()
+    def start(self, session: str | None = None) -> dict:
+        """Clear and arm; `session` names this recording so a later status shows whether it is still ours."""
+        return self._request("POST", "/tpcomm/v1/start", {"session": session} if session else None).json()
 
     def stop(self) -> dict:
         return self._request("POST", "/tpcomm/v1/stop").json()
 
     def records(self) -> dict:
-        """The raw columnar document {"meta", "collectives", "steps"}."""
-        return self._request("GET", "/tpcomm/v1/records").json()
+        """The raw columnar document {"meta", "collectives", "steps"}, pulled page by page."""
+        doc = self._request("GET", "/tpcomm/v1/records", {"page": 0}).json()
+        pages = int((doc.get("meta") or {}).get("pages") or 1)
+        for page in range(1, pages):
+            more = self._request("GET", "/tpcomm/v1/records", {"page": page}).json()
+            for table in ("collectives", "steps"):
+                for k, v in (more.get(table) or {}).items():
+                    doc[table].setdefault(k, []).extend(v)
+        return doc
 
     def metrics(self) -> str:
         return self._request("GET", "/tpcomm/v1/metrics").text

@@ -83,6 +83,10 @@ class Hook:
         self.patched: list[str] = []
         self.started_ns = 0
         self.stopped_ns = 0
+        # The recording session: set by each start (the caller's id, the same on every rank), so a client
+        # can tell that someone else started or stopped recording during its run.
+        self.session: str | None = None
+        self.depth = 0  # 1 while inside a timed collective: nested collectives are part of the outer one
 
     # ---- arming -------------------------------------------------------
     def recorder(self) -> Recorder:
@@ -90,9 +94,10 @@ class Hook:
             self.rec = Recorder()
         return self.rec
 
-    def start(self, fault_after: int | None = None) -> None:
+    def start(self, fault_after: int | None = None, session: str | None = None) -> None:
         if self.disabled_reason:
             return
+        self.session = session
         self.poll(block=True)
         if self.rec is not None:  # allocated on the first record, so processes that never record never pay
             self.rec.clear()
@@ -123,17 +128,26 @@ class Hook:
 
     # ---- one collective -------------------------------------------------
     def timed(self, group: Any, op: str, probe: Any, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(*args, **kwargs)`` (the original collective) and record it when armed."""
-        if self.disabled_reason is not None or not (self.armed or self.gpu):
+        """Run ``fn(*args, **kwargs)`` (the original collective) and record it when armed.
+
+        Only the outermost timed call is recorded: `dispatch`/`combine` and the dict/list collectives
+        (`broadcast_tensor_dict`, ...) call other timed collectives inside, and one transfer must be one row."""
+        if self.depth or self.disabled_reason is not None or not (self.armed or self.gpu):
             return fn(*args, **kwargs)
-        if self.gpu and (getattr(probe, "is_cuda", False) if probe is not None
-                         else getattr(getattr(group, "device", None), "type", "") == "cuda"):
-            return self._timed_cuda(group, op, probe, fn, args, kwargs)
-        if not self.armed:
-            return fn(*args, **kwargs)
-        t0 = time.time_ns()
-        out = fn(*args, **kwargs)
-        t1 = time.time_ns()
+        self.depth = 1
+        try:
+            # CUDA or not from the tensor, or from the group's device when the input is a list/dict (or absent).
+            on_cuda = self.gpu and (probe.is_cuda if type(probe) is _Tensor()
+                                    else getattr(getattr(group, "device", None), "type", "") == "cuda")
+            if on_cuda:
+                return self._timed_cuda(group, op, probe, fn, args, kwargs)
+            if not self.armed:
+                return fn(*args, **kwargs)
+            t0 = time.time_ns()
+            out = fn(*args, **kwargs)
+            t1 = time.time_ns()
+        finally:
+            self.depth = 0
         try:
             self._add(group, op, probe if probe is not None else out, None, t0, t1, timing.HOST_SYNC)
         except Exception as e:  # noqa: BLE001

@@ -1,18 +1,17 @@
-"""Prometheus text exposition of the hook's records (GET /tpcomm/v1/metrics).
+"""Prometheus text exposition of the hook (GET /tpcomm/v1/metrics).
 
-Histograms of collective duration per (rank, group, op, bytes, backend) and of
-engine step duration per (rank, kind), over the records since the last
+Histograms of collective duration per (rank, group, op, size bucket, backend)
+and of engine step duration per (rank, kind), over the records since the last
 POST /tpcomm/v1/start: a new start resets them, which Prometheus treats as a
-counter reset. Units: microseconds (the `_us` in the metric names).
+counter reset. The workers keep the histograms (histograms.py), so a scrape
+moves a few hundred numbers whatever the record buffer holds, and the label set
+is bounded (sizes are buckets, not raw byte counts). Units: microseconds (the
+`_us` in the metric names).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import numpy as np
-
-BUCKETS_US = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000)
 
 
 def _labels(**kv: Any) -> str:
@@ -22,46 +21,34 @@ def _labels(**kv: Any) -> str:
     return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in kv.items()) + "}"
 
 
-def _histogram(lines: list[str], name: str, values: np.ndarray, labels: dict[str, Any]) -> None:
-    counts = np.searchsorted(np.sort(values), BUCKETS_US, side="right")
-    for le, c in zip(BUCKETS_US, counts):
+def _histogram(lines: list[str], name: str, buckets: list, h: dict, labels: dict[str, Any]) -> None:
+    for le, c in zip(buckets, h["cumulative"]):
         lines.append(f"{name}_bucket{_labels(**labels, le=le)} {int(c)}")
-    lines.append(f"{name}_bucket{_labels(**labels, le='+Inf')} {len(values)}")
-    lines.append(f"{name}_sum{_labels(**labels)} {float(values.sum()):.3f}")
-    lines.append(f"{name}_count{_labels(**labels)} {len(values)}")
+    lines.append(f"{name}_bucket{_labels(**labels, le='+Inf')} {int(h['count'])}")
+    lines.append(f"{name}_sum{_labels(**labels)} {float(h['sum_us']):.3f}")
+    lines.append(f"{name}_count{_labels(**labels)} {int(h['count'])}")
 
 
-def prometheus_text(records: dict[str, Any]) -> str:
-    """``records`` is the merged columnar document of GET /tpcomm/v1/records."""
-    lines: list[str] = []
-    coll, steps, meta = records["collectives"], records["steps"], records["meta"]
-
-    lines += ["# HELP tpcomm_collective_duration_us Duration of one collective call on one rank, "
-              "since the last /tpcomm/v1/start (timing column says how it was measured).",
-              "# TYPE tpcomm_collective_duration_us histogram"]
-    dur = np.asarray(coll["duration_us"], dtype=float)
-    keys = list(zip(coll["rank"], coll["group"], coll["op"], coll["bytes"], coll["backend"]))
-    groups: dict[tuple, list[int]] = {}
-    for i, k in enumerate(keys):
-        groups.setdefault(k, []).append(i)
-    for (rank, group, op, nbytes, backend), idx in sorted(groups.items()):
-        _histogram(lines, "tpcomm_collective_duration_us", dur[idx],
-                   {"rank": rank, "group": group, "op": op, "bytes": nbytes, "backend": backend})
-
+def prometheus_text(per_rank: list[dict[str, Any]]) -> str:
+    """``per_rank``: the answers of the workers' `tpcomm_metrics` (rpc.py)."""
+    per_rank = sorted(per_rank, key=lambda r: r["rank"])
+    lines = ["# HELP tpcomm_collective_duration_us Duration of one collective call on one rank, since the last "
+             "/tpcomm/v1/start (size: bucket of bytes per call).",
+             "# TYPE tpcomm_collective_duration_us histogram"]
+    for r in per_rank:
+        h = r["histograms"]
+        for c in h["collectives"]:
+            _histogram(lines, "tpcomm_collective_duration_us", h["buckets_us"], c,
+                       {"rank": r["rank"], "group": c["group"], "op": c["op"], "size": c["size"], "backend": c["backend"]})
     lines += ["# HELP tpcomm_step_duration_us Engine step duration on one rank (execute_model + sample_tokens).",
               "# TYPE tpcomm_step_duration_us histogram"]
-    sdur = np.asarray(steps["duration_us"], dtype=float)
-    skeys: dict[tuple, list[int]] = {}
-    for i, k in enumerate(zip(steps["rank"], steps["kind"])):
-        skeys.setdefault(k, []).append(i)
-    for (rank, kind), idx in sorted(skeys.items()):
-        _histogram(lines, "tpcomm_step_duration_us", sdur[idx], {"rank": rank, "kind": kind})
-
+    for r in per_rank:
+        h = r["histograms"]
+        for s in h["steps"]:
+            _histogram(lines, "tpcomm_step_duration_us", h["buckets_us"], s, {"rank": r["rank"], "kind": s["kind"]})
     lines += ["# HELP tpcomm_dropped_records Records dropped because the bounded buffer was full.",
               "# TYPE tpcomm_dropped_records gauge"]
-    for r in meta.get("per_rank", []):
-        lines.append(f"tpcomm_dropped_records{_labels(rank=r['rank'])} {r['dropped']}")
+    lines += [f"tpcomm_dropped_records{_labels(rank=r['rank'])} {r['dropped']}" for r in per_rank]
     lines += ["# HELP tpcomm_armed 1 while the hook records on that rank.", "# TYPE tpcomm_armed gauge"]
-    for r in meta.get("per_rank", []):
-        lines.append(f"tpcomm_armed{_labels(rank=r['rank'])} {int(bool(r['armed']))}")
+    lines += [f"tpcomm_armed{_labels(rank=r['rank'])} {int(bool(r['armed']))}" for r in per_rank]
     return "\n".join(lines) + "\n"

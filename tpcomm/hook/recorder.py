@@ -19,6 +19,8 @@ import os
 
 import numpy as np
 
+from tpcomm.hook.histograms import Histograms
+
 DEFAULT_MAX_RECORDS = 262_144
 DEFAULT_MAX_STEPS = 65_536
 
@@ -74,6 +76,7 @@ class Recorder:
         self.n_steps = 0
         self.dropped = 0
         self.dropped_steps = 0
+        self.hist = Histograms()  # folded at scrape time (histograms.py), reset with the buffer
 
     @property
     def nbytes(self) -> int:
@@ -82,6 +85,7 @@ class Recorder:
 
     def clear(self) -> None:
         self.n = self.n_steps = self.dropped = self.dropped_steps = 0
+        self.hist.clear()
 
     def group_code(self, kind: str, unique_name: str, group_rank: int, group_size: int) -> int:
         c = self._group_codes.get(unique_name)
@@ -125,9 +129,13 @@ class Recorder:
             self._c["t_end_ns"][idx] = t_end_ns
             self._c["timing"][idx] = timing
 
-    def columns(self, rank: int) -> dict[str, dict[str, np.ndarray | list]]:
-        """The recorded rows as decoded columns (the schema of hook/*.parquet)."""
-        n, c = self.n, self._c
+    def columns(self, rank: int, page: int = 0, page_rows: int | None = None) -> dict[str, dict[str, np.ndarray | list]]:
+        """The recorded rows as decoded columns (the schema of hook/*.parquet): all of them, or rows
+        [page * page_rows, (page + 1) * page_rows) of each table (a large buffer is pulled in pages)."""
+        lo = page * page_rows if page_rows else 0
+        hi = (lambda n: min(n, lo + page_rows)) if page_rows else (lambda n: n)
+        n, c = hi(self.n), {k: v[lo:] for k, v in self._c.items()}
+        n = max(n - lo, 0)
         gi = c["group_idx"][:n]
         groups = self.groups or [("unknown", "", -1, 0)]
         lut = lambda vocab: np.array(vocab.names or ["unknown"], dtype=object)  # noqa: E731
@@ -149,7 +157,7 @@ class Recorder:
             "duration_us": (t1 - t0) / 1e3,
             "timing": lut(self.timings)[c["timing"][:n]].tolist(),
         }
-        m, s = self.n_steps, self._s
+        m, s = max(hi(self.n_steps) - lo, 0), {k: v[lo:] for k, v in self._s.items()}
         st0, st1 = s["t_start_ns"][:m].copy(), s["t_end_ns"][:m].copy()
         steps = {
             "rank": np.full(m, rank, np.int32),

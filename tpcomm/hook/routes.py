@@ -5,22 +5,28 @@ vLLM loads it only when VLLM_PLUGINS names tpcomm. Each route reaches every
 worker with ``engine_client.collective_rpc("tpcomm_...")`` (the methods that
 plugin.py adds to the workers) and returns the per-rank answers together.
 
-    GET  /tpcomm/v1/status    enabled, ranks, versions, buffer use, drops
-    POST /tpcomm/v1/start     clear the buffers and arm recording on every rank
+    GET  /tpcomm/v1/status    enabled, ranks, versions, buffer use, drops, session
+    POST /tpcomm/v1/start     clear the buffers and arm recording on every rank (?session=ID names the run)
     POST /tpcomm/v1/stop      disarm (records stay until the next start)
-    GET  /tpcomm/v1/records   columnar JSON {"meta", "collectives", "steps"}
-    GET  /tpcomm/v1/metrics   Prometheus text (histograms, see metrics.py)
+    GET  /tpcomm/v1/records   columnar JSON {"meta", "collectives", "steps"}; ?page=N for PAGE_ROWS rows of
+                              each table per rank (meta.pages says how many); one answer at a time, others 429
+    GET  /tpcomm/v1/metrics   Prometheus text (histograms kept on the workers, see metrics.py)
 
 vLLM's API-key middleware guards only /v1, /v2, /inference and /cohere, so
 these routes check ``Authorization: Bearer KEY`` against the server's
---api-key (or VLLM_API_KEY) themselves: 401 without it.
+--api-key (or VLLM_API_KEY) themselves: 401 without it, before anything else
+is looked at. Query parameters are validated after that and errors never
+carry internals (they go to the server log). The test-only fault parameter
+of /start is ignored unless TPCOMM_HOOK_TEST_FAULTS=1 is set on the server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import re
 import secrets
 from typing import Any
 
@@ -29,6 +35,9 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 RPC_TIMEOUT_S = 120.0
+logger = logging.getLogger("vllm.tpcomm.routes")
+_SESSION = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_pull_lock: asyncio.Lock | None = None  # one /records answer at a time: each holds a page of every rank in memory
 
 
 class TpcommEndpoints:
@@ -85,7 +94,9 @@ async def _rpc(request: Request, method: str, **kwargs: Any) -> list[dict]:
         if "not implemented" in str(e).lower() or "has no attribute 'tpcomm_" in str(e):
             raise _HTTPError(503, "the tpcomm hook is not installed in the workers; "
                                   "start the server with VLLM_PLUGINS=tpcomm") from None
-        raise _HTTPError(500, f"collective_rpc {method} failed: {type(e).__name__}: {e}") from None
+        # The details go to the server's log, not to the client.
+        logger.warning("tpcomm: collective_rpc %s failed: %s: %s", method, type(e).__name__, e)
+        raise _HTTPError(500, f"the workers did not answer {method} (see the server log)") from None
 
 
 def _error(e: _HTTPError) -> JSONResponse:
@@ -105,6 +116,10 @@ def _summary(per_rank: list[dict]) -> dict:
         "buffer_bytes_per_worker": per_rank[0]["buffer_bytes"] if per_rank else 0,
         "timing": sorted({t for r in per_rank for t in r["timing"]}),
         "versions": per_rank[0]["versions"] if per_rank else {},
+        # One session on every rank, or None when the ranks disagree (a start that reached only some).
+        "session": per_rank[0].get("session") if len({r.get("session") for r in per_rank}) == 1 and per_rank else None,
+        "started_ns": max((r.get("started_ns") or 0 for r in per_rank), default=0),
+        "stopped_ns": max((r.get("stopped_ns") or 0 for r in per_rank), default=0),
         "per_rank": per_rank,
     }
 
@@ -117,10 +132,33 @@ async def status(request: Request) -> Response:
         return _error(e)
 
 
-@router.post("/start")
-async def start(request: Request, inject_fault_after: int | None = None) -> Response:
+def _int_param(request: Request, name: str, lo: int, hi: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
     try:
-        kw = {"fault_after": inject_fault_after} if inject_fault_after is not None else {}
+        v = int(raw)
+    except ValueError:
+        raise _HTTPError(400, f"{name} must be an integer from {lo} to {hi}") from None
+    if not lo <= v <= hi:
+        raise _HTTPError(400, f"{name} must be an integer from {lo} to {hi}")
+    return v
+
+
+@router.post("/start")
+async def start(request: Request) -> Response:
+    try:
+        _check(request)  # authenticate first: nothing about the parameters leaks to a caller without the key
+        kw: dict[str, Any] = {}
+        session = request.query_params.get("session")
+        if session is not None:
+            if not _SESSION.match(session):
+                raise _HTTPError(400, "session must be 1-64 characters of [A-Za-z0-9_.:-]")
+            kw["session"] = session
+        if os.environ.get("TPCOMM_HOOK_TEST_FAULTS") == "1":
+            fault = _int_param(request, "inject_fault_after", 0, 2**31 - 1)
+            if fault is not None:
+                kw["fault_after"] = fault
         return JSONResponse(_summary(await _rpc(request, "tpcomm_start", **kw)))
     except _HTTPError as e:
         return _error(e)
@@ -156,13 +194,33 @@ def merge_records(per_rank: list[dict]) -> dict:
 
 @router.get("/records")
 async def records(request: Request) -> Response:
+    global _pull_lock
     try:
-        per_rank = await _rpc(request, "tpcomm_records")
+        _check(request)
+        page = _int_param(request, "page", 0, 2**20)
     except _HTTPError as e:
         return _error(e)
-    # Merging and encoding a full buffer takes ~1 s: off the event loop, so token streams keep flowing.
-    body = await asyncio.to_thread(lambda: json.dumps(merge_records(per_rank), separators=(",", ":")))
+    _pull_lock = _pull_lock or asyncio.Lock()
+    if _pull_lock.locked():
+        return JSONResponse({"error": "another records pull is being served; retry shortly"}, status_code=429,
+                            headers={"Retry-After": "1"})
+    async with _pull_lock:
+        try:
+            per_rank = await _rpc(request, "tpcomm_records", **({"page": page} if page is not None else {}))
+        except _HTTPError as e:
+            return _error(e)
+        # Merging and encoding a page takes a while: off the event loop, so token streams keep flowing.
+        body = await asyncio.to_thread(lambda: json.dumps(_paged(merge_records(per_rank), page), separators=(",", ":")))
     return Response(body, media_type="application/json")
+
+
+def _paged(doc: dict, page: int | None) -> dict:
+    per = doc["meta"]["per_rank"]
+    rows = max([max(r.get("records", 0), r.get("steps", 0)) for r in per] or [0])
+    size = max(per[0].get("page_rows") or 1, 1) if per else 1
+    doc["meta"]["page"] = page
+    doc["meta"]["pages"] = max(1, -(-rows // size)) if page is not None else 1
+    return doc
 
 
 @router.get("/metrics")
@@ -170,8 +228,7 @@ async def metrics(request: Request) -> Response:
     from tpcomm.hook.metrics import prometheus_text
 
     try:
-        per_rank = await _rpc(request, "tpcomm_records")
+        per_rank = await _rpc(request, "tpcomm_metrics")
     except _HTTPError as e:
         return _error(e)
-    text = await asyncio.to_thread(lambda: prometheus_text(merge_records(per_rank)))
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    return PlainTextResponse(prometheus_text(per_rank), media_type="text/plain; version=0.0.4")

@@ -17,7 +17,9 @@ from tpcomm.hook.core import HOOK, env_flag
 from tpcomm.hook.recorder import (COLLECTIVE_COLUMNS, DEFAULT_MAX_RECORDS, DEFAULT_MAX_STEPS, STEP_COLUMNS, Recorder,
                                   _env_int)
 
-METHODS = ("tpcomm_status", "tpcomm_start", "tpcomm_stop", "tpcomm_records")
+METHODS = ("tpcomm_status", "tpcomm_start", "tpcomm_stop", "tpcomm_records", "tpcomm_metrics")
+# Rows of each table per page of GET /tpcomm/v1/records (a full buffer is 262,144 collective rows per rank).
+PAGE_ROWS = 65_536
 
 _versions: dict | None = None
 
@@ -89,6 +91,7 @@ def tpcomm_status(self: Any) -> dict:
         "groups": [{"group": g[0], "name": g[1], "group_rank": g[2], "group_size": g[3]} for g in (rec.groups if rec else [])],
         "started_ns": HOOK.started_ns,
         "stopped_ns": HOOK.stopped_ns,
+        "session": HOOK.session,
         "versions": _versions,
     }
 
@@ -99,11 +102,12 @@ def _timing_modes() -> list[str]:
     return [timing.CUDA_EVENT_EAGER, timing.CUDA_EVENT_GRAPH] if HOOK.gpu else [timing.HOST_SYNC]
 
 
-def tpcomm_start(self: Any, fault_after: int | None = None) -> dict:
-    """Clear the buffer and arm recording. ``fault_after`` (tests only) needs TPCOMM_HOOK_TEST_FAULTS=1."""
+def tpcomm_start(self: Any, fault_after: int | None = None, session: str | None = None) -> dict:
+    """Clear the buffer and arm recording under `session`. ``fault_after`` (tests only) needs
+    TPCOMM_HOOK_TEST_FAULTS=1 in the workers too."""
     if fault_after is not None and not env_flag("TPCOMM_HOOK_TEST_FAULTS"):
         fault_after = None
-    HOOK.start(fault_after=fault_after)
+    HOOK.start(fault_after=fault_after, session=session)
     return tpcomm_status(self)
 
 
@@ -112,16 +116,32 @@ def tpcomm_stop(self: Any) -> dict:
     return tpcomm_status(self)
 
 
-def tpcomm_records(self: Any) -> dict:
-    """Records since the last start, columnar (the schema of hook/collectives.parquet, hook/steps.parquet)."""
+def tpcomm_records(self: Any, page: int | None = None) -> dict:
+    """Records since the last start, columnar (the schema of hook/collectives.parquet, hook/steps.parquet):
+    all of them, or page `page` of PAGE_ROWS rows of each table."""
     HOOK.poll(block=True)
     rank = _rank(self)
-    if HOOK.rec is None:
-        cols = Recorder(max_records=16, max_steps=16).columns(rank)
-    else:
-        cols = HOOK.rec.columns(rank)
+    rec = HOOK.rec if HOOK.rec is not None else Recorder(max_records=16, max_steps=16)
+    cols = rec.columns(rank) if page is None else rec.columns(rank, page=page, page_rows=PAGE_ROWS)
     packed = {t: {k: _pack(v) for k, v in c.items()} for t, c in cols.items()}
-    return {"meta": tpcomm_status(self), **packed}
+    meta = tpcomm_status(self)
+    meta["page_rows"] = PAGE_ROWS
+    return {"meta": meta, **packed}
+
+
+def tpcomm_metrics(self: Any) -> dict:
+    """The per-op histograms (histograms.py), folded up to the newest finished row: cheap whatever the buffer holds."""
+    HOOK.poll(block=False)
+    rec = HOOK.rec
+    out = {"rank": _rank(self), "armed": HOOK.armed, "enabled": HOOK.disabled_reason is None,
+           "dropped": rec.dropped if rec else 0, "session": HOOK.session}
+    if rec is None:
+        from tpcomm.hook.histograms import BUCKETS_US
+
+        return {**out, "histograms": {"buckets_us": list(BUCKETS_US), "collectives": [], "steps": []}}
+    pending = HOOK.cuda._pending if HOOK.cuda is not None else None
+    rec.hist.fold(rec, upto=pending[0][0] if pending else None, last_step_open=HOOK.armed)
+    return {**out, "histograms": rec.hist.export(rec)}
 
 
 def _pack(v: Any) -> Any:

@@ -1,0 +1,142 @@
+"""A Prometheus-style scrape loop must not slow serving: TPOT with GET /tpcomm/v1/metrics every 100 ms vs without.
+
+One server, one run, a full record buffer (recording stays armed, so every
+further record is dropped and counted: the worst case for a scrape that pulled
+the buffer, which is what scrapes used to do). Batches of single-stream
+requests alternate between "no scraping" and "a thread scraping every
+--interval-ms" (order flipped every round), so drift hits both sides alike.
+TPOT per request = (E2E - TTFT) / (tokens - 1); the figure is the median of the
+per-round ratios of median TPOT. Target: <= 1.02. Also prints the scrape's own
+latency (p50/p99) and its size.
+
+    .venv/bin/python benchmarks/bench_metrics_scrape.py                  # starts its own server
+    .venv/bin/python benchmarks/bench_metrics_scrape.py --max-records 262144   # the default buffer (slow to fill)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_hook_overhead import stream_request  # noqa: E402
+from tpcomm.hook.client import HookClient  # noqa: E402
+
+
+class Scraper(threading.Thread):
+    def __init__(self, url: str, key: str | None, interval_s: float):
+        super().__init__(daemon=True)
+        self.url, self.interval = url + "/tpcomm/v1/metrics", interval_s
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.stop_evt = threading.Event()
+        self.lat_ms: list[float] = []
+        self.size = 0
+
+    def run(self) -> None:
+        with httpx.Client(timeout=60) as c:
+            while not self.stop_evt.is_set():
+                t = time.perf_counter()
+                r = c.get(self.url, headers=self.headers)
+                r.raise_for_status()
+                self.lat_ms.append((time.perf_counter() - t) * 1e3)
+                self.size = len(r.content)
+                self.stop_evt.wait(max(0.0, self.interval - (time.perf_counter() - t)))
+
+
+def fill(hook: HookClient, url: str, key: str | None, model: str) -> dict:
+    hook.start()
+    while True:
+        st = hook.status()
+        if all(v > 0 for v in st["dropped"].values()):
+            return st
+        for _ in range(4):
+            stream_request(url, key, model, 256)
+
+
+def run(url: str, key: str | None, model: str, rounds: int, per_batch: int, output_len: int, interval_s: float) -> dict:
+    hook = HookClient(url, api_key=key)
+    stream_request(url, key, model, 16)  # warm-up
+    t0 = time.perf_counter()
+    full = fill(hook, url, key, model)
+    fill_s = time.perf_counter() - t0
+    tpot: dict[str, list[float]] = {"off": [], "scrape": []}
+    paired: list[float] = []
+    scrape_ms: list[float] = []
+    size = 0
+    for rnd in range(rounds):
+        this: dict[str, list[float]] = {"off": [], "scrape": []}
+        for mode in (("off", "scrape") if rnd % 2 == 0 else ("scrape", "off")):
+            sc = Scraper(url, key, interval_s) if mode == "scrape" else None
+            if sc:
+                sc.start()
+            for _ in range(per_batch):
+                itl, _ = stream_request(url, key, model, output_len)
+                tpot[mode].append(itl)
+                this[mode].append(itl)
+            if sc:
+                sc.stop_evt.set()
+                sc.join()
+                scrape_ms += sc.lat_ms
+                size = sc.size
+        paired.append(statistics.median(this["scrape"]) / statistics.median(this["off"]))
+    end = hook.stop()
+    q = statistics.quantiles(scrape_ms, n=100) if len(scrape_ms) >= 2 else [float("nan")] * 99
+    return {"full": full, "fill_s": fill_s, "tpot_ms": {m: statistics.median(v) for m, v in tpot.items()},
+            "paired": paired, "ratio": statistics.median(paired), "scrapes": len(scrape_ms),
+            "scrape_ms_p50": statistics.median(scrape_ms) if scrape_ms else float("nan"), "scrape_ms_p99": q[98],
+            "scrape_bytes": size, "dropped_end": end["dropped"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--server-url", help="use this running server (plugin on) instead of starting one")
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--per-batch", type=int, default=3)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--interval-ms", type=float, default=100.0)
+    ap.add_argument("--max-records", type=int, default=20_000,
+                    help="record buffer rows per worker for the started server (TPCOMM_HOOK_MAX_RECORDS)")
+    a = ap.parse_args()
+    server, url = None, a.server_url
+    if url is None:
+        from tpcomm.tinymodel import generate
+        from tpcomm.vllm_server import VllmServer
+
+        tmp = Path(tempfile.mkdtemp(prefix="tpcomm-bench-"))
+        server = VllmServer(model=str(generate(tmp / "tiny")), tp=2, plugin=True, log_path=str(tmp / "server.log"),
+                            extra_env={"TPCOMM_HOOK_MAX_RECORDS": str(a.max_records)})
+        print(f"starting vLLM server (TP 2, tiny model, buffer {a.max_records} rows, log {tmp / 'server.log'}) ...",
+              flush=True)
+        server.start()
+        url = server.url
+    try:
+        res = run(url, a.api_key, a.model, a.rounds, a.per_batch, a.output_len, a.interval_ms / 1e3)
+    finally:
+        if server is not None:
+            server.stop()
+    st = res["full"]
+    v = st["versions"]
+    print(f"conditions: vLLM {v.get('vllm')} ({v.get('vllm_build')}), torch {v.get('torch')}, TP {len(st['ranks'])}, "
+          f"{v.get('cpu_count')} cores, timing {','.join(st['timing'])}, single stream, {a.output_len} output tokens "
+          f"x {a.per_batch} requests x {a.rounds} rounds per mode; buffer {st['buffer_capacity']} rows per worker, "
+          f"full (filled in {res['fill_s']:.0f} s; dropped at the end {res['dropped_end']})")
+    t = res["tpot_ms"]
+    print(f"median TPOT (ms): no scraping {t['off']:.3f}, scraping every {a.interval_ms:.0f} ms {t['scrape']:.3f}")
+    print(f"TPOT ratio scrape/no-scrape (median of per-round ratios): {res['ratio']:.4f}  (target <= 1.02); "
+          f"rounds: {' '.join(f'{r:.3f}' for r in res['paired'])}")
+    print(f"scrape latency: p50 {res['scrape_ms_p50']:.2f} ms, p99 {res['scrape_ms_p99']:.2f} ms over "
+          f"{res['scrapes']} scrapes; {res['scrape_bytes']} bytes each")
+
+
+if __name__ == "__main__":
+    main()
