@@ -8,6 +8,7 @@ cache is then warm); plugin off with vLLM's dev routes.
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -95,11 +96,21 @@ def test_stop_keeps_records_and_start_clears(vllm_server):
 def test_metrics_histograms_agree_with_records(vllm_server, tmp_path):
     hook = HookClient(vllm_server.url)
     coll, _, meta = _record(vllm_server.url, n=6)
-    text = hook.metrics()
+    want = {}
     for rank in (0, 1):
         n = int(((coll["rank"] == rank) & (coll["op"] == "all_reduce") & (coll["bytes"] == 512)).sum())
-        lab = f'rank="{rank}",group="tp",op="all_reduce",size="<=1KiB",backend="shm"'
-        assert re.search(rf"^tpcomm_collective_duration_us_count\{{{lab}\}} {n}$", text, re.M), text[:2000]
+        want[rank] = re.compile(rf'^tpcomm_collective_duration_us_count\{{rank="{rank}",group="tp",op="all_reduce",'
+                                rf'size="<=1KiB",backend="shm"\}} {n}$', re.M)
+    # The workers publish every TPCOMM_METRICS_PUBLISH_S (1 s): poll until the snapshot has caught up.
+    deadline = time.monotonic() + 15
+    while True:
+        text = hook.metrics()
+        if all(p.search(text) for p in want.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert all(p.search(text) for p in want.values()), text[:2000]
+    # Served from the files the workers publish, not by a round trip through the engine loop.
+    assert re.search(r'^tpcomm_metrics_age_seconds\{rank="0",source="published"\} ', text, re.M), text[-600:]
     assert meta["buffer_bytes_per_worker"] == 262_144 * 42 + 65_536 * 33
     assert meta["versions"]["vllm"].startswith("0.32")
     paths = hook.save(tmp_path / "run")

@@ -185,3 +185,36 @@ def test_only_the_outermost_collective_is_recorded():
     with pytest.raises(ValueError):
         h.timed(g, "all_reduce", x, lambda u: (_ for _ in ()).throw(ValueError("boom")), x)
     assert h.depth == 0 and h.disabled_reason is None
+
+
+def test_worker_publishes_its_metrics_to_a_file_a_scrape_reads(tmp_path, monkeypatch):
+    """publish.py: a thread folds new records and writes a snapshot; the route reads it (no engine round trip)."""
+    import time
+
+    from tpcomm.hook import publish
+    from tpcomm.hook.core import Hook
+
+    monkeypatch.setenv("TPCOMM_METRICS_PUBLISH_S", "0.05")
+    h = Hook()
+    h.rec = _filled(0, 6)
+    h.armed = True
+    publish.start(h, rank=3)
+    files = [{"pid": os.getpid(), "metrics_file": h.metrics_file}]
+
+    def wait_for(pred):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            got = publish.read_published(files)
+            if got and pred(got[0]):
+                return got[0]
+            time.sleep(0.02)
+        raise AssertionError(f"no snapshot matching within 10 s: {publish.read_published(files)}")
+
+    snap = wait_for(lambda d: d["histograms"]["collectives"])
+    assert snap["rank"] == 3 and snap["histograms"]["collectives"][0]["count"] == 6
+    text = prometheus_text([snap], "published")
+    assert 'tpcomm_metrics_age_seconds{rank="3",source="published"}' in text
+    h.rec.clear()  # a new start: the next snapshot starts from zero
+    wait_for(lambda d: not d["histograms"]["collectives"])
+    # A snapshot whose process is gone (a worker that died) is not served: the route falls back to the RPC.
+    assert publish.read_published([{"pid": 2**22 + 7, "metrics_file": h.metrics_file}]) is None

@@ -87,6 +87,7 @@ class Hook:
         # can tell that someone else started or stopped recording during its run.
         self.session: str | None = None
         self.depth = 0  # 1 while inside a timed collective: nested collectives are part of the outer one
+        self.metrics_file: str | None = None  # where this worker publishes its metrics (publish.py)
 
     # ---- arming -------------------------------------------------------
     def recorder(self) -> Recorder:

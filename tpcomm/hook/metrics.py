@@ -29,8 +29,10 @@ def _histogram(lines: list[str], name: str, buckets: list, h: dict, labels: dict
     lines.append(f"{name}_count{_labels(**labels)} {int(h['count'])}")
 
 
-def prometheus_text(per_rank: list[dict[str, Any]]) -> str:
-    """``per_rank``: the answers of the workers' `tpcomm_metrics` (rpc.py)."""
+def prometheus_text(per_rank: list[dict[str, Any]], source: str = "rpc") -> str:
+    """``per_rank``: the workers' snapshots (publish.snapshot: published files, or the RPC fallback)."""
+    import time
+
     per_rank = sorted(per_rank, key=lambda r: r["rank"])
     lines = ["# HELP tpcomm_collective_duration_us Duration of one collective call on one rank, since the last "
              "/tpcomm/v1/start (size: bucket of bytes per call).",
@@ -51,4 +53,9 @@ def prometheus_text(per_rank: list[dict[str, Any]]) -> str:
     lines += [f"tpcomm_dropped_records{_labels(rank=r['rank'])} {r['dropped']}" for r in per_rank]
     lines += ["# HELP tpcomm_armed 1 while the hook records on that rank.", "# TYPE tpcomm_armed gauge"]
     lines += [f"tpcomm_armed{_labels(rank=r['rank'])} {int(bool(r['armed']))}" for r in per_rank]
+    lines += ["# HELP tpcomm_metrics_age_seconds Age of this rank's snapshot (published by the worker every "
+              "TPCOMM_METRICS_PUBLISH_S; source rpc = taken now).", "# TYPE tpcomm_metrics_age_seconds gauge"]
+    now = time.time_ns()
+    lines += [f"tpcomm_metrics_age_seconds{_labels(rank=r['rank'], source=source)} "
+              f"{max(0.0, (now - r.get('t_ns', now)) / 1e9):.3f}" for r in per_rank]
     return "\n".join(lines) + "\n"

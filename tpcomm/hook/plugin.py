@@ -200,6 +200,12 @@ def _patch_worker(cls: type) -> None:
             _install_cuda_timing()
         except Exception as e:  # noqa: BLE001 - a broken hook must not stop the worker
             HOOK.fail("install CUDA timing", e)
+        try:  # metrics for scrapes, published by a thread of this worker (publish.py)
+            from tpcomm.hook import publish, rpc
+
+            publish.start(HOOK, rpc._rank(self))
+        except Exception as e:  # noqa: BLE001 - scrapes then use the RPC
+            logger.warning("tpcomm: metrics publishing not started (%s: %s)", type(e).__name__, e)
         return out
 
     _patch(cls, "init_device", functools.wraps(orig_init_device)(init_device))

@@ -16,6 +16,7 @@ Units: bytes, ns (wall clock `time.time_ns()`), us for durations.
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -76,7 +77,9 @@ class Recorder:
         self.n_steps = 0
         self.dropped = 0
         self.dropped_steps = 0
-        self.hist = Histograms()  # folded at scrape time (histograms.py), reset with the buffer
+        self.hist = Histograms()  # folded by the metrics publisher (publish.py), reset with the buffer
+        self.lock = threading.Lock()  # the publisher's fold vs clear(); never taken on the record path
+        self.generation = 0  # bumped by clear()
 
     @property
     def nbytes(self) -> int:
@@ -84,8 +87,10 @@ class Recorder:
         return sum(a.nbytes for a in self._c.values()) + sum(a.nbytes for a in self._s.values())
 
     def clear(self) -> None:
-        self.n = self.n_steps = self.dropped = self.dropped_steps = 0
-        self.hist.clear()
+        with self.lock:
+            self.n = self.n_steps = self.dropped = self.dropped_steps = 0
+            self.hist.clear()
+            self.generation += 1
 
     def group_code(self, kind: str, unique_name: str, group_rank: int, group_size: int) -> int:
         c = self._group_codes.get(unique_name)

@@ -225,10 +225,24 @@ def _paged(doc: dict, page: int | None) -> dict:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
+    """From the files the workers publish (no engine round trip); the RPC only when a file cannot be read."""
     from tpcomm.hook.metrics import prometheus_text
+    from tpcomm.hook.publish import read_published
 
     try:
-        per_rank = await _rpc(request, "tpcomm_metrics")
+        _check(request)
+        state = request.app.state
+        files = getattr(state, "tpcomm_metric_files", None)
+        per_rank = read_published(files) if files else None
+        if per_rank is None:
+            st = await _rpc(request, "tpcomm_status")
+            state.tpcomm_metric_files = [{"pid": r["pid"], "metrics_file": r.get("metrics_file")} for r in st]
+            per_rank = read_published(state.tpcomm_metric_files)
+            source = "published"
+            if per_rank is None:
+                per_rank, source = await _rpc(request, "tpcomm_metrics"), "rpc"
+        else:
+            source = "published"
     except _HTTPError as e:
         return _error(e)
-    return PlainTextResponse(prometheus_text(per_rank), media_type="text/plain; version=0.0.4")
+    return PlainTextResponse(prometheus_text(per_rank, source), media_type="text/plain; version=0.0.4")

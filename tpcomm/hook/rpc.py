@@ -92,6 +92,7 @@ def tpcomm_status(self: Any) -> dict:
         "started_ns": HOOK.started_ns,
         "stopped_ns": HOOK.stopped_ns,
         "session": HOOK.session,
+        "metrics_file": HOOK.metrics_file,
         "versions": _versions,
     }
 
@@ -130,18 +131,11 @@ def tpcomm_records(self: Any, page: int | None = None) -> dict:
 
 
 def tpcomm_metrics(self: Any) -> dict:
-    """The per-op histograms (histograms.py), folded up to the newest finished row: cheap whatever the buffer holds."""
-    HOOK.poll(block=False)
-    rec = HOOK.rec
-    out = {"rank": _rank(self), "armed": HOOK.armed, "enabled": HOOK.disabled_reason is None,
-           "dropped": rec.dropped if rec else 0, "session": HOOK.session}
-    if rec is None:
-        from tpcomm.hook.histograms import BUCKETS_US
+    """The per-op histograms now (the fallback when the published file cannot be read, see publish.py)."""
+    from tpcomm.hook.publish import snapshot
 
-        return {**out, "histograms": {"buckets_us": list(BUCKETS_US), "collectives": [], "steps": []}}
-    pending = HOOK.cuda._pending if HOOK.cuda is not None else None
-    rec.hist.fold(rec, upto=pending[0][0] if pending else None, last_step_open=HOOK.armed)
-    return {**out, "histograms": rec.hist.export(rec)}
+    HOOK.poll(block=False)
+    return snapshot(HOOK, _rank(self))
 
 
 def _pack(v: Any) -> Any:
