@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from tpcomm.attribute.align import align
-from tpcomm.attribute.split import assign_levels, decode_steps, level_split, rank_steps
-from tpcomm.attribute.synthetic import make_records
+from tpcomm.attribute.closure import client_side
+from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, top_sites
+from tpcomm.attribute.synthetic import make_client, make_records
 
 
 def main() -> None:
@@ -27,12 +28,10 @@ def main() -> None:
     tp, calls = 2, 10
     steps = args.records // (tp * calls)
     t = time.perf_counter()
-    coll, st, truth = make_records(steps=steps, tp=tp, calls=calls)
+    coll, st, truth = make_records(steps=steps, tp=tp, calls=calls, prefill_every=64)
     gen_s = time.perf_counter() - t
-    # Client tokens: one per decode step, arriving 100 us after the step ends (single stream).
-    ref = st[st["rank"] == 0]
-    tokens = pd.DataFrame({"request_id": 0, "concurrency": 1, "repeat": 0, "token_idx": np.arange(len(ref)),
-                           "t_ns": ref["t_end_ns"].to_numpy() + 100_000})
+    # Client: one request per prefill, each token arriving 100 us after its step ends (single stream).
+    req, tokens = make_client(st, delivery_us=100.0)
     window = [{"concurrency": 1, "repeat": 0, "t_start_ns": int(st["t_start_ns"].min()),
                "t_end_ns": int(st["t_end_ns"].max()) + 1}]
 
@@ -41,17 +40,18 @@ def main() -> None:
     t_align = time.perf_counter() - t
     by_rank = assign_levels(rank_steps(aligned, st), window)
     dsteps = decode_steps(by_rank)
-    itl = float(np.median(np.diff(tokens["t_ns"]))) / 1e6
-    sp = level_split(dsteps, assign_levels(aligned, window), tokens, by_rank[by_rank["rank"] == 0], itl)
+    sp = engine_split(by_rank)
+    sp["top_sites"] = top_sites(assign_levels(aligned, window), dsteps)
+    cs = client_side(req, tokens, sp["engine_ms_per_token"], 1)
     total = time.perf_counter() - t
 
-    err = abs(sp["per_token_ms"]["transfer"] * 1e3 - truth["transfer_us_per_step"]) / truth["transfer_us_per_step"] * 100
+    err = abs(sp["per_token_ms"]["transfer"] * 1e3 - truth["transfer_us"]) / truth["transfer_us"] * 100
     print(f"records {len(coll):,} (TP {tp}, {calls} collectives/step, {steps:,} steps), cpus {os.cpu_count()}, "
           f"pandas {pd.__version__}, numpy {np.__version__}")
     print(f"generate {gen_s:.2f} s (not counted) | align {t_align:.2f} s | align + split {total:.2f} s "
           f"| target {args.target_s:.1f} s | ratio {total / args.target_s:.2f} | {'OK' if total <= args.target_s else 'SLOW'}")
-    print(f"transfer per step {sp['per_token_ms']['transfer'] * 1e3:.1f} us vs truth "
-          f"{truth['transfer_us_per_step']:.1f} us ({err:.1f}% off); closure {sp['closure_pct']:+.2f}%")
+    print(f"transfer per decode step {sp['per_token_ms']['transfer'] * 1e3:.1f} us vs truth "
+          f"{truth['transfer_us']:.1f} us ({err:.1f}% off); engine vs client TPOT p50 {cs['closure']['diff_pct']:+.2f}%")
 
 
 if __name__ == "__main__":

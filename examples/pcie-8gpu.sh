@@ -7,7 +7,8 @@ MODEL=${MODEL:-moonshotai/Kimi-K2.5}          # HF id or local folder for vLLM
 CONFIG=${CONFIG:-kimi-k2.5}                   # tpcomm preset, or the folder holding config.json
 PORT=${PORT:-8000}
 
-# 1. What vLLM will send per decode step, and what the hardware predicts (no GPU needed).
+# 1. What vLLM will send per decode step, and what the hardware predicts (no GPU needed): every number a range over
+#    the model's uncertain inputs, a verdict only where the whole range agrees.
 tpcomm plan    --model "$CONFIG" --tp 8 --batch 1,8,32 --out "$RUN"
 tpcomm predict --model "$CONFIG" --tp 8 --gpu rtx-pro-6000 --batch 1,8,32 --out "$RUN"
 
@@ -27,6 +28,10 @@ until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do sleep 5; done
 
 # 5. Load (single stream, then a concurrency ladder, repeated) and the per-token split.
 tpcomm attribute --server-url "http://127.0.0.1:$PORT" --concurrency 1,8,32,64 --repeat 2 --out "$RUN"
+
+# 5b. The model anchored on what was just measured: what-ifs (one-shot all-reduce, NVLink, TP 4, batch) from the
+#     measured compute, collective and host terms instead of assumed constants.
+tpcomm predict --model "$CONFIG" --tp 8 --gpu rtx-pro-6000 --attribution "$RUN" --batch 1,8,32 --out "$RUN"
 
 # 6. The report.
 tpcomm report "$RUN"

@@ -4,7 +4,9 @@
 
 Leaves out the model weights, the server log and rendered reports; keeps the
 hook records (hook/*.parquet) of N_STEPS (default 150) consecutive engine steps
-from the single-stream level, rows unchanged. Everything else is copied as the
+from the single-stream level and of the step in attribution/timeline.json, rows
+unchanged. attribution/collectives.parquet (every record aligned) is left out
+for size: the report draws attribution/timeline.json. Everything else is copied as the
 commands wrote it (attribution/summary.json was computed from all records).
 """
 import json, shutil, sys
@@ -21,7 +23,7 @@ for p in src.iterdir():
         continue
     (shutil.copytree if p.is_dir() else shutil.copy2)(p, dst / p.name)
 (dst / "attribution").mkdir()
-for f in ("summary.json", "steps.parquet"):
+for f in ("summary.json", "steps.parquet", "timeline.json"):
     if (src / "attribution" / f).exists():
         shutil.copy2(src / "attribution" / f, dst / "attribution" / f)
 (dst / "hook").mkdir()
@@ -30,6 +32,9 @@ coll = pd.read_parquet(src / "hook/collectives.parquet")
 dec = steps[(steps["kind"] == "decode") & (steps["num_seqs"] == 1)]["step"].sort_values().unique()
 lo = dec[len(dec) // 3]
 keep = set(range(int(lo), int(lo) + n_steps))
+tl = src / "attribution/timeline.json"
+if tl.exists():  # the step the report draws keeps its records too (tests compare the two)
+    keep.add(int(json.loads(tl.read_text())["step"]))
 steps[steps["step"].isin(keep)].to_parquet(dst / "hook/steps.parquet", index=False)
 coll[coll["step"].isin(keep)].to_parquet(dst / "hook/collectives.parquet", index=False)
 if (src / "hook/meta.json").exists():

@@ -216,15 +216,44 @@ def test_server_without_plugin_still_measures_load(plugin_off_url, tmp_path):
 
 
 # ---- plugin-on server -------------------------------------------------------
-@pytest.mark.vllm
-def test_attribution_matches_plan_and_closes_on_itl(plugin_server, tmp_path):
+def assert_split_closes(summ: dict, levels: list[dict]) -> None:
+    """The four terms add up to the engine's per-token time (level and every rank, within 1%), and at C=1
+    the engine's per-token time is within 10% of the client's TPOT p50: judged, never skipped."""
+    for lv in summ["levels"]:
+        c, e, p = lv["concurrency"], lv["engine_ms_per_token"], lv["per_token_ms"]
+        assert e and p, lv.get("note")
+        assert abs(sum(p.values()) - e) <= 0.01 * e, (c, p, e)
+        assert all(p[k] >= 0 for k in p) and p["transfer"] > 0, (c, p)
+        for r in lv["by_rank"]:
+            assert abs(sum(r["per_token_ms"].values()) - r["period_ms"]) <= 0.01 * r["period_ms"], (c, r)
+        assert lv["decode_pairs"] >= 50, lv["decode_pairs"]
+        client = next(x for x in levels if (x["concurrency"], x["repeat"]) == (c, lv["repeat"]))
+        assert lv["client"]["tpot_ms_p50"] == pytest.approx(client["tpot_ms_p50"])
+        assert lv["delivery_ms"] == pytest.approx(lv["client"]["tpot_ms_p50"] - e)
+        if c == 1:
+            cz = lv["closure"]
+            assert cz["judged"], cz
+            assert abs(cz["diff_pct"]) <= 10, (f"C=1: engine {e:.2f} ms/token vs client TPOT p50 "
+                                               f"{cz['client_tpot_ms_p50']:.2f} ms ({cz['diff_pct']:+.1f}%); stalls "
+                                               f"{lv['stalls']}")
+            assert cz["ok"] is True
+
+
+@pytest.fixture(scope="module")
+def baseline_run(plugin_server, tmp_path_factory):
+    """One C=1,2 attribute run on the pooled server, shared by the closure and stall tests."""
     url, key = plugin_server
-    out = tmp_path / "run"
+    out = tmp_path_factory.mktemp("baseline") / "run"
     args = ["--server-url", url, "--concurrency", "1,2", "--requests", "8", "--input-len", "16", "--output-len", "32",
             "--warmup", "2", "--max-rounds", "2", "--out", str(out), "--json"] + (["--api-key", key] if key else [])
     r = _run(args)
     assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout)
+    return out, json.loads(r.stdout)
+
+
+@pytest.mark.vllm
+def test_attribution_matches_plan_and_the_split_closes(baseline_run):
+    out, res = baseline_run
     assert res["complete"] and res["plugin"]
     status = json.loads((out / "status.json").read_text())
     assert status["attribute"]["state"] == "complete"
@@ -234,29 +263,65 @@ def test_attribution_matches_plan_and_closes_on_itl(plugin_server, tmp_path):
     req = pd.read_parquet(out / "load/requests.parquet")
     assert req["ok"].all() and (req["output_tokens"] == 32).all() and (req["prompt_tokens"] == 16).all()
     summ = json.loads((out / "attribution/summary.json").read_text())
-    assert summ["conditions"]["tp"] == 2
+    assert summ["conditions"]["tp"] == 2 and summ["split_format"] == 2
     for lv in summ["levels"]:
         cc = lv["collectives_per_step"]
         # The plan for the tiny model at TP 2: 9 all-reduces (4 layers x 2 + embedding) + 1 logits all-gather.
         assert cc["match"] is True, cc["detail"]
         assert cc["observed_total"] == cc["planned_total"] == 10
+    assert_split_closes(summ, json.loads((out / "load/levels.json").read_text()))
     c1 = summ["levels"][0]
-    p = c1["per_token_ms"]
-    assert all(p[k] is not None and p[k] >= 0 for k in ("compute", "transfer", "wait"))
-    assert p["transfer"] > 0
-    # The engine's steps must tile the client's wall time (robust to bursty token delivery).
-    assert abs(c1["closure_stream_pct"]) <= 5, c1
-    assert c1["step_period_ms"] > c1["step_ms_mean"]  # the engine gap between steps is host overhead too
-    # The four terms are measured independently of the client's ITL; their sum must land on the median ITL.
-    # A busy host (TP 2 on 2 cores starves the API server) delivers tokens in bursts; the tool flags that,
-    # and the median ITL then means nothing.
-    lv1 = res["levels"][0]
-    if lv1["itl_burst_pct"] > 10:
-        assert any("bursts" in f for f in lv1["flags"]) and "bursts" in c1["note"]
-        pytest.skip(f"{lv1['itl_burst_pct']:.0f}% of tokens arrived in bursts (flagged): closure on the median ITL "
-                    f"not judged (it was {c1['closure_pct']:+.1f}%); stream closure {c1['closure_stream_pct']:+.1f}% passed")
-    assert abs(c1["closure_pct"]) <= 5, (c1, lv1)
     assert c1["top_sites"][0]["op"] == "all_reduce"
+    # The report of this run: the shares on page 1 sum to 100% and end at the headline.
+    from measured_run import split_from_page
+
+    from tpcomm.report.analysis import analyze
+    from tpcomm.report.pdf import render_pdf
+
+    rep = analyze(out)
+    import pdfplumber
+
+    with pdfplumber.open(render_pdf(rep, out / "report.pdf")) as pdf:
+        page1 = pdf.pages[0].extract_text()
+    total, ms, pct = split_from_page(page1)
+    assert abs(sum(pct) - 100) <= 1 and sum(ms) == pytest.approx(total, rel=0.02)
+    assert total == pytest.approx(c1["engine_ms_per_token"], rel=0.01)
+    assert "CLOSURE CHECK FAILED" not in page1
+
+
+@pytest.mark.vllm
+def test_client_stall_is_reported_and_leaves_the_terms_alone(baseline_run, plugin_server, tmp_path):
+    """A 1 s pause while reading the stream of one request (C=1): reported as a stall of that request, and no
+    term of the split moves: the same run's split without that request's time span agrees within 5% of the
+    per-token time per term, and the per-token time is within 10% of the run without the pause (two runs on
+    a shared 2-core host differ by a few % on their own)."""
+    from tpcomm.attribute.load import LoadSpec
+    from tpcomm.attribute.run import Attribute, AttributeConfig
+    from tpcomm.attribute.split import engine_split
+
+    url, key = plugin_server
+    out = tmp_path / "run"
+    spec = LoadSpec(requests=8, input_len=16, output_len=32, warmup=1, max_rounds=1, client_pause=(3, 10, 1.0))
+    res = Attribute(AttributeConfig(server_url=url, out=str(out), api_key=key, concurrency=[1],
+                                    spec=spec)).run(argv=["pytest", "stall"])
+    lv = res["attribution"]["levels"][0]
+    st = lv["stalls"]
+    # The injected pause is found where it was made (this host also stalls on its own now and then: those count too).
+    injected = [g for g in st["gaps"] if g["request_id"] == 3]
+    assert len(injected) == 1 and injected[0]["token_idx"] == 10 and 1000 <= injected[0]["gap_ms"] <= 1300, st
+    assert 3 in st["requests"] and st["total_ms"] >= injected[0]["gap_ms"]
+    assert lv["closure"]["judged"] and lv["closure"]["ok"], lv["closure"]  # one stalled request leaves TPOT p50 alone
+    # The engine was idle while the client paused: no decode period spans the stall.
+    req = pd.read_parquet(out / "load/requests.parquet").set_index("request_id")
+    rows = pd.read_parquet(out / "attribution/steps_by_rank.parquet")
+    rows = rows[(rows["concurrency"] == 1)]
+    span = (rows["t_start_ns"] >= req.loc[3, "t_start_ns"]) & (rows["t_start_ns"] <= req.loc[3, "t_end_ns"])
+    without = engine_split(rows[~span])
+    e = lv["engine_ms_per_token"]
+    for k, v in lv["per_token_ms"].items():
+        assert abs(without["per_token_ms"][k] - v) <= 0.05 * e, (k, lv["per_token_ms"], without["per_token_ms"])
+    e0 = json.loads((baseline_run[0] / "attribution/summary.json").read_text())["levels"][0]["engine_ms_per_token"]
+    assert abs(e - e0) <= 0.10 * e0, (e, e0)
 
 
 @pytest.mark.vllm

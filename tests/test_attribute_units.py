@@ -8,10 +8,11 @@ import pandas as pd
 import pytest
 
 from tpcomm.attribute.align import align, alignment_quality, instances
+from tpcomm.attribute.closure import client_side, closure, closure_text
 from tpcomm.attribute.crosscheck import compare, observed_per_step
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
-from tpcomm.attribute.split import assign_levels, decode_steps, host_overhead_ms, level_split, rank_steps
-from tpcomm.attribute.synthetic import make_records
+from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, top_sites
+from tpcomm.attribute.synthetic import make_client, make_records
 
 
 @pytest.fixture(scope="module")
@@ -61,29 +62,97 @@ def test_step_split_sums_to_step_time(synth):
     assert (by_rank["n_collectives"] == 10).all()
 
 
-def test_level_split_closure_and_host_overhead(synth):
+def _split(coll, steps):
+    return engine_split(rank_steps(align(coll), steps).assign(concurrency=1, repeat=0))
+
+
+def _assert_adds_up(sp):
+    total = sp["engine_ms_per_token"]
+    assert sum(sp["per_token_ms"].values()) == pytest.approx(total, rel=1e-9)
+    for r in sp["by_rank"]:  # every rank's own terms add up to its own mean period
+        assert sum(r["per_token_ms"].values()) == pytest.approx(r["period_ms"], rel=1e-9)
+
+
+def test_engine_split_equals_the_known_answer_and_adds_up(synth):
     coll, steps, truth = synth
-    ref = steps[steps["rank"] == 0]
-    # Tokens reach the client 150 us after their step ends.
-    tokens = pd.DataFrame({"request_id": 0, "concurrency": 1, "repeat": 0, "token_idx": np.arange(len(ref)),
-                           "t_ns": ref["t_end_ns"].to_numpy() + 150_000})
-    w = [{"concurrency": 1, "repeat": 0, "t_start_ns": int(steps["t_start_ns"].min()),
-          "t_end_ns": int(steps["t_end_ns"].max()) + 200_000}]
-    a = align(coll)
-    by_rank = assign_levels(rank_steps(a, steps), w)
-    d = decode_steps(by_rank)
-    assert len(d) == 200
-    host = host_overhead_ms(tokens, by_rank[by_rank["rank"] == 0])
-    itl = np.diff(tokens["t_ns"]) / 1e6
-    # ITL = previous step end -> this step end = gap + this step: host = ITL - step = inter-step gap (500 us).
-    assert np.median(host) == pytest.approx(0.5, abs=0.02)
-    assert np.mean(host) == pytest.approx(0.5, abs=0.02)
-    sp = level_split(d, assign_levels(a, w), tokens, by_rank[by_rank["rank"] == 0], float(np.median(itl)))
-    assert abs(sp["closure_pct"]) < 5
-    assert sp["per_token_ms"]["transfer"] * 1e3 == pytest.approx(truth["transfer_us_per_step"], rel=0.05)
+    sp = _split(coll, steps)
+    _assert_adds_up(sp)
+    assert sp["engine_ms_per_token"] * 1e3 == pytest.approx(truth["period_us"], rel=1e-6)
+    for k, t in (("compute", "compute_us"), ("transfer", "transfer_us"), ("wait", "wait_us"), ("host_gap", "gap_us")):
+        assert sp["per_token_ms"][k] * 1e3 == pytest.approx(truth[t], rel=1e-3), k
+    assert sum(sp["shares_pct"].values()) == pytest.approx(100)
+    assert sp["decode_pairs"] == 199 and sp["sampled_pairs_share"] == 1.0
     assert sp["comm_only_tok_per_s"] > sp["compute_only_tok_per_s"]
-    top = sp["top_sites"][0]
+    top = top_sites(align(coll), decode_steps(rank_steps(align(coll), steps).assign(concurrency=1, repeat=0)))[0]
     assert top["op"] == "all_reduce" and top["count_per_step"] == pytest.approx(9)
+
+
+def test_skew_lands_in_wait_not_in_transfer():
+    base = _split(*make_records(steps=300, skew_us=0.0, seed=3)[:2])
+    skewed_coll, skewed_steps, truth = make_records(steps=300, skew_us=2000.0, seed=3)
+    sk = _split(skewed_coll, skewed_steps)
+    _assert_adds_up(sk)
+    # Same transfer draws: the transfer term does not move; the added skew shows up as wait.
+    assert sk["per_token_ms"]["transfer"] == pytest.approx(base["per_token_ms"]["transfer"], rel=1e-3)
+    assert sk["per_token_ms"]["wait"] > base["per_token_ms"]["wait"] + 0.2  # mean |U1 - U2| / 2 x 10 calls = 0.33 ms
+    assert sk["per_token_ms"]["wait"] * 1e3 == pytest.approx(truth["wait_us"], rel=1e-3)
+
+
+def test_prefill_steps_and_idle_time_stay_out_of_the_decode_split():
+    coll, steps, truth = make_records(steps=660, prefill_every=33, idle_us=50_000, seed=2)
+    sp = _split(coll, steps)
+    _assert_adds_up(sp)
+    # Prefill steps are 8x longer and follow a 50 ms idle gap: had either entered, the period would be far off.
+    assert sp["engine_ms_per_token"] * 1e3 == pytest.approx(truth["period_us"], rel=1e-6)
+    assert sp["per_token_ms"]["host_gap"] * 1e3 == pytest.approx(truth["gap_us"], rel=1e-3)
+    assert sp["steps_in_window"] == {"decode": 640, "prefill": 20}
+    assert sp["decode_pairs"] == 660 - 2 * 20
+
+
+def test_sampled_graph_steps_equal_the_fully_recorded_split():
+    full_c, st, _ = make_records(steps=2000, prefill_every=50, seed=4)
+    samp_c, st2, _ = make_records(steps=2000, prefill_every=50, seed=4, sample_every=8)
+    assert samp_c["step"].nunique() * 8 == pytest.approx(full_c["step"].nunique(), abs=8)
+    full, samp = _split(full_c, st), _split(samp_c, st2)
+    _assert_adds_up(samp)
+    total = full["engine_ms_per_token"]
+    assert samp["engine_ms_per_token"] == pytest.approx(total, rel=1e-9)
+    for k in ("compute", "transfer", "wait", "host_gap"):  # within 1% of the per-token time
+        assert abs(samp["per_token_ms"][k] - full["per_token_ms"][k]) <= 0.01 * total, k
+    assert samp["sampled_pairs_share"] == pytest.approx(1 / 8, abs=0.02)
+    # Unrecorded steps averaged in as zeros would have cut transfer to about 1/8.
+    assert samp["per_token_ms"]["transfer"] > 0.9 * full["per_token_ms"]["transfer"]
+
+
+def test_client_side_bursts_change_no_engine_term_and_close():
+    coll, steps, truth = make_records(steps=660, prefill_every=33, seed=5)
+    sp = _split(coll, steps)
+    for burst in (1, 6):
+        req, tok = make_client(steps, burst=burst)
+        cs = client_side(req, tok, sp["engine_ms_per_token"], 1)
+        assert cs["stalls"]["count"] == 0, burst
+        # Bursts move token arrivals inside a request, not its first and last token: TPOT and closure hold.
+        assert cs["closure"]["judged"] and cs["closure"]["ok"], (burst, cs["closure"])
+        assert cs["delivery_ms"] == pytest.approx(cs["client"]["tpot_ms_p50"] - sp["engine_ms_per_token"])
+    assert cs["client"]["itl_ms_p50"] < 0.2 * cs["client"]["tpot_ms_p50"]  # bursty: ITL p50 says nothing
+
+
+def test_client_stall_is_reported_apart_and_enters_no_term():
+    coll, steps, truth = make_records(steps=660, prefill_every=33, seed=6)
+    sp = _split(coll, steps)
+    req, tok = make_client(steps, stall=(3, 10, 1100.0))
+    cs = client_side(req, tok, sp["engine_ms_per_token"], 1)
+    st = cs["stalls"]
+    assert st["count"] == 1 and st["requests"] == [3] and st["gaps"][0]["token_idx"] == 10
+    assert st["total_ms"] == pytest.approx(1100, abs=2)
+    assert cs["closure"]["ok"]  # one stalled request of 20 does not move the TPOT p50
+    # A closure that fails says so with both numbers and the stall, and names no cause.
+    e = sp["engine_ms_per_token"]
+    doc = {"concurrency": 1, "repeat": 0, "closure": closure(e, 2 * e, 1), "stalls": st}
+    text = closure_text(doc)
+    assert doc["closure"]["ok"] is False and "-50.0%" in text and "request(s) 3" in text
+    assert "because" not in text and "cause" not in text
+    assert closure(1.0, 1.05, 2)["judged"] is False and closure(1.0, 1.05, 2)["ok"] is None
 
 
 def test_crosscheck_reports_mismatch_with_detail(synth):

@@ -88,8 +88,14 @@ def test_demo_end_to_end(tmp_path, no_pooled_server):
         from tpcomm.report.analysis import analyze
 
         rep = analyze(out)
-        assert rep.verdict["source"] == "measured"
+        v = rep.verdict
+        assert v["source"] == "measured" and v["split_source"] == "measured"
         assert rep["ladder"].available and rep["breakdown"].available
+        # The headline is the split's total, and the closure check's outcome is stated, whichever it is.
+        m = v["measured"]
+        assert sum(m["terms"].values()) == pytest.approx(m["ms_per_token"], rel=0.01)
+        assert m["closure"]["judged"]
+        assert ("CLOSURE CHECK FAILED" in " ".join(v["sentences"])) == (m["closure"]["ok"] is False)
     assert not _wait_gone(str(out / "model")), "the vLLM server outlived the demo"
     print(f"demo took {took:.0f} s; stages {stages}")
 

@@ -130,7 +130,7 @@ def test_measured_report_numbers_match_analysis(tmp_path):
     text = "\n".join(pages)
     for key, title in SECTION_TITLES.items():
         assert title in text
-        if key != "methods":
+        if key not in ("methods", "replay"):  # the demo run has no `probe --replay`
             assert rep[key].available, f"{key} should be measured in the demo run"
     # Figures are vector with real text: their axis labels are searchable.
     labels = ["ms per token", "rank 0", "concurrency", "message size (bytes per rank)", "single-stream tok/s (model-based)"]
@@ -156,3 +156,24 @@ def test_no_probe_no_plugin_run_renders(tmp_path):
     assert "VLLM_PLUGINS=tpcomm" in text                          # the command that measures it
     assert text.count("Not measured") >= 4
     assert check_layout(out) >= 3
+
+
+def test_verdict_shares_read_back_from_the_pdf_sum_to_100(tmp_path):
+    """Page 1 of a measured report (real records re-analysed): the shares printed sum to 100% within 1
+    point, the headline is their total, and the failed closure of that saved run is stated."""
+    from measured_run import measured_run, split_from_page
+
+    run = measured_run(tmp_path / "run")
+    rep = analyze(run)
+    out = render_pdf(rep, run / "report.pdf")
+    page1 = " ".join(pdf_pages_text(out)[0].split())
+    got = split_from_page(page1)
+    assert got, page1[:1500]
+    total, ms, pct = got
+    assert abs(sum(pct) - 100) <= 1, pct
+    assert sum(ms) == pytest.approx(total, rel=0.02)     # printed to ~3 digits each
+    assert f"capped at {rep.verdict['numbers']['cap_tok_per_s']} tok/s ({rep.verdict['numbers']['ms_per_token']} ms per token)" in page1
+    assert total == float(rep.verdict["numbers"]["ms_per_token"])
+    assert "CLOSURE CHECK FAILED" in page1 and rep.verdict["numbers"]["client_tpot_ms_p50"] in page1
+    # The stacked bar's axis names the headline it ends at.
+    assert f"the bar ends at the headline {rep.verdict['measured']['ms_per_token']:.3g} ms" in page1

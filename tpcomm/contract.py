@@ -117,6 +117,9 @@ ATTR_STEPS_BY_RANK = FileSpec("attribution/steps_by_rank.parquet", "table", ATTR
 ATTR_COLLECTIVES = FileSpec("attribution/collectives.parquet", "table", ATTRIBUTE,
                             "hook records aligned across ranks: transfer_us and wait_us per call",
                             columns=_cols(_HOOK_COLL + " transfer_us:f wait_us:f"))
+ATTR_TIMELINE = FileSpec("attribution/timeline.json", "json", ATTRIBUTE,
+                         "one decode step per rank from the aligned records (what the report draws)",
+                         keys=("step", "ranks"))
 ATTR_SUMMARY = FileSpec("attribution/summary.json", "json", ATTRIBUTE, "per level split, ceilings, cross-check",
                         keys=("levels",))
 
@@ -133,7 +136,7 @@ SERVER_LOG = FileSpec("server.log", "aux", "tpcomm demo", "the demo's vLLM serve
 ALL: dict[str, FileSpec] = {s.path: s for s in (
     META, STATUS, TOPO, PLAN, PREDICT, PROBE_RESULTS, PROBE_RESULTS_JSON, PROBE_FIT, PROBE_JSONL, REPLAY,
     REPLAY_STEPS, REPLAY_COLLECTIVES, HOOK_COLLECTIVES, HOOK_STEPS, HOOK_META, HOOK_STATUS, LOAD_REQUESTS,
-    LOAD_TOKENS, LOAD_LEVELS, ATTR_STEPS, ATTR_STEPS_BY_RANK, ATTR_COLLECTIVES, ATTR_SUMMARY, PROFILE_SUMMARY,
+    LOAD_TOKENS, LOAD_LEVELS, ATTR_STEPS, ATTR_STEPS_BY_RANK, ATTR_COLLECTIVES, ATTR_TIMELINE, ATTR_SUMMARY, PROFILE_SUMMARY,
     PROFILE_HOOK, PROFILE_EVENTS, REPORT_PDF, REPORT_MD, SERVER_LOG)}
 
 

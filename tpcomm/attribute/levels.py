@@ -21,13 +21,18 @@ def _pct(x, q):
     return float(np.percentile(x, q)) if x.size else None
 
 
+def _mean(x):
+    x = np.asarray([v for v in x if v is not None and np.isfinite(v)], dtype=float)
+    return float(x.mean()) if x.size else None
+
+
 def level_figures(rows: pd.DataFrame, tokens: pd.DataFrame) -> dict:
     """Throughput and percentiles over the rows of one round (failed requests counted, not timed)."""
     ok = rows[rows["ok"]]
     out = {"requests": int(len(rows)), "failed": int((~rows["ok"]).sum())}
     if ok.empty:
         return {**out, "output_tok_per_s": None, "requests_per_s": None, "ttft_ms_p50": None, "ttft_ms_p99": None,
-                "tpot_ms_p50": None, "tpot_ms_p99": None, "itl_ms_p50": None, "itl_ms_p99": None,
+                "tpot_ms_p50": None, "tpot_ms_p99": None, "tpot_ms_mean": None, "itl_ms_p50": None, "itl_ms_p99": None,
                 "e2e_ms_p50": None, "duration_s": None}
     dur_s = (rows["t_end_ns"].max() - rows["t_start_ns"].min()) / 1e9
     itl = itls_ms(tokens[tokens["request_id"].isin(ok["request_id"])])
@@ -40,6 +45,7 @@ def level_figures(rows: pd.DataFrame, tokens: pd.DataFrame) -> dict:
             "requests_per_s": float(len(ok) / dur_s) if dur_s > 0 else None,
             "ttft_ms_p50": _pct(ok["ttft_ms"], 50), "ttft_ms_p99": _pct(ok["ttft_ms"], 99),
             "tpot_ms_p50": _pct(ok["tpot_ms"], 50), "tpot_ms_p99": _pct(ok["tpot_ms"], 99),
+            "tpot_ms_mean": _mean(ok["tpot_ms"]),
             "itl_ms_p50": _pct(itl, 50), "itl_ms_p99": _pct(itl, 99),
             "itl_ms_mean": float(itl.mean()) if itl.size else None, "itl_burst_pct": burst,
             "e2e_ms_p50": _pct(ok["e2e_ms"], 50), "duration_s": float(dur_s)}

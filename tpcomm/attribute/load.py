@@ -51,6 +51,9 @@ class LoadSpec:
     spread_pct: float = 10.0          # repeats of a level beyond this -> flagged
     timeout_s: float = 300.0
     seed: int = 0
+    # Test hook: (request_id, token_idx, seconds): that request's client stops reading the stream for `seconds`
+    # after receiving `token_idx` tokens (an injected client stall; the server keeps generating).
+    client_pause: tuple[int, int, float] | None = None
 
 
 @dataclass
@@ -129,7 +132,8 @@ def _payload(info: ServerInfo, spec: LoadSpec, prompt) -> tuple[str, dict]:
     return "/v1/completions", {**common, "prompt": prompt}
 
 
-async def stream_request(client: httpx.AsyncClient, info: ServerInfo, spec: LoadSpec, prompt) -> dict:
+async def stream_request(client: httpx.AsyncClient, info: ServerInfo, spec: LoadSpec, prompt,
+                         pause: tuple[int, float] | None = None) -> dict:
     """One streaming request. Returns its row for requests.parquet plus 'token_ns' (arrival of each token chunk)."""
     path, payload = _payload(info, spec, prompt)
     row = {"ok": False, "error": "", "prompt_tokens": None, "output_tokens": None}
@@ -157,6 +161,8 @@ async def stream_request(client: httpx.AsyncClient, info: ServerInfo, spec: Load
                                 and not choices[0].get("finish_reason"):
                             continue
                         tokens.append(t)
+                        if pause and len(tokens) == pause[0]:
+                            await asyncio.sleep(pause[1])
                     elif usage := msg.get("usage"):
                         row["output_tokens"] = usage.get("completion_tokens")
                         row["prompt_tokens"] = usage.get("prompt_tokens")
@@ -201,7 +207,9 @@ async def run_round(info: ServerInfo, spec: LoadSpec, prompts: Prompts, concurre
         for i in next_id:
             if gone.is_set():
                 return
-            row = await stream_request(client, info, spec, prompts.make())
+            cp = spec.client_pause
+            row = await stream_request(client, info, spec, prompts.make(),
+                                       pause=(cp[1], cp[2]) if cp and cp[0] == i else None)
             row["request_id"] = i
             rows.append(row)
             if on_done:

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pandas as pd
 
+from tpcomm import contract as C
 from tpcomm.attribute import load, records
 from tpcomm.attribute.server import ServerInfo
 
@@ -108,7 +109,7 @@ def profile_run(info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, pr
         records.stop(info)
         coll, _, _ = records.fetch(info)
         coll = coll[(coll["t_start_ns"] >= t0) & (coll["t_end_ns"] <= t1)]
-        rd.write_table("profile/hook_collectives.parquet", coll)
+        rd.write_table(C.PROFILE_HOOK, coll)
         hook = coll.groupby(["rank", "op"]).agg(count=("duration_us", "size"), time_us=("duration_us", "sum")).reset_index()
         doc["hook"] = hook.to_dict("records")
     if not profile_dir:
@@ -119,7 +120,7 @@ def profile_run(info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, pr
         doc["note"] = f"no trace named {prefix}* appeared in {profile_dir}"
         return doc
     summ = summarise_traces(paths)
-    rd.write_table("profile/comm_events.parquet", summ)
+    rd.write_table(C.PROFILE_EVENTS, summ)
     doc["traces"] = [str(p) for p in paths]
     doc["trace_comm"] = summ.to_dict("records")
     doc["comparison"] = compare_with_hook(summ, hook)

@@ -24,6 +24,7 @@ from typing import Callable
 
 import pandas as pd
 
+from tpcomm import contract as C
 from tpcomm.attribute import load, records
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.server import ServerInfo, check_server, is_alive
@@ -71,6 +72,9 @@ class Attribute:
         self.hook_meta: dict = {}
         self.notes: list[str] = []
         self._next_id = 0
+        import secrets
+
+        self._run_id = secrets.token_hex(4)
 
     @property
     def plugin_on(self) -> bool:
@@ -128,7 +132,9 @@ class Attribute:
     # ---- load ---------------------------------------------------------------
     def _level(self, c: int, rep: int, prompts: load.Prompts) -> None:
         spec = self.cfg.spec
-        hook_ok = self.plugin_on and self._hook(records.start)
+        # Our own recording session: a start or stop from another client during the level is detected below.
+        session = f"attribute-{self._run_id}-c{c}-r{rep}"
+        hook_ok = self.plugin_on and self._hook(lambda info: records.start(info, session))
         for rnd in range(spec.max_rounds):
             self.progress.level_start(c, rep, rnd, spec.requests)
             offset = self._next_id
@@ -156,10 +162,23 @@ class Attribute:
         self.windows.append({"concurrency": c, "repeat": rep, "t_start_ns": int(req["t_start_ns"].min()),
                              "t_end_ns": int(req["t_end_ns"].max())})
         if hook_ok:
+            problem = None
+            try:
+                problem = records.session_problem(records.status(self.info), session, self._started_ns(c))
+            except records.HookError as e:
+                problem = f"the hook's status could not be read before stopping ({e})"
             self._hook(records.stop)
+            if problem:
+                lv["hook_problem"] = problem
+                lv["flags"].append(f"C={c}: {problem}; this level's split is not computed")
+                self.notes.append(f"C={c}: {problem}")
             self._pull_records(c, rep)
         self._write_load()
         self.progress.level_end(lv)
+
+    def _started_ns(self, c: int) -> int:
+        rows = [r["t_start_ns"] for r in self.requests if r.get("concurrency") == c]
+        return int(min(rows)) if rows else 0
 
     def _level_doc(self, c, rep, rnd, req, tok, steady, note, flags) -> dict:
         lv = {"concurrency": c, "repeat": rep, "round": rnd, **level_figures(req, tok), "steady": steady,
@@ -188,10 +207,10 @@ class Attribute:
 
     def _write_load(self) -> None:
         req = pd.DataFrame(self.requests, columns=REQUEST_COLUMNS)
-        self.rd.write_table("load/requests.parquet", req)
-        self.rd.write_table("load/tokens.parquet", pd.concat(self.tokens, ignore_index=True) if self.tokens
+        self.rd.write_table(C.LOAD_REQUESTS, req)
+        self.rd.write_table(C.LOAD_TOKENS, pd.concat(self.tokens, ignore_index=True) if self.tokens
                             else _empty_tokens())
-        self.rd.write_json("load/levels.json", self.levels)
+        self.rd.write_json(C.LOAD_LEVELS, self.levels)
 
     # ---- hook ---------------------------------------------------------------
     def _hook(self, fn: Callable) -> bool:
@@ -213,16 +232,16 @@ class Attribute:
         self.hook_meta = meta
         self.coll = records.merge(self.coll, coll, ["rank", "step", "call_idx", "t_start_ns"])
         self.steps = records.merge(self.steps, steps, ["rank", "step", "t_start_ns"])
-        self.rd.write_table("hook/collectives.parquet", self.coll)
-        self.rd.write_table("hook/steps.parquet", self.steps)
-        self.rd.write_json("hook/meta.json", meta)
+        self.rd.write_table(C.HOOK_COLLECTIVES, self.coll)
+        self.rd.write_table(C.HOOK_STEPS, self.steps)
+        self.rd.write_json(C.HOOK_META, meta)
 
     # ---- analysis -----------------------------------------------------------
     def _analyse(self) -> None:
         from tpcomm.attribute.analysis import analyse_run_dir
 
         if self.info.plugin is not None:
-            self.rd.write_json("hook/status.json", self.info.plugin)
+            self.rd.write_json(C.HOOK_STATUS, self.info.plugin)
         self.summary = analyse_run_dir(self.rd, model_source=self._model_source(), hook_status=self.info.plugin,
                                        notes=self.notes, conditions=self.conditions())
 
@@ -236,7 +255,7 @@ class Attribute:
         from tpcomm.attribute.profile import profile_run
 
         doc = profile_run(self.info, self.cfg.spec, prompts, self.cfg.profile_dir, self.rd)
-        self.rd.write_json("profile/summary.json", doc)
+        self.rd.write_json(C.PROFILE_SUMMARY, doc)
         self.profile_doc = doc
 
     # ---- output -------------------------------------------------------------

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tpcomm.attribute.closure import closure_text
 from tpcomm.attribute.run import Progress as ProgressHooks
 
 
@@ -69,24 +70,28 @@ def render(res: dict, console: Console | None = None) -> None:
         con.print(f"[bold]Per-token split[/bold] (hook records: TP {c.get('tp')}, backends {', '.join(c.get('backends', []))}, "
                   f"timing {', '.join(c.get('timing', []))}; server {_versions(c.get('server_versions'))})")
         t = Table()
-        for col in ("C", "rep", "ITL p50 ms", "compute", "transfer", "wait", "host", "sum vs ITL p50 / mean", "comm-only tok/s",
-                    "compute-only tok/s", "collectives/step vs plan"):
+        for col in ("C", "rep", "engine ms/token", "compute", "transfer", "wait", "host gap", "client TPOT p50",
+                    "delivery", "closure (C=1, 10%)", "stalls", "comm-only tok/s", "collectives/step vs plan"):
             t.add_column(col, justify="right")
         for a in att["levels"]:
             p = a.get("per_token_ms")
             if not p:
-                t.add_row(str(a["concurrency"]), str(a["repeat"]), _f(a.get("itl_ms_p50")), *["-"] * 7, a.get("note", ""))
+                t.add_row(str(a["concurrency"]), str(a["repeat"]), *["-"] * 10, a.get("note", ""))
                 continue
-            cc = a["collectives_per_step"]
+            cc, cz, st = a["collectives_per_step"], a.get("closure") or {}, a.get("stalls") or {}
             verdict = ("[green]match" if cc["match"] else "[red]MISMATCH" if cc["match"] is False else "not compared")
-            t.add_row(str(a["concurrency"]), str(a["repeat"]), _f(a["itl_ms_p50"]), _f(p["compute"]), _f(p["transfer"]),
-                      _f(p["wait"]), _f(p["host_overhead"]),
-                      f"{_f(a['closure_pct'], '{:+.1f}%')} / {_f(a.get('closure_mean_pct'), '{:+.1f}%')}",
-                      _f(a["comm_only_tok_per_s"], "{:.0f}"), _f(a["compute_only_tok_per_s"], "{:.0f}"),
+            closure = "-" if cz.get("diff_pct") is None else f"{cz['diff_pct']:+.1f}% " + {
+                True: "[green]ok", False: "[red]FAILED"}.get(cz.get("ok"), "not judged")
+            t.add_row(str(a["concurrency"]), str(a["repeat"]), _f(a["engine_ms_per_token"]), _f(p["compute"]),
+                      _f(p["transfer"]), _f(p["wait"]), _f(p["host_gap"]), _f((a.get("client") or {}).get("tpot_ms_p50")),
+                      _f(a.get("delivery_ms")), closure, f"{st.get('count', 0)} ({st.get('total_ms', 0):.0f} ms)",
+                      _f(a["comm_only_tok_per_s"], "{:.0f}"),
                       f"{cc['observed_total']} vs {cc['planned_total'] if cc['planned_total'] is not None else '-'} {verdict}")
         con.print(t)
-        con.print("[dim]per-token ms on the server's step clock (trimmed mean over decode steps, mean over ranks); "
-                  "host = client ITL minus the emitting step; sum vs the client's ITL checks the split")
+        con.print("[dim]per-token ms on the server's step clock: mean start-to-start period of consecutive decode steps "
+                  "in the level's steady window = compute + transfer + wait + host gap (mean over ranks); collective time "
+                  "= transfer + wait, wait = rank skew. Client TPOT p50 beside it; delivery = the difference; stalls "
+                  "(token gaps > 20 periods) enter no term")
         top = next((a["top_sites"] for a in att["levels"] if a.get("top_sites")), [])
         if top:
             con.print("Top collective sites at the first level (per decode step per rank): " + "; ".join(
@@ -98,6 +103,8 @@ def render(res: dict, console: Console | None = None) -> None:
                 con.print(f"[yellow]C={a['concurrency']}: {cc.get('detail', '')}")
             if a.get("note"):
                 con.print(f"[yellow]C={a['concurrency']} repeat {a['repeat']}: {a['note']}")
+            if text := closure_text(a):
+                con.print(f"[red]{text}")
     for n in res.get("notes", []):
         con.print(f"[yellow]{n}")
     if res.get("profile"):

@@ -1,19 +1,23 @@
-"""Split decode time into compute, collective transfer, collective wait and
-host/engine overhead.
+"""Split the engine's per-token time into compute, collective transfer,
+collective wait and the host gap between steps: one clock, one window, one
+statistic, and the four terms add up by the way they are measured.
 
-Per decode step and rank (from aligned hook records):
+Per engine step and rank (from aligned hook records):
     transfer_us = sum over the step's collectives of the instance's minimum duration over ranks
-    wait_us     = sum of (this rank's duration - that minimum)            (rank skew)
-    compute_us  = step_us - transfer_us - wait_us                         (everything else in the step)
-Per token of a request (what a stream sees as its inter-token latency):
-    compute / transfer / wait = trimmed mean (p5..p95 of step time) over the level's decode steps,
-                                averaged over ranks
-    host_overhead             = mean over tokens of (client ITL - duration of the step that emitted it)
-The four terms are measured independently of the client's ITL, so their sum
-versus the median ITL (closure_pct) and the mean ITL (closure_mean_pct) checks
-the split. When the client receives tokens in bursts (a starved API server),
-those two mean little; stream_closure() still checks that the engine's steps
-tile the client's wall time (closure_stream_pct).
+    wait_us     = sum of (this rank's duration - that minimum)          (rank skew, not link speed)
+    compute_us  = step_us - transfer_us - wait_us                       (everything else in the step)
+Per level and rank, over the *decode pairs* of the level's steady window: a decode
+step i followed by decode step i+1 on the same rank (consecutive step counters;
+prefill and mixed steps, and the idle time before them, are left out):
+    period_us   = t_start(i+1) - t_start(i)  = step_us(i) + gap_us(i)
+    gap_us      = t_start(i+1) - t_end(i)    (host gap between steps: scheduling, output processing)
+Every running stream gets one token per decode step, so the engine's per-token
+time is the mean period, and
+    mean period = mean compute + mean transfer + mean wait + mean gap   (exact: means add).
+Sampled collective timing (CUDA graphs, one step in TPCOMM_GRAPH_SAMPLE_EVERY):
+transfer and wait are means over the pairs whose step carries collective records,
+compute = mean step time - transfer - wait, so unrecorded steps never count as zeros.
+The level's terms are the means over ranks of each rank's terms (still exact).
 
 Units: *_us microseconds, *_ms milliseconds, t_*_ns wall clock.
 """
@@ -25,6 +29,7 @@ import pandas as pd
 
 STEP_COLUMNS = ["concurrency", "repeat", "step", "step_us", "compute_us", "transfer_us", "wait_us", "n_collectives",
                 "num_seqs", "num_tokens", "kind", "ranks", "t_start_ns", "t_end_ns"]
+TERMS = ("compute", "transfer", "wait", "host_gap")
 
 
 def rank_steps(aligned: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -66,78 +71,73 @@ def decode_steps(rank_rows: pd.DataFrame) -> pd.DataFrame:
     return out[STEP_COLUMNS]
 
 
-def host_overhead_ms(tokens: pd.DataFrame, ref_steps: pd.DataFrame) -> np.ndarray:
-    """Per token: client ITL minus the duration of the step that emitted it.
-
-    The emitting step is the last step on the reference rank that ended before the
-    token reached the client (both clocks are time.time_ns() on one host)."""
-    if tokens.empty or ref_steps.empty:
-        return np.array([])
-    s = ref_steps.sort_values("t_end_ns")
-    ends = s["t_end_ns"].to_numpy()
-    dur_ms = s["step_us"].to_numpy() / 1e3
-    t = tokens.sort_values(["concurrency", "repeat", "request_id", "token_idx"])
-    tn = t["t_ns"].to_numpy()
-    rid = t[["concurrency", "repeat", "request_id"]].to_numpy()
-    same = (rid[1:] == rid[:-1]).all(axis=1)
-    gap_ms = np.diff(tn) / 1e6
-    pos = np.searchsorted(ends, tn[1:], side="right") - 1
-    ok = same & (pos >= 0)
-    return gap_ms[ok] - dur_ms[pos[ok]]
+def decode_pairs(rank_rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows of `rank_rows` (one level) whose step is a decode step followed by the next decode step on the
+    same rank, with period_us and gap_us added."""
+    r = rank_rows.sort_values(["rank", "step"])
+    nxt = r.groupby("rank", sort=False)[["step", "t_start_ns", "kind"]].shift(-1)
+    ok = ((r["kind"] == "decode") & (nxt["kind"] == "decode") & (nxt["step"] == r["step"] + 1)).to_numpy()
+    out = r[ok].copy()
+    nstart = nxt.loc[ok, "t_start_ns"].to_numpy(dtype=np.int64)
+    out["period_us"] = (nstart - out["t_start_ns"].to_numpy(dtype=np.int64)) / 1e3
+    out["gap_us"] = (nstart - out["t_end_ns"].to_numpy(dtype=np.int64)) / 1e3
+    return out
 
 
-def _trimmed(df: pd.DataFrame) -> pd.DataFrame:
-    if len(df) < 10:
-        return df
-    lo, hi = df["step_us"].quantile([0.05, 0.95])
-    return df[(df["step_us"] >= lo) & (df["step_us"] <= hi)]
+def _rank_terms(p: pd.DataFrame, coll_steps: float) -> dict:
+    """One rank's per-token terms (ms) over its decode pairs."""
+    sampled = p[p["n_collectives"] > 0]
+    if coll_steps and sampled.empty:
+        return {"pairs": int(len(p)), "sampled_pairs": 0, "per_token_ms": None}
+    transfer = float(sampled["transfer_us"].mean()) / 1e3 if len(sampled) else 0.0
+    wait = float(sampled["wait_us"].mean()) / 1e3 if len(sampled) else 0.0
+    step = float(p["step_us"].mean()) / 1e3
+    gap = float(p["gap_us"].mean()) / 1e3
+    return {"pairs": int(len(p)), "sampled_pairs": int(len(sampled)), "period_ms": float(p["period_us"].mean()) / 1e3,
+            "per_token_ms": {"compute": step - transfer - wait, "transfer": transfer, "wait": wait, "host_gap": gap}}
 
 
-def stream_closure(ref_steps: pd.DataFrame, concurrency: int, output_tok_per_s: float | None) -> dict:
-    """A check that survives bursty token delivery: the engine's steps must tile the client's wall time.
+def engine_split(rank_rows: pd.DataFrame) -> dict:
+    """The engine's per-token time of one level and its four terms, per rank and averaged over ranks.
 
-    step_period_ms = mean start-to-start time of consecutive steps on the reference rank (any kind);
-    stream_ms_per_token = C / (client output tok/s) = the time a stream spends per token over the round."""
-    s = ref_steps.sort_values("t_start_ns")
-    if len(s) < 2 or not output_tok_per_s:
-        return {"step_period_ms": None, "engine_gap_ms": None, "stream_ms_per_token": None, "closure_stream_pct": None}
-    period = float(np.diff(s["t_start_ns"].to_numpy()).mean()) / 1e6
-    stream = concurrency * 1000.0 / output_tok_per_s
-    return {"step_period_ms": period, "engine_gap_ms": period - float(s["step_us"].iloc[:-1].mean()) / 1e3,
-            "stream_ms_per_token": stream, "closure_stream_pct": (period - stream) / stream * 100}
-
-
-def level_split(step_rows: pd.DataFrame, aligned_level: pd.DataFrame, tokens: pd.DataFrame,
-                ref_steps: pd.DataFrame, itl_ms_p50: float | None, itl_ms_mean: float | None = None) -> dict:
-    """The per-token split, ceilings and top collective sites of one level."""
-    if step_rows.empty:
-        return {"per_token_ms": None, "note": "no decode steps recorded in this level's window"}
-    t = _trimmed(step_rows)
-    compute, transfer, wait = (float(t[c].mean()) / 1e3 for c in ("compute_us", "transfer_us", "wait_us"))
-    host = host_overhead_ms(tokens, ref_steps)
-    # A mean, not a median: when tokens reach the client in bursts, a burst's gaps sum to the
-    # steps it covers, so only the mean keeps the per-token total right.
-    host_ms = float(np.mean(host)) if host.size else None
-    total = compute + transfer + wait + (host_ms or 0.0)
-    seqs = float(t["num_seqs"].mean()) if t["num_seqs"].notna().any() else 1.0
-    out = {
-        "per_token_ms": {"compute": compute, "transfer": transfer, "wait": wait, "host_overhead": host_ms},
-        "step_ms_mean": float(t["step_us"].mean()) / 1e3,
-        "sum_ms": total,
-        "closure_pct": (total - itl_ms_p50) / itl_ms_p50 * 100 if itl_ms_p50 else None,
-        "closure_mean_pct": (total - itl_ms_mean) / itl_ms_mean * 100 if itl_ms_mean else None,
-        "decode_steps": int(len(step_rows)),
-        "seqs_per_step": seqs,
-        "comm_only_tok_per_s": seqs / (transfer / 1e3) if transfer > 0 else None,
-        "comm_and_wait_only_tok_per_s": seqs / ((transfer + wait) / 1e3) if transfer + wait > 0 else None,
-        "compute_only_tok_per_s": seqs / (compute / 1e3) if compute > 0 else None,
-        "top_sites": top_sites(aligned_level, step_rows),
-    }
+    `rank_rows`: rank_steps() rows of one level's window (all step kinds)."""
+    pairs = decode_pairs(rank_rows) if not rank_rows.empty else rank_rows
+    kinds = rank_rows["kind"].value_counts().to_dict() if not rank_rows.empty else {}
+    ranks_n = max(rank_rows["rank"].nunique(), 1) if not rank_rows.empty else 1
+    out = {"engine_ms_per_token": None, "per_token_ms": None, "by_rank": [], "decode_pairs": 0,
+           "steps_in_window": {k: int(v // ranks_n) for k, v in kinds.items()}}
+    if pairs.empty:
+        out["note"] = "no two consecutive decode steps recorded in this level's window"
+        return out
+    # Steps of this level that carry collectives at all: with none (TP 1) transfer and wait are truly 0.
+    coll_steps = float((rank_rows["n_collectives"] > 0).mean())
+    by_rank = []
+    for rank, p in pairs.groupby("rank", sort=True):
+        t = _rank_terms(p, coll_steps)
+        if t["per_token_ms"] is not None:
+            by_rank.append({"rank": int(rank), **t})
+    if not by_rank:
+        out["note"] = "no decode pair in this level's window carries collective records (sampling too sparse)"
+        return out
+    terms = {k: float(np.mean([r["per_token_ms"][k] for r in by_rank])) for k in TERMS}
+    total = float(np.mean([r["period_ms"] for r in by_rank]))
+    out.update(engine_ms_per_token=total, per_token_ms=terms, by_rank=by_rank,
+               terms_sum_ms=sum(terms.values()), decode_pairs=int(len(pairs) // max(len(by_rank), 1)),
+               sampled_pairs_share=float(np.mean([r["sampled_pairs"] / r["pairs"] for r in by_rank])),
+               seqs_per_step=float(pairs["num_seqs"].mean()))
+    out["shares_pct"] = {k: 100.0 * v / total for k, v in terms.items()} if total > 0 else None
+    seqs = out["seqs_per_step"]
+    tr, wa = terms["transfer"], terms["wait"]
+    # Ceilings: what one stream would get if a single term were all there is (tok/s per stream x streams/step).
+    out.update(comm_only_tok_per_s=seqs / (tr / 1e3) if tr > 0 else None,
+               comm_and_wait_only_tok_per_s=seqs / ((tr + wa) / 1e3) if tr + wa > 0 else None,
+               compute_only_tok_per_s=seqs / (terms["compute"] / 1e3) if terms["compute"] > 0 else None)
     return out
 
 
 def top_sites(aligned_level: pd.DataFrame, step_rows: pd.DataFrame, n: int = 8) -> list[dict]:
-    """Collectives grouped by (group, op, bytes): count and time per decode step per rank."""
+    """Collectives grouped by (group, op, bytes): count and time per decode step per rank
+    (over the decode steps that carry records)."""
     if aligned_level.empty or step_rows.empty:
         return []
     a = aligned_level[aligned_level["step"].isin(step_rows["step"])]

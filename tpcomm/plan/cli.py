@@ -6,6 +6,7 @@ import json
 
 import click
 
+from tpcomm import contract as C
 from tpcomm.cli_common import batch_option, layout_options, model_option, out_option
 
 
@@ -29,5 +30,5 @@ def plan(model, tp, ep, dp, pp, dcp, batch, as_json, out):
 
         rd = RunDir(out)
         rd.record_command("plan")
-        rd.write_json("plan.json", doc)
+        rd.write_json(C.PLAN, doc)
     click.echo(json.dumps(doc, indent=2) if as_json else format_plan(doc))

@@ -6,9 +6,15 @@ import json
 
 import click
 
+from tpcomm import contract as C
 from tpcomm.cli_common import IntList, batch_option, layout_options, model_option, out_option
-from tpcomm.predict.model import (DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_CONTEXT, DEFAULT_KERNEL_OVERHEAD_US,
-                                  DEFAULT_MEMORY_EFFICIENCY)
+from tpcomm.predict.model import (
+    DEFAULT_COMPUTE_EFFICIENCY,
+    DEFAULT_CONTEXT,
+    DEFAULT_KERNEL_OVERHEAD_US,
+    DEFAULT_MEMORY_EFFICIENCY,
+)
+from tpcomm.predict.ranges import KERNEL_OVERHEAD_RANGE_US, MEMORY_EFFICIENCY_RANGE
 
 GPU_HELP = ("Hardware profile: rtx-pro-6000, rtx-4090, rtx-5090, l40s, a100-pcie, a100-sxm, h100-pcie, h100-sxm, h200, b200, cpu, "
             "or a JSON profile file (memory_bandwidth_GBps, memory_GB, bf16_tflops, link {type, p2p, p2p_GBps}).")
@@ -28,6 +34,27 @@ class FloatList(IntList):
         return vals
 
 
+class FittedPoints(click.ParamType):
+    """batch:tok/s pairs: "1:61.3,32:464"."""
+
+    name = "points"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, dict):
+            return value
+        out = {}
+        for tok in str(value).replace(",", " ").split():
+            b, _, v = tok.partition(":")
+            try:
+                b, v = int(b), float(v)
+            except ValueError:
+                self.fail(f"{tok!r} is not batch:tok/s (expected e.g. 1:61.3,32:464)", param, ctx)
+            if b < 1 or not (0 < v < float("inf")):
+                self.fail(f"{tok!r} needs a batch >= 1 and tok/s > 0 (expected e.g. 1:61.3,32:464)", param, ctx)
+            out[b] = v
+        return out
+
+
 @click.command("predict")
 @model_option
 @layout_options
@@ -39,38 +66,63 @@ class FloatList(IntList):
               help="A tpcomm probe run directory: collective latency from its fitted model (preferred over everything).")
 @batch_option
 @click.option("--context", type=int, default=DEFAULT_CONTEXT, show_default=True, help="Context tokens per sequence (KV-cache reads).")
-@click.option("--memory-efficiency", type=float, default=DEFAULT_MEMORY_EFFICIENCY, show_default=True,
-              help="Fraction of datasheet memory bandwidth reached by weight streaming (assumption; typical 0.7-0.85).")
+@click.option("--memory-efficiency", type=float, default=None,
+              help=f"Fraction of datasheet memory bandwidth reached by weight streaming, fixed [default: the range "
+                   f"{MEMORY_EFFICIENCY_RANGE[0]:g}-{MEMORY_EFFICIENCY_RANGE[2]:g}, central {DEFAULT_MEMORY_EFFICIENCY:g} (assumption), "
+                   "or the profile's range].")
 @click.option("--kernel-overhead-us", type=float, default=None,
-              help=f"Fixed cost per kernel: launch gap + small-kernel ramp [default {DEFAULT_KERNEL_OVERHEAD_US:g} us on GPUs, "
-                   "the profile's value on cpu; assumption, measured by tpcomm attribute].")
+              help=f"Fixed cost per kernel, launch gap + small-kernel ramp, fixed [default: the range {KERNEL_OVERHEAD_RANGE_US[0]:g}-"
+                   f"{KERNEL_OVERHEAD_RANGE_US[2]:g} us, central {DEFAULT_KERNEL_OVERHEAD_US:g} us on GPUs (assumption), the profile's "
+                   "range on cpu; tpcomm attribute measures it].")
 @click.option("--compute-efficiency", type=float, default=DEFAULT_COMPUTE_EFFICIENCY, show_default=True,
               help="Fraction of dense BF16 peak reached by decode GEMMs (assumption).")
 @click.option("--moe-penalty-us", type=float, default=0.0, show_default=True,
               help="Extra term: us per MoE layer per step (a slow MoE kernel path, e.g. W4A4 FP4).")
 @click.option("--moe-bw-factor", type=float, default=1.0, show_default=True,
               help="Extra term: routed-expert weight streaming takes this many times its roofline time.")
+@click.option("--fitted-to", type=FittedPoints(), default=None, metavar="B:TOK_S,...",
+              help="Measured points as batch:tok/s (e.g. 1:61.3,32:464) that the MoE extra terms are fitted to: without "
+                   "--moe-penalty-us/--moe-bw-factor tpcomm fits them (2 points: both, 1 point: the penalty); with them, they are "
+                   "labelled as fitted to these points. Either way the output says 'fitted to' and never calls them predictions.")
+@click.option("--attribution", "attribution_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A tpcomm attribute run directory: anchor the model on its measured per-token compute, collective and host "
+                   "terms and answer the what-ifs from them.")
 @click.option("--compare-model", default=None, metavar="MODEL", help="A second checkpoint to compare with (same layout).")
 @click.option("--measured", type=FloatList(), default=None, help="Measured tok/s of --model and --compare-model, e.g. 82,61.3.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @out_option
 def predict(model, tp, ep, dp, pp, dcp, gpu, interconnect, allreduce_us, probe_dir, batch, context, memory_efficiency,
-            kernel_overhead_us, compute_efficiency, moe_penalty_us, moe_bw_factor, compare_model, measured, as_json, out):
+            kernel_overhead_us, compute_efficiency, moe_penalty_us, moe_bw_factor, fitted_to, attribution_dir, compare_model, measured,
+            as_json, out):
     """Analytic per-token decode time: weight bytes / (efficiency x memory
     bandwidth) + collectives x latency + kernels x per-kernel overhead + extra
-    terms. Collective latency from --probe, else --allreduce-us, else NCCL's
-    own tuning model for the link. Every default and its source is listed in
-    the output's `assumptions`."""
-    from tpcomm.predict import Knobs, predict as run
+    terms. Every model-based number is a range over the uncertain inputs
+    (collective latency: NCCL's tuning model as the lower bound, the measured
+    table of the hardware as the central value, the highest public measurement
+    as the high end; per-kernel overhead; memory efficiency), and a verdict is
+    given only where the whole range agrees. --probe or --allreduce-us replace
+    the latency range with this hardware's own number; --attribution anchors
+    the model on a measured run. Every input and its source is listed in the
+    output's `assumptions`."""
+    from tpcomm.predict import Knobs
+    from tpcomm.predict import predict as run
     from tpcomm.predict.format import format_predict
-    from tpcomm.predict.hardware import load_profile
 
-    prof = load_profile(gpu)
     k = Knobs(memory_efficiency=memory_efficiency, compute_efficiency=compute_efficiency, context=context,
-              kernel_overhead_us=kernel_overhead_us if kernel_overhead_us is not None else prof.get("kernel_overhead_us", DEFAULT_KERNEL_OVERHEAD_US),
-              moe_penalty_us=moe_penalty_us, moe_bw_factor=moe_bw_factor)
+              kernel_overhead_us=kernel_overhead_us, moe_penalty_us=moe_penalty_us, moe_bw_factor=moe_bw_factor)
     lay = dict(ep=ep, dp=dp, pp=pp, dcp=dcp)
-    doc = run(model, tp=tp, gpu=gpu, interconnect=interconnect, batches=batch, allreduce_us=allreduce_us, probe=probe_dir, knobs=k, **lay)
+    if attribution_dir:
+        from tpcomm.predict.calibrate import predict_calibrated
+        from tpcomm.predict.format import format_calibrated
+
+        if compare_model or measured or probe_dir:
+            raise click.UsageError("--attribution answers from a measured run: drop --compare-model/--measured/--probe")
+        doc = predict_calibrated(model, attribution_dir, tp=tp, gpu=gpu, batches=batch, knobs=k, **lay)
+        _write(out, doc)
+        click.echo(json.dumps(doc, indent=2) if as_json else format_calibrated(doc))
+        return
+    doc = run(model, tp=tp, gpu=gpu, interconnect=interconnect, batches=batch, allreduce_us=allreduce_us, probe=probe_dir, knobs=k,
+              fitted_to=fitted_to, out=out, **lay)
     if measured and not compare_model:
         raise click.UsageError("--measured needs --compare-model (two values: --model's tok/s, then --compare-model's)")
     if measured and len(measured) != 2:
@@ -78,13 +130,22 @@ def predict(model, tp, ep, dp, pp, dcp, gpu, interconnect, allreduce_us, probe_d
     if compare_model:
         from tpcomm.predict.compare import compare_models
 
-        other = run(compare_model, tp=tp, gpu=gpu, interconnect=interconnect, batches=batch, allreduce_us=allreduce_us,
-                    probe=probe_dir, knobs=k, what_if=False, **lay)
-        doc["compare"] = compare_models(model, compare_model, doc, other, tp, measured, **lay)
+        from dataclasses import replace
+
+        # Both checkpoints without extra terms: those belong to one checkpoint (and may be fitted to it).
+        plain = replace(k, moe_penalty_us=0.0, moe_bw_factor=1.0)
+        same = dict(tp=tp, gpu=gpu, interconnect=interconnect, batches=batch, allreduce_us=allreduce_us, probe=probe_dir,
+                    knobs=plain, what_if=False, **lay)
+        base = run(model, **same) if doc.get("fitted") else doc
+        doc["compare"] = compare_models(model, compare_model, base, run(compare_model, **same), tp, measured, **lay)
+    _write(out, doc)
+    click.echo(json.dumps(doc, indent=2) if as_json else format_predict(doc))
+
+
+def _write(out, doc):
     if out:
         from tpcomm.rundir import RunDir
 
         rd = RunDir(out)
         rd.record_command("predict")
-        rd.write_json("predict.json", doc)
-    click.echo(json.dumps(doc, indent=2) if as_json else format_predict(doc))
+        rd.write_json(C.PREDICT, doc)

@@ -18,7 +18,7 @@ def compare_models(a: str, b: str, doc_a: dict, doc_b: dict, tp: int, measured: 
            "quantization": [pa.model.quant.description, pb.model.quant.description]}
     if same_coll and same_bytes:
         text = (f"{a} and {b} issue the same collectives and read the same weight bytes per GPU per token "
-                f"({wa / 1e9:.2f} GB), so this model predicts the same single-stream speed for both. "
+                f"({wa / 1e9:.2f} GB), so this model predicts the same single-stream speed for both (before any extra term). "
                 "A measured gap between them cannot come from the interconnect or from weight streaming: "
                 "it comes from a term that differs, i.e. the kernels (for example W4A4 activation quantization "
                 "and the FP4 MoE GEMM path versus INT4 weight-only kernels).")
@@ -35,6 +35,6 @@ def compare_models(a: str, b: str, doc_a: dict, doc_b: dict, tp: int, measured: 
         moe_layers = len((pb if gap_ms >= 0 else pa).model.moe_layers)
         text += (f" Measured {ma:g} vs {mb:g} tok/s (given): {slow} spends {gap:.2f} ms more per token than {fast}"
                  + (f", {gap * 1e3 / moe_layers:.0f} us per MoE layer if it all sits in the MoE kernels" if moe_layers else "")
-                 + ". Model it with --moe-penalty-us / --moe-bw-factor.")
+                 + ". Fit the MoE extra terms to it with --fitted-to 1:TOK_S[,B:TOK_S] (labelled fitted, never called a prediction).")
     out["conclusion"] = text
     return out

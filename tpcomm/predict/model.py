@@ -8,12 +8,13 @@
 
 Units: *_ms milliseconds, *_us microseconds, bytes, GB/s = 1e9 B/s, tok/s.
 
-Defaults and their sources (also in `tpcomm predict --help`):
-- memory efficiency 0.8: typical achievable fraction of datasheet DRAM
-  bandwidth for large streaming reads (assumption; calibrate with a real run).
-- per-kernel overhead 3 us: CUDA-graph launch gap (~1 us) plus the ramp and
-  tail of decode kernels too small to reach the bandwidth roofline
-  (assumption, the dominant uncertainty; `tpcomm attribute` measures it).
+Defaults and their sources (also in `tpcomm predict --help`); the uncertain
+ones are ranges (ranges.py), these are their central values:
+- memory efficiency 0.8 (range 0.7-0.85): typical achievable fraction of
+  datasheet DRAM bandwidth for large streaming reads (assumption).
+- per-kernel overhead 3 us (range 1-5 us): CUDA-graph launch gap (~1 us) plus
+  the ramp and tail of decode kernels too small to reach the bandwidth
+  roofline (assumption, the dominant uncertainty; `tpcomm attribute` measures it).
 - kernels per layer: counted from vLLM 0.32's decode path (KERNELS below).
 - compute efficiency 0.5 of dense BF16 peak for decode GEMMs (assumption).
 - context 1024 tokens per sequence for KV reads.
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpcomm.models.spec import ModelSpec
-from tpcomm.plan import Plan, build_plan
+from tpcomm.plan import Plan
 from tpcomm.plan.weights import kv_bytes_per_token, weight_components
 from tpcomm.predict.latency import LatencySource
 
@@ -45,8 +46,9 @@ KERNELS = {
 
 @dataclass
 class Knobs:
-    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
-    kernel_overhead_us: float = DEFAULT_KERNEL_OVERHEAD_US
+    # None: the range of ranges.py (the profile's, else the defaults); a value: fixed, as given.
+    memory_efficiency: float | None = None
+    kernel_overhead_us: float | None = None
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
     context: int = DEFAULT_CONTEXT
     moe_penalty_us: float = 0.0      # per MoE layer per step (user-given extra term)

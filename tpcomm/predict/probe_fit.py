@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tpcomm import contract as C
 from tpcomm.errors import InputError
 
 
@@ -17,6 +18,9 @@ def probe_latency(run_dir: str | Path, link: dict):
     from tpcomm.predict.latency import nccl_model_us
     from tpcomm.probe.fit import load_latency_model
 
+    replayed = _replayed(run_dir)
+    if replayed and not (Path(run_dir) / "probe" / "fit.json").exists():
+        return _replay_only(run_dir, link, replayed)
     model = load_latency_model(run_dir)
     fits = model.doc["models"]
     sizes = sorted({m["world_size"] for m in fits})
@@ -39,4 +43,44 @@ def probe_latency(run_dir: str | Path, link: dict):
             raise InputError(f"--probe {run_dir}", f"has no measurement of {op}", f"a probe run that includes {op} (--ops)")
         return nccl_model_us(op, nbytes, n, link)[0]
 
-    return fn, desc
+    if not replayed:
+        return fn, desc
+    # The replay's in-step latency (collectives between layer-sized work) wins at the sizes it replayed.
+    def in_context(op: str, nbytes: float, n: int) -> float:
+        hit = replayed.get((op, int(nbytes), n))
+        return hit["us"] if hit else fn(op, nbytes, n)
+
+    return in_context, desc + "; " + _replay_desc(run_dir, replayed)
+
+
+def _replayed(run_dir) -> dict:
+    from tpcomm.probe.replay_results import in_context_latencies
+    from tpcomm.rundir import RunDir
+
+    doc = RunDir(run_dir, create=False).read_json(C.REPLAY)
+    return in_context_latencies(doc) if doc else {}
+
+
+def _replay_desc(run_dir, replayed: dict) -> str:
+    sizes = ", ".join(f"{op} {b} B ({v['backend']}, {v['mode']}, world {n})" for (op, b, n), v in sorted(replayed.items()))
+    return f"in-step p50 from the decode-step replay in {run_dir}/probe/replay.json for {sizes}"
+
+
+def _replay_only(run_dir, link: dict, replayed: dict):
+    """A run directory with a replay and no probe fit: the replayed sizes only."""
+    backends = {v["backend"] for v in replayed.values()}
+    if (backends <= {"gloo", "shm"}) != (link["type"] == "shm"):
+        raise InputError(f"--probe {run_dir}", f"replayed on {', '.join(sorted(backends))}, which does not match the {link['type']} link of the hardware profile",
+                         "a replay run on the hardware being predicted")
+
+    def fn(op: str, nbytes: float, n: int) -> float:
+        if n <= 1:
+            return 0.0
+        hit = replayed.get((op, int(nbytes), n))
+        if hit is None:
+            have = ", ".join(f"{o} {b} B at world {w}" for o, b, w in sorted(replayed))
+            raise InputError(f"--probe {run_dir}", f"has a replay ({have}) but no {op} of {int(nbytes)} B at world size {n} and no probe/fit.json",
+                             "a replay of the same model, TP and batch, or a `tpcomm probe` run in the same directory")
+        return hit["us"]
+
+    return fn, _replay_desc(run_dir, replayed)

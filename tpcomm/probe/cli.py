@@ -1,5 +1,8 @@
-"""`tpcomm probe` (and `tpcomm probe import FILE`): parse and hand off to
-tpcomm.probe.runner / nccl_import."""
+"""`tpcomm probe` (and `tpcomm probe import FILE`, `tpcomm probe --replay`): parse
+and hand off to tpcomm.probe.runner / nccl_import / replay.
+
+`--replay` writes probe/replay.json, probe/replay_steps.parquet and
+probe/replay_collectives.parquet (described in tpcomm/probe/replay.py)."""
 
 from __future__ import annotations
 
@@ -42,8 +45,20 @@ class _ProbeGroup(click.Group):
 @click.option("--out", "-o", type=click.Path(file_okay=False), default=None,
               help="Run directory (default runs/probe-DATE-TIME): probe/results.parquet|json, probe/fit.json, topo.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON entry per measurement instead of the table.")
+@click.option("--replay", is_flag=True,
+              help="Replay one decode step: the plan's collectives in vLLM's order, each after memory-streaming work of "
+                   "its layer's size; timed with collectives, compute only and collectives only.")
+@click.option("--context", type=click.IntRange(min=0), default=1024, show_default=True,
+              help="--replay: KV-cache tokens per sequence that every attention layer reads.")
+@click.option("--work-scale", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="--replay: scale of the bytes streamed between collectives (a CPU cannot stream a large model's shard).")
+@click.option("--skew-us", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="--replay: a known delay before each collective on one rank (tests the wait split).")
+@click.option("--skew-rank", type=click.IntRange(min=0), default=None, help="--replay: the rank --skew-us delays (default: the last).")
+@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True, help="--replay: timed steps per timing.")
 @click.pass_context
-def probe(ctx, gpus, backends, model, tp, batches, sizes, ops, dtype, mode, iters, warmup, timeout, out, as_json):
+def probe(ctx, gpus, backends, model, tp, batches, sizes, ops, dtype, mode, iters, warmup, timeout, out, as_json,
+          replay, context, work_scale, skew_us, skew_rank, steps):
     """Time the model's collectives on the backends vLLM could use, at the
     plan's message sizes: isolated latency (barrier before each op, as a decode
     step sees it) and back-to-back pipelined average, p50/p90/p99, algbw/busbw
@@ -57,9 +72,13 @@ def probe(ctx, gpus, backends, model, tp, batches, sizes, ops, dtype, mode, iter
       tpcomm probe --gpus 2 --backend gloo --sizes 1K:16M:x4
       torchrun --nnodes 2 --nproc-per-node 8 ... -m tpcomm.cli probe --out runs/r2
       tpcomm probe import all_reduce_perf.txt --out runs/r3
+      tpcomm probe --replay --gpus 8 --model kimi-k2.5 --backend gloo --work-scale 1e-4 --out runs/r4
     """
     if ctx.invoked_subcommand is not None:
         return
+    if replay:
+        return _replay(gpus, backends, model, tp, batches, sizes, ops, mode, warmup, timeout, out, as_json, context,
+                       work_scale, skew_us, skew_rank, steps)
     from tpcomm.probe.launcher import ProbeFailed
     from tpcomm.probe.results import format_table
     from tpcomm.probe.runner import ProbeConfig, run_probe
@@ -80,6 +99,35 @@ def probe(ctx, gpus, backends, model, tp, batches, sizes, ops, dtype, mode, iter
     else:
         click.echo(format_table(res.rows, res.skipped, res.conditions))
         click.echo(f"# saved: {res.run.path}/probe/results.parquet, results.json, fit.json; topo.json", err=True)
+
+
+def _replay(gpus, backends, model, tp, batches, sizes, ops, mode, warmup, timeout, out, as_json, context, work_scale,
+            skew_us, skew_rank, steps):
+    from tpcomm.probe.launcher import ProbeFailed
+    from tpcomm.probe.replay import ReplayConfig, run_replay
+    from tpcomm.probe.replay_format import format_replay
+
+    if sizes or ops:
+        raise click.UsageError("--replay runs the plan's own collectives: drop --sizes/--ops")
+    if len(batches) != 1:
+        raise click.UsageError(f"--replay replays one batch size; got --batch {','.join(map(str, batches))}")
+
+    def progress(rec):
+        if rec.get("kind") == "replay":
+            click.echo(f"replay {rec['backend']} {rec['mode']} {rec['timing']}: {rec['steps']} steps done", err=True)
+
+    cfg = ReplayConfig(gpus=gpus, backends=backends.split(","), model=model or "deepseek-v3", tp=tp, batch=batches[0],
+                       context=context, work_scale=work_scale, skew_us=skew_us, skew_rank=skew_rank, mode=mode,
+                       steps=steps, warmup=min(warmup, 10), timeout=timeout, out=out)
+    try:
+        res = run_replay(cfg, argv=sys.argv, progress=progress)
+    except ProbeFailed as e:
+        raise click.ClickException(f"replay failed: {e}\nTimings finished before the failure are kept in "
+                                   f"{e.run_dir or 'the run directory'}.") from None
+    if res.run is None:
+        return
+    click.echo(json.dumps(res.doc["results"], indent=1) if as_json else format_replay(res.doc))
+    click.echo(f"# saved: {res.run.path}/probe/replay.json, replay_steps.parquet, replay_collectives.parquet", err=True)
 
 
 @probe.command("import")

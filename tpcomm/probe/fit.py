@@ -19,6 +19,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from tpcomm import contract as C
 from tpcomm.errors import InputError
 
 # The order vLLM 0.32 tries all-reduce backends (CudaCommunicator.all_reduce; on CPU
@@ -173,7 +174,7 @@ def load_latency_model(run_dir: str | os.PathLike) -> LatencyModel:
     """The latency model saved by `tpcomm probe` (or `tpcomm probe import`) in RUN_DIR/probe/fit.json."""
     from tpcomm.rundir import RunDir
 
-    doc = RunDir(run_dir, create=False).read_json("probe/fit.json")
+    doc = RunDir(run_dir, create=False).read_json(C.PROBE_FIT)
     if not doc or not doc.get("models"):
         raise InputError(f"probe results in {run_dir}", "no probe/fit.json with fitted models",
                          "a run directory written by `tpcomm probe --out` or `tpcomm probe import`")

@@ -42,14 +42,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 def _describe(item: dict | None) -> str:
     if not item:
         return "backend setup"
+    if item.get("timing"):  # a decode-step replay (probes/replay.py)
+        return f"{item['op']} (backend {item['backend']}, {item['mode']})"
     return f"{item['op']} of {item['bytes']} B (backend {item['backend']}, {item['mode']})"
 
 
 class Launch:
     """N ranks on this machine; `supervise()` streams rank 0's records to `on_record`."""
 
-    def __init__(self, spec: dict, nprocs: int, workdir: Path, timeout: float, threads_per_rank: int | None = None):
+    def __init__(self, spec: dict, nprocs: int, workdir: Path, timeout: float, threads_per_rank: int | None = None,
+                 module: str = "probes.collectives", spec_name: str = "spec.json"):
         self.spec, self.n, self.workdir, self.timeout = spec, nprocs, Path(workdir), timeout
+        self.module = module
         self.status_dir = self.workdir / "ranks"
         self.log_dir = self.workdir / "logs"
         for d in (self.status_dir, self.log_dir):
@@ -59,7 +63,7 @@ class Launch:
         self.jsonl = Path(spec["out_jsonl"])
         self.jsonl.unlink(missing_ok=True)
         spec = {**spec, "status_dir": str(self.status_dir)}
-        self.spec_path = self.workdir / "spec.json"
+        self.spec_path = self.workdir / spec_name
         self.spec_path.write_text(json.dumps(spec, indent=1))
         self.threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nprocs)
         self.procs: list[subprocess.Popen] = []
@@ -75,7 +79,7 @@ class Launch:
                    "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
             log = open(self.log_dir / f"rank{r}.log", "wb")
             kw = {"process_group": 0 if self.pgid is None else self.pgid}
-            p = subprocess.Popen([sys.executable, "-m", "probes.collectives", "--spec", str(self.spec_path)],
+            p = subprocess.Popen([sys.executable, "-m", self.module, "--spec", str(self.spec_path)],
                                  env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kw)
             log.close()
             if self.pgid is None:
@@ -203,9 +207,10 @@ class Launch:
             self._drain(on_record)
 
 
-def run_local(spec: dict, nprocs: int, workdir: Path, timeout: float, on_record) -> None:
+def run_local(spec: dict, nprocs: int, workdir: Path, timeout: float, on_record, module: str = "probes.collectives",
+              spec_name: str = "spec.json") -> None:
     """Start, supervise and always stop N local ranks (SIGINT/SIGTERM included)."""
-    launch = Launch(spec, nprocs, workdir, timeout)
+    launch = Launch(spec, nprocs, workdir, timeout, module=module, spec_name=spec_name)
     old = signal.getsignal(signal.SIGTERM)
 
     def _term(signum, frame):

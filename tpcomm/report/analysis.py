@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpcomm import contract as C
 from tpcomm import redact
 from tpcomm.report import readers
 from tpcomm.report.verdict import build_verdict
@@ -30,6 +31,7 @@ SECTION_TITLES = {
     "plan": "Collective plan of the model",
     "probe": "Probe: collective latency vs message size",
     "breakdown": "Per-token breakdown per concurrency level",
+    "replay": "The decode step replayed",
     "timeline": "One decode step, per rank",
     "ladder": "Throughput and latency vs concurrency",
     "what_if": "What-ifs (model-based)",
@@ -46,8 +48,24 @@ class Section:
     not_measured: list[dict[str, str]] = field(default_factory=list)  # {"what", "command"}
     conditions: str = ""
 
+    unreadable: list[str] = field(default_factory=list)  # one-line contract errors of the files it needs
+
     def missing(self, what: str, command: str) -> None:
         self.not_measured.append({"what": what, "command": command})
+
+
+# The files each section draws on: a file that breaks the run-directory contract marks these sections.
+SECTION_FILES = {
+    "verdict": ("load/levels.json", "attribution/summary.json", "predict.json", "load/requests.parquet"),
+    "system": ("meta.json", "topo.json", "status.json"),
+    "plan": ("plan.json",),
+    "probe": ("probe/results.parquet", "probe/results.json", "probe/fit.json"),
+    "breakdown": ("attribution/summary.json", "attribution/steps.parquet"),
+    "timeline": ("attribution/timeline.json",),
+    "ladder": ("load/levels.json", "load/requests.parquet"),
+    "what_if": ("predict.json",),
+    "methods": ("meta.json",),
+}
 
 
 @dataclass
@@ -55,6 +73,7 @@ class Report:
     run_dir: str
     sections: dict[str, Section]
     commands: dict[str, str]
+    errors: dict[str, str] = field(default_factory=dict)  # file -> one-line contract error (report exits 2)
 
     def __getitem__(self, key: str) -> Section:
         return self.sections[key]
@@ -77,9 +96,12 @@ def analyze(run_dir: str | Path) -> Report:
         "ladder": _ladder(inp, cmds),
         "what_if": _what_if(inp, cmds),
     }
+    sections["replay"] = _replay(rd, sections["breakdown"], cmds)
     sections["verdict"] = build_verdict(inp, cmds, Section("verdict", SECTION_TITLES["verdict"], False))
     sections["methods"] = _methods(inp, sections)
-    return Report(str(rd.path), {k: sections[k] for k in SECTION_TITLES}, cmds)
+    for key, sec in sections.items():
+        sec.unreadable = [inp.errors[f] for f in SECTION_FILES.get(key, ()) if f in inp.errors]
+    return Report(str(rd.path), {k: sections[k] for k in SECTION_TITLES}, cmds, dict(inp.errors))
 
 
 def _new(key: str) -> Section:
@@ -103,7 +125,7 @@ def _system(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     if not serving:
         s.missing("serving configuration (from a load run)", cmds["attribute"])
     # The demo renders the report before it marks itself done: its own state would always read "running".
-    s.data["stages"] = {k: v.get("state") for k, v in (inp.status or {}).items() if k != "demo"}
+    s.data["stages"] = {k: v.get("state") for k, v in (inp.status or {}).items() if k != "demo" and isinstance(v, dict)}
     s.available = bool(rows or inp.topo or serving)
     s.conditions = "read from meta.json, topo.json, load/levels.json and attribution/summary.json"
     return s
@@ -152,19 +174,28 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s = _new("breakdown")
     summ = inp.attribution
     if not summ or not summ.get("levels"):
-        s.missing("per-token split (compute / transfer / wait / host overhead)", cmds["attribute"])
+        s.missing("per-token split (compute / transfer / wait / host gap)", cmds["attribute"])
         return s
     s.available = True
     levels = []
-    for lv in sorted(summ["levels"], key=lambda x: x.get("concurrency", 0)):
-        pt = lv.get("per_token_ms") or {}
+    # An attribution written before split_format 2 (terms that did not add up) is not shown as a split.
+    fmt2 = summ.get("split_format") == 2
+    for lv in sorted(summ["levels"], key=lambda x: (x.get("concurrency", 0), x.get("repeat", 0))):
+        pt = (lv.get("per_token_ms") or {}) if fmt2 else {}
         cps = lv.get("collectives_per_step") or {}
         client = [x for x in readers.levels_list(inp.levels) if x.get("concurrency") == lv.get("concurrency") and x.get("repeat") == lv.get("repeat", x.get("repeat"))]
+        cl, st, cz = lv.get("client") or {}, lv.get("stalls") or {}, lv.get("closure") or {}
         levels.append({"concurrency": lv.get("concurrency"), "repeat": lv.get("repeat"), "itl_ms_p50": lv.get("itl_ms_p50"),
-                       "tpot_ms_p50": client[0].get("tpot_ms_p50") if client else None,
+                       "tpot_ms_p50": client[0].get("tpot_ms_p50") if client else cl.get("tpot_ms_p50"),
+                       "tpot_ms_mean": cl.get("tpot_ms_mean"),
+                       "engine_ms_per_token": lv.get("engine_ms_per_token") if fmt2 else None,
                        "compute_ms": pt.get("compute"), "transfer_ms": pt.get("transfer"), "wait_ms": pt.get("wait"),
-                       "host_overhead_ms": pt.get("host_overhead"),
-                       "total_ms": sum(v for v in (pt.get(k) for k in ("compute", "transfer", "wait", "host_overhead")) if v is not None),
+                       "host_gap_ms": pt.get("host_gap"),
+                       "total_ms": sum(v for v in (pt.get(k) for k in ("compute", "transfer", "wait", "host_gap")) if v is not None),
+                       "delivery_ms": lv.get("delivery_ms"), "seqs_per_step": lv.get("seqs_per_step"),
+                       "stalls": st.get("count"), "stall_ms": st.get("total_ms"), "stall_requests": st.get("requests") or [],
+                       "closure_diff_pct": cz.get("diff_pct"), "closure_ok": cz.get("ok"),
+                       "by_rank": lv.get("by_rank") or [], "note": lv.get("note"),
                        "comm_only_tok_per_s": lv.get("comm_only_tok_per_s"),
                        "compute_only_tok_per_s": lv.get("compute_only_tok_per_s"),
                        "collectives_observed": readers.total_count(cps, "observed"),
@@ -172,6 +203,7 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
                        "collectives_match": cps.get("match"), "collectives_detail": cps.get("detail"),
                        "top_sites": lv.get("top_sites") or []})
     s.data["levels"] = levels
+    s.data["format_note"] = None if fmt2 else "attribution/summary.json predates the closing split (split_format 2): re-run tpcomm attribute"
     s.data["plugin"] = summ.get("plugin")
     s.data["method"] = summ.get("method", "")
     if summ.get("plugin") is False:
@@ -182,9 +214,10 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
 
 def _timeline(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s = _new("timeline")
-    tl = readers.one_step_timeline(inp.hook_collectives, inp.hook_steps)
+    tl = inp.timeline
     if tl is None:
-        s.missing("per-rank collective records of a decode step", cmds["attribute_plugin"])
+        s.missing("one decode step per rank (attribution/timeline.json, which `tpcomm attribute` writes from the "
+                  "records it aligned)", cmds["attribute_plugin"])
         return s
     s.available = True
     s.data.update(tl)
@@ -219,13 +252,31 @@ def _what_if(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s.data["baseline_ms_per_token"] = ss.get("ms_per_token")
     s.data["rows"] = [{"name": w.get("name"), "description": w.get("description", ""), "tok_per_s": w.get("tok_per_s"),
                        "ms_per_token": w.get("ms_per_token"),
-                       "change_pct": w["delta_pct"] if w.get("delta_pct") is not None else readers.pct_change(w.get("tok_per_s"), ss.get("tok_per_s"))}
+                       "change_pct": w["delta_pct"] if w.get("delta_pct") is not None else readers.pct_change(w.get("tok_per_s"), ss.get("tok_per_s")),
+                       "tok_per_s_range": w.get("tok_per_s_range"), "change_pct_range": w.get("delta_pct_range")}
                       for w in pred["what_if"]]
+    # Each model-based number's range over the stated inputs, and what was fitted (predict's range, fitted, calibration).
+    s.data["range"] = pred.get("range")
+    s.data["fitted"] = pred.get("fitted") or []
+    s.data["calibration"] = pred.get("calibration")
     s.data["batches"] = pred.get("batches") or []
     s.data["breakdown_ms"] = ss.get("breakdown_ms") or {}
     s.data["ceilings"] = pred.get("ceilings") or {}
     s.data["compare"] = pred.get("compare")
     s.conditions = readers.predict_conditions(pred)
+    return s
+
+
+def _replay(rd: RunDir, breakdown: Section, cmds: dict[str, str]) -> Section:
+    from tpcomm.report.replay import replay_data
+
+    s = _new("replay")
+    d = replay_data(rd.read_json(C.REPLAY), breakdown.data if breakdown.available else None)
+    if d is None:
+        s.missing("the decode step's collectives replayed between layer-sized work",
+                  cmds["probe"].replace("tpcomm probe", "tpcomm probe --replay", 1) + " --work-scale S")
+        return s
+    s.available, s.data, s.conditions = True, d, d["conditions"]
     return s
 
 
@@ -238,6 +289,10 @@ def _methods(inp: readers.Inputs, sections: dict[str, Section]) -> Section:
     if sections["probe"].available:
         items.append({"what": "collective latency", "how": "`tpcomm probe`: one process per rank runs the plan's collectives on each backend; "
                       "percentiles over repeated calls, correctness checked; " + sections["probe"].conditions})
+    if sections["replay"].available:
+        items.append({"what": "decode step replayed", "how": "`tpcomm probe --replay`: the plan's collectives in vLLM's order between "
+                      "memory-streaming work of each site's bytes, on real ranks; step split with attribute's alignment code; "
+                      + sections["replay"].conditions})
     if inp.attribution:
         items.append({"what": "per-token split", "how": inp.attribution.get("method") or "see attribution/summary.json"})
     if inp.levels:

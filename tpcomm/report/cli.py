@@ -26,17 +26,37 @@ def report(run_dir: str, out: str | None, no_markdown: bool, as_json: bool) -> N
     from tpcomm.report.pdf import render_pdf
     from tpcomm.rundir import RunDir
 
+    from tpcomm import contract
+    from tpcomm.errors import InputError
+    from tpcomm.report.output import check_target
+
     rd = RunDir(run_dir, create=False)
+    if not any(rd.exists(s) for s in contract.ALL.values() if s.format != "aux"):
+        raise InputError(f"run directory {rd.path}", "holds no file written by tpcomm: nothing to report",
+                         "a folder written by tpcomm plan/predict/topo/probe/attribute/demo with --out")
+    target = check_target(Path(out) if out else rd.path / "report.pdf")
+    if not no_markdown:
+        check_target(target.with_suffix(".md"), option="the Markdown twin")
     rep = analyze(rd.path)
-    pdf = render_pdf(rep, Path(out) if out else rd.path / "report.pdf")
-    md = None if no_markdown else render_markdown(rep, pdf.with_suffix(".md"))
+    try:
+        pdf = render_pdf(rep, target)
+        md = None if no_markdown else render_markdown(rep, pdf.with_suffix(".md"))
+    except OSError as e:  # a full disk, a file made read-only meanwhile: one line, not a traceback
+        raise InputError(f"--out {target}", f"cannot be written ({e.strerror or e})", "a writable path") from None
     if as_json:
         click.echo(json.dumps({"pdf": str(pdf), "markdown": str(md) if md else None,
                                "verdict": {k: rep.verdict.get(k) for k in ("source", "numbers", "sentences")},
-                               "sections": {k: {"available": s.available, "not_measured": s.not_measured} for k, s in rep.sections.items()}},
+                               "sections": {k: {"available": s.available, "not_measured": s.not_measured,
+                                                "unreadable": s.unreadable} for k, s in rep.sections.items()},
+                               "errors": rep.errors},
                               indent=2, default=str))
-        return
-    for line in rep.verdict.get("sentences", []):
-        click.echo(line)
-    missing = [k for k, s in rep.sections.items() if not s.available]
-    click.echo(f"wrote {pdf}" + (f" and {md}" if md else "") + (f" (not measured: {', '.join(missing)})" if missing else ""))
+    else:
+        for line in rep.verdict.get("sentences", []):
+            click.echo(line)
+        missing = [k for k, s in rep.sections.items() if not s.available]
+        click.echo(f"wrote {pdf}" + (f" and {md}" if md else "") + (f" (not measured: {', '.join(missing)})" if missing else ""))
+    if rep.errors:
+        # The report is written (every other section rendered); the unreadable files are named, exit 2.
+        for line in rep.errors.values():
+            click.echo(f"Error: {line}", err=True)
+        raise SystemExit(2)

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure  # noqa: E402  (pyplot-free: no global stat
 matplotlib.rcParams.update({"pdf.fonttype": 42, "svg.fonttype": "none", "font.size": 8, "axes.titlesize": 9,
                             "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False})
 
-COLORS = {"compute": "#4C72B0", "transfer": "#DD8452", "wait": "#C44E52", "host_overhead": "#8C8C8C",
+COLORS = {"compute": "#4C72B0", "transfer": "#DD8452", "wait": "#C44E52", "host_overhead": "#8C8C8C", "host_gap": "#8C8C8C",
           "weights": "#4C72B0", "collectives": "#DD8452", "overhead": "#8C8C8C", "kv_cache": "#64B5CD"}
 WIDTH_IN = 6.6
 
@@ -48,8 +48,12 @@ def fig_token_split(verdict: dict[str, Any]) -> Figure | None:
     for k, v in terms.items():
         ax.barh([0], [v], left=left, color=COLORS.get(k, None), label=f"{k.replace('_', ' ')} {v:.3g} ms")
         left += v
+    tpot = head.get("client_tpot_ms_p50") if verdict.get("split_source") == "measured" else None
+    if tpot:
+        ax.plot([tpot], [0], "k^", ms=5, mfc="white", label=f"client TPOT p50 {tpot:.3g} ms (not in the split)")
+    ax.set_xlim(0, max(left, tpot or 0) * 1.05 or 1)
     ax.set_yticks([])
-    ax.set_xlabel(f"ms per token ({verdict.get('split_source')})")
+    ax.set_xlabel(f"ms per token ({verdict.get('split_source')}; the bar ends at the headline {left:.3g} ms)")
     ax.legend(ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.grid(False, axis="y")
     return fig
@@ -96,9 +100,9 @@ def fig_breakdown(breakdown: dict[str, Any]) -> Figure | None:
     ax = fig.add_subplot()
     xs = list(range(len(levels)))
     bottom = [0.0] * len(levels)
-    for key in ("compute", "transfer", "wait", "host_overhead"):
+    for key in ("compute", "transfer", "wait", "host_gap"):
         raw = [lv.get(f"{key}_ms") or 0.0 for lv in levels]
-        # A negative term (host overhead under bursty token delivery) cannot be stacked: drawn as 0 and marked.
+        # A negative term cannot be stacked: drawn as 0 and marked (a measured split has none: each term is a mean of durations).
         vals = [max(v, 0.0) for v in raw]
         ax.bar(xs, vals, bottom=bottom, color=COLORS[key], width=0.55, label=key.replace("_", " "))
         for x, v, b in zip(xs, raw, bottom):
@@ -106,16 +110,12 @@ def fig_breakdown(breakdown: dict[str, Any]) -> Figure | None:
                 ax.annotate(f"{key.replace('_', ' ')} {v:.2f} ms\n(< 0: not drawn)", (x, b), xytext=(0, 4),
                             textcoords="offset points", ha="center", fontsize=5)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    itl = [(x, lv["itl_ms_p50"]) for x, lv in zip(xs, levels) if lv.get("itl_ms_p50") is not None]
+    itl = [(x, lv["tpot_ms_p50"]) for x, lv in zip(xs, levels) if lv.get("tpot_ms_p50") is not None]
     if itl:
-        ax.plot([p[0] - 0.1 for p in itl], [p[1] for p in itl], "kD", ms=4, label="client ITL p50")
-    tpot = [(x, lv["tpot_ms_p50"]) for x, lv in zip(xs, levels) if lv.get("tpot_ms_p50") is not None]
-    if tpot:
-        ax.plot([p[0] + 0.1 for p in tpot], [p[1] for p in tpot], "k^", ms=4, mfc="white", label="client TPOT p50")
-        itl = itl + tpot
-    ax.set_xticks(xs, [f"C={lv['concurrency']}" for lv in levels])
+        ax.plot([p[0] + 0.33 for p in itl], [p[1] for p in itl], "k^", ms=4, mfc="white", label="client TPOT p50")
+    ax.set_xticks(xs, [f"C={lv['concurrency']}" + (f" r{lv['repeat']}" if lv.get("repeat") else "") for lv in levels])
     ax.set_ylabel("ms per token")
-    ax.set_title("per-token split (server side) beside client-measured latency per token", pad=14)
+    ax.set_title("engine per-token time, split (bar top = engine ms per token) beside the client's TPOT p50", pad=14)
     ax.legend(fontsize=6, frameon=False, ncol=6, loc="lower center", bbox_to_anchor=(0.5, 0.98))
     ax.set_ylim(0, max(bottom + [p[1] for p in itl]) * 1.25 or 1)
     return fig
@@ -149,15 +149,44 @@ def fig_what_if(w: dict[str, Any]) -> Figure | None:
     ax = fig.add_subplot()
     ys = list(range(len(rows)))
     ax.barh(ys, [r["tok_per_s"] for r in rows], color="#4C72B0", height=0.6)
+    rg = [(y, r["tok_per_s_range"]) for y, r in zip(ys, rows) if r.get("tok_per_s_range")]
+    if rg:  # the range over the stated inputs, beside the central value
+        ax.errorbar([r["central"] for _, r in rg], [y for y, _ in rg], fmt="none", ecolor="k", elinewidth=0.8, capsize=2,
+                    xerr=[[r["central"] - r["low"] for _, r in rg], [r["high"] - r["central"] for _, r in rg]])
     for y, r in zip(ys, rows):
-        ax.text(r["tok_per_s"], y, f" {r['tok_per_s']:.3g}", va="center", fontsize=7)
+        top = (r.get("tok_per_s_range") or {}).get("high", r["tok_per_s"])
+        ax.text(top, y, f" {r['tok_per_s']:.3g}", va="center", fontsize=7)
     if w.get("baseline_tok_per_s"):
         ax.axvline(w["baseline_tok_per_s"], color="k", ls="--", lw=0.8, label=f"baseline {w['baseline_tok_per_s']:.3g} tok/s")
         ax.legend(fontsize=7, frameon=False, loc="lower right", bbox_to_anchor=(1.0, 1.0))
     ax.set_yticks(ys, [r["name"] for r in rows])
     ax.invert_yaxis()
-    ax.set_xlabel("single-stream tok/s (model-based)")
-    ax.set_xlim(0, max(r["tok_per_s"] for r in rows) * 1.15)
+    ax.set_xlabel("single-stream tok/s (model-based): bar = central value" + ("; whiskers = range over the stated inputs" if rg else ""))
+    ax.set_xlim(0, max((r.get("tok_per_s_range") or {}).get("high", r["tok_per_s"]) for r in rows) * 1.15)
+    ax.grid(False, axis="y")
+    return fig
+
+
+def fig_predict_range(w: dict[str, Any]) -> Figure | None:
+    """Model-based ms per token per term: central bar, low-high whisker over the stated input ranges."""
+    s1 = (w.get("range") or {}).get("single_stream") or {}
+    terms = s1.get("breakdown_ms") or {}
+    if not terms:
+        return None
+    names = list(terms)
+    fig = Figure(figsize=(WIDTH_IN, 0.9 + 0.3 * len(names)))
+    ax = fig.add_subplot()
+    ys = list(range(len(names)))
+    c = [terms[k]["central"] for k in names]
+    ax.barh(ys, c, color=[COLORS.get(k, "#8172B3") for k in names], height=0.6)
+    ax.errorbar(c, ys, xerr=[[terms[k]["central"] - terms[k]["low"] for k in names], [terms[k]["high"] - terms[k]["central"] for k in names]],
+                fmt="none", ecolor="k", elinewidth=0.8, capsize=2)
+    sh = s1.get("share") or {}
+    ax.set_yticks(ys, [f"{k} ({100 * sh[k]['low']:.0f}-{100 * sh[k]['high']:.0f}%)" if k in sh else k for k in names])
+    ax.invert_yaxis()
+    t, m = s1["tok_per_s"], s1["ms_per_token"]
+    ax.set_xlabel(f"ms per token (model-based): total {m['central']:.3g} ms, {m['low']:.3g}-{m['high']:.3g}; "
+                  f"{t['central']:.3g} tok/s, {t['low']:.3g}-{t['high']:.3g} (share of a token in brackets)")
     ax.grid(False, axis="y")
     return fig
 
@@ -187,4 +216,5 @@ def fig_ladder(ladder: dict[str, Any]) -> Figure | None:
 
 
 ALL = {"token_split": ("verdict", fig_token_split), "probe": ("probe", fig_probe), "breakdown": ("breakdown", fig_breakdown),
-       "timeline": ("timeline", fig_timeline), "ladder": ("ladder", fig_ladder), "what_if": ("what_if", fig_what_if)}
+       "timeline": ("timeline", fig_timeline), "ladder": ("ladder", fig_ladder), "what_if": ("what_if", fig_what_if),
+       "predict_range": ("what_if", fig_predict_range)}

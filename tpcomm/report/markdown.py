@@ -34,6 +34,7 @@ def render_markdown(report: Report, out: str | Path) -> Path:
         parts.append(f"![{caption}]({figdir.name}/{key}.svg)\n\n_{caption}_")
 
     def missing(sec) -> None:
+        parts.extend(f"**Could not read:** {e}" for e in sec.unreadable)
         parts.extend(f"**Not measured:** {m['what']}. Measure it with: `{m['command']}`" for m in sec.not_measured)
 
     v = report["verdict"]
@@ -46,7 +47,7 @@ def render_markdown(report: Report, out: str | Path) -> Path:
         parts.append(tables.LEVERS_INTRO)
         parts.append(_table(*tables.levers(v.data["levers"])))
     figure("token_split", v.data, tables.TOKEN_SPLIT_CAPTION)
-    for key in ("system", "plan", "probe", "breakdown", "timeline", "ladder", "what_if", "methods"):
+    for key in ("system", "plan", "probe", "breakdown", "replay", "timeline", "ladder", "what_if", "methods"):
         sec = report[key]
         parts.append(f"## {sec.title}")
         if sec.conditions:

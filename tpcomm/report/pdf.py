@@ -112,7 +112,8 @@ def _figure(key: str, data: dict, caption: str, slots: list) -> list[Flowable]:
 
 
 def _missing(sec) -> list[Flowable]:
-    return [P(f"Not measured: {m['what']}. Measure it with: {m['command']}", "missing") for m in sec.not_measured]
+    return ([P(f"Could not read: {e}", "missing") for e in sec.unreadable]
+            + [P(f"Not measured: {m['what']}. Measure it with: {m['command']}", "missing") for m in sec.not_measured])
 
 
 def _table(header: list[str], rows: list[list], widths: list[float]) -> Table:
@@ -144,7 +145,7 @@ def _story(report: Report, slots: list) -> list[Flowable]:
         st.append(Spacer(1, 4))
     st += _figure("token_split", v.data, tables.TOKEN_SPLIT_CAPTION, slots)
     st.append(PageBreak())
-    for key in ("system", "plan", "probe", "breakdown", "timeline", "ladder", "what_if", "methods"):
+    for key in ("system", "plan", "probe", "breakdown", "replay", "timeline", "ladder", "what_if", "methods"):
         sec = report[key]
         head: list[Flowable] = [P(sec.title, "h1")]
         if sec.conditions:

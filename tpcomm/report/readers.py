@@ -1,9 +1,9 @@
 """Tolerant readers of the run directory for the report.
 
-Each helper takes what another command wrote (see tpcomm/rundir.py and the
-schemas in each writer's docstring) and returns plain Python data, or None
-when the file is absent. Column names are looked up from a few spellings so
-that a report can still be rebuilt from an older run directory.
+Each helper takes what another command wrote (the files and their schemas are
+named once, in tpcomm/contract.py; RunDir checks them on read) and returns plain
+Python data, or None when the file is absent. A file that breaks the contract
+is kept out with its one-line error in `Inputs.errors`.
 
 Units: bytes, *_us microseconds, *_ms milliseconds, *_GBps 1e9 bytes/s.
 """
@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpcomm import contract as C
+from tpcomm.contract import SchemaError
 from tpcomm.rundir import RunDir
 
 
@@ -27,42 +29,63 @@ class Inputs:
     predict: dict | None = None
     probe: Any = None            # DataFrame from probe/results.parquet (or the JSON twin)
     probe_fit: dict | None = None
-    hook_collectives: Any = None
-    hook_steps: Any = None
+    timeline: dict | None = None  # attribution/timeline.json: `attribute` aligned the records, the report draws
     levels: Any = None           # load/levels.json as written
     attribution: dict | None = None
     attribution_steps: Any = None
     files_present: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)   # file -> one-line contract error
 
 
-FILES = ["meta.json", "status.json", "topo.json", "plan.json", "predict.json", "probe/results.parquet",
-         "probe/results.json", "probe/fit.json", "hook/collectives.parquet", "hook/steps.parquet",
-         "load/requests.parquet", "load/tokens.parquet", "load/levels.json", "attribution/steps.parquet",
-         "attribution/summary.json"]
+# What the report reads (tpcomm/contract.py names every file of a run directory and its schema).
+READ = {"meta": C.META, "status": C.STATUS, "topo": C.TOPO, "plan": C.PLAN, "predict": C.PREDICT,
+        "probe": C.PROBE_RESULTS, "probe_fit": C.PROBE_FIT,
+        "levels": C.LOAD_LEVELS, "attribution": C.ATTR_SUMMARY, "attribution_steps": C.ATTR_STEPS,
+        "timeline": C.ATTR_TIMELINE}
+FILES = [s.path for s in C.ALL.values() if s.format != "aux"]
 
 
 def load_inputs(rd: RunDir) -> Inputs:
+    """Every input the report uses. A file that breaks the contract is left out (None) and its one-line
+    error kept in `inp.errors`, so the report renders every other section and marks the affected ones."""
     inp = Inputs(rd=rd)
-    inp.meta = rd.read_json("meta.json")
-    inp.status = rd.read_json("status.json")
-    inp.topo = rd.read_json("topo.json")
-    inp.plan = rd.read_json("plan.json")
-    inp.predict = rd.read_json("predict.json")
-    inp.probe = rd.read_table("probe/results.parquet")
-    if inp.probe is None and rd.exists("probe/results.json"):
+    for attr, spec in READ.items():
+        try:
+            setattr(inp, attr, rd.read_table(spec) if spec.format == "table" else rd.read_json(spec))
+        except SchemaError as e:
+            inp.errors[spec.path] = str(e)
+    if inp.probe is None and rd.exists(C.PROBE_RESULTS_JSON) and C.PROBE_RESULTS.path not in inp.errors:
         import pandas as pd
 
-        doc = rd.read_json("probe/results.json")
-        rows = doc.get("results", doc.get("rows")) if isinstance(doc, dict) else doc
-        inp.probe = pd.DataFrame(rows) if rows else None
-    inp.probe_fit = rd.read_json("probe/fit.json")
-    inp.hook_collectives = rd.read_table("hook/collectives.parquet")
-    inp.hook_steps = rd.read_table("hook/steps.parquet")
-    inp.levels = rd.read_json("load/levels.json")
-    inp.attribution = rd.read_json("attribution/summary.json")
-    inp.attribution_steps = rd.read_table("attribution/steps.parquet")
+        try:
+            doc = rd.read_json(C.PROBE_RESULTS_JSON)
+            rows = doc.get("results", doc.get("rows")) if isinstance(doc, dict) else doc
+            inp.probe = pd.DataFrame(rows) if rows else None
+            lacking = [c.name for c in C.PROBE_RESULTS.columns if inp.probe is not None and c.name not in inp.probe]
+            if lacking:
+                inp.probe = None
+                raise SchemaError(C.PROBE_RESULTS_JSON, "lacks a result field", lacking[0])
+        except SchemaError as e:
+            inp.errors[C.PROBE_RESULTS_JSON.path] = str(e)
+    if inp.status:
+        _require_stage_files(inp)
     inp.files_present = [f for f in FILES if rd.exists(f)]
     return inp
+
+
+# A stage that status.json marks complete wrote these; one missing is an error, not "not measured".
+STAGE_FILES = {"attribute": (C.LOAD_REQUESTS, C.LOAD_LEVELS, C.ATTR_SUMMARY), "probe": (C.PROBE_RESULTS,)}
+
+
+def _require_stage_files(inp: Inputs) -> None:
+    for stage, specs in STAGE_FILES.items():
+        if (inp.status.get(stage) or {}).get("state") != "complete":
+            continue
+        for spec in specs:
+            try:
+                inp.rd.require(spec)
+            except SchemaError as e:
+                inp.errors.setdefault(spec.path, str(e) + f" (status.json marks {stage} complete)")
 
 
 def commands_for(inp: Inputs) -> dict[str, str]:
@@ -142,36 +165,23 @@ def plan_sizes(plan: dict | None) -> list[dict[str, Any]]:
 
 
 # ---- probe ---------------------------------------------------------------
-def _col(df, *names: str) -> str | None:
-    for n in names:
-        if n in df.columns:
-            return n
-    return None
-
-
 def probe_table(df) -> dict[str, Any] | None:
+    """probe/results.parquet (columns as tpcomm/contract.py names them; RunDir checked them) as curves and rows."""
     if df is None or len(df) == 0:
         return None
-    c_bytes = _col(df, "bytes", "size_bytes", "size")
-    c_time = _col(df, "time_us_p50", "p50_us", "time_us", "lat_us_p50", "time_us_median")
-    if c_bytes is None or c_time is None:
-        return None
-    c_bus = _col(df, "busbw_GBps", "busbw_GBps_p50")
-    c_alg = _col(df, "algbw_GBps", "algbw_GBps_p50")
-    c_p99 = _col(df, "time_us_p99", "p99_us")
-    c_wrong = _col(df, "wrong", "n_wrong", "errors")
+    c_bytes, c_time, c_bus, c_alg, c_p99, c_wrong = "bytes", "p50_us", "busbw_GBps", "algbw_GBps", "p99_us", "wrong"
     keys = [k for k in ("backend", "op", "mode", "timing", "world_size", "dtype") if k in df.columns]
     curves = []
     for gkey, g in (df.groupby(keys, dropna=False, sort=True) if keys else [((), df)]):
         gkey = gkey if isinstance(gkey, tuple) else (gkey,)
         g = g.sort_values(c_bytes)
-        pts = [(int(r[c_bytes]), float(r[c_time]), _f(r[c_bus]) if c_bus else None) for _, r in g.iterrows()]
+        pts = [(int(r[c_bytes]), float(r[c_time]), _f(r[c_bus])) for _, r in g.iterrows()]
         curves.append({**{k: (None if _isnan(v) else v) for k, v in zip(keys, gkey)}, "points": pts})
     rows = []
     for _, r in df.sort_values(keys + [c_bytes] if keys else [c_bytes]).iterrows():
         rows.append({**{k: r[k] for k in keys}, "bytes": int(r[c_bytes]), "time_us_p50": float(r[c_time]),
-                     "time_us_p99": _f(r[c_p99]) if c_p99 else None, "algbw_GBps": _f(r[c_alg]) if c_alg else None,
-                     "busbw_GBps": _f(r[c_bus]) if c_bus else None, "wrong": int(r[c_wrong]) if c_wrong and not _isnan(r[c_wrong]) else None})
+                     "time_us_p99": _f(r[c_p99]), "algbw_GBps": _f(r[c_alg]),
+                     "busbw_GBps": _f(r[c_bus]), "wrong": None if _isnan(r[c_wrong]) else int(r[c_wrong])})
     cond = []
     for k in ("world_size", "backend", "mode", "timing", "dtype", "device", "hardware", "vllm", "torch"):
         if k in df.columns:
@@ -271,7 +281,10 @@ def predict_conditions(pred: dict) -> str:
     hw = pred.get("hardware") or {}
     lay = pred.get("layout") or {}
     model = pred.get("model") or {}
-    bits = [f"model-based (not measured): {model.get('name', '?')}" + (f" ({model['quantization']})" if model.get("quantization") else ""),
+    cal = pred.get("calibration") or {}
+    what = (f"measured terms of {cal.get('run_dir')} at concurrency {cal.get('concurrency')}, what-ifs model-based" if cal
+            else "model-based (not measured)")
+    bits = [f"{what}: {model.get('name', '?')}" + (f" ({model['quantization']})" if model.get("quantization") else ""),
             layout_text(lay), f"hardware {hw.get('name', hw.get('profile', '?'))}"]
     bw = hw.get("memory_bandwidth_GBps") or hw.get("mem_bw_GBps")
     if bw:
@@ -279,6 +292,13 @@ def predict_conditions(pred: dict) -> str:
     if hw.get("link"):
         bits.append(f"link {link_text(hw['link'])}")
     bits.append(f"collective latency: {pred.get('collective_latency_source', '?')}")
+    inp = (pred.get("range") or {}).get("inputs") or {}
+    if inp:  # the uncertain inputs the model's ranges span (central values above)
+        ko, me, cl = inp.get("kernel_overhead_us") or {}, inp.get("memory_efficiency") or {}, inp.get("collective_latency") or {}
+        bits.append(f"ranges over per-kernel overhead {ko.get('low', '?'):g}-{ko.get('high', '?'):g} us, memory efficiency "
+                    f"{me.get('low', '?'):g}-{me.get('high', '?'):g}, collective latency low = {cl.get('low', '?')}, high = {cl.get('high', '?')}")
+    if pred.get("fitted"):
+        bits.append("; ".join(f["text"] for f in pred["fitted"]))
     return "; ".join(b for b in bits if b)
 
 
@@ -300,5 +320,4 @@ def _f(v: Any) -> float | None:
     return None if math.isnan(x) else x
 
 
-from tpcomm.report.timeline import one_step_timeline  # noqa: E402  (re-exported for analysis.py)
 from tpcomm.report.topology import topo_summary  # noqa: E402

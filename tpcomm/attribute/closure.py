@@ -1,0 +1,85 @@
+"""The client's side of a level beside the engine's per-token time, never mixed into it.
+
+- client figures: TPOT p50 / mean (per request: (E2E - TTFT) / (tokens - 1)) and ITL p50 / mean
+  (all gaps between token chunks), from load/*.parquet;
+- delivery_ms = client TPOT p50 - engine per-token time: what the API server, network and client
+  add (or, when negative, what the engine's decode period over-counts); a named difference, not a term
+  of the split;
+- stalls: gaps between two token chunks of one request longer than STALL_FACTOR engine periods
+  (and at least STALL_MIN_MS): counted, summed and named by request; they enter no per-token term;
+- closure: at C=1 the engine's per-token time and the client's TPOT p50 must agree within
+  CLOSURE_TOL_PCT. Both are measured independently (engine step clock vs client arrival clock), so this
+  can fail; when it does, both numbers and the stalls are reported and no cause is named.
+
+Units: *_ms milliseconds, t_ns wall clock nanoseconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+STALL_FACTOR = 20.0
+STALL_MIN_MS = 100.0
+CLOSURE_TOL_PCT = 10.0
+
+
+def _pct(x, q) -> float | None:
+    x = np.asarray([v for v in x if v is not None and np.isfinite(v)], dtype=float)
+    return float(np.percentile(x, q)) if x.size else None
+
+
+def find_stalls(tokens: pd.DataFrame, period_ms: float | None) -> dict:
+    """Token gaps far beyond the engine's step period: count, total ms, and where."""
+    threshold = max(STALL_FACTOR * period_ms, STALL_MIN_MS) if period_ms else STALL_MIN_MS
+    out = {"count": 0, "total_ms": 0.0, "threshold_ms": threshold, "requests": [], "gaps": []}
+    if tokens.empty:
+        return out
+    t = tokens.sort_values(["request_id", "token_idx"])
+    gaps = np.diff(t["t_ns"].to_numpy()) / 1e6
+    rid = t["request_id"].to_numpy()
+    same = rid[1:] == rid[:-1]
+    hit = np.flatnonzero(same & (gaps > threshold))
+    idx = t["token_idx"].to_numpy()
+    out["gaps"] = [{"request_id": int(rid[i + 1]), "token_idx": int(idx[i + 1]), "gap_ms": float(gaps[i])} for i in hit]
+    out.update(count=int(hit.size), total_ms=float(gaps[hit].sum()),
+               requests=sorted({g["request_id"] for g in out["gaps"]}))
+    return out
+
+
+def closure(engine_ms: float | None, tpot_ms_p50: float | None, concurrency: int) -> dict:
+    """Judged at C=1 only: at higher C other streams' prefills enter a request's TPOT but are not decode periods."""
+    diff = (engine_ms - tpot_ms_p50) / tpot_ms_p50 * 100 if engine_ms and tpot_ms_p50 else None
+    judged = concurrency == 1 and diff is not None
+    return {"engine_ms_per_token": engine_ms, "client_tpot_ms_p50": tpot_ms_p50, "diff_pct": diff,
+            "tolerance_pct": CLOSURE_TOL_PCT, "judged": judged,
+            "ok": (abs(diff) <= CLOSURE_TOL_PCT) if judged else None}
+
+
+def closure_text(lv: dict) -> str | None:
+    """The sentence `attribute` and the report print when a judged closure fails (no cause named)."""
+    c, s = lv.get("closure") or {}, lv.get("stalls") or {}
+    if c.get("ok") is not False:
+        return None
+    where = f" in request(s) {', '.join(map(str, s['requests'][:8]))}" if s.get("requests") else ""
+    return (f"C={lv['concurrency']} repeat {lv.get('repeat', 0)}: closure check failed: the engine's per-token time "
+            f"{c['engine_ms_per_token']:.2f} ms and the client's TPOT p50 {c['client_tpot_ms_p50']:.2f} ms differ by "
+            f"{c['diff_pct']:+.1f}% (tolerance {c['tolerance_pct']:g}%); client stalls: {s.get('count', 0)} "
+            f"({s.get('total_ms', 0.0):.0f} ms){where}")
+
+
+def client_side(requests: pd.DataFrame, tokens: pd.DataFrame, engine_ms: float | None, concurrency: int) -> dict:
+    """Client figures of one level (its in-stats requests), delivery, stalls and closure."""
+    ok = requests[requests["ok"]] if "ok" in requests.columns else requests
+    tok = tokens[tokens["request_id"].isin(ok["request_id"])] if not tokens.empty else tokens
+    t = tok.sort_values(["request_id", "token_idx"]) if not tok.empty else tok
+    itl = np.array([])
+    if not t.empty:
+        same = t["request_id"].to_numpy()[1:] == t["request_id"].to_numpy()[:-1]
+        itl = (np.diff(t["t_ns"].to_numpy()) / 1e6)[same]
+    tpot50 = _pct(ok["tpot_ms"], 50) if "tpot_ms" in ok.columns else None
+    tpots = [v for v in ok.get("tpot_ms", []) if v is not None and np.isfinite(v)]
+    client = {"requests": int(len(ok)), "tpot_ms_p50": tpot50, "tpot_ms_mean": float(np.mean(tpots)) if tpots else None,
+              "itl_ms_p50": _pct(itl, 50), "itl_ms_mean": float(itl.mean()) if itl.size else None}
+    return {"client": client, "delivery_ms": (tpot50 - engine_ms) if tpot50 is not None and engine_ms else None,
+            "stalls": find_stalls(tok, engine_ms), "closure": closure(engine_ms, tpot50, concurrency)}
