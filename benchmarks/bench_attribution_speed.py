@@ -32,8 +32,14 @@ def main() -> None:
     gen_s = time.perf_counter() - t
     # Client: one request per prefill, each token arriving 100 us after its step ends (single stream).
     req, tokens = make_client(st, delivery_us=100.0)
-    window = [{"concurrency": 1, "repeat": 0, "t_start_ns": int(st["t_start_ns"].min()),
-               "t_end_ns": int(st["t_end_ns"].max()) + 1}]
+    window = [
+        {
+            "concurrency": 1,
+            "repeat": 0,
+            "t_start_ns": int(st["t_start_ns"].min()),
+            "t_end_ns": int(st["t_end_ns"].max()) + 1,
+        }
+    ]
 
     t = time.perf_counter()
     aligned = align(coll)
@@ -46,12 +52,18 @@ def main() -> None:
     total = time.perf_counter() - t
 
     err = abs(sp["per_token_ms"]["transfer"] * 1e3 - truth["transfer_us"]) / truth["transfer_us"] * 100
-    print(f"records {len(coll):,} (TP {tp}, {calls} collectives/step, {steps:,} steps), cpus {os.cpu_count()}, "
-          f"pandas {pd.__version__}, numpy {np.__version__}")
-    print(f"generate {gen_s:.2f} s (not counted) | align {t_align:.2f} s | align + split {total:.2f} s "
-          f"| target {args.target_s:.1f} s | ratio {total / args.target_s:.2f} | {'OK' if total <= args.target_s else 'SLOW'}")
-    print(f"transfer per decode step {sp['per_token_ms']['transfer'] * 1e3:.1f} us vs truth "
-          f"{truth['transfer_us']:.1f} us ({err:.1f}% off); engine vs client TPOT p50 {cs['closure']['diff_pct']:+.2f}%")
+    print(
+        f"records {len(coll):,} (TP {tp}, {calls} collectives/step, {steps:,} steps), cpus {os.cpu_count()}, "
+        f"pandas {pd.__version__}, numpy {np.__version__}"
+    )
+    print(
+        f"generate {gen_s:.2f} s (not counted) | align {t_align:.2f} s | align + split {total:.2f} s "
+        f"| target {args.target_s:.1f} s | ratio {total / args.target_s:.2f} | {'OK' if total <= args.target_s else 'SLOW'}"
+    )
+    print(
+        f"transfer per decode step {sp['per_token_ms']['transfer'] * 1e3:.1f} us vs truth "
+        f"{truth['transfer_us']:.1f} us ({err:.1f}% off); engine vs client TPOT p50 {cs['closure']['diff_pct']:+.2f}%"
+    )
 
 
 if __name__ == "__main__":

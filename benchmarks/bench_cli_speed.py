@@ -52,7 +52,9 @@ def main() -> None:
         t, beyond = wall([BIN, *args])
         beyond *= 1e3
         worst = max(worst, beyond / target)
-        print(f"{'tpcomm ' + ' '.join(args):60s} {t * 1e3:8.0f} {beyond:16.0f} {target:9d} {'yes' if beyond < target else 'NO'}")
+        print(
+            f"{'tpcomm ' + ' '.join(args):60s} {t * 1e3:8.0f} {beyond:16.0f} {target:9d} {'yes' if beyond < target else 'NO'}"
+        )
     print(f"worst ratio to target: {worst:.2f} (< 1 meets every target)")
 
 

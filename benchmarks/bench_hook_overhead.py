@@ -38,8 +38,15 @@ def stream_request(url: str, key: str | None, model: str, output_len: int) -> tu
     (and can squeeze a whole stream into one burst: E2E / tokens is robust to that).
     """
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"model": model, "prompt": "tensor parallel inference splits every layer", "max_tokens": output_len,
-            "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": "tensor parallel inference splits every layer",
+        "max_tokens": output_len,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     first = last = None
     tokens = 0
     t_send = time.perf_counter()
@@ -106,7 +113,7 @@ def run(url: str, key: str | None, model: str, rounds: int, per_batch: int, outp
     stream_request(url, key, model, 16)  # warm-up
     for rnd in range(rounds):
         this: dict[str, list[float]] = {"off": [], "on": []}
-        for mode in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
+        for mode in ("off", "on") if rnd % 2 == 0 else ("on", "off"):
             hook.start() if mode == "on" else hook.stop()
             for _ in range(per_batch):
                 a, b = stream_request(url, key, model, output_len)
@@ -117,11 +124,19 @@ def run(url: str, key: str | None, model: str, rounds: int, per_batch: int, outp
     recorded = hook.stop()
     med = {m: statistics.median(v) for m, v in itl.items()}
     med_tok = {m: statistics.median(v) for m, v in per_tok.items()}
-    return {"median_itl_ms": med, "ratio_on_off": med["on"] / med["off"], "requests": {m: len(v) for m, v in itl.items()},
-            "spread_ms": {m: (min(v), max(v)) for m, v in itl.items()},
-            "median_e2e_per_token_ms": med_tok, "ratio_e2e_per_token": med_tok["on"] / med_tok["off"],
-            "paired_ratio_median": statistics.median(paired), "paired_ratios": paired,
-            "status": status, "last_records": recorded["records"], "dropped": recorded["dropped"]}
+    return {
+        "median_itl_ms": med,
+        "ratio_on_off": med["on"] / med["off"],
+        "requests": {m: len(v) for m, v in itl.items()},
+        "spread_ms": {m: (min(v), max(v)) for m, v in itl.items()},
+        "median_e2e_per_token_ms": med_tok,
+        "ratio_e2e_per_token": med_tok["on"] / med_tok["off"],
+        "paired_ratio_median": statistics.median(paired),
+        "paired_ratios": paired,
+        "status": status,
+        "last_records": recorded["records"],
+        "dropped": recorded["dropped"],
+    }
 
 
 def main() -> None:
@@ -153,27 +168,35 @@ def main() -> None:
 
     st, med = res["status"], res["median_itl_ms"]
     v = st["versions"]
-    print(f"conditions: vLLM {v.get('vllm')} ({v.get('vllm_build')}), torch {v.get('torch')}, TP {len(st['ranks'])}, "
-          f"{v.get('cpu_count')} cores, timing {','.join(st['timing'])}, model {a.model}, single stream, "
-          f"{a.output_len} output tokens x {a.per_batch} requests x {a.rounds} rounds per mode")
+    print(
+        f"conditions: vLLM {v.get('vllm')} ({v.get('vllm_build')}), torch {v.get('torch')}, TP {len(st['ranks'])}, "
+        f"{v.get('cpu_count')} cores, timing {','.join(st['timing'])}, model {a.model}, single stream, "
+        f"{a.output_len} output tokens x {a.per_batch} requests x {a.rounds} rounds per mode"
+    )
     print(f"{'mode':6s} {'requests':>8s} {'median ITL (ms)':>16s} {'min..max (ms)':>16s}")
     for m in ("off", "on"):
         lo, hi = res["spread_ms"][m]
         print(f"{m:6s} {res['requests'][m]:8d} {med[m]:16.3f} {lo:7.3f}..{hi:7.3f}")
     print(f"ratio on/off (median ITL): {res['ratio_on_off']:.4f}  (target <= 1.02)")
     et = res["median_e2e_per_token_ms"]
-    print(f"median E2E/token (ms): off {et['off']:.3f}, on {et['on']:.3f}, ratio {res['ratio_e2e_per_token']:.4f}; "
-          f"median of per-round ratios {res['paired_ratio_median']:.4f} "
-          f"(rounds: {' '.join(f'{r:.3f}' for r in res['paired_ratios'])})")
+    print(
+        f"median E2E/token (ms): off {et['off']:.3f}, on {et['on']:.3f}, ratio {res['ratio_e2e_per_token']:.4f}; "
+        f"median of per-round ratios {res['paired_ratio_median']:.4f} "
+        f"(rounds: {' '.join(f'{r:.3f}' for r in res['paired_ratios'])})"
+    )
     cost = hook_cost_us()
     step_us = 1e3 * et["off"]
     per_step = 10 * cost["collective_armed_us"] + cost["step_armed_us"]
-    print(f"hook's own cost (in-process, this machine): {cost['collective_armed_us']:.2f} us per collective armed, "
-          f"{cost['collective_disarmed_us']:.2f} us disarmed, {cost['step_armed_us']:.2f} us per step; "
-          f"10 collectives + 1 step = {per_step:.1f} us = {100 * per_step / step_us:.2f}% of a {step_us / 1e3:.2f} ms token")
-    print(f"record buffer per worker: {st['buffer_bytes_per_worker'] / 2**20:.1f} MiB "
-          f"({st['buffer_capacity']} collective rows + {st['per_rank'][0]['step_capacity']} step rows, preallocated); "
-          f"records in the last 'on' batch: {res['last_records']}, dropped: {res['dropped']}")
+    print(
+        f"hook's own cost (in-process, this machine): {cost['collective_armed_us']:.2f} us per collective armed, "
+        f"{cost['collective_disarmed_us']:.2f} us disarmed, {cost['step_armed_us']:.2f} us per step; "
+        f"10 collectives + 1 step = {per_step:.1f} us = {100 * per_step / step_us:.2f}% of a {step_us / 1e3:.2f} ms token"
+    )
+    print(
+        f"record buffer per worker: {st['buffer_bytes_per_worker'] / 2**20:.1f} MiB "
+        f"({st['buffer_capacity']} collective rows + {st['per_rank'][0]['step_capacity']} step rows, preallocated); "
+        f"records in the last 'on' batch: {res['last_records']}, dropped: {res['dropped']}"
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,11 @@ def main() -> None:
     for i in range(a.repeat):
         out = Path(tempfile.mkdtemp(prefix="tpcomm-bench-probe-"))
         t0 = time.monotonic()
-        p = subprocess.run([sys.executable, "-m", "tpcomm.cli", "probe", "--gpus", str(a.gpus), "--out", str(out)],
-                           capture_output=True, text=True)
+        p = subprocess.run(
+            [sys.executable, "-m", "tpcomm.cli", "probe", "--gpus", str(a.gpus), "--out", str(out)],
+            capture_output=True,
+            text=True,
+        )
         walls.append(time.monotonic() - t0)
         if p.returncode != 0:
             print(p.stderr[-3000:], file=sys.stderr)
@@ -36,9 +39,11 @@ def main() -> None:
         doc = json.loads((out / "probe" / "results.json").read_text())
         c = doc["conditions"]
         if i == 0:
-            print(f"conditions: {c.get('hardware')}; torch {c.get('torch')}, vLLM {c.get('vllm')}; world size {c['world_size']}; "
-                  f"backends {','.join(c['backends'])}; plan {c['plan']['model']} TP {c['plan']['tp']} batch {c['plan']['batches']}; "
-                  f"iters {c['iters']} + warmup {c['warmup']}; measurements {len(doc['results'])}, skipped {len(doc['skipped'])}")
+            print(
+                f"conditions: {c.get('hardware')}; torch {c.get('torch')}, vLLM {c.get('vllm')}; world size {c['world_size']}; "
+                f"backends {','.join(c['backends'])}; plan {c['plan']['model']} TP {c['plan']['tp']} batch {c['plan']['batches']}; "
+                f"iters {c['iters']} + warmup {c['warmup']}; measurements {len(doc['results'])}, skipped {len(doc['skipped'])}"
+            )
         print(f"run {i + 1}: wall {walls[-1]:.1f} s  (target <= {TARGET_S:.0f} s, ratio {walls[-1] / TARGET_S:.2f})")
     print(f"default probe wall time: best {min(walls):.1f} s, worst {max(walls):.1f} s over {len(walls)} run(s)")
 

@@ -33,8 +33,13 @@ from tpcomm.hook.client import HookClient  # noqa: E402
 
 
 def decode(url: str, n: int, output_len: int) -> None:
-    body = {"model": "tiny", "prompt": "tensor parallel inference splits every layer", "max_tokens": output_len,
-            "ignore_eos": True, "temperature": 0}
+    body = {
+        "model": "tiny",
+        "prompt": "tensor parallel inference splits every layer",
+        "max_tokens": output_len,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     for _ in range(n):
         httpx.post(url + "/v1/completions", json=body, timeout=600).raise_for_status()
 
@@ -74,18 +79,40 @@ def main() -> None:
 
     out = tmp / "probe-run"
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "tpcomm.cli", "probe", "--gpus", "2", "--backend", "shm", "--ops", "all_reduce",
-                        "--sizes", str(size), "--iters", str(a.iters), "--out", str(out), "--json"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpcomm.cli",
+            "probe",
+            "--gpus",
+            "2",
+            "--backend",
+            "shm",
+            "--ops",
+            "all_reduce",
+            "--sizes",
+            str(size),
+            "--iters",
+            str(a.iters),
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if p.returncode != 0:
         print(p.stderr[-3000:], file=sys.stderr)
         sys.exit(1)
     rows = {r["timing"]: r for r in json.loads(p.stdout)}
     probe_p50 = rows["isolated"]["p50_us"]
     v = meta.get("versions", {})
-    print(f"conditions: vLLM {v.get('vllm')} ({v.get('vllm_build')}), torch {v.get('torch')}, TP 2 on {v.get('cpu_count')} cores, "
-          f"all_reduce of {size} B (bf16), hook backend {backends}, hook timing {','.join(map(str, meta.get('timing', [])))}, "
-          f"{len(at)} hook records; probe shm, eager, {a.iters} iters, probe wall {time.monotonic() - t0:.1f} s")
+    print(
+        f"conditions: vLLM {v.get('vllm')} ({v.get('vllm_build')}), torch {v.get('torch')}, TP 2 on {v.get('cpu_count')} cores, "
+        f"all_reduce of {size} B (bf16), hook backend {backends}, hook timing {','.join(map(str, meta.get('timing', [])))}, "
+        f"{len(at)} hook records; probe shm, eager, {a.iters} iters, probe wall {time.monotonic() - t0:.1f} s"
+    )
     print(f"{'source':42s} {'p50 (us)':>10s}")
     print(f"{'hook, per-rank duration (incl. wait)':42s} {hook_p50:10.2f}")
     print(f"{'hook, min over ranks per instance':42s} {hook_min_p50:10.2f}")

@@ -49,8 +49,21 @@ def serve_and_attribute(model: Path, run: Path, requests: int, output_len: int) 
     print(f"starting vLLM server (TP 2, tiny model, log {run.parent / 'server.log'}) ...", flush=True)
     server.start()
     try:
-        _run(["attribute", "--server-url", server.url, "--concurrency", "1", "--requests", str(requests),
-              "--output-len", str(output_len), "--out", str(run)])
+        _run(
+            [
+                "attribute",
+                "--server-url",
+                server.url,
+                "--concurrency",
+                "1",
+                "--requests",
+                str(requests),
+                "--output-len",
+                str(output_len),
+                "--out",
+                str(run),
+            ]
+        )
     finally:
         server.stop()
 
@@ -71,22 +84,57 @@ def hook_figures(run: Path) -> dict:
 
     allc = align(coll.merge(dec, on=["rank", "step"]))
     wait_by_rank = allc.groupby("rank")["wait_us"].mean()
-    return {"compute_us": pt["compute"] * 1e3, "transfer_us": pt["transfer"] * 1e3, "wait_us": pt["wait"] * 1e3,
-            "ar_p50_us": float(ar["duration_us"].median()), "ar_min_p50_us": float(per_instance_min.median()),
-            "wait_by_rank_us": {int(k): float(v) for k, v in wait_by_rank.items()},
-            "ar_bytes": int(ar["bytes"].iloc[0]), "ar_records": len(ar), "backend": ",".join(sorted(ar["backend"].astype(str).unique())),
-            "versions": (json.loads((run / "meta.json").read_text()).get("versions") or {})}
+    return {
+        "compute_us": pt["compute"] * 1e3,
+        "transfer_us": pt["transfer"] * 1e3,
+        "wait_us": pt["wait"] * 1e3,
+        "ar_p50_us": float(ar["duration_us"].median()),
+        "ar_min_p50_us": float(per_instance_min.median()),
+        "wait_by_rank_us": {int(k): float(v) for k, v in wait_by_rank.items()},
+        "ar_bytes": int(ar["bytes"].iloc[0]),
+        "ar_records": len(ar),
+        "backend": ",".join(sorted(ar["backend"].astype(str).unique())),
+        "versions": (json.loads((run / "meta.json").read_text()).get("versions") or {}),
+    }
 
 
 def replay(model: Path, run: Path, scale: float, steps: int, context: int) -> dict:
-    out = _run(["probe", "--replay", "--gpus", "2", "--model", str(model), "--backend", "shm", "--work-scale", f"{scale:.6g}",
-                "--context", str(context), "--steps", str(steps), "--warmup", "10", "--out", str(run), "--json"])
+    out = _run(
+        [
+            "probe",
+            "--replay",
+            "--gpus",
+            "2",
+            "--model",
+            str(model),
+            "--backend",
+            "shm",
+            "--work-scale",
+            f"{scale:.6g}",
+            "--context",
+            str(context),
+            "--steps",
+            str(steps),
+            "--warmup",
+            "10",
+            "--out",
+            str(run),
+            "--json",
+        ]
+    )
     (e,) = json.loads(out)
     ar = min((o for o in e["ops"] if o["timing"] == "full" and o["op"] == "all_reduce"), key=lambda o: o["bytes"])
-    return {"scale": scale, "compute_p50_us": e["timings"]["compute"]["p50_us"], "full_p50_us": e["timings"]["full"]["p50_us"],
-            "cost_us": e["interconnect_cost_us_per_token_mean"], "cost_p50_us": e["interconnect_cost_us_per_token"],
-            "in_step_us": e["in_step_comm_us_per_token"],
-            "ar_p50_us": ar["duration_us_p50"], "ar_transfer_p50_us": ar["transfer_us_p50"], "split": e["full_step_split_us"]}
+    return {
+        "scale": scale,
+        "compute_p50_us": e["timings"]["compute"]["p50_us"],
+        "full_p50_us": e["timings"]["full"]["p50_us"],
+        "cost_us": e["interconnect_cost_us_per_token_mean"],
+        "cost_p50_us": e["interconnect_cost_us_per_token"],
+        "in_step_us": e["in_step_comm_us_per_token"],
+        "ar_p50_us": ar["duration_us_p50"],
+        "ar_transfer_p50_us": ar["transfer_us_p50"],
+        "split": e["full_step_split_us"],
+    }
 
 
 def main() -> None:
@@ -117,11 +165,15 @@ def main() -> None:
     r2 = replay(model, run, r2["scale"], a.steps, context)  # into the attribute run directory, for the report
     v = h["versions"]
     hook_tw = h["transfer_us"] + h["wait_us"]
-    print(f"conditions: tiny DeepSeek-V3-style model (tpcomm/tinymodel.py), TP 2 on {v.get('cpu_count')} cores, vLLM {v.get('vllm')} "
-          f"({v.get('vllm_build')}), torch {v.get('torch')}; hook backend {h['backend']}, eager, all_reduce of {h['ar_bytes']} B, "
-          f"{h['ar_records']} hook records at C=1 ({a.requests} requests x {a.output_len} tokens); replay shm, eager, {a.steps} steps, "
-          f"context {context} tokens; bench wall {time.monotonic() - t0:.0f} s")
-    print(f"serving: mean wait per collective by rank (us): {', '.join(f'rank {k} {v:.1f}' for k, v in h['wait_by_rank_us'].items())}")
+    print(
+        f"conditions: tiny DeepSeek-V3-style model (tpcomm/tinymodel.py), TP 2 on {v.get('cpu_count')} cores, vLLM {v.get('vllm')} "
+        f"({v.get('vllm_build')}), torch {v.get('torch')}; hook backend {h['backend']}, eager, all_reduce of {h['ar_bytes']} B, "
+        f"{h['ar_records']} hook records at C=1 ({a.requests} requests x {a.output_len} tokens); replay shm, eager, {a.steps} steps, "
+        f"context {context} tokens; bench wall {time.monotonic() - t0:.0f} s"
+    )
+    print(
+        f"serving: mean wait per collective by rank (us): {', '.join(f'rank {k} {v:.1f}' for k, v in h['wait_by_rank_us'].items())}"
+    )
     rs = (r1, r2)
 
     def row(label, f, fmt_="{:>11.2f}", tail=""):
@@ -129,16 +181,38 @@ def main() -> None:
 
     print(f"{'':48s} {'scale 1':>11s} {'calibrated':>11s}")
     row("replay work scale", lambda r: r["scale"], "{:>11.3g}")
-    row("replay compute-only step p50 (us)", lambda r: r["compute_p50_us"], "{:>11.1f}", f"   attribute compute/token {h['compute_us']:.1f}")
-    row("replay in-step all-reduce p50 (us)", lambda r: r["ar_p50_us"], tail=f"   hook in-serving p50 {h['ar_p50_us']:.2f}")
+    row(
+        "replay compute-only step p50 (us)",
+        lambda r: r["compute_p50_us"],
+        "{:>11.1f}",
+        f"   attribute compute/token {h['compute_us']:.1f}",
+    )
+    row(
+        "replay in-step all-reduce p50 (us)",
+        lambda r: r["ar_p50_us"],
+        tail=f"   hook in-serving p50 {h['ar_p50_us']:.2f}",
+    )
     row("  ratio replay / hook (target 0.8-1.2)", lambda r: r["ar_p50_us"] / h["ar_p50_us"])
-    row("replay in-step all-reduce transfer p50 (us)", lambda r: r["ar_transfer_p50_us"], tail=f"   hook min-over-ranks p50 {h['ar_min_p50_us']:.2f}")
+    row(
+        "replay in-step all-reduce transfer p50 (us)",
+        lambda r: r["ar_transfer_p50_us"],
+        tail=f"   hook min-over-ranks p50 {h['ar_min_p50_us']:.2f}",
+    )
     # Means on both sides: attribute's per-token terms are (trimmed) means over decode steps.
-    row("replay interconnect cost per token, mean (us)", lambda r: r["cost_us"], "{:>11.1f}", f"   attribute transfer+wait {hook_tw:.1f}")
+    row(
+        "replay interconnect cost per token, mean (us)",
+        lambda r: r["cost_us"],
+        "{:>11.1f}",
+        f"   attribute transfer+wait {hook_tw:.1f}",
+    )
     row("  ratio replay / attribute (target 0.75-1.25)", lambda r: r["cost_us"] / hook_tw)
     row("  (the same from step p50s, us)", lambda r: r["cost_p50_us"], "{:>11.1f}")
-    row("replay in-step transfer + wait per token (us)", lambda r: r["in_step_us"], "{:>11.1f}",
-        f"   (attribute transfer {h['transfer_us']:.1f} + wait {h['wait_us']:.1f})")
+    row(
+        "replay in-step transfer + wait per token (us)",
+        lambda r: r["in_step_us"],
+        "{:>11.1f}",
+        f"   (attribute transfer {h['transfer_us']:.1f} + wait {h['wait_us']:.1f})",
+    )
     print(f"run directory (hook + calibrated replay; `tpcomm report` shows both): {run}")
 
 

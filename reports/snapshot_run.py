@@ -9,9 +9,14 @@ unchanged. attribution/collectives.parquet (every record aligned) is left out
 for size: the report draws attribution/timeline.json. Everything else is copied as the
 commands wrote it (attribution/summary.json was computed from all records).
 """
-import json, shutil, sys
+
+import json
+import shutil
+import sys
 from pathlib import Path
+
 import pandas as pd
+
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 n_steps = int(sys.argv[3]) if len(sys.argv) > 3 else 150
 if dst.exists():

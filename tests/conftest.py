@@ -39,14 +39,24 @@ class ServerPool:
 
     def get(self, plugin: bool = True, api_key: str | None = None, extra_env: dict | None = None) -> VllmServer:
         key = (plugin, api_key, tuple(sorted((extra_env or {}).items())))
-        if self.current == key and self.server is not None and self.server.proc is not None \
-                and self.server.proc.poll() is None:
+        if (
+            self.current == key
+            and self.server is not None
+            and self.server.proc is not None
+            and self.server.proc.poll() is None
+        ):
             return self.server
         self.close()
         name = f"server{len(self.starts)}-{'on' if plugin else 'off'}{'-key' if api_key else ''}"
         env = {"VLLM_CACHE_ROOT": str(self.cache_root), **(extra_env or {})}
-        srv = VllmServer(model=str(self.model), tp=2, plugin=plugin, api_key=api_key,
-                         log_path=str(self.root / f"{name}.log"), extra_env=env)
+        srv = VllmServer(
+            model=str(self.model),
+            tp=2,
+            plugin=plugin,
+            api_key=api_key,
+            log_path=str(self.root / f"{name}.log"),
+            extra_env=env,
+        )
         srv.start()
         self.current, self.server = key, srv
         self.starts.append(key)

@@ -24,10 +24,12 @@ def measured_run(dst: Path) -> Path:
     return dst
 
 
-SPLIT_RE = re.compile(r"Of each ([\d.]+) ms token .*?: compute ([\d.]+) ms \(([\d.]+)%\), "
-                      r"collective transfer ([\d.]+) ms "
-                      r"\(([\d.]+)%\), collective wait \(rank skew\) ([\d.]+) ms \(([\d.]+)%\), host gap between steps "
-                      r"([\d.]+) ms \(([\d.]+)%\)")
+SPLIT_RE = re.compile(
+    r"Of each ([\d.]+) ms token .*?: compute ([\d.]+) ms \(([\d.]+)%\), "
+    r"collective transfer ([\d.]+) ms "
+    r"\(([\d.]+)%\), collective wait \(rank skew\) ([\d.]+) ms \(([\d.]+)%\), host gap between steps "
+    r"([\d.]+) ms \(([\d.]+)%\)"
+)
 
 
 def split_from_page(text: str) -> tuple[float, list[float], list[float]] | None:

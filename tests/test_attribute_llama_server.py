@@ -34,9 +34,29 @@ def llama_server(tmp_path_factory, request):
 def test_llama_split_closes_at_c1_and_c2(llama_server, tmp_path):
     srv, model = llama_server
     out = tmp_path / "run"
-    r = _run(["--server-url", srv.url, "--concurrency", "1,2", "--requests", "8", "--input-len", "16",
-              "--output-len", "32", "--warmup", "2", "--max-rounds", "2", "--model-config", str(model / "config.json"),
-              "--out", str(out), "--json"])
+    r = _run(
+        [
+            "--server-url",
+            srv.url,
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "8",
+            "--input-len",
+            "16",
+            "--output-len",
+            "32",
+            "--warmup",
+            "2",
+            "--max-rounds",
+            "2",
+            "--model-config",
+            str(model / "config.json"),
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summ = json.loads((out / "attribution/summary.json").read_text())
     levels = json.loads((out / "load/levels.json").read_text())

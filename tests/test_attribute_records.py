@@ -52,7 +52,10 @@ def test_real_run_matches_plan(run_dir):
     cc = lv["collectives_per_step"]
     assert cc["match"] is True, cc["detail"]
     assert cc["observed_total"] == 10 and cc["observed_share_of_steps"] == 1.0
-    assert {(o["op"], o["bytes"], o["count"]) for o in cc["observed"]} == {("all_reduce", 512, 9), ("all_gather", 2048, 1)}
+    assert {(o["op"], o["bytes"], o["count"]) for o in cc["observed"]} == {
+        ("all_reduce", 512, 9),
+        ("all_gather", 2048, 1),
+    }
     p = lv["per_token_ms"]
     assert p["transfer"] > 0 and p["wait"] >= 0 and p["compute"] > p["transfer"]
     top = lv["top_sites"][0]

@@ -26,7 +26,6 @@ from click.testing import CliRunner
 from tpcomm.attribute.cli import attribute
 from tpcomm.vllm_server import VllmServer, free_port
 
-
 TPCOMM = [sys.executable, "-m", "tpcomm.cli", "attribute"]
 FAST = ["--requests", "6", "--input-len", "16", "--output-len", "24", "--warmup", "1", "--max-rounds", "1"]
 KEY = "sekret-b2"
@@ -76,8 +75,9 @@ def keyed_server(request, tiny_dir, tmp_path_factory):
     prof = tmp_path_factory.mktemp("prof")
     log = tmp_path_factory.mktemp("logs") / "keyed_server.log"
     cfg = json.dumps({"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False})
-    srv = VllmServer(model=str(tiny_dir), tp=2, plugin=True, api_key=KEY, log_path=str(log),
-                     extra_args=["--profiler-config", cfg])
+    srv = VllmServer(
+        model=str(tiny_dir), tp=2, plugin=True, api_key=KEY, log_path=str(log), extra_args=["--profiler-config", cfg]
+    )
     srv.start()
     srv.profile_dir = prof
     yield srv
@@ -127,12 +127,47 @@ def test_not_openai_compatible_exits_2(tmp_path):
     httpd = HTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        res = CliRunner().invoke(attribute, ["--server-url", f"http://127.0.0.1:{httpd.server_port}",
-                                             "--out", str(tmp_path / "r")])
+        res = CliRunner().invoke(
+            attribute, ["--server-url", f"http://127.0.0.1:{httpd.server_port}", "--out", str(tmp_path / "r")]
+        )
     finally:
         httpd.shutdown()
     assert res.exit_code == 2
     assert "without an OpenAI model list" in res.output
+
+
+def test_a_server_that_refuses_completions_is_named_exit_2(tmp_path):
+    """An OpenAI-looking server that answers 501 to completions (issue 12, item 7): exit 2, naming its answer."""
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 2048}]}' \
+                if self.path.startswith("/v1/models") else b"{}"
+            self.send_response(200 if self.path.startswith("/v1/models") else 404)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            self.send_response(501)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"error": "not implemented here"}')
+
+        def log_message(self, *a):
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        r = _run(["--server-url", f"http://127.0.0.1:{httpd.server_port}", "--concurrency", "1",
+                  "--out", str(tmp_path / "r")], timeout=120)
+    finally:
+        httpd.shutdown()
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    err = " ".join(r.stderr.split())
+    assert "HTTP 501" in err and "not implemented here" in err and "Traceback" not in r.stderr
+    assert "stopped answering" not in r.stdout + r.stderr and "None" not in err
 
 
 # ---- keyed server (kept for last: the final test kills it) -------------------
@@ -147,8 +182,23 @@ def test_auth_failure_exits_2(keyed_server, tmp_path):
 @pytest.mark.vllm
 def test_profile_counts_shm_collectives_like_the_hook(keyed_server, tmp_path):
     out = tmp_path / "run"
-    r = _run(["--server-url", keyed_server.url, "--api-key", KEY, "--concurrency", "1", "--profile",
-              "--profile-dir", str(keyed_server.profile_dir), "--out", str(out), "--json"] + FAST)
+    r = _run(
+        [
+            "--server-url",
+            keyed_server.url,
+            "--api-key",
+            KEY,
+            "--concurrency",
+            "1",
+            "--profile",
+            "--profile-dir",
+            str(keyed_server.profile_dir),
+            "--out",
+            str(out),
+            "--json",
+        ]
+        + FAST
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     prof = json.loads((out / "profile/summary.json").read_text())
     assert prof["captured"], prof
@@ -160,8 +210,9 @@ def test_profile_counts_shm_collectives_like_the_hook(keyed_server, tmp_path):
         # Every collective the hook timed shows up as a shm op in the trace of that rank, and vice versa.
         assert c["trace_count"] > 0 and c["trace_count"] == c["hook_count"], cmp_
     # The key given on the command line is in no file of the run directory, nor in its report (issue 12).
-    rep = subprocess.run([sys.executable, "-m", "tpcomm.cli", "report", str(out)], capture_output=True, text=True,
-                         timeout=300)
+    rep = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "report", str(out)], capture_output=True, text=True, timeout=300
+    )
     assert rep.returncode == 0, rep.stderr[-2000:]
     from test_secrets import assert_secret_absent
 
@@ -175,15 +226,43 @@ def test_server_killed_mid_run_leaves_incomplete_run_dir(keyed_server, tmp_path)
     out = tmp_path / "run"
     env = {**os.environ}
     env.pop("OPENAI_API_KEY", None)
-    p = subprocess.Popen(TPCOMM + ["--server-url", keyed_server.url, "--api-key", KEY, "--concurrency", "1,2",
-                                   "--requests", "16", "--output-len", "48", "--warmup", "1", "--max-rounds", "1",
-                                   "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        TPCOMM
+        + [
+            "--server-url",
+            keyed_server.url,
+            "--api-key",
+            KEY,
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "16",
+            "--output-len",
+            "48",
+            "--warmup",
+            "1",
+            "--max-rounds",
+            "1",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / "load/levels.json").exists() and time.monotonic() < deadline:
             assert p.poll() is None, p.communicate()
             time.sleep(0.5)
-        time.sleep(2)  # into the second level
+        # Into the second level: the hook's recording session is attribute's own for C=2 (polled, not guessed).
+        from tpcomm.hook.client import HookClient
+
+        hook = HookClient(keyed_server.url, api_key=KEY, timeout_s=10)
+        while not str(hook.status().get("session") or "").endswith("-c2-r0") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # a few C=2 requests under way
         os.killpg(os.getpgid(keyed_server.proc.pid), signal.SIGKILL)
         stdout, stderr = p.communicate(timeout=300)
     finally:
@@ -207,7 +286,9 @@ def test_server_without_plugin_still_measures_load(plugin_off_url, tmp_path):
     r = _run(["--server-url", plugin_off_url, "--concurrency", "1", "--out", str(out)] + FAST)
     assert r.returncode == 0, r.stderr[-3000:]
     text = " ".join((r.stdout + r.stderr).split())
-    assert "needs the tpcomm plugin" in text and "VLLM_PLUGINS=tpcomm python -m vllm.entrypoints.openai.api_server" in text
+    assert (
+        "needs the tpcomm plugin" in text and "VLLM_PLUGINS=tpcomm python -m vllm.entrypoints.openai.api_server" in text
+    )
     levels = json.loads((out / "load/levels.json").read_text())
     assert levels[0]["requests"] == 6 and levels[0]["failed"] == 0 and levels[0]["itl_ms_p50"] > 0
     assert not (out / "hook").exists()
@@ -233,9 +314,11 @@ def assert_split_closes(summ: dict, levels: list[dict]) -> None:
         if c == 1:
             cz = lv["closure"]
             assert cz["judged"], cz
-            assert abs(cz["diff_pct"]) <= 10, (f"C=1: engine {e:.2f} ms/token vs client TPOT p50 "
-                                               f"{cz['client_tpot_ms_p50']:.2f} ms ({cz['diff_pct']:+.1f}%); stalls "
-                                               f"{lv['stalls']}")
+            assert abs(cz["diff_pct"]) <= 10, (
+                f"C=1: engine {e:.2f} ms/token vs client TPOT p50 "
+                f"{cz['client_tpot_ms_p50']:.2f} ms ({cz['diff_pct']:+.1f}%); stalls "
+                f"{lv['stalls']}"
+            )
             assert cz["ok"] is True
 
 
@@ -244,8 +327,25 @@ def baseline_run(plugin_server, tmp_path_factory):
     """One C=1,2 attribute run on the pooled server, shared by the closure and stall tests."""
     url, key = plugin_server
     out = tmp_path_factory.mktemp("baseline") / "run"
-    args = ["--server-url", url, "--concurrency", "1,2", "--requests", "8", "--input-len", "16", "--output-len", "32",
-            "--warmup", "2", "--max-rounds", "2", "--out", str(out), "--json"] + (["--api-key", key] if key else [])
+    args = [
+        "--server-url",
+        url,
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "8",
+        "--input-len",
+        "16",
+        "--output-len",
+        "32",
+        "--warmup",
+        "2",
+        "--max-rounds",
+        "2",
+        "--out",
+        str(out),
+        "--json",
+    ] + (["--api-key", key] if key else [])
     r = _run(args)
     assert r.returncode == 0, r.stderr[-3000:]
     return out, json.loads(r.stdout)
@@ -257,8 +357,15 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
     assert res["complete"] and res["plugin"]
     status = json.loads((out / "status.json").read_text())
     assert status["attribute"]["state"] == "complete"
-    for f in ("load/requests.parquet", "load/tokens.parquet", "load/levels.json", "hook/collectives.parquet",
-              "hook/steps.parquet", "attribution/steps.parquet", "attribution/summary.json"):
+    for f in (
+        "load/requests.parquet",
+        "load/tokens.parquet",
+        "load/levels.json",
+        "hook/collectives.parquet",
+        "hook/steps.parquet",
+        "attribution/steps.parquet",
+        "attribution/summary.json",
+    ):
         assert (out / f).exists(), f
     req = pd.read_parquet(out / "load/requests.parquet")
     assert req["ok"].all() and (req["output_tokens"] == 32).all() and (req["prompt_tokens"] == 16).all()
@@ -302,8 +409,9 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(baseline_run, plugi
     url, key = plugin_server
     out = tmp_path / "run"
     spec = LoadSpec(requests=8, input_len=16, output_len=32, warmup=1, max_rounds=1, client_pause=(3, 10, 1.0))
-    res = Attribute(AttributeConfig(server_url=url, out=str(out), api_key=key, concurrency=[1],
-                                    spec=spec)).run(argv=["pytest", "stall"])
+    res = Attribute(AttributeConfig(server_url=url, out=str(out), api_key=key, concurrency=[1], spec=spec)).run(
+        argv=["pytest", "stall"]
+    )
     lv = res["attribution"]["levels"][0]
     st = lv["stalls"]
     # The injected pause is found where it was made (this host also stalls on its own now and then: those count too).
@@ -325,10 +433,48 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(baseline_run, plugi
 
 
 @pytest.mark.vllm
+def test_a_foreign_start_mid_level_is_detected_and_the_level_not_attributed(plugin_server, tmp_path):
+    """Someone else restarts the hook's recording during attribute's C=1 level (issue 12, item 6)."""
+    from tpcomm.hook.client import HookClient
+
+    url, key = plugin_server
+    out = tmp_path / "run"
+    env = {**os.environ}
+    env.pop("OPENAI_API_KEY", None)
+    p = subprocess.Popen(TPCOMM + ["--server-url", url, "--concurrency", "1", "--requests", "8", "--output-len", "48",
+                                   "--warmup", "1", "--max-rounds", "1", "--out", str(out), "--json"]
+                         + (["--api-key", key] if key else []),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    hook = HookClient(url, api_key=key, timeout_s=30)
+    try:
+        deadline = time.monotonic() + 300
+        while not str(hook.status().get("session") or "").endswith("-c1-r0"):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.1)
+        hook.start(session="someone-else")
+        stdout, stderr = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        hook.stop()
+    assert p.returncode == 0, stderr[-3000:]
+    lv = json.loads((out / "load/levels.json").read_text())[0]
+    assert "another client restarted the hook's recording" in lv["hook_problem"]
+    assert "someone-else" in lv["hook_problem"]
+    summ = json.loads((out / "attribution/summary.json").read_text())
+    a = summ["levels"][0]
+    assert a["per_token_ms"] is None and a["engine_ms_per_token"] is None and "not attributed" in a["note"]
+    assert any("restarted the hook's recording" in n for n in json.loads(stdout)["notes"])
+
+
+@pytest.mark.vllm
 def test_wrong_model_name_lists_served_models(plugin_server, tmp_path):
     url, key = plugin_server
-    r = _run(["--server-url", url, "--model", "no-such-model", "--out", str(tmp_path / "r")]
-             + (["--api-key", key] if key else []), timeout=60)
+    r = _run(
+        ["--server-url", url, "--model", "no-such-model", "--out", str(tmp_path / "r")]
+        + (["--api-key", key] if key else []),
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "'no-such-model' is not served" in r.stderr and "tiny" in r.stderr
 
@@ -337,9 +483,30 @@ def test_wrong_model_name_lists_served_models(plugin_server, tmp_path):
 def test_chat_api_fixed_lengths(plugin_server, tmp_path):
     url, key = plugin_server
     out = tmp_path / "run"
-    r = _run(["--server-url", url, "--api", "chat", "--concurrency", "1", "--requests", "3", "--input-len", "24",
-              "--output-len", "16", "--warmup", "0", "--max-rounds", "1", "--out", str(out), "--json"]
-             + (["--api-key", key] if key else []))
+    r = _run(
+        [
+            "--server-url",
+            url,
+            "--api",
+            "chat",
+            "--concurrency",
+            "1",
+            "--requests",
+            "3",
+            "--input-len",
+            "24",
+            "--output-len",
+            "16",
+            "--warmup",
+            "0",
+            "--max-rounds",
+            "1",
+            "--out",
+            str(out),
+            "--json",
+        ]
+        + (["--api-key", key] if key else [])
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     req = pd.read_parquet(out / "load/requests.parquet")
     assert req["ok"].all() and (req["output_tokens"] == 16).all()

@@ -158,8 +158,9 @@ def test_client_stall_is_reported_apart_and_enters_no_term():
 def test_crosscheck_reports_mismatch_with_detail(synth):
     coll, steps, _ = synth
     a = align(coll)
-    d = decode_steps(assign_levels(rank_steps(a, steps), [{"concurrency": 1, "repeat": 0, "t_start_ns": 0,
-                                                            "t_end_ns": 2**62}]))
+    d = decode_steps(
+        assign_levels(rank_steps(a, steps), [{"concurrency": 1, "repeat": 0, "t_start_ns": 0, "t_end_ns": 2**62}])
+    )
     obs = observed_per_step(a, d)
     assert obs["share"] == 1.0 and obs["batch"] == 1
     planned = {("tp", "all_reduce", 512): 9, ("tp", "all_gather", 2048): 1}
@@ -176,8 +177,18 @@ def _rows(starts_ms, dur_ms, tokens_per=8):
     for i, (s, d) in enumerate(zip(starts_ms, dur_ms)):
         t0 = int(s * 1e6)
         ts = [t0 + int((j + 1) * d / tokens_per * 1e6) for j in range(tokens_per)]
-        rows.append({"request_id": i, "ok": True, "t_start_ns": t0, "t_end_ns": ts[-1], "output_tokens": tokens_per,
-                     "ttft_ms": d / tokens_per, "tpot_ms": d / tokens_per, "e2e_ms": d})
+        rows.append(
+            {
+                "request_id": i,
+                "ok": True,
+                "t_start_ns": t0,
+                "t_end_ns": ts[-1],
+                "output_tokens": tokens_per,
+                "ttft_ms": d / tokens_per,
+                "tpot_ms": d / tokens_per,
+                "e2e_ms": d,
+            }
+        )
         toks += [{"request_id": i, "token_idx": j, "t_ns": t} for j, t in enumerate(ts)]
     return pd.DataFrame(rows), pd.DataFrame(toks)
 
@@ -194,10 +205,12 @@ def test_steadiness_flags_a_slowdown():
 
 
 def test_repeat_spread_flags_the_464_vs_800_case():
-    levels = [{"concurrency": 32, "repeat": 0, "output_tok_per_s": 799.9, "flags": []},
-              {"concurrency": 32, "repeat": 1, "output_tok_per_s": 464.0, "flags": []},
-              {"concurrency": 1, "repeat": 0, "output_tok_per_s": 61.3, "flags": []},
-              {"concurrency": 1, "repeat": 1, "output_tok_per_s": 62.0, "flags": []}]
+    levels = [
+        {"concurrency": 32, "repeat": 0, "output_tok_per_s": 799.9, "flags": []},
+        {"concurrency": 32, "repeat": 1, "output_tok_per_s": 464.0, "flags": []},
+        {"concurrency": 1, "repeat": 0, "output_tok_per_s": 61.3, "flags": []},
+        {"concurrency": 1, "repeat": 1, "output_tok_per_s": 62.0, "flags": []},
+    ]
     repeat_spread(levels, 10)
     assert levels[0]["repeat_spread_pct"] > 50 and levels[0]["flags"]
     assert levels[2]["repeat_spread_pct"] < 10 and not levels[2]["flags"]

@@ -13,10 +13,12 @@ def run(*args, **kw):
 
 
 def test_help_lists_commands_without_importing_torch():
-    code = ("import sys; from tpcomm.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit: pass\n"
-            "bad = [m for m in ('torch', 'vllm', 'pandas', 'matplotlib') if m in sys.modules]\n"
-            "assert not bad, bad")
+    code = (
+        "import sys; from tpcomm.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit: pass\n"
+        "bad = [m for m in ('torch', 'vllm', 'pandas', 'matplotlib') if m in sys.modules]\n"
+        "assert not bad, bad"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     for cmd in ("plan", "predict", "probe", "topo", "attribute", "report", "demo"):

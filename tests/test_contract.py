@@ -32,8 +32,9 @@ def run(tmp_path) -> Path:
 
 
 def _report(run: Path, tmp_path: Path):
-    r = subprocess.run(TPCOMM + ["report", str(run), "--out", str(tmp_path / "rep.pdf")], capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        TPCOMM + ["report", str(run), "--out", str(tmp_path / "rep.pdf")], capture_output=True, text=True, timeout=300
+    )
     md = (tmp_path / "rep.md").read_text() if (tmp_path / "rep.md").exists() else ""
     return r, md
 
@@ -48,8 +49,10 @@ def test_every_written_document_and_table_carries_the_schema_version(tmp_path):
     rd = RunDir(tmp_path / "r")
     rd.write_json(C.LOAD_LEVELS, [{"concurrency": 1, "repeat": 0}])
     rd.write_json(C.PLAN, {"model": {}, "layout": {}})
-    rd.write_table(C.LOAD_TOKENS, pd.DataFrame({"request_id": [1], "concurrency": [1], "repeat": [0],
-                                                "token_idx": [0], "t_ns": [5]}))
+    rd.write_table(
+        C.LOAD_TOKENS,
+        pd.DataFrame({"request_id": [1], "concurrency": [1], "repeat": [0], "token_idx": [0], "t_ns": [5]}),
+    )
     assert json.loads((tmp_path / "r/load/levels.json").read_text())[0]["schema_version"] == C.SCHEMA_VERSION
     assert json.loads((tmp_path / "r/plan.json").read_text())["schema_version"] == C.SCHEMA_VERSION
     md = pq.read_table(tmp_path / "r/load/tokens.parquet").schema.metadata
@@ -59,8 +62,10 @@ def test_every_written_document_and_table_carries_the_schema_version(tmp_path):
 def test_a_writer_that_drifts_from_the_contract_fails_at_once(tmp_path):
     rd = RunDir(tmp_path / "r")
     with pytest.raises(SchemaError, match=r"load/tokens.parquet \[t_ns\]: lacks the column"):
-        rd.write_table(C.LOAD_TOKENS, pd.DataFrame({"request_id": [1], "concurrency": [1], "repeat": [0],
-                                                    "token_idx": [0], "time_ns": [5]}))
+        rd.write_table(
+            C.LOAD_TOKENS,
+            pd.DataFrame({"request_id": [1], "concurrency": [1], "repeat": [0], "token_idx": [0], "time_ns": [5]}),
+        )
     with pytest.raises(SchemaError, match=r"load/levels.json \[repeat\]: lacks a required key"):
         rd.write_json(C.LOAD_LEVELS, [{"concurrency": 1}])
 
@@ -77,20 +82,25 @@ def test_old_run_directories_without_versions_load():
 
 
 def test_renamed_column_is_one_line_and_the_report_renders_the_rest(run, tmp_path):
-    p = run / "hook/steps.parquet"
-    pd.read_parquet(p).rename(columns={"num_seqs": "seqs"}).to_parquet(p)
+    p = run / "attribution/steps.parquet"
+    pd.read_parquet(p).rename(columns={"wait_us": "skew_us"}).to_parquet(p)
     with pytest.raises(SchemaError) as e:
-        RunDir(run, create=False).read_table(C.HOOK_STEPS)
+        RunDir(run, create=False).read_table(C.ATTR_STEPS)
     msg = str(e.value)
-    assert "hook/steps.parquet [num_seqs]" in msg and "tpcomm attribute" in msg and "\n" not in msg
+    assert "attribution/steps.parquet [wait_us]" in msg and "tpcomm attribute" in msg and "\n" not in msg
     r, md = _report(run, tmp_path)
     assert r.returncode == 2
     line = _one_line_error(r.stderr)
-    assert "hook/steps.parquet [num_seqs]: lacks the column" in line and "tpcomm attribute" in line
+    assert "attribution/steps.parquet [wait_us]: lacks the column" in line and "tpcomm attribute" in line
     # The affected section says so; the others render from their own files.
-    assert "**Could not read:** hook/steps.parquet [num_seqs]" in md
+    assert "**Could not read:** attribution/steps.parquet [wait_us]" in md
     assert "## Collective plan of the model" in md and "all_reduce" in md
     assert (tmp_path / "rep.pdf").read_bytes()[:5] == b"%PDF-"
+    # A table the report does not read (hook records: attribute aligned them already) is checked by its readers.
+    h = run / "hook/steps.parquet"
+    pd.read_parquet(h).rename(columns={"num_seqs": "seqs"}).to_parquet(h)
+    with pytest.raises(SchemaError, match=r"hook/steps.parquet \[num_seqs\]"):
+        RunDir(run, create=False).read_table(C.HOOK_STEPS)
 
 
 def test_future_schema_version_is_refused_in_one_line(run, tmp_path):

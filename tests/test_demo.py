@@ -47,20 +47,26 @@ def test_demo_without_server_reports_what_ran_and_clears_old_results(tmp_path):
     """No server (fast): the stages that ran are ok, the rest say why, and an earlier run's files are not reused."""
     out = tmp_path / "demo"
     out.mkdir()
-    (out / "predict.json").write_text('{"stale": true}')   # left by an earlier run: must not reach the report
-    p = subprocess.run([str(BIN), "demo", "--out", str(out), "--skip", "server,probe"], capture_output=True, text=True,
-                       timeout=300)
+    (out / "predict.json").write_text('{"stale": true}')  # left by an earlier run: must not reach the report
+    p = subprocess.run(
+        [str(BIN), "demo", "--out", str(out), "--skip", "server,probe,replay"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     stages = json.loads((out / "status.json").read_text())["demo"]["stages"]
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert stages["model"] == stages["plan"] == stages["report"] == "ok"
-    assert stages["server"] == stages["attribute"] == stages["probe"] == "skipped"
+    assert stages["server"] == stages["attribute"] == stages["probe"] == stages["replay"] == "skipped"
     assert stages["predict"] == "skipped" and "needs the probe" in p.stdout
     assert not (out / "predict.json").exists() and "cleared the previous run's results" in p.stdout
     from tpcomm.report.analysis import analyze
 
     rep = analyze(out)
     assert rep["plan"].available and not rep["ladder"].available and not rep["probe"].available
-    bad = subprocess.run([str(BIN), "demo", "--out", str(out), "--skip", "nonsense"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [str(BIN), "demo", "--out", str(out), "--skip", "nonsense"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and "unknown stage" in bad.stderr
 
 
@@ -90,7 +96,9 @@ def test_demo_end_to_end(tmp_path, no_pooled_server):
         rep = analyze(out)
         v = rep.verdict
         assert v["source"] == "measured" and v["split_source"] == "measured"
-        assert rep["ladder"].available and rep["breakdown"].available
+        assert rep["ladder"].available and rep["breakdown"].available and rep["timeline"].available
+        # The replay ran too, and its section sits beside the hook's in-serving figures.
+        assert stages["replay"] == "ok" and rep["replay"].available
         # The headline is the split's total, and the closure check's outcome is stated, whichever it is.
         m = v["measured"]
         assert sum(m["terms"].values()) == pytest.approx(m["ms_per_token"], rel=0.01)
@@ -105,9 +113,14 @@ def test_demo_end_to_end(tmp_path, no_pooled_server):
 def test_demo_ctrl_c_stops_the_server(tmp_path, no_pooled_server):
     out = tmp_path / "demo"
     # attribute is kept: it holds the server while the interrupt arrives.
-    p = subprocess.Popen([str(BIN), "demo", "--out", str(out), "--skip", "plan,topo,probe,predict,report"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    p = subprocess.Popen(
+        [str(BIN), "demo", "--out", str(out), "--skip", "plan,topo,probe,replay,predict,report"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     seen = []
     try:
         deadline = time.monotonic() + 420
@@ -118,8 +131,15 @@ def test_demo_ctrl_c_stops_the_server(tmp_path, no_pooled_server):
             assert time.monotonic() < deadline, "".join(seen[-20:])
         assert any("server: ready" in s for s in seen), "".join(seen[-20:])
         assert _procs_mentioning(str(out / "model")), "no server process found while it was ready"
-        time.sleep(3)                          # inside `tpcomm attribute` by now
-        os.kill(p.pid, signal.SIGINT)          # what Ctrl-C sends to the foreground process
+        # Interrupt once `tpcomm attribute` is driving load (its stage state in status.json), not after a guess.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            st = json.loads((out / "status.json").read_text()) if (out / "status.json").exists() else {}
+            if (st.get("attribute") or {}).get("state") == "running":
+                break
+            time.sleep(0.2)
+        assert (st.get("attribute") or {}).get("state") == "running", st
+        os.kill(p.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
         rest, _ = p.communicate(timeout=120)
     finally:
         if p.poll() is None:

@@ -68,8 +68,11 @@ def test_registering_the_plugin_never_calls_the_cuda_runtime():
 
 def test_cuda_timing_stays_off_on_the_cpu_platform_after_init_device():
     """The deferred install decides by vLLM's platform (CPU here): no timer, no CUDA call, no failure."""
-    script = SCRIPT.replace("from tpcomm.hook.core import HOOK", "from tpcomm.hook.core import HOOK\n"
-                            "from tpcomm.hook.plugin import _install_cuda_timing\n_install_cuda_timing()")
+    script = SCRIPT.replace(
+        "from tpcomm.hook.core import HOOK",
+        "from tpcomm.hook.core import HOOK\n"
+        "from tpcomm.hook.plugin import _install_cuda_timing\n_install_cuda_timing()",
+    )
     env = {**os.environ, "VLLM_PLUGINS": "tpcomm"}
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

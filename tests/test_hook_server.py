@@ -20,15 +20,28 @@ from tpcomm.hook.client import HookClient, HookUnavailable
 
 pytestmark = pytest.mark.vllm
 KEY = "sekret-b1"
-ROUTES = [("GET", "/tpcomm/v1/status"), ("POST", "/tpcomm/v1/start"), ("POST", "/tpcomm/v1/stop"),
-          ("GET", "/tpcomm/v1/records"), ("GET", "/tpcomm/v1/metrics")]
+ROUTES = [
+    ("GET", "/tpcomm/v1/status"),
+    ("POST", "/tpcomm/v1/start"),
+    ("POST", "/tpcomm/v1/stop"),
+    ("GET", "/tpcomm/v1/records"),
+    ("GET", "/tpcomm/v1/metrics"),
+]
 
 
 def _complete(url: str, key: str | None = None, n: int = 12) -> dict:
-    r = httpx.post(url + "/v1/completions", timeout=180,
-                   headers={"Authorization": f"Bearer {key}"} if key else {},
-                   json={"model": "tiny", "prompt": "tensor parallel inference splits", "max_tokens": n,
-                         "ignore_eos": True, "temperature": 0})
+    r = httpx.post(
+        url + "/v1/completions",
+        timeout=180,
+        headers={"Authorization": f"Bearer {key}"} if key else {},
+        json={
+            "model": "tiny",
+            "prompt": "tensor parallel inference splits",
+            "max_tokens": n,
+            "ignore_eos": True,
+            "temperature": 0,
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -99,8 +112,11 @@ def test_metrics_histograms_agree_with_records(vllm_server, tmp_path):
     want = {}
     for rank in (0, 1):
         n = int(((coll["rank"] == rank) & (coll["op"] == "all_reduce") & (coll["bytes"] == 512)).sum())
-        want[rank] = re.compile(rf'^tpcomm_collective_duration_us_count\{{rank="{rank}",group="tp",op="all_reduce",'
-                                rf'size="<=1KiB",backend="shm"\}} {n}$', re.M)
+        want[rank] = re.compile(
+            rf'^tpcomm_collective_duration_us_count\{{rank="{rank}",group="tp",op="all_reduce",'
+            rf'size="<=1KiB",backend="shm"\}} {n}$',
+            re.M,
+        )
     # The workers publish every TPCOMM_METRICS_PUBLISH_S (1 s): poll until the snapshot has caught up.
     deadline = time.monotonic() + 15
     while True:

@@ -22,8 +22,18 @@ def _filled(rank: int, n: int, cap: int = 16) -> Recorder:
     rec = Recorder(max_records=cap, max_steps=cap)
     g = rec.group_code("tp", "tp:0", rank, 2)
     for i in range(n):
-        rec.add(g, rec.ops.code("all_reduce"), 512, rec.dtypes.code("bfloat16"), rec.backends.code("shm"),
-                i // 2, i % 2, 1_000_000 + i * 1000, 1_000_000 + i * 1000 + 40_000, rec.timings.code("host-sync"))
+        rec.add(
+            g,
+            rec.ops.code("all_reduce"),
+            512,
+            rec.dtypes.code("bfloat16"),
+            rec.backends.code("shm"),
+            i // 2,
+            i % 2,
+            1_000_000 + i * 1000,
+            1_000_000 + i * 1000 + 40_000,
+            rec.timings.code("host-sync"),
+        )
     for s in range(n // 2):
         rec.add_step(s, 1_000_000 + s * 2000, 1_000_000 + s * 2000 + 90_000, 1, 1, 0)
     return rec
@@ -51,9 +61,22 @@ def test_columns_roundtrip_through_rpc_packing_routes_and_client(tmp_path):
     per_rank = []
     for rank in (0, 1):
         cols = _filled(rank, 6).columns(rank)
-        per_rank.append({"meta": {"rank": rank, "enabled": True, "armed": False, "records": 6, "dropped": 0,
-                                  "record_capacity": 16, "buffer_bytes": 1, "timing": ["host-sync"], "versions": {}},
-                         **{t: {k: _pack(v) for k, v in c.items()} for t, c in cols.items()}})
+        per_rank.append(
+            {
+                "meta": {
+                    "rank": rank,
+                    "enabled": True,
+                    "armed": False,
+                    "records": 6,
+                    "dropped": 0,
+                    "record_capacity": 16,
+                    "buffer_bytes": 1,
+                    "timing": ["host-sync"],
+                    "versions": {},
+                },
+                **{t: {k: _pack(v) for k, v in c.items()} for t, c in cols.items()},
+            }
+        )
     doc = merge_records(per_rank)
     json.dumps(doc)  # plain JSON types only
     assert doc["meta"]["ranks"] == [0, 1]
@@ -99,8 +122,10 @@ def test_prometheus_histograms_are_kept_on_the_worker_and_folded_incrementally()
     assert f'tpcomm_collective_duration_us_bucket{{{lab},le="10"}} 1' in t
     assert 'op="all_gather"' not in t
     rec.hist.fold(rec)
-    assert 'tpcomm_collective_duration_us_count{rank="0",group="tp",op="all_gather",size="<=1MiB",backend="shm"} 1' \
+    assert (
+        'tpcomm_collective_duration_us_count{rank="0",group="tp",op="all_gather",size="<=1MiB",backend="shm"} 1'
         in text()
+    )
     rec.clear()
     assert "tpcomm_collective_duration_us_count" not in text()
 
@@ -111,7 +136,10 @@ def test_records_pages_cover_every_row_once():
     assert [len(p["collectives"]["step"]) for p in pages] == [5, 5, 5, 1, 0]
     assert [len(p["steps"]["step"]) for p in pages] == [5, 3, 0, 0, 0]
     whole = rec.columns(0)
-    assert np.concatenate([p["collectives"]["t_start_ns"] for p in pages]).tolist() == whole["collectives"]["t_start_ns"].tolist()
+    assert (
+        np.concatenate([p["collectives"]["t_start_ns"] for p in pages]).tolist()
+        == whole["collectives"]["t_start_ns"].tolist()
+    )
     assert sum((p["collectives"]["op"] for p in pages), []) == whole["collectives"]["op"]
 
 
@@ -144,8 +172,17 @@ def test_vllm_plugin_loader_patches_only_when_enabled():
         assert off["patched"] == [] and off["worker_methods"] == [], value
         assert off["all_reduce_module"].endswith("vllm/distributed/parallel_state.py")
     on = _load_plugins("tpcomm")
-    assert {"_all_reduce_out_place", "_all_gather_out_place", "all_reduce", "gather", "broadcast",
-            "send", "recv", "isend_tensor_dict", "irecv_tensor_dict"} <= set(on["patched"])
+    assert {
+        "_all_reduce_out_place",
+        "_all_gather_out_place",
+        "all_reduce",
+        "gather",
+        "broadcast",
+        "send",
+        "recv",
+        "isend_tensor_dict",
+        "irecv_tensor_dict",
+    } <= set(on["patched"])
     assert on["worker_methods"] == ["tpcomm_metrics", "tpcomm_records", "tpcomm_start", "tpcomm_status", "tpcomm_stop"]
     assert on["all_reduce_module"].endswith("tpcomm/hook/plugin.py")
 
@@ -173,8 +210,9 @@ def test_only_the_outermost_collective_is_recorded():
     inner = lambda t: h.timed(g, "all_reduce", t, lambda u: u, t)  # noqa: E731
     outer = lambda d: (inner(d["a"]), inner(d["b"]))  # noqa: E731
     h.start()
-    h.step_begin(type("S", (), {"num_scheduled_tokens": {"r": 1}, "total_num_scheduled_tokens": 1,
-                                "scheduled_new_reqs": []})())
+    h.step_begin(
+        type("S", (), {"num_scheduled_tokens": {"r": 1}, "total_num_scheduled_tokens": 1, "scheduled_new_reqs": []})()
+    )
     h.timed(g, "broadcast", {"a": x, "b": x}, outer, {"a": x, "b": x})
     h.timed(g, "all_reduce", x, lambda u: u, x)
     cols = h.rec.columns(0)["collectives"]

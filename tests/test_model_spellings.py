@@ -7,24 +7,58 @@ import json
 
 import pytest
 
-from tpcomm.plan import build_plan
 from tpcomm.models import load_model
+from tpcomm.plan import build_plan
 
-SMALL = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, vocab_size=1024,
-             intermediate_size=512, moe_intermediate_size=128, num_experts_per_tok=2)
+SMALL = dict(
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    vocab_size=1024,
+    intermediate_size=512,
+    moe_intermediate_size=128,
+    num_experts_per_tok=2,
+)
 
 # (transformers config class, architecture, expert-count spellings that must all plan, kwargs for the class)
 CASES = [
     ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", ("num_experts", "num_local_experts"), dict(head_dim=64)),
     ("MixtralConfig", "MixtralForCausalLM", ("num_local_experts", "num_experts"), {}),
-    ("DeepseekV3Config", "DeepseekV3ForCausalLM", ("n_routed_experts", "num_local_experts"),
-     dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64, q_lora_rank=None,
-          first_k_dense_replace=1, n_shared_experts=1)),
-    ("DeepseekV2Config", "DeepseekV2ForCausalLM", ("n_routed_experts", "num_experts"),
-     dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64, q_lora_rank=None,
-          first_k_dense_replace=1, n_shared_experts=1)),
-    ("Glm4MoeConfig", "Glm4MoeForCausalLM", ("n_routed_experts", "num_local_experts"),
-     dict(first_k_dense_replace=1, n_shared_experts=1, head_dim=64)),
+    (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        ("n_routed_experts", "num_local_experts"),
+        dict(
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=64,
+            v_head_dim=64,
+            q_lora_rank=None,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+        ),
+    ),
+    (
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        ("n_routed_experts", "num_experts"),
+        dict(
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=64,
+            v_head_dim=64,
+            q_lora_rank=None,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+        ),
+    ),
+    (
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        ("n_routed_experts", "num_local_experts"),
+        dict(first_k_dense_replace=1, n_shared_experts=1, head_dim=64),
+    ),
 ]
 
 
@@ -32,7 +66,9 @@ def _saved_by_transformers(cls_name: str, arch: str, extra: dict, tmp_path) -> d
     transformers = pytest.importorskip("transformers")
     cls = getattr(transformers, cls_name)
     # The class's own name for the count (whichever spelling this transformers version writes).
-    count_key = next(iter(k for k, v in cls.attribute_map.items() if "expert" in k), None) if cls.attribute_map else None
+    count_key = (
+        next(iter(k for k, v in cls.attribute_map.items() if "expert" in k), None) if cls.attribute_map else None
+    )
     kw = dict(SMALL, **extra)
     cfg = cls(**kw, **({count_key: 8} if count_key else {}))
     cfg.architectures = [arch]

@@ -62,7 +62,11 @@ def test_quantization_applies_to_routed_experts_only():
     doc = build_plan("kimi-k2.5", tp=8).to_dict()
     bits = {c["component"]: c["bits_per_weight"] for c in doc["weights"]["1"]["components"]}
     assert bits["routed experts"] == 4.5
-    assert bits["attention o_proj (sharded)"] == 16 and bits["shared experts (sharded)"] == 16 and bits["lm_head (sharded)"] == 16
+    assert (
+        bits["attention o_proj (sharded)"] == 16
+        and bits["shared experts (sharded)"] == 16
+        and bits["lm_head (sharded)"] == 16
+    )
 
 
 def test_weight_bytes_kimi_by_hand():
@@ -135,16 +139,19 @@ def test_table_output_and_run_dir(tmp_path):
     assert json.loads((tmp_path / "run" / "meta.json").read_text())["versions"]["tpcomm"]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--model", "deepseek-v3", "--tp", "3"], "does not divide the 128 attention heads"),
-    (["--model", "kimi-k2.5", "--tp", "7"], "attention heads"),
-    (["--model", "mixtral-8x7b", "--tp", "8", "--ep", "--dp", "2"], "routed experts"),
-    (["--model", "deepseek-v3", "--tp", "0"], "not positive"),
-    (["--model", "deepseek-v3", "--batch", "0"], "not positive"),
-    (["--model", "deepseek-v3", "--batch", "x"], "not an integer"),
-    (["--model", "no-such-model"], "presets: deepseek-r1"),
-    (["--model", "deepseek-v3", "--tp", "8", "--dcp", "3"], "--dcp 3"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "deepseek-v3", "--tp", "3"], "does not divide the 128 attention heads"),
+        (["--model", "kimi-k2.5", "--tp", "7"], "attention heads"),
+        (["--model", "mixtral-8x7b", "--tp", "8", "--ep", "--dp", "2"], "routed experts"),
+        (["--model", "deepseek-v3", "--tp", "0"], "not positive"),
+        (["--model", "deepseek-v3", "--batch", "0"], "not positive"),
+        (["--model", "deepseek-v3", "--batch", "x"], "not an integer"),
+        (["--model", "no-such-model"], "presets: deepseek-r1"),
+        (["--model", "deepseek-v3", "--tp", "8", "--dcp", "3"], "--dcp 3"),
+    ],
+)
 def test_bad_layouts_exit_2_with_named_input(args, needle):
     r = CliRunner().invoke(cli, ["plan", *args])
     assert r.exit_code == 2, r.output
@@ -159,14 +166,23 @@ def test_vocab_not_divisible(tmp_path):
     assert r.exit_code == 2 and "vocabulary" in r.output
 
 
-@pytest.mark.parametrize("content,needle", [
-    ('{"architectures": ["GPT2LMHeadModel"]}', "unsupported architecture 'GPT2LMHeadModel'"),
-    ('{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}', "missing config fields: num_hidden_layers, num_attention_heads, vocab_size"),
-    ('{"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 64, '
-     '"intermediate_size": 8, "moe_intermediate_size": 8, "n_routed_experts": 2, "num_experts_per_tok": 1}', "kv_lora_rank"),
-    ("not json {", "is not valid JSON"),
-    ("[1, 2]", "not an object"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ('{"architectures": ["GPT2LMHeadModel"]}', "unsupported architecture 'GPT2LMHeadModel'"),
+        (
+            '{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}',
+            "missing config fields: num_hidden_layers, num_attention_heads, vocab_size",
+        ),
+        (
+            '{"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 64, '
+            '"intermediate_size": 8, "moe_intermediate_size": 8, "n_routed_experts": 2, "num_experts_per_tok": 1}',
+            "kv_lora_rank",
+        ),
+        ("not json {", "is not valid JSON"),
+        ("[1, 2]", "not an object"),
+    ],
+)
 def test_bad_config_files(tmp_path, content, needle):
     p = tmp_path / "config.json"
     p.write_text(content)
@@ -192,9 +208,10 @@ def test_non_integer_shape_and_unwritable_out(tmp_path):
 
 
 def test_memory_fit_counts_every_expert_once():
-    from tpcomm.predict.model import fits_memory
     from tpcomm.models import load_model
+    from tpcomm.plan.layout import Layout
+    from tpcomm.predict.model import fits_memory
 
-    fits, stored = fits_memory(load_model("llama-3.1-70b"), 2, {"memory_GB": 80})
+    fits, stored = fits_memory(load_model("llama-3.1-70b"), Layout(tp=2), {"memory_GB": 80})
     # 70.6 B parameters in BF16 over 2 GPUs: ~70.6 GB each, not more
     assert 68e9 < stored < 73e9 and fits is True

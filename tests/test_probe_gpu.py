@@ -25,13 +25,39 @@ pytestmark = [pytest.mark.gpu, pytest.mark.dist, pytest.mark.skipif(_gpus() == 0
 
 
 def test_nccl_eager_and_graph_on_one_gpu(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "tpcomm.cli", "probe", "--gpus", "1", "--backend", "nccl,pynccl,custom-ar",
-                        "--ops", "all_reduce,all_gather", "--sizes", "1K,1M", "--mode", "both", "--iters", "20",
-                        "--out", str(tmp_path), "--json"], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpcomm.cli",
+            "probe",
+            "--gpus",
+            "1",
+            "--backend",
+            "nccl,pynccl,custom-ar",
+            "--ops",
+            "all_reduce,all_gather",
+            "--sizes",
+            "1K,1M",
+            "--mode",
+            "both",
+            "--iters",
+            "20",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(p.stdout)
     nccl = [r for r in rows if r["backend"] == "nccl"]
-    assert {(r["mode"], r["timing"]) for r in nccl} == {(m, t) for m in ("eager", "graph") for t in ("isolated", "pipelined")}
+    assert {(r["mode"], r["timing"]) for r in nccl} == {
+        (m, t) for m in ("eager", "graph") for t in ("isolated", "pipelined")
+    }
     assert all(r["wrong"] == 0 and r["timer"] == "cuda_event" and 0 < r["p50_us"] < 10_000 for r in nccl)
     doc = json.loads((tmp_path / "probe" / "results.json").read_text())
     measured = {r["backend"] for r in doc["results"]}

@@ -50,7 +50,9 @@ def test_sizes_parse_ranges_and_units():
 
 
 def test_items_put_all_reduce_first_and_small_sizes_first():
-    items = build_items(["gloo"], ["eager"], {"all_gather": [(4, "bfloat16")], "all_reduce": [(8, "bfloat16"), (2, "bfloat16")]})
+    items = build_items(
+        ["gloo"], ["eager"], {"all_gather": [(4, "bfloat16")], "all_reduce": [(8, "bfloat16"), (2, "bfloat16")]}
+    )
     assert [(i["op"], i["bytes"]) for i in items] == [("all_reduce", 2), ("all_reduce", 8), ("all_gather", 4)]
 
 
@@ -66,12 +68,27 @@ def test_nccl_tests_text_import(tmp_path):
 
 
 def test_nccl_tests_json_import_and_all_gather_bytes(tmp_path):
-    doc = {"version": 2, "args": ["./build/all_gather_perf", "-b", "8"],
-           "config": {"ngpus": 1, "nthreads": 1, "graph": 1,
-                      "devices": [{"rank": i, "device_info": "NVIDIA RTX PRO 6000"} for i in range(8)]},
-           "results": [{"size": 8192, "count": 256, "type": "float", "redop": "none", "root": "-1",
-                        "out_of_place": {"time": 20.0, "alg_bw": 0.41, "bus_bw": 0.36, "nwrong": 0},
-                        "in_place": {"time": 19.0, "alg_bw": 0.43, "bus_bw": 0.38, "nwrong": 0}}]}
+    doc = {
+        "version": 2,
+        "args": ["./build/all_gather_perf", "-b", "8"],
+        "config": {
+            "ngpus": 1,
+            "nthreads": 1,
+            "graph": 1,
+            "devices": [{"rank": i, "device_info": "NVIDIA RTX PRO 6000"} for i in range(8)],
+        },
+        "results": [
+            {
+                "size": 8192,
+                "count": 256,
+                "type": "float",
+                "redop": "none",
+                "root": "-1",
+                "out_of_place": {"time": 20.0, "alg_bw": 0.41, "bus_bw": 0.36, "nwrong": 0},
+                "in_place": {"time": 19.0, "alg_bw": 0.43, "bus_bw": 0.38, "nwrong": 0},
+            }
+        ],
+    }
     p = tmp_path / "ag.json"
     p.write_text(json.dumps(doc))
     (r,) = import_file(p)
@@ -81,14 +98,18 @@ def test_nccl_tests_json_import_and_all_gather_bytes(tmp_path):
 
 def test_import_rejects_output_without_results(tmp_path):
     p = tmp_path / "x.txt"
-    p.write_text("# Collective test starting: all_reduce_perf\n#  Rank  0 Group  0 Pid 1 on h device  0 [0000:01:00] GPU\n")
+    p.write_text(
+        "# Collective test starting: all_reduce_perf\n#  Rank  0 Group  0 Pid 1 on h device  0 [0000:01:00] GPU\n"
+    )
     with pytest.raises(InputError, match="no result lines"):
         import_file(p)
 
 
 def test_fit_finds_protocol_change():
     # two regimes: 10 us + 20 GB/s below 64 KiB, 30 us + 100 GB/s above
-    pts = [(b, 10 + b / 20e3) for b in (1024, 4096, 16384, 65536)] + [(b, 30 + b / 100e3) for b in (262144, 1 << 20, 4 << 20, 16 << 20)]
+    pts = [(b, 10 + b / 20e3) for b in (1024, 4096, 16384, 65536)] + [
+        (b, 30 + b / 100e3) for b in (262144, 1 << 20, 4 << 20, 16 << 20)
+    ]
     segs = fit_segments(pts)
     assert len(segs) == 2
     assert math.isclose(segs[0]["alpha_us"], 10, rel_tol=0.05) and math.isclose(segs[0]["beta_GBps"], 20, rel_tol=0.05)
@@ -104,9 +125,23 @@ def test_fit_single_point_is_constant_and_flat_data_has_no_bandwidth_term():
 
 
 def _row(backend, op, nbytes, p50, timing="isolated", mode="eager", wrong=0):
-    return {"backend": backend, "op": op, "mode": mode, "timing": timing, "bytes": nbytes, "world_size": 2,
-            "p50_us": p50, "p99_us": p50 * 2, "algbw_GBps": 1.0, "busbw_GBps": 1.0, "wrong": wrong, "count": nbytes // 2,
-            "dtype": "bfloat16", "nccl_size_bytes": nbytes, "timer": "perf_counter"}
+    return {
+        "backend": backend,
+        "op": op,
+        "mode": mode,
+        "timing": timing,
+        "bytes": nbytes,
+        "world_size": 2,
+        "p50_us": p50,
+        "p99_us": p50 * 2,
+        "algbw_GBps": 1.0,
+        "busbw_GBps": 1.0,
+        "wrong": wrong,
+        "count": nbytes // 2,
+        "dtype": "bfloat16",
+        "nccl_size_bytes": nbytes,
+        "timer": "perf_counter",
+    }
 
 
 def test_latency_model_api(tmp_path):
@@ -142,7 +177,9 @@ def test_latency_model_prefers_graph_and_skips_custom_ar_above_its_max():
 
 def test_table_has_nccl_tests_columns_and_names_skips():
     rows = [_row("gloo", "all_reduce", 14336, 300.0), _row("gloo", "all_reduce", 14336, 280.0, timing="pipelined")]
-    skipped = [{"backend": "shm", "op": "all_reduce", "mode": "eager", "bytes": 14336, "reason": "vLLM is not importable"}]
+    skipped = [
+        {"backend": "shm", "op": "all_reduce", "mode": "eager", "bytes": 14336, "reason": "vLLM is not importable"}
+    ]
     t = format_table(rows, skipped, {"world_size": 2, "hardware": "cpu"})
     assert "size(B)" in t and "#wrong" in t and "algbw" in t and "busbw" in t and "pipelined" in t
     assert "vLLM is not importable" in t and "Out of bounds values : 0 OK" in t
@@ -163,7 +200,17 @@ def test_cli_import_writes_run_dir(tmp_path):
     r = CliRunner().invoke(cli, ["probe", "import", str(f), "--out", str(out), "--json"])
     assert r.exit_code == 0, r.output
     entries = json.loads(r.output)
-    assert len(entries) == 5 and {"backend", "op", "mode", "bytes", "world_size", "p50_us", "p99_us", "busbw_GBps", "wrong"} <= set(entries[0])
+    assert len(entries) == 5 and {
+        "backend",
+        "op",
+        "mode",
+        "bytes",
+        "world_size",
+        "p50_us",
+        "p99_us",
+        "busbw_GBps",
+        "wrong",
+    } <= set(entries[0])
     m = load_latency_model(out)
     assert 10 < m.latency_us("all_reduce", 4096) < 13
     import pandas as pd
@@ -177,10 +224,17 @@ def test_plan_sizes_for_the_probe():
     spec, info = build_spec(ProbeConfig(gpus=2), world=2, cuda=False)
     # default: deepseek-v3 at TP 2, batch 1; all-reduce of one token's hidden state first, on both CPU backends
     first = spec["items"][0]
-    assert (first["backend"], first["op"], first["bytes"], first["dtype"]) == ("gloo", "all_reduce", 7168 * 2, "bfloat16")
+    assert (first["backend"], first["op"], first["bytes"], first["dtype"]) == (
+        "gloo",
+        "all_reduce",
+        7168 * 2,
+        "bfloat16",
+    )
     assert info["plan"]["model"] == "deepseek-v3" and info["backends"] == ["gloo", "shm"] and info["modes"] == ["eager"]
     spec, _ = build_spec(ProbeConfig(gpus=2, sizes="1K:4K:x2", backends=["gloo"]), world=2, cuda=True)
-    assert sorted({(i["bytes"], i["mode"]) for i in spec["items"]}) == [(b, m) for b in (1024, 2048, 4096) for m in ("eager", "graph")]
+    assert sorted({(i["bytes"], i["mode"]) for i in spec["items"]}) == [
+        (b, m) for b in (1024, 2048, 4096) for m in ("eager", "graph")
+    ]
 
 
 def test_group_size_mismatch_is_an_input_error(tmp_path):

@@ -23,8 +23,13 @@ SKEW_US = 400.0
 
 def _replay(args, env=None, timeout=300):
     t0 = time.monotonic()
-    p = subprocess.run(TPCOMM + ["probe", "--replay", *args], capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, **(env or {})})
+    p = subprocess.run(
+        TPCOMM + ["probe", "--replay", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     return p, time.monotonic() - t0
 
 
@@ -39,8 +44,28 @@ def tiny_config(tmp_path_factory) -> Path:
 def skewed_run(tiny_config, tmp_path_factory) -> Path:
     """The tiny DeepSeek-V3-style model at TP 2 on gloo and shm, rank 1 delayed before every collective."""
     run = tmp_path_factory.mktemp("skew") / "run"
-    p, wall = _replay(["--gpus", "2", "--model", str(tiny_config), "--backend", "gloo,shm", "--context", "64",
-                       "--skew-us", str(SKEW_US), "--skew-rank", "1", "--steps", "20", "--warmup", "3", "--out", str(run)])
+    p, wall = _replay(
+        [
+            "--gpus",
+            "2",
+            "--model",
+            str(tiny_config),
+            "--backend",
+            "gloo,shm",
+            "--context",
+            "64",
+            "--skew-us",
+            str(SKEW_US),
+            "--skew-rank",
+            "1",
+            "--steps",
+            "20",
+            "--warmup",
+            "3",
+            "--out",
+            str(run),
+        ]
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "skew 400 us before each collective on rank 1" in p.stdout
     print(f"tiny TP-2 replay wall time: {wall:.1f} s")
@@ -49,8 +74,29 @@ def skewed_run(tiny_config, tmp_path_factory) -> Path:
 
 def test_kimi_tp8_on_eight_gloo_ranks(tmp_path):
     run = tmp_path / "run"
-    p, wall = _replay(["--gpus", "8", "--model", "kimi-k2.5", "--backend", "gloo", "--work-scale", "1e-4", "--context", "256",
-                       "--steps", "3", "--warmup", "1", "--timeout", "120", "--out", str(run)], timeout=600)
+    p, wall = _replay(
+        [
+            "--gpus",
+            "8",
+            "--model",
+            "kimi-k2.5",
+            "--backend",
+            "gloo",
+            "--work-scale",
+            "1e-4",
+            "--context",
+            "256",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--timeout",
+            "120",
+            "--out",
+            str(run),
+        ],
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     print(f"Kimi-K2.5 TP-8 replay on 8 gloo ranks, {os.cpu_count()} cores: {wall:.1f} s wall")
     doc = json.loads((run / "probe" / "replay.json").read_text())
@@ -111,8 +157,24 @@ def test_report_and_predict_read_the_replay(skewed_run, tmp_path):
 
 def test_dead_rank_keeps_the_finished_timings(tiny_config, tmp_path):
     run = tmp_path / "run"
-    p, _ = _replay(["--gpus", "2", "--model", str(tiny_config), "--backend", "gloo", "--steps", "5", "--warmup", "1",
-                    "--out", str(run)], env={"TPCOMM_PROBE_FAULT": "die:1:*:*"}, timeout=240)
+    p, _ = _replay(
+        [
+            "--gpus",
+            "2",
+            "--model",
+            str(tiny_config),
+            "--backend",
+            "gloo",
+            "--steps",
+            "5",
+            "--warmup",
+            "1",
+            "--out",
+            str(run),
+        ],
+        env={"TPCOMM_PROBE_FAULT": "die:1:*:*"},
+        timeout=240,
+    )
     assert p.returncode == 1
     assert "rank 1 died (exit code 17)" in p.stderr and "decode-step replay (comm)" in p.stderr, p.stderr[-2000:]
     doc = json.loads((run / "probe" / "replay.json").read_text())
@@ -124,8 +186,22 @@ def test_dead_rank_keeps_the_finished_timings(tiny_config, tmp_path):
 
 def test_world_size_one_runs_each_collective_as_a_one_rank_call(tiny_config, tmp_path):
     run = tmp_path / "run"
-    p, _ = _replay(["--gpus", "1", "--model", str(tiny_config), "--backend", "gloo", "--steps", "5", "--warmup", "1",
-                    "--out", str(run)])
+    p, _ = _replay(
+        [
+            "--gpus",
+            "1",
+            "--model",
+            str(tiny_config),
+            "--backend",
+            "gloo",
+            "--steps",
+            "5",
+            "--warmup",
+            "1",
+            "--out",
+            str(run),
+        ]
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads((run / "probe" / "replay.json").read_text())
     assert doc["schedule"]["counts"] == {"all_reduce": 9, "all_gather": 1} and doc["wrong"] == 0
@@ -138,9 +214,33 @@ def test_joined_torchrun_launch(tiny_config, tmp_path):
 
     run = tmp_path / "run"
     torchrun = Path(sys.executable).parent / "torchrun"
-    p = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "tpcomm.cli", "probe",
-                        "--replay", "--model", str(tiny_config), "--backend", "gloo", "--steps", "4", "--warmup", "1",
-                        "--out", str(run)], capture_output=True, text=True, timeout=300, start_new_session=True)
+    p = subprocess.run(
+        [
+            str(torchrun),
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "tpcomm.cli",
+            "probe",
+            "--replay",
+            "--model",
+            str(tiny_config),
+            "--backend",
+            "gloo",
+            "--steps",
+            "4",
+            "--warmup",
+            "1",
+            "--out",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads((run / "probe" / "replay.json").read_text())
     assert doc["conditions"]["launch"] == "joined" and doc["conditions"]["world_size"] == 2

@@ -27,15 +27,37 @@ pytestmark = [pytest.mark.gpu, pytest.mark.dist, pytest.mark.skipif(_gpus() == 0
 
 
 def _replay(args, tmp_path):
-    p = subprocess.run([sys.executable, "-m", "tpcomm.cli", "probe", "--replay", *args, "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "probe", "--replay", *args, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ),
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads((tmp_path / "probe" / "replay.json").read_text())
 
 
 def test_world_size_one_eager_and_whole_step_graph(tmp_path):
-    doc = _replay(["--gpus", "1", "--model", "kimi-k2.5", "--backend", "nccl,pynccl,custom-ar,flashinfer-ipc", "--mode", "both",
-                   "--work-scale", "0.05", "--context", "1024", "--steps", "10"], tmp_path)
+    doc = _replay(
+        [
+            "--gpus",
+            "1",
+            "--model",
+            "kimi-k2.5",
+            "--backend",
+            "nccl,pynccl,custom-ar,flashinfer-ipc",
+            "--mode",
+            "both",
+            "--work-scale",
+            "0.05",
+            "--context",
+            "1024",
+            "--steps",
+            "10",
+        ],
+        tmp_path,
+    )
     got = {(e["backend"], e["mode"]): e for e in doc["results"]}
     assert set(got) == {("nccl", "eager"), ("nccl", "graph")}
     skipped = {s["backend"] for s in doc["skipped"]}
@@ -61,8 +83,29 @@ def test_world_size_one_eager_and_whole_step_graph(tmp_path):
 @pytest.mark.skipif(_gpus() < 2, reason="needs two GPUs")
 def test_skew_on_one_gpu_is_wait_on_the_other(tmp_path):
     skew = 200.0
-    _replay(["--gpus", "2", "--model", "kimi-k2.5", "--tp", "2", "--backend", "nccl", "--mode", "both", "--work-scale", "0.01",
-             "--skew-us", str(skew), "--skew-rank", "1", "--steps", "10"], tmp_path)
+    _replay(
+        [
+            "--gpus",
+            "2",
+            "--model",
+            "kimi-k2.5",
+            "--tp",
+            "2",
+            "--backend",
+            "nccl",
+            "--mode",
+            "both",
+            "--work-scale",
+            "0.01",
+            "--skew-us",
+            str(skew),
+            "--skew-rank",
+            "1",
+            "--steps",
+            "10",
+        ],
+        tmp_path,
+    )
     coll = pd.read_parquet(tmp_path / "probe" / "replay_collectives.parquet")
     for mode in ("eager", "graph"):
         c = coll[(coll["mode"] == mode) & (coll["timing"] == "full")]

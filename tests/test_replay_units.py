@@ -48,12 +48,15 @@ def test_world_size_one_keeps_the_schedule():
     assert s["slots"][0]["bytes"] == 2 * 7168 * 2 and s["slots"][-1]["bytes"] == 2 * 163840 * 2
 
 
-@pytest.mark.parametrize("cfg, world, what", [
-    (ReplayConfig(tp=4), 2, "--tp 4"),
-    (ReplayConfig(model="deepseek-v3", work_scale=1.0), 2, "--work-scale 1"),
-    (ReplayConfig(skew_rank=5, work_scale=1e-3), 2, "--skew-rank 5"),
-    (ReplayConfig(backends=["nvlink"], work_scale=1e-3), 2, "--backend"),
-])
+@pytest.mark.parametrize(
+    "cfg, world, what",
+    [
+        (ReplayConfig(tp=4), 2, "--tp 4"),
+        (ReplayConfig(model="deepseek-v3", work_scale=1.0), 2, "--work-scale 1"),
+        (ReplayConfig(skew_rank=5, work_scale=1e-3), 2, "--skew-rank 5"),
+        (ReplayConfig(backends=["nvlink"], work_scale=1e-3), 2, "--backend"),
+    ],
+)
 def test_bad_replay_input_names_the_input(cfg, world, what):
     with pytest.raises(InputError) as e:
         build_replay_spec(cfg, world, cuda=False)
@@ -61,12 +64,21 @@ def test_bad_replay_input_names_the_input(cfg, world, what):
 
 
 def test_cli_refuses_bad_input_in_one_line():
-    p = subprocess.run([sys.executable, "-m", "tpcomm.cli", "probe", "--replay", "--gpus", "2", "--model", "deepseek-v3"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "probe", "--replay", "--gpus", "2", "--model", "deepseek-v3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     err = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
     assert len(err) == 1 and "--work-scale 1" in err[0] and "GB per step" in err[0], p.stderr
-    p = subprocess.run([sys.executable, "-m", "tpcomm.cli", "probe", "--replay", "--sizes", "1K"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "probe", "--replay", "--sizes", "1K"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and "--sizes" in p.stderr
 
 
@@ -74,16 +86,35 @@ def _record(timing: str, durs: dict[int, list[float]], step_us: dict[int, list[f
     ranks = []
     for r in durs:
         nsteps = len(step_us[r])
-        ranks.append({"rank": r, "step_t0_ns": [i * 10**6 for i in range(nsteps)], "step_us": step_us[r],
-                      "coll_t0_ns": [i * 1000 for i in range(len(durs[r]))], "coll_us": durs[r]})
-    return {"kind": "replay", "backend": "gloo", "mode": "eager", "timing": timing, "world_size": len(durs),
-            "steps": len(step_us[0]), "collectives_per_step": ncoll, "ranks": ranks}
+        ranks.append(
+            {
+                "rank": r,
+                "step_t0_ns": [i * 10**6 for i in range(nsteps)],
+                "step_us": step_us[r],
+                "coll_t0_ns": [i * 1000 for i in range(len(durs[r]))],
+                "coll_us": durs[r],
+            }
+        )
+    return {
+        "kind": "replay",
+        "backend": "gloo",
+        "mode": "eager",
+        "timing": timing,
+        "world_size": len(durs),
+        "steps": len(step_us[0]),
+        "collectives_per_step": ncoll,
+        "ranks": ranks,
+    }
 
 
 def test_split_is_attributes_min_over_ranks_and_sums_to_the_step():
-    slots = [{"site": SITE_ATTN, "layer": 0, "op": "all_reduce", "bytes": 512, "dtype": "bfloat16", "work_bytes": 0},
-             {"site": SITE_LOGITS, "layer": None, "op": "all_gather", "bytes": 256, "dtype": "bfloat16", "work_bytes": 0}]
-    full = _record("full", {0: [10.0, 20.0, 12.0, 20.0], 1: [4.0, 25.0, 12.0, 30.0]}, {0: [100.0, 90.0], 1: [110.0, 95.0]}, 2)
+    slots = [
+        {"site": SITE_ATTN, "layer": 0, "op": "all_reduce", "bytes": 512, "dtype": "bfloat16", "work_bytes": 0},
+        {"site": SITE_LOGITS, "layer": None, "op": "all_gather", "bytes": 256, "dtype": "bfloat16", "work_bytes": 0},
+    ]
+    full = _record(
+        "full", {0: [10.0, 20.0, 12.0, 20.0], 1: [4.0, 25.0, 12.0, 30.0]}, {0: [100.0, 90.0], 1: [110.0, 95.0]}, 2
+    )
     comp = _record("compute", {0: [], 1: []}, {0: [60.0, 62.0], 1: [70.0, 64.0]}, 0)
     frames = [record_frames(r, slots) for r in (full, comp)]
     import pandas as pd

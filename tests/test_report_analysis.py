@@ -15,11 +15,11 @@ from tpcomm.rundir import RunDir
 def case_study(tmp_path_factory):
     """The motivating case: Kimi-K2.5 INT4, TP 8, 8x RTX PRO 6000 (PCIe), model-based."""
     from tpcomm.plan import build_plan
-    from tpcomm.predict import predict
+    from tpcomm.predict import Layout, predict
 
     rd = RunDir(tmp_path_factory.mktemp("case"))
     rd.write_json("plan.json", build_plan("kimi-k2.5", tp=8, batches=[1]).to_dict())
-    doc = predict("kimi-k2.5", tp=8, gpu="rtx-pro-6000")
+    doc = predict("kimi-k2.5", Layout(tp=8), gpu="rtx-pro-6000")
     rd.write_json("predict.json", doc)
     return rd.path, doc
 
@@ -123,17 +123,28 @@ def test_measured_verdict_headline_is_the_split_total(measured):
     # Levers: bounds from the same terms as the headline.
     by = {x["name"]: x for x in v["levers"]}
     assert by["remove rank skew"]["tok_per_s"] == pytest.approx(1000 / (m["ms_per_token"] - pt["wait"]))
-    assert by["free interconnect (transfer = 0)"]["tok_per_s"] == pytest.approx(1000 / (m["ms_per_token"] - pt["transfer"]))
+    assert by["free interconnect (transfer = 0)"]["tok_per_s"] == pytest.approx(
+        1000 / (m["ms_per_token"] - pt["transfer"])
+    )
     assert by["no collective time (upper bound)"]["tok_per_s"] == pytest.approx(
-        1000 / (m["ms_per_token"] - pt["transfer"] - pt["wait"]))
+        1000 / (m["ms_per_token"] - pt["transfer"] - pt["wait"])
+    )
     # The statement follows the numbers: rank skew is never called link speed.
     st = v["bottleneck"]["statement"]
     assert ("waiting for the slowest rank" in st) == (pt["wait"] > pt["transfer"])
     assert v["bottleneck"]["interconnect_share"] == pytest.approx(m["shares_pct"]["transfer"] / 100)
 
 
-def test_old_attribution_format_is_not_shown_as_a_split():
-    v = analyze(DEMO_RUN).verdict
+def test_old_attribution_format_is_not_shown_as_a_split(tmp_path):
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(DEMO_RUN, run)
+    summ = json.loads((run / "attribution/summary.json").read_text())
+    del summ["split_format"]  # as attribute wrote it before the closing split
+    (run / "attribution/summary.json").write_text(json.dumps(summ))
+    v = analyze(run).verdict
     assert v["measured"]["split"] is False and "predates the closing split" in v["measured"]["label"]
 
 
@@ -149,3 +160,25 @@ def test_timeline_skew_matches_hook_records():
     assert tl["max_entry_skew_us"] == pytest.approx(max(expected))
     steps = pd.read_parquet(DEMO_RUN / "hook/steps.parquet")
     assert set(steps[steps["step"] == tl["step"]]["kind"]) == {"decode"}
+
+
+def test_a_killed_server_run_says_incomplete_and_blames_no_plugin(tmp_path):
+    """The hook records are there but the server died mid-run (issue 12, item 7): page 1 says the run is
+    incomplete and why there is no split; it never claims the plugin was missing."""
+    import json
+    import shutil
+
+    from tpcomm.report.analysis import analyze
+
+    run = tmp_path / "run"
+    shutil.copytree(__import__("pathlib").Path(__file__).parents[1] / "reports/runs/cpu-demo", run)
+    st = json.loads((run / "status.json").read_text())
+    st["attribute"] = {"state": "incomplete", "reason": "server stopped answering", "utc": "x"}
+    (run / "status.json").write_text(json.dumps(st))
+    summ = json.loads((run / "attribution/summary.json").read_text())
+    for lv in summ["levels"]:
+        lv.update(per_token_ms=None, engine_ms_per_token=None, note="no decode steps recorded in this level's window")
+    (run / "attribution/summary.json").write_text(json.dumps(summ))
+    text = " ".join(analyze(run).verdict["sentences"])
+    assert "INCOMPLETE: attribute (server stopped answering)" in text
+    assert "without the tpcomm plugin" not in text

@@ -13,8 +13,9 @@ RUN = Path(__file__).parents[1] / "reports/runs/kimi-k2.5-int4-tp8-rtx-pro-6000"
 
 
 def _report(*args: str):
-    return subprocess.run([sys.executable, "-m", "tpcomm.cli", "report", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "report", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def _one_line_exit_2(r, *needles: str) -> None:

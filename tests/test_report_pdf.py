@@ -43,15 +43,16 @@ def check_layout(path: Path) -> int:
         for p in pdf.pages:
             w, h = float(p.width), float(p.height)
             for c in p.chars:
-                assert -0.5 <= c["x0"] and c["x1"] <= w + 0.5 and -0.5 <= c["top"] and c["bottom"] <= h + 0.5, \
+                assert -0.5 <= c["x0"] and c["x1"] <= w + 0.5 and -0.5 <= c["top"] and c["bottom"] <= h + 0.5, (
                     f"page {p.page_number}: text {c['text']!r} outside the page box"
+                )
             for obj in p.rects + p.lines + p.curves:
                 assert obj["x0"] >= -1 and obj["x1"] <= w + 1, f"page {p.page_number}: drawing outside the page"
     doc = pypdfium2.PdfDocument(str(path))
     n = len(doc)
     for i in range(n):
         img = np.asarray(doc[i].render(scale=0.6).to_pil().convert("L"))
-        body = img[: int(img.shape[0] * 0.9)]          # above the footer line
+        body = img[: int(img.shape[0] * 0.9)]  # above the footer line
         ink = float((body < 200).mean())
         assert ink > 0.002, f"page {i + 1} is blank ({ink:.4f} inked)"
     doc.close()
@@ -79,7 +80,10 @@ def test_partial_run_dir_renders_not_measured(plan_only, tmp_path):
     for key in ("probe", "breakdown", "timeline", "ladder", "what_if"):
         sec = rep[key]
         assert not sec.available and sec.not_measured
-        assert f"Measure it with: {sec.not_measured[0]['command'].split()[0]} {sec.not_measured[0]['command'].split()[1]}" in text
+        assert (
+            f"Measure it with: {sec.not_measured[0]['command'].split()[0]} {sec.not_measured[0]['command'].split()[1]}"
+            in text
+        )
     assert "tpcomm probe --gpus 8 --model kimi-k2.5" in text.replace("\n", " ")
     assert check_layout(out) >= 2
 
@@ -88,7 +92,9 @@ def test_plan_table_matches_plan(plan_only):
     rep = analyze(plan_only)
     plan = json.loads((plan_only / "plan.json").read_text())
     rows = rep["plan"].data["rows"]
-    assert [(r["op"], r["bytes"], r["count"]) for r in rows] == [(c["op"], c["bytes"], c["count"]) for c in plan["collectives"]]
+    assert [(r["op"], r["bytes"], r["count"]) for r in rows] == [
+        (c["op"], c["bytes"], c["count"]) for c in plan["collectives"]
+    ]
     per = rep["plan"].data["per_token"]
     assert per["count"] == sum(v["count"] for v in plan["totals"]["1"].values())
 
@@ -110,7 +116,9 @@ def test_cli_report_and_bad_input(plan_only, tmp_path):
     assert doc["sections"]["plan"]["available"] and not doc["sections"]["probe"]["available"]
     assert (tmp_path / "x.pdf").stat().st_size > 2000 and (tmp_path / "x.md").exists()
     # A missing run directory is a user mistake: exit 2, one line, no traceback.
-    p = subprocess.run([sys.executable, "-m", "tpcomm.cli", "report", str(tmp_path / "nope")], capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "report", str(tmp_path / "nope")], capture_output=True, text=True
+    )
     assert p.returncode == 2 and "does not exist" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -130,10 +138,16 @@ def test_measured_report_numbers_match_analysis(tmp_path):
     text = "\n".join(pages)
     for key, title in SECTION_TITLES.items():
         assert title in text
-        if key not in ("methods", "replay"):  # the demo run has no `probe --replay`
+        if key != "methods":  # the demo run has every measured section, the replay included
             assert rep[key].available, f"{key} should be measured in the demo run"
     # Figures are vector with real text: their axis labels are searchable.
-    labels = ["ms per token", "rank 0", "concurrency", "message size (bytes per rank)", "single-stream tok/s (model-based)"]
+    labels = [
+        "ms per token",
+        "rank 0",
+        "concurrency",
+        "message size (bytes per rank)",
+        "single-stream tok/s (model-based)",
+    ]
     for label in labels:
         assert label in text, label
     assert check_layout(out) >= 4
@@ -148,12 +162,12 @@ def test_no_probe_no_plugin_run_renders(tmp_path):
     rep = analyze(run)
     v = rep.verdict
     assert v["source"] == "measured" and v["split"] is None
-    assert "interconnect_pct" not in v["numbers"]               # no split is not a 0% split
+    assert "interconnect_pct" not in v["numbers"]  # no split is not a 0% split
     assert rep["ladder"].available and not rep["breakdown"].available and not rep["timeline"].available
     out = render_pdf(rep, run / "report.pdf")
     text = " ".join(pdf_pages_text(out)).replace("\n", " ")
     assert "How much of each token is interconnect: not measured" in text
-    assert "VLLM_PLUGINS=tpcomm" in text                          # the command that measures it
+    assert "VLLM_PLUGINS=tpcomm" in text  # the command that measures it
     assert text.count("Not measured") >= 4
     assert check_layout(out) >= 3
 
@@ -171,8 +185,11 @@ def test_verdict_shares_read_back_from_the_pdf_sum_to_100(tmp_path):
     assert got, page1[:1500]
     total, ms, pct = got
     assert abs(sum(pct) - 100) <= 1, pct
-    assert sum(ms) == pytest.approx(total, rel=0.02)     # printed to ~3 digits each
-    assert f"capped at {rep.verdict['numbers']['cap_tok_per_s']} tok/s ({rep.verdict['numbers']['ms_per_token']} ms per token)" in page1
+    assert sum(ms) == pytest.approx(total, rel=0.02)  # printed to ~3 digits each
+    assert (
+        f"capped at {rep.verdict['numbers']['cap_tok_per_s']} tok/s ({rep.verdict['numbers']['ms_per_token']} ms per token)"
+        in page1
+    )
     assert total == float(rep.verdict["numbers"]["ms_per_token"])
     assert "CLOSURE CHECK FAILED" in page1 and rep.verdict["numbers"]["client_tpot_ms_p50"] in page1
     # The stacked bar's axis names the headline it ends at.

@@ -35,10 +35,30 @@ def assert_secret_absent(root: Path, secret: str) -> list[Path]:
 
 
 def test_argv_masks_secret_options_in_both_spellings():
-    out = redact.argv(["tpcomm", "attribute", "--api-key", "K1-secret", "--server-url", "http://u:pw@h:8000/?token=T9x",
-                       "--api-key=K2-secret", "--out", "r"])
-    assert out == ["tpcomm", "attribute", "--api-key", "***", "--server-url", "http://u:***@h:8000/?token=***",
-                   "--api-key=***", "--out", "r"]
+    out = redact.argv(
+        [
+            "tpcomm",
+            "attribute",
+            "--api-key",
+            "K1-secret",
+            "--server-url",
+            "http://u:pw@h:8000/?token=T9x",
+            "--api-key=K2-secret",
+            "--out",
+            "r",
+        ]
+    )
+    assert out == [
+        "tpcomm",
+        "attribute",
+        "--api-key",
+        "***",
+        "--server-url",
+        "http://u:***@h:8000/?token=***",
+        "--api-key=***",
+        "--out",
+        "r",
+    ]
 
 
 def test_url_keeps_what_is_not_secret():
@@ -65,12 +85,20 @@ def test_report_of_an_old_run_dir_with_a_stored_key_does_not_print_it(tmp_path):
     run = tmp_path / "old"
     shutil.copytree(Path(__file__).parents[1] / "reports/runs/kimi-k2.5-int4-tp8-rtx-pro-6000", run)
     meta = json.loads((run / "meta.json").read_text())
-    meta["commands"].append({"command": "attribute", "utc": "2026-11-01T00:00:00Z",
-                             "argv": ["tpcomm", "attribute", "--server-url", "http://127.0.0.1:8000",
-                                      "--api-key", "old-key-4242"]})
+    meta["commands"].append(
+        {
+            "command": "attribute",
+            "utc": "2026-11-01T00:00:00Z",
+            "argv": ["tpcomm", "attribute", "--server-url", "http://127.0.0.1:8000", "--api-key", "old-key-4242"],
+        }
+    )
     (run / "meta.json").write_text(json.dumps(meta))
-    r = subprocess.run([sys.executable, "-m", "tpcomm.cli", "report", str(run), "--out", str(tmp_path / "rep.pdf")],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "report", str(run), "--out", str(tmp_path / "rep.pdf")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     from pypdf import PdfReader
 

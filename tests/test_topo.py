@@ -48,19 +48,29 @@ def test_topo_without_gpu_says_so_and_shows_cpu(tmp_path):
 
 
 def test_topo_json_shows_nccl_env():
-    p = subprocess.run([sys.executable, "-m", "tpcomm.cli", "topo", "--json"], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "NCCL_P2P_DISABLE": "1", "NCCL_PROTO": "LL"})
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "topo", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NCCL_P2P_DISABLE": "1", "NCCL_PROTO": "LL"},
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    assert doc["env"]["NCCL_P2P_DISABLE"] == "1" and doc["env"]["NCCL_PROTO"] == "LL" and doc["env"]["NCCL_ALGO"] is None
+    assert (
+        doc["env"]["NCCL_P2P_DISABLE"] == "1" and doc["env"]["NCCL_PROTO"] == "LL" and doc["env"]["NCCL_ALGO"] is None
+    )
     assert "NCCL_P2P_DISABLE=1" in format_topology(doc)
 
 
 def _gpus(n, nvlink, p2p=True, cc="12.0"):
-    return {"driver": "580.00", "gpus": [{"index": i, "name": "GPU", "compute_capability": cc} for i in range(n)],
-            "p2p_read": [[p2p or i == j for j in range(n)] for i in range(n)],
-            "nvlink_p2p": [[nvlink or i == j for j in range(n)] for i in range(n)],
-            "topology": [["X" if i == j else "PXB (several PCIe switches)" for j in range(n)] for i in range(n)]}
+    return {
+        "driver": "580.00",
+        "gpus": [{"index": i, "name": "GPU", "compute_capability": cc} for i in range(n)],
+        "p2p_read": [[p2p or i == j for j in range(n)] for i in range(n)],
+        "nvlink_p2p": [[nvlink or i == j for j in range(n)] for i in range(n)],
+        "topology": [["X" if i == j else "PXB (several PCIe switches)" for j in range(n)] for i in range(n)],
+    }
 
 
 def _path(paths, name):
@@ -122,14 +132,20 @@ def test_p2p_caps_index_is_the_integer_nvml_wants():
     from tpcomm.topo.nvml import _safe, caps_index
 
     assert caps_index("READ") == 0 and type(caps_index("READ")) is int
-    assert caps_index("NVLINK") == int(getattr(pynvml, "NVML_P2P_CAPS_INDEX_NVLINK")[0]
-                                       if isinstance(pynvml.NVML_P2P_CAPS_INDEX_NVLINK, tuple)
-                                       else pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+    assert caps_index("NVLINK") == int(
+        getattr(pynvml, "NVML_P2P_CAPS_INDEX_NVLINK")[0]
+        if isinstance(pynvml.NVML_P2P_CAPS_INDEX_NVLINK, tuple)
+        else pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+    )
     # Only NVML's own "not supported here" errors become a default; a wrong call is not hidden.
     with pytest.raises(TypeError):
         _safe(lambda: (_ for _ in ()).throw(TypeError("wrong argument")))
-    assert _safe(lambda: (_ for _ in ()).throw(pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)),
-                 default="n/a") == "n/a"
+    assert (
+        _safe(
+            lambda: (_ for _ in ()).throw(pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)), default="n/a"
+        )
+        == "n/a"
+    )
 
 
 @pytest.mark.gpu

@@ -83,8 +83,14 @@ def _print_version(ctx, _param, value):
 
 
 @click.group(cls=LazyGroup, context_settings={"auto_envvar_prefix": "TPCOMM", "help_option_names": ["-h", "--help"]})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
-              help="Print tpcomm, Python, torch, vLLM and NCCL versions and exit.")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Print tpcomm, Python, torch, vLLM and NCCL versions and exit.",
+)
 def cli():
     """tpcomm: why is single-stream tokens/s capped under tensor parallelism,
     and how much of each token is the interconnect?

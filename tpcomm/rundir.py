@@ -62,7 +62,9 @@ class RunDir:
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise InputError(f"run directory {self.path}", f"cannot be created ({e.strerror})", "a writable folder path") from None
+                raise InputError(
+                    f"run directory {self.path}", f"cannot be created ({e.strerror})", "a writable folder path"
+                ) from None
         elif not self.path.is_dir():
             raise InputError(f"run directory {self.path}", "does not exist", "a folder written by a tpcomm command")
 
@@ -84,7 +86,7 @@ class RunDir:
         # Scrubbed on the way out: a run directory is meant to be shared (see redact.py).
         obj = redact.scrub(json.loads(json.dumps(obj, default=_json_default)))
         if spec is not None:
-            for item in (obj if spec.list_doc and isinstance(obj, list) else [obj]):
+            for item in obj if spec.list_doc and isinstance(obj, list) else [obj]:
                 if isinstance(item, dict):
                     item["schema_version"] = contract.SCHEMA_VERSION
             contract.check_json(spec, obj)  # a writer that drifts from the contract fails here, not in a reader
@@ -99,13 +101,15 @@ class RunDir:
         try:
             doc = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise SchemaError(spec or str(name), f"is not valid JSON ({getattr(e, 'msg', e)}); it may be truncated") from None
+            raise SchemaError(
+                spec or str(name), f"is not valid JSON ({getattr(e, 'msg', e)}); it may be truncated"
+            ) from None
         if spec is not None:
             contract.check_json(spec, doc)
         return doc
 
     # ---- tables ---------------------------------------------------------
-    def write_table(self, name: FileSpec | str, df: "pd.DataFrame") -> Path:
+    def write_table(self, name: FileSpec | str, df: pd.DataFrame) -> Path:
         import io
 
         import pyarrow as pa
@@ -124,7 +128,7 @@ class RunDir:
         _atomic_write_bytes(p, buf.getvalue())
         return p
 
-    def read_table(self, name: FileSpec | str) -> "pd.DataFrame | None":
+    def read_table(self, name: FileSpec | str) -> pd.DataFrame | None:
         import pyarrow.parquet as pq
 
         spec = _spec(name, "table")
@@ -135,8 +139,9 @@ class RunDir:
             table = pq.read_table(p)
             df = table.to_pandas()
         except Exception as e:
-            raise SchemaError(spec or str(name), f"cannot be read as Parquet ({type(e).__name__}: {e}); "
-                              "it may be truncated") from None
+            raise SchemaError(
+                spec or str(name), f"cannot be read as Parquet ({type(e).__name__}: {e}); it may be truncated"
+            ) from None
         if spec is not None:
             raw = (table.schema.metadata or {}).get(b"tpcomm.schema_version")
             try:
@@ -151,19 +156,19 @@ class RunDir:
         """Append this command to meta.json (created with stack versions on first use)."""
         from tpcomm.versions import stack_versions
 
-        meta = self.read_json("meta.json") or {"created_utc": _utc(), "versions": stack_versions(), "commands": []}
+        meta = self.read_json(contract.META) or {"created_utc": _utc(), "versions": stack_versions(), "commands": []}
         args = redact.argv(list(argv if argv is not None else sys.argv))
         meta["commands"].append({"command": command, "argv": args, "utc": _utc()})
-        self.write_json("meta.json", meta)
+        self.write_json(contract.META, meta)
 
     def mark(self, stage: str, state: str, **info: Any) -> None:
         """Record a stage's state (running, complete, incomplete, failed) in status.json."""
-        status = self.read_json("status.json") or {}
+        status = self.read_json(contract.STATUS) or {}
         status[stage] = {"state": state, "utc": _utc(), **info}
-        self.write_json("status.json", status)
+        self.write_json(contract.STATUS, status)
 
     def stage_state(self, stage: str) -> str | None:
-        return (self.read_json("status.json") or {}).get(stage, {}).get("state")
+        return (self.read_json(contract.STATUS) or {}).get(stage, {}).get("state")
 
 
 def _spec(name: FileSpec | str, fmt: str) -> FileSpec | None:
@@ -173,7 +178,7 @@ def _spec(name: FileSpec | str, fmt: str) -> FileSpec | None:
     return spec
 
 
-def _scrub_strings(df: "pd.DataFrame") -> "pd.DataFrame":
+def _scrub_strings(df: pd.DataFrame) -> pd.DataFrame:
     """Text columns (error messages may quote a URL) through redact.text, once per distinct value."""
     from pandas.api.types import is_object_dtype, is_string_dtype
 

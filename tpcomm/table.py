@@ -9,8 +9,10 @@ def render(headers: list[str], rows: list[list], align: str | None = None) -> st
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     if align is None:
         align = "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l" for i in range(len(headers)))
+
     def line(vals):
         return "  ".join(v.rjust(w) if a == "r" else v.ljust(w) for v, w, a in zip(vals, widths, align)).rstrip()
+
     out = [line(headers), line(["-" * w for w in widths])]
     out += [line(r) for r in cells]
     return "\n".join(out)

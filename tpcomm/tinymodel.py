@@ -4,8 +4,8 @@ byte-level BPE tokenizer trained on a few sentences.
 - ``deepseek_v3`` (the default, the demo's model): MLA attention + MoE with a
   shared expert, layer 0 dense. Shapes follow what vLLM's CPU MLA backend
   accepts (kv_lora_rank + qk_rope_head_dim = 512 + 64, as the real models use)
-  and the router keys that give the gate its `e_score_correction_bias` (see
-  ../shared/DESIGN.md).
+  and the router keys that give the gate its `e_score_correction_bias`
+  (`topk_method: noaux_tc`, `scoring_func: sigmoid`; `num_nextn_predict_layers: 0`).
 - ``llama``: a dense Llama (grouped-query attention, SwiGLU MLP) of the same
   width and depth: a second architecture for the attribution tests.
 """
@@ -59,8 +59,8 @@ TINY_LLAMA_CONFIG = {
     "hidden_size": 256,
     "intermediate_size": 512,
     "num_hidden_layers": 4,
-    "num_attention_heads": 4,      # head_dim 64: a size vLLM's CPU attention supports
-    "num_key_value_heads": 2,      # one KV head per rank at TP 2
+    "num_attention_heads": 4,  # head_dim 64: a size vLLM's CPU attention supports
+    "num_key_value_heads": 2,  # one KV head per rank at TP 2
     "max_position_embeddings": 2048,
     "rms_norm_eps": 1e-6,
     "hidden_act": "silu",
@@ -104,12 +104,16 @@ def generate(out_dir: str | Path, seed: int = 0, overwrite: bool = False, arch: 
         return _generate_llama(out, marker)
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    cfg = DeepseekV3Config(**{k: v for k, v in TINY_CONFIG.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    cfg = DeepseekV3Config(
+        **{k: v for k, v in TINY_CONFIG.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    )
     model = DeepseekV3ForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     # Keys that transformers' config class drops but vLLM reads.
     conf = json.loads((out / "config.json").read_text())
-    conf.update({k: TINY_CONFIG[k] for k in ("topk_method", "scoring_func", "num_nextn_predict_layers", "architectures")})
+    conf.update(
+        {k: TINY_CONFIG[k] for k in ("topk_method", "scoring_func", "num_nextn_predict_layers", "architectures")}
+    )
     conf["torch_dtype"] = "bfloat16"
     (out / "config.json").write_text(json.dumps(conf, indent=2))
     _write_tokenizer(out, TINY_CONFIG["vocab_size"])
@@ -146,11 +150,33 @@ def _write_tokenizer(out: Path, vocab_size: int) -> None:
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<bos>",
-        "eos_token": "<eos>",
-        "model_max_length": TINY_CONFIG["max_position_embeddings"],
-        "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:",
-    }, indent=2))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<bos>",
+                "eos_token": "<eos>",
+                "model_max_length": TINY_CONFIG["max_position_embeddings"],
+                "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:",
+            },
+            indent=2,
+        )
+    )
     (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tpcomm.tinymodel OUT_DIR [--arch llama]`: generate a tiny model (random weights, local tokenizer)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tpcomm.tinymodel", description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir", help="folder to write config.json, weights and tokenizer into")
+    ap.add_argument("--arch", choices=ARCHITECTURES, default="deepseek_v3", help="architecture (default deepseek_v3)")
+    ap.add_argument("--seed", type=int, default=0, help="random seed of the weights")
+    ap.add_argument("--overwrite", action="store_true", help="regenerate even if a tiny model is already there")
+    a = ap.parse_args(argv)
+    print(generate(a.out_dir, seed=a.seed, overwrite=a.overwrite, arch=a.arch))
+
+
+if __name__ == "__main__":
+    main()

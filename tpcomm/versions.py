@@ -50,7 +50,10 @@ def _torch_runtime() -> dict[str, str | None]:
         import torch
     except Exception as e:  # a broken torch install is itself a finding
         return {"torch_runtime": f"import failed: {e}"}
-    info: dict[str, str | None] = {"cuda": torch.version.cuda or "none (CPU build of torch)", "cuda_available": str(torch.cuda.is_available())}
+    info: dict[str, str | None] = {
+        "cuda": torch.version.cuda or "none (CPU build of torch)",
+        "cuda_available": str(torch.cuda.is_available()),
+    }
     try:
         if torch.cuda.is_available():
             v = torch.cuda.nccl.version()

@@ -56,11 +56,25 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-               "--model", self.model, "--tensor-parallel-size", str(self.tp),
-               "--host", "127.0.0.1", "--port", str(self.port),
-               "--dtype", "bfloat16", "--max-model-len", str(self.max_model_len),
-               "--served-model-name", "tiny" if Path(self.model, ".tpcomm-tiny-model").exists() else self.model]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--tensor-parallel-size",
+            str(self.tp),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--served-model-name",
+            "tiny" if Path(self.model, ".tpcomm-tiny-model").exists() else self.model,
+        ]
         # The key goes by environment (VLLM_API_KEY, see environment()): on the command line it would show
         # in `ps` and in vLLM's "non-default args" log line, and logs get shared.
         return cmd + list(self.extra_args)
@@ -82,13 +96,19 @@ class VllmServer:
             env.pop("VLLM_API_KEY", None)
         return env
 
-    def start(self, timeout_s: float = 600) -> "VllmServer":
+    def start(self, timeout_s: float = 600) -> VllmServer:
         if not self.port:
             self.port = free_port()
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(),
+                env=self.environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()  # the child holds its own descriptor
@@ -105,15 +125,19 @@ class VllmServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with code {self.proc.returncode} during start-up"
-                                   + (f"; see {self.log_path}" if self.log_path else ""))
+                raise RuntimeError(
+                    f"vLLM server exited with code {self.proc.returncode} during start-up"
+                    + (f"; see {self.log_path}" if self.log_path else "")
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-        raise TimeoutError(f"vLLM server not ready after {timeout_s:.0f} s" + (f"; see {self.log_path}" if self.log_path else ""))
+        raise TimeoutError(
+            f"vLLM server not ready after {timeout_s:.0f} s" + (f"; see {self.log_path}" if self.log_path else "")
+        )
 
     def stop(self, grace_s: float = 20) -> None:
         """SIGTERM the whole process group, then SIGKILL what is left."""
@@ -142,7 +166,7 @@ class VllmServer:
                     return
                 time.sleep(0.2)
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> VllmServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -26,8 +26,9 @@ INSTANCE_KEY = ["group", "group_id", "step", "call_idx"]
 def with_group_ids(coll: pd.DataFrame) -> pd.DataFrame:
     if "group_id" in coll.columns:
         return coll
-    gid = np.where(coll["group"].to_numpy() == "tp",
-                   coll["rank"].to_numpy() // np.maximum(coll["group_size"].to_numpy(), 1), 0)
+    gid = np.where(
+        coll["group"].to_numpy() == "tp", coll["rank"].to_numpy() // np.maximum(coll["group_size"].to_numpy(), 1), 0
+    )
     return coll.assign(group_id=gid.astype(np.int64))
 
 
@@ -75,13 +76,23 @@ def align(coll: pd.DataFrame) -> pd.DataFrame:
 def instances(aligned: pd.DataFrame) -> pd.DataFrame:
     """One row per complete instance: group, step, call_idx, op, bytes, transfer_us, max_us, skew_us."""
     a = aligned[aligned["complete"]]
-    return (a.groupby("instance", sort=True)
-            .agg(group=("group", "first"), group_id=("group_id", "first"), step=("step", "first"),
-                 call_idx=("call_idx", "first"), op=("op", "first"), bytes=("bytes", "max"),
-                 n_ranks=("n_ranks", "first"), transfer_us=("transfer_us", "first"),
-                 max_us=("duration_us", "max"), skew_us=("entry_skew_us", "max"),
-                 t_start_ns=("t_start_ns", "min"))
-            .reset_index())
+    return (
+        a.groupby("instance", sort=True)
+        .agg(
+            group=("group", "first"),
+            group_id=("group_id", "first"),
+            step=("step", "first"),
+            call_idx=("call_idx", "first"),
+            op=("op", "first"),
+            bytes=("bytes", "max"),
+            n_ranks=("n_ranks", "first"),
+            transfer_us=("transfer_us", "first"),
+            max_us=("duration_us", "max"),
+            skew_us=("entry_skew_us", "max"),
+            t_start_ns=("t_start_ns", "min"),
+        )
+        .reset_index()
+    )
 
 
 def alignment_quality(aligned: pd.DataFrame) -> dict:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from tpcomm import contract as C
 from tpcomm.attribute.align import align, alignment_quality
 from tpcomm.attribute.closure import client_side, closure_text
 from tpcomm.attribute.crosscheck import compare, observed_per_step, planned_per_step, tp_from_records
 from tpcomm.attribute.server import ENABLE_HINT
 from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, top_sites
-from tpcomm import contract as C
 from tpcomm.attribute.timeline import one_step_timeline
 from tpcomm.rundir import RunDir
 
@@ -69,8 +69,13 @@ def windows_from_requests(req: pd.DataFrame) -> list[dict]:
     return out
 
 
-def analyse_run_dir(path: str | RunDir, model_source: str | None = None, hook_status: dict | None = None,
-                    notes: list[str] | None = None, conditions: dict | None = None) -> dict:
+def analyse_run_dir(
+    path: str | RunDir,
+    model_source: str | None = None,
+    hook_status: dict | None = None,
+    notes: list[str] | None = None,
+    conditions: dict | None = None,
+) -> dict:
     rd = path if isinstance(path, RunDir) else RunDir(path, create=False)
     req = rd.read_table(C.LOAD_REQUESTS)
     tokens = rd.read_table(C.LOAD_TOKENS)
@@ -81,17 +86,28 @@ def analyse_run_dir(path: str | RunDir, model_source: str | None = None, hook_st
         req = req[req["in_stats"]]
         tokens = tokens[tokens["request_id"].isin(req["request_id"])]
     windows = windows_from_requests(req) if req is not None else []
-    summary = {"levels": [], "plugin": coll is not None and steps is not None, "method": METHOD,
-               "split_format": SPLIT_FORMAT, "windows": windows,
-               "conditions": dict(conditions or (levels[0].get("conditions", {}) if levels else {})),
-               "notes": list(notes or [])}
+    summary = {
+        "levels": [],
+        "plugin": coll is not None and steps is not None,
+        "method": METHOD,
+        "split_format": SPLIT_FORMAT,
+        "windows": windows,
+        "conditions": dict(conditions or (levels[0].get("conditions", {}) if levels else {})),
+        "notes": list(notes or []),
+    }
     if coll is None or steps is None or coll.empty or steps.empty:
         summary["plugin_note"] = ENABLE_HINT.format(model=summary["conditions"].get("model_root") or "MODEL", tp="N")
         for lv in levels:
-            summary["levels"].append({"concurrency": lv["concurrency"], "repeat": lv["repeat"],
-                                      "itl_ms_p50": lv.get("itl_ms_p50"), "per_token_ms": None,
-                                      "engine_ms_per_token": None,
-                                      "note": "not measured: no hook records (plugin off)"})
+            summary["levels"].append(
+                {
+                    "concurrency": lv["concurrency"],
+                    "repeat": lv["repeat"],
+                    "itl_ms_p50": lv.get("itl_ms_p50"),
+                    "per_token_ms": None,
+                    "engine_ms_per_token": None,
+                    "note": "not measured: no hook records (plugin off)",
+                }
+            )
         rd.write_json(C.ATTR_SUMMARY, summary)
         return summary
 
@@ -106,9 +122,12 @@ def analyse_run_dir(path: str | RunDir, model_source: str | None = None, hook_st
     rd.write_table(C.ATTR_STEPS_BY_RANK, by_rank)
     rd.write_table(C.ATTR_STEPS, dsteps)
     tp = tp_from_records(coll, hook_status)
-    summary["conditions"].update(tp=tp, ranks=sorted(int(r) for r in coll["rank"].unique()),
-                                 backends=sorted(coll["backend"].unique().tolist()),
-                                 timing=sorted(coll["timing"].unique().tolist()))
+    summary["conditions"].update(
+        tp=tp,
+        ranks=sorted(int(r) for r in coll["rank"].unique()),
+        backends=sorted(coll["backend"].unique().tolist()),
+        timing=sorted(coll["timing"].unique().tolist()),
+    )
     summary["alignment"] = alignment_quality(aligned)
     aligned_lv = assign_levels(aligned, windows)
     plans: dict = {}
@@ -130,18 +149,32 @@ def analyse_run_dir(path: str | RunDir, model_source: str | None = None, hook_st
         for site in sp.get("top_sites") or []:
             site["plan_sites"] = sites.get((site["group"], site["op"], int(site["bytes"])), [])
         win = next((w for w in windows if (w["concurrency"], w["repeat"]) == (c, rep)), None)
-        doc = {"concurrency": c, "repeat": rep, "window": win, "decode_steps": int(len(st)),
-               "itl_ms_p50": lv.get("itl_ms_p50"),
-               "itl_ms_mean": lv.get("itl_ms_mean"), "itl_burst_pct": lv.get("itl_burst_pct"), **sp, **cs,
-               "collectives_per_step": cc}
+        doc = {
+            "concurrency": c,
+            "repeat": rep,
+            "window": win,
+            "decode_steps": int(len(st)),
+            "itl_ms_p50": lv.get("itl_ms_p50"),
+            "itl_ms_mean": lv.get("itl_ms_mean"),
+            "itl_burst_pct": lv.get("itl_burst_pct"),
+            **sp,
+            **cs,
+            "collectives_per_step": cc,
+        }
         if (lv.get("itl_burst_pct") or 0) > 10:
-            doc["note"] = (f"the client received {lv['itl_burst_pct']:.0f}% of tokens in bursts: its ITL p50 is not a "
-                           "per-token time at this level")
+            doc["note"] = (
+                f"the client received {lv['itl_burst_pct']:.0f}% of tokens in bursts: its ITL p50 is not a "
+                "per-token time at this level"
+            )
         if lv.get("hook_problem"):
             # Another client started or stopped recording mid-level: the records do not cover the window.
-            doc.update(per_token_ms=None, engine_ms_per_token=None, delivery_ms=None,
-                       closure={**doc.get("closure", {}), "judged": False, "ok": None},
-                       note=f"not attributed: {lv['hook_problem']}")
+            doc.update(
+                per_token_ms=None,
+                engine_ms_per_token=None,
+                delivery_ms=None,
+                closure={**doc.get("closure", {}), "judged": False, "ok": None},
+                note=f"not attributed: {lv['hook_problem']}",
+            )
         summary["levels"].append(doc)
         if text := closure_text(doc):
             summary["notes"].append(text)

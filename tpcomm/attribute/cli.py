@@ -28,38 +28,119 @@ class _UserError(click.ClickException):
 
 
 @click.command("attribute")
-@click.option("--server-url", required=True, help="Base URL of the vLLM OpenAI-compatible server, e.g. http://localhost:8000.")
+@click.option(
+    "--server-url", required=True, help="Base URL of the vLLM OpenAI-compatible server, e.g. http://localhost:8000."
+)
 @click.option("--model", default=None, help="Served model name (default: the only model the server serves).")
-@click.option("--api-key", default=None, envvar="OPENAI_API_KEY", help="The server's --api-key (also read from OPENAI_API_KEY).")
-@click.option("--concurrency", default="1,4", callback=_int_list, show_default=True,
-              help="Comma-separated concurrency levels (closed loop: C requests in flight).")
-@click.option("--requests", "n_requests", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Requests per round of each level.")
-@click.option("--input-len", type=click.IntRange(min=1), default=32, show_default=True, help="Prompt tokens per request.")
-@click.option("--output-len", type=click.IntRange(min=2), default=64, show_default=True,
-              help="Output tokens per request (ignore_eos, so every request decodes exactly this many).")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Run the whole ladder this many times; repeats of a level that disagree are flagged.")
-@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True,
-              help="OpenAI endpoint to drive.")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up requests (not recorded).")
-@click.option("--max-rounds", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Rounds a level may run to become steady.")
-@click.option("--steady-pct", type=float, default=10.0, show_default=True,
-              help="A level is steady when its halves agree within this many percent.")
-@click.option("--spread-pct", type=float, default=10.0, show_default=True,
-              help="Repeats of a level differing by more than this many percent are flagged.")
+@click.option(
+    "--api-key", default=None, envvar="OPENAI_API_KEY", help="The server's --api-key (also read from OPENAI_API_KEY)."
+)
+@click.option(
+    "--concurrency",
+    default="1,4",
+    callback=_int_list,
+    show_default=True,
+    help="Comma-separated concurrency levels (closed loop: C requests in flight).",
+)
+@click.option(
+    "--requests",
+    "n_requests",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Requests per round of each level.",
+)
+@click.option(
+    "--input-len", type=click.IntRange(min=1), default=32, show_default=True, help="Prompt tokens per request."
+)
+@click.option(
+    "--output-len",
+    type=click.IntRange(min=2),
+    default=64,
+    show_default=True,
+    help="Output tokens per request (ignore_eos, so every request decodes exactly this many).",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run the whole ladder this many times; repeats of a level that disagree are flagged.",
+)
+@click.option(
+    "--api",
+    type=click.Choice(["completions", "chat"]),
+    default="completions",
+    show_default=True,
+    help="OpenAI endpoint to drive.",
+)
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Warm-up requests (not recorded)."
+)
+@click.option(
+    "--max-rounds",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Rounds a level may run to become steady.",
+)
+@click.option(
+    "--steady-pct",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="A level is steady when its halves agree within this many percent.",
+)
+@click.option(
+    "--spread-pct",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Repeats of a level differing by more than this many percent are flagged.",
+)
 @click.option("--profile", is_flag=True, help="Also capture a torch-profiler trace (server needs --profiler-config).")
-@click.option("--profile-dir", type=click.Path(file_okay=False), default=None,
-              help="The server's torch_profiler_dir (where --profile finds the per-rank traces).")
-@click.option("--model-config", type=click.Path(exists=True), default=None,
-              help="The model's config.json or folder, for the plan cross-check when the server's is not local.")
+@click.option(
+    "--profile-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="The server's torch_profiler_dir (where --profile finds the per-rank traces).",
+)
+@click.option(
+    "--model-config",
+    type=click.Path(exists=True),
+    default=None,
+    help="The model's config.json or folder, for the plan cross-check when the server's is not local.",
+)
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Per-request timeout (s).")
-@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Run directory (default: runs/attribute-<time>).")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Run directory (default: runs/attribute-<time>).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result document as JSON instead of tables.")
-def attribute(server_url, model, api_key, concurrency, n_requests, input_len, output_len, repeat, api, warmup,
-              max_rounds, steady_pct, spread_pct, profile, profile_dir, model_config, timeout_s, out, as_json):
+def attribute(
+    server_url,
+    model,
+    api_key,
+    concurrency,
+    n_requests,
+    input_len,
+    output_len,
+    repeat,
+    api,
+    warmup,
+    max_rounds,
+    steady_pct,
+    spread_pct,
+    profile,
+    profile_dir,
+    model_config,
+    timeout_s,
+    out,
+    as_json,
+):
     """Drive load on a vLLM server and split each token's latency into compute,
     collective transfer, collective wait (rank skew) and host overhead.
 
@@ -69,11 +150,29 @@ def attribute(server_url, model, api_key, concurrency, n_requests, input_len, ou
     from tpcomm.attribute.load import LoadSpec
     from tpcomm.attribute.run import Attribute, AttributeConfig
 
-    spec = LoadSpec(api=api, input_len=input_len, output_len=output_len, requests=n_requests, warmup=warmup,
-                    max_rounds=max_rounds, steady_pct=steady_pct, spread_pct=spread_pct, timeout_s=timeout_s)
-    cfg = AttributeConfig(server_url=server_url, out=out or f"runs/attribute-{time.strftime('%Y%m%d-%H%M%S')}",
-                          model=model, api_key=api_key, concurrency=concurrency, repeat=repeat, spec=spec,
-                          profile=profile, profile_dir=profile_dir, model_config=model_config)
+    spec = LoadSpec(
+        api=api,
+        input_len=input_len,
+        output_len=output_len,
+        requests=n_requests,
+        warmup=warmup,
+        max_rounds=max_rounds,
+        steady_pct=steady_pct,
+        spread_pct=spread_pct,
+        timeout_s=timeout_s,
+    )
+    cfg = AttributeConfig(
+        server_url=server_url,
+        out=out or f"runs/attribute-{time.strftime('%Y%m%d-%H%M%S')}",
+        model=model,
+        api_key=api_key,
+        concurrency=concurrency,
+        repeat=repeat,
+        spec=spec,
+        profile=profile,
+        profile_dir=profile_dir,
+        model_config=model_config,
+    )
     from tpcomm.attribute.show import RichProgress, render
 
     progress = None if as_json else RichProgress()
@@ -92,5 +191,6 @@ def attribute(server_url, model, api_key, concurrency, n_requests, input_len, ou
     else:
         render(res)
     if not res["complete"]:
-        raise click.ClickException(f"the run is incomplete ({'; '.join(res['notes'][-1:])}); "
-                                   f"what was measured is in {res['run_dir']}")
+        raise click.ClickException(
+            f"the run is incomplete ({'; '.join(res['notes'][-1:])}); what was measured is in {res['run_dir']}"
+        )

@@ -42,8 +42,9 @@ def find_stalls(tokens: pd.DataFrame, period_ms: float | None) -> dict:
     hit = np.flatnonzero(same & (gaps > threshold))
     idx = t["token_idx"].to_numpy()
     out["gaps"] = [{"request_id": int(rid[i + 1]), "token_idx": int(idx[i + 1]), "gap_ms": float(gaps[i])} for i in hit]
-    out.update(count=int(hit.size), total_ms=float(gaps[hit].sum()),
-               requests=sorted({g["request_id"] for g in out["gaps"]}))
+    out.update(
+        count=int(hit.size), total_ms=float(gaps[hit].sum()), requests=sorted({g["request_id"] for g in out["gaps"]})
+    )
     return out
 
 
@@ -51,9 +52,14 @@ def closure(engine_ms: float | None, tpot_ms_p50: float | None, concurrency: int
     """Judged at C=1 only: at higher C other streams' prefills enter a request's TPOT but are not decode periods."""
     diff = (engine_ms - tpot_ms_p50) / tpot_ms_p50 * 100 if engine_ms and tpot_ms_p50 else None
     judged = concurrency == 1 and diff is not None
-    return {"engine_ms_per_token": engine_ms, "client_tpot_ms_p50": tpot_ms_p50, "diff_pct": diff,
-            "tolerance_pct": CLOSURE_TOL_PCT, "judged": judged,
-            "ok": (abs(diff) <= CLOSURE_TOL_PCT) if judged else None}
+    return {
+        "engine_ms_per_token": engine_ms,
+        "client_tpot_ms_p50": tpot_ms_p50,
+        "diff_pct": diff,
+        "tolerance_pct": CLOSURE_TOL_PCT,
+        "judged": judged,
+        "ok": (abs(diff) <= CLOSURE_TOL_PCT) if judged else None,
+    }
 
 
 def closure_text(lv: dict) -> str | None:
@@ -62,10 +68,12 @@ def closure_text(lv: dict) -> str | None:
     if c.get("ok") is not False:
         return None
     where = f" in request(s) {', '.join(map(str, s['requests'][:8]))}" if s.get("requests") else ""
-    return (f"C={lv['concurrency']} repeat {lv.get('repeat', 0)}: closure check failed: the engine's per-token time "
-            f"{c['engine_ms_per_token']:.2f} ms and the client's TPOT p50 {c['client_tpot_ms_p50']:.2f} ms differ by "
-            f"{c['diff_pct']:+.1f}% (tolerance {c['tolerance_pct']:g}%); client stalls: {s.get('count', 0)} "
-            f"({s.get('total_ms', 0.0):.0f} ms){where}")
+    return (
+        f"C={lv['concurrency']} repeat {lv.get('repeat', 0)}: closure check failed: the engine's per-token time "
+        f"{c['engine_ms_per_token']:.2f} ms and the client's TPOT p50 {c['client_tpot_ms_p50']:.2f} ms differ by "
+        f"{c['diff_pct']:+.1f}% (tolerance {c['tolerance_pct']:g}%); client stalls: {s.get('count', 0)} "
+        f"({s.get('total_ms', 0.0):.0f} ms){where}"
+    )
 
 
 def client_side(requests: pd.DataFrame, tokens: pd.DataFrame, engine_ms: float | None, concurrency: int) -> dict:
@@ -79,7 +87,16 @@ def client_side(requests: pd.DataFrame, tokens: pd.DataFrame, engine_ms: float |
         itl = (np.diff(t["t_ns"].to_numpy()) / 1e6)[same]
     tpot50 = _pct(ok["tpot_ms"], 50) if "tpot_ms" in ok.columns else None
     tpots = [v for v in ok.get("tpot_ms", []) if v is not None and np.isfinite(v)]
-    client = {"requests": int(len(ok)), "tpot_ms_p50": tpot50, "tpot_ms_mean": float(np.mean(tpots)) if tpots else None,
-              "itl_ms_p50": _pct(itl, 50), "itl_ms_mean": float(itl.mean()) if itl.size else None}
-    return {"client": client, "delivery_ms": (tpot50 - engine_ms) if tpot50 is not None and engine_ms else None,
-            "stalls": find_stalls(tok, engine_ms), "closure": closure(engine_ms, tpot50, concurrency)}
+    client = {
+        "requests": int(len(ok)),
+        "tpot_ms_p50": tpot50,
+        "tpot_ms_mean": float(np.mean(tpots)) if tpots else None,
+        "itl_ms_p50": _pct(itl, 50),
+        "itl_ms_mean": float(itl.mean()) if itl.size else None,
+    }
+    return {
+        "client": client,
+        "delivery_ms": (tpot50 - engine_ms) if tpot50 is not None and engine_ms else None,
+        "stalls": find_stalls(tok, engine_ms),
+        "closure": closure(engine_ms, tpot50, concurrency),
+    }

@@ -37,15 +37,28 @@ def observed_per_step(aligned: pd.DataFrame, decode_steps: pd.DataFrame) -> dict
         sigs[()] += steps_without
     sig, n = sigs.most_common(1)[0]
     batch = batch_of.get(sig, Counter({None: 1})).most_common(1)[0][0]
-    return {"signature": {k: v for k, v in sig}, "share": n / max(steps_with, 1), "steps": steps_with,
-            "batch": int(batch) if batch is not None else None, "distinct_signatures": len(sigs)}
+    return {
+        "signature": {k: v for k, v in sig},
+        "share": n / max(steps_with, 1),
+        "steps": steps_with,
+        "batch": int(batch) if batch is not None else None,
+        "distinct_signatures": len(sigs),
+    }
 
 
-def planned_per_step(model_source: str | Path | None, tp: int | None, batch: int | None) -> tuple[dict | None, str, dict]:
+def planned_per_step(
+    model_source: str | Path | None, tp: int | None, batch: int | None
+) -> tuple[dict | None, str, dict]:
     """({(group, op, bytes): count} from tpcomm.plan or None, how it was made or why not, {(group, op, bytes): [sites]})."""
     if model_source is None:
-        return None, ("model config not readable from here (the server's model root is not a local folder); "
-                      "pass --model-config"), {}
+        return (
+            None,
+            (
+                "model config not readable from here (the server's model root is not a local folder); "
+                "pass --model-config"
+            ),
+            {},
+        )
     if not tp:
         return None, "tensor-parallel size unknown (no tp group in the hook records)", {}
     try:
@@ -72,7 +85,10 @@ def compare(observed: dict, planned: dict | None, plan_note: str) -> dict:
         "observed_total": int(sum(obs.values())),
         "observed_share_of_steps": observed["share"],
         "batch": observed["batch"],
-        "planned": None, "planned_total": None, "match": None, "detail": plan_note,
+        "planned": None,
+        "planned_total": None,
+        "match": None,
+        "detail": plan_note,
     }
     if planned is None:
         doc["detail"] = "not compared: " + plan_note
@@ -86,7 +102,7 @@ def compare(observed: dict, planned: dict | None, plan_note: str) -> dict:
             g, op, b = key
             diffs.append(f"{g} {op} {b} B: observed {o}/step, planned {p}/step")
     doc["match"] = not diffs
-    doc["detail"] = (f"matches {plan_note}" if not diffs else "MISMATCH vs " + plan_note + ": " + "; ".join(diffs))
+    doc["detail"] = f"matches {plan_note}" if not diffs else "MISMATCH vs " + plan_note + ": " + "; ".join(diffs)
     if observed["share"] is not None and observed["share"] < 0.9:
         doc["detail"] += f" (only {observed['share']:.0%} of decode steps have the observed pattern)"
     return doc

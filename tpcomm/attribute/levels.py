@@ -31,24 +31,42 @@ def level_figures(rows: pd.DataFrame, tokens: pd.DataFrame) -> dict:
     ok = rows[rows["ok"]]
     out = {"requests": int(len(rows)), "failed": int((~rows["ok"]).sum())}
     if ok.empty:
-        return {**out, "output_tok_per_s": None, "requests_per_s": None, "ttft_ms_p50": None, "ttft_ms_p99": None,
-                "tpot_ms_p50": None, "tpot_ms_p99": None, "tpot_ms_mean": None, "itl_ms_p50": None, "itl_ms_p99": None,
-                "e2e_ms_p50": None, "duration_s": None}
+        return {
+            **out,
+            "output_tok_per_s": None,
+            "requests_per_s": None,
+            "ttft_ms_p50": None,
+            "ttft_ms_p99": None,
+            "tpot_ms_p50": None,
+            "tpot_ms_p99": None,
+            "tpot_ms_mean": None,
+            "itl_ms_p50": None,
+            "itl_ms_p99": None,
+            "e2e_ms_p50": None,
+            "duration_s": None,
+        }
     dur_s = (rows["t_end_ns"].max() - rows["t_start_ns"].min()) / 1e9
     itl = itls_ms(tokens[tokens["request_id"].isin(ok["request_id"])])
     tpot50 = _pct(ok["tpot_ms"], 50)
     # Tokens arriving in bursts (gaps far below the mean per-token time) mean the server's
     # streaming loop was starved: the median ITL then says little about step time.
     burst = float((itl < 0.2 * tpot50).mean() * 100) if itl.size and tpot50 else None
-    return {**out,
-            "output_tok_per_s": float(ok["output_tokens"].sum() / dur_s) if dur_s > 0 else None,
-            "requests_per_s": float(len(ok) / dur_s) if dur_s > 0 else None,
-            "ttft_ms_p50": _pct(ok["ttft_ms"], 50), "ttft_ms_p99": _pct(ok["ttft_ms"], 99),
-            "tpot_ms_p50": _pct(ok["tpot_ms"], 50), "tpot_ms_p99": _pct(ok["tpot_ms"], 99),
-            "tpot_ms_mean": _mean(ok["tpot_ms"]),
-            "itl_ms_p50": _pct(itl, 50), "itl_ms_p99": _pct(itl, 99),
-            "itl_ms_mean": float(itl.mean()) if itl.size else None, "itl_burst_pct": burst,
-            "e2e_ms_p50": _pct(ok["e2e_ms"], 50), "duration_s": float(dur_s)}
+    return {
+        **out,
+        "output_tok_per_s": float(ok["output_tokens"].sum() / dur_s) if dur_s > 0 else None,
+        "requests_per_s": float(len(ok) / dur_s) if dur_s > 0 else None,
+        "ttft_ms_p50": _pct(ok["ttft_ms"], 50),
+        "ttft_ms_p99": _pct(ok["ttft_ms"], 99),
+        "tpot_ms_p50": _pct(ok["tpot_ms"], 50),
+        "tpot_ms_p99": _pct(ok["tpot_ms"], 99),
+        "tpot_ms_mean": _mean(ok["tpot_ms"]),
+        "itl_ms_p50": _pct(itl, 50),
+        "itl_ms_p99": _pct(itl, 99),
+        "itl_ms_mean": float(itl.mean()) if itl.size else None,
+        "itl_burst_pct": burst,
+        "e2e_ms_p50": _pct(ok["e2e_ms"], 50),
+        "duration_s": float(dur_s),
+    }
 
 
 def itls_ms(tokens: pd.DataFrame) -> np.ndarray:
@@ -61,7 +79,9 @@ def itls_ms(tokens: pd.DataFrame) -> np.ndarray:
     return gaps[same]
 
 
-def steadiness(rows: pd.DataFrame, tokens: pd.DataFrame, concurrency: int, steady_pct: float) -> tuple[bool | None, str]:
+def steadiness(
+    rows: pd.DataFrame, tokens: pd.DataFrame, concurrency: int, steady_pct: float
+) -> tuple[bool | None, str]:
     """Compare the two halves of the round's full-concurrency window."""
     ok = rows[rows["ok"]]
     if len(ok) < 2 or tokens.empty:
@@ -102,7 +122,9 @@ def repeat_spread(levels: list[dict], spread_pct: float) -> None:
         for g in group:
             g["repeat_spread_pct"] = round(spread, 2)
             if spread > spread_pct:
-                flag = (f"repeats of C={c} disagree: output tok/s {min(vals):.1f} to {max(vals):.1f} "
-                        f"({spread:.1f}% > {spread_pct:g}%)")
+                flag = (
+                    f"repeats of C={c} disagree: output tok/s {min(vals):.1f} to {max(vals):.1f} "
+                    f"({spread:.1f}% > {spread_pct:g}%)"
+                )
                 if flag not in g["flags"]:
                     g["flags"].append(flag)

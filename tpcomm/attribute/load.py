@@ -18,8 +18,8 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import httpx
 
@@ -33,22 +33,24 @@ def now_ns() -> int:
     return _WALL0 + time.perf_counter_ns()
 
 
-_WORDS = ("tensor parallel inference splits every layer across several devices each decode step issues an all "
-          "reduce after attention and after the mlp the interconnect latency caps single stream tokens per "
-          "second cards without a fast link pay for every collective in microseconds quick brown fox jumps over "
-          "the lazy dog while the scheduler batches requests and the sampler picks the next token").split()
+_WORDS = (
+    "tensor parallel inference splits every layer across several devices each decode step issues an all "
+    "reduce after attention and after the mlp the interconnect latency caps single stream tokens per "
+    "second cards without a fast link pay for every collective in microseconds quick brown fox jumps over "
+    "the lazy dog while the scheduler batches requests and the sampler picks the next token"
+).split()
 
 
 @dataclass
 class LoadSpec:
-    api: str = "completions"          # completions | chat
+    api: str = "completions"  # completions | chat
     input_len: int = 32
     output_len: int = 32
-    requests: int = 8                 # per round of a level
-    warmup: int = 2                   # requests before the first level, not recorded
-    max_rounds: int = 3               # a level runs more rounds until it is steady
-    steady_pct: float = 10.0          # halves of a round within this -> steady
-    spread_pct: float = 10.0          # repeats of a level beyond this -> flagged
+    requests: int = 8  # per round of a level
+    warmup: int = 2  # requests before the first level, not recorded
+    max_rounds: int = 3  # a level runs more rounds until it is steady
+    steady_pct: float = 10.0  # halves of a round within this -> steady
+    spread_pct: float = 10.0  # repeats of a level beyond this -> flagged
     timeout_s: float = 300.0
     seed: int = 0
     # Test hook: (request_id, token_idx, seconds): that request's client stops reading the stream for `seconds`
@@ -66,7 +68,7 @@ class Prompts:
     note: str
     token_pool: list[int] = field(default_factory=list)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
-    chat_words: int = 0               # words per chat message (fitted so that template + words = input_len)
+    chat_words: int = 0  # words per chat message (fitted so that template + words = input_len)
     words: list[str] = field(default_factory=lambda: list(_WORDS))
 
     def make(self):
@@ -97,7 +99,9 @@ def build_prompts(info: ServerInfo, spec: LoadSpec) -> Prompts:
         if spec.api == "completions":
             _, toks = tokenize({"prompt": " ".join(_WORDS) * 2, "add_special_tokens": False})
             pool = sorted(set(toks))
-            return Prompts("completions", spec.input_len, True, "token-id prompts of exactly input_len tokens", pool, rng)
+            return Prompts(
+                "completions", spec.input_len, True, "token-id prompts of exactly input_len tokens", pool, rng
+            )
         # Words that are one token after a space (content " w1 w2 ...") keep words + template exact for any draw.
         single = [w for w in sorted(set(_WORDS)) if tokenize({"prompt": " " + w, "add_special_tokens": False})[0] == 1]
         words = single if len(single) >= 8 else list(_WORDS)
@@ -113,35 +117,53 @@ def build_prompts(info: ServerInfo, spec: LoadSpec) -> Prompts:
             else:
                 hi = mid - 1
         p.chat_words = best
-        p.note = (f"chat prompts of {best} single-token words + the chat template = input_len tokens (checked with "
-                  "/tokenize)" if p.exact else "chat prompts fitted with /tokenize to at most input_len tokens "
-                  "(template included); the count per request is in prompt_tokens")
+        p.note = (
+            f"chat prompts of {best} single-token words + the chat template = input_len tokens (checked with /tokenize)"
+            if p.exact
+            else "chat prompts fitted with /tokenize to at most input_len tokens "
+            "(template included); the count per request is in prompt_tokens"
+        )
         return p
     except (httpx.HTTPError, KeyError, ValueError) as e:
-        p = Prompts(spec.api, spec.input_len, False, f"/tokenize unavailable ({type(e).__name__}): prompts of "
-                    "input_len words, actual token counts in prompt_tokens", rng=rng)
+        p = Prompts(
+            spec.api,
+            spec.input_len,
+            False,
+            f"/tokenize unavailable ({type(e).__name__}): prompts of "
+            "input_len words, actual token counts in prompt_tokens",
+            rng=rng,
+        )
         p.chat_words = spec.input_len
         return p
 
 
 def _payload(info: ServerInfo, spec: LoadSpec, prompt) -> tuple[str, dict]:
-    common = {"model": info.model, "max_tokens": spec.output_len, "min_tokens": spec.output_len, "ignore_eos": True,
-              "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    common = {
+        "model": info.model,
+        "max_tokens": spec.output_len,
+        "min_tokens": spec.output_len,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if spec.api == "chat":
         return "/v1/chat/completions", {**common, "messages": prompt}
     return "/v1/completions", {**common, "prompt": prompt}
 
 
-async def stream_request(client: httpx.AsyncClient, info: ServerInfo, spec: LoadSpec, prompt,
-                         pause: tuple[int, float] | None = None) -> dict:
+async def stream_request(
+    client: httpx.AsyncClient, info: ServerInfo, spec: LoadSpec, prompt, pause: tuple[int, float] | None = None
+) -> dict:
     """One streaming request. Returns its row for requests.parquet plus 'token_ns' (arrival of each token chunk)."""
     path, payload = _payload(info, spec, prompt)
     row = {"ok": False, "error": "", "prompt_tokens": None, "output_tokens": None}
     tokens: list[int] = []
     t0 = now_ns()
     try:
-        async with client.stream("POST", info.url + path, json=payload, headers=info.headers,
-                                 timeout=spec.timeout_s) as r:
+        async with client.stream(
+            "POST", info.url + path, json=payload, headers=info.headers, timeout=spec.timeout_s
+        ) as r:
             if r.status_code != 200:
                 body = (await r.aread()).decode(errors="replace")[:300]
                 row["error"] = f"HTTP {r.status_code}: {body}"
@@ -157,8 +179,13 @@ async def stream_request(client: httpx.AsyncClient, info: ServerInfo, spec: Load
                     if choices := msg.get("choices"):
                         delta = choices[0].get("delta")
                         # vLLM's chat stream opens with a role-only chunk sent together with the first token.
-                        if delta is not None and "role" in delta and not delta.get("content") and tokens == [] \
-                                and not choices[0].get("finish_reason"):
+                        if (
+                            delta is not None
+                            and "role" in delta
+                            and not delta.get("content")
+                            and tokens == []
+                            and not choices[0].get("finish_reason")
+                        ):
                             continue
                         tokens.append(t)
                         if pause and len(tokens) == pause[0]:
@@ -181,9 +208,13 @@ async def stream_request(client: httpx.AsyncClient, info: ServerInfo, spec: Load
     if tokens:
         ttft = (tokens[0] - t0) / 1e6
         e2e = (t1 - t0) / 1e6
-        row.update(ttft_ms=ttft, e2e_ms=e2e, output_tokens=n_out,
-                   tpot_ms=(e2e - ttft) / (n_out - 1) if n_out > 1 else None,
-                   itl_ms_mean=(t1 - tokens[0]) / 1e6 / (len(tokens) - 1) if len(tokens) > 1 else None)
+        row.update(
+            ttft_ms=ttft,
+            e2e_ms=e2e,
+            output_tokens=n_out,
+            tpot_ms=(e2e - ttft) / (n_out - 1) if n_out > 1 else None,
+            itl_ms_mean=(t1 - tokens[0]) / 1e6 / (len(tokens) - 1) if len(tokens) > 1 else None,
+        )
     else:
         row.update(ttft_ms=None, e2e_ms=None, tpot_ms=None, itl_ms_mean=None)
     return row
@@ -193,9 +224,16 @@ class ServerGone(RuntimeError):
     """The server stopped answering during a round."""
 
 
-async def run_round(info: ServerInfo, spec: LoadSpec, prompts: Prompts, concurrency: int, n_requests: int,
-                    on_done: Callable[[dict], None] | None = None, is_alive: Callable[[], bool] | None = None,
-                    id_offset: int = 0) -> list[dict]:
+async def run_round(
+    info: ServerInfo,
+    spec: LoadSpec,
+    prompts: Prompts,
+    concurrency: int,
+    n_requests: int,
+    on_done: Callable[[dict], None] | None = None,
+    is_alive: Callable[[], bool] | None = None,
+    id_offset: int = 0,
+) -> list[dict]:
     """Closed loop: `concurrency` clients share `n_requests` requests. Stops early if the server dies
     (raises ServerGone carrying the rows measured so far)."""
     rows: list[dict] = []
@@ -208,8 +246,9 @@ async def run_round(info: ServerInfo, spec: LoadSpec, prompts: Prompts, concurre
             if gone.is_set():
                 return
             cp = spec.client_pause
-            row = await stream_request(client, info, spec, prompts.make(),
-                                       pause=(cp[1], cp[2]) if cp and cp[0] == i else None)
+            row = await stream_request(
+                client, info, spec, prompts.make(), pause=(cp[1], cp[2]) if cp and cp[0] == i else None
+            )
             row["request_id"] = i
             rows.append(row)
             if on_done:
@@ -229,8 +268,10 @@ async def run_round(info: ServerInfo, spec: LoadSpec, prompts: Prompts, concurre
 
 
 def _looks_like_disconnect(error: str) -> bool:
-    return any(k in error for k in ("ConnectError", "RemoteProtocolError", "ReadError", "ConnectTimeout",
-                                    "ReadTimeout", "HTTP 5"))
+    return any(
+        k in error
+        for k in ("ConnectError", "RemoteProtocolError", "ReadError", "ConnectTimeout", "ReadTimeout", "HTTP 5")
+    )
 
 
 def warmup(info: ServerInfo, spec: LoadSpec, prompts: Prompts) -> list[dict]:

@@ -31,8 +31,10 @@ COMM_PATTERNS = [
     ("custom_ar", re.compile(r"cross_device_reduce|one_shot|two_shot|quickreduce|allreduce_kernel", re.I)),
     ("shm", re.compile(r"^_C::shm_(allreduce|all_gather|gather)|shm_allreduce", re.I)),
 ]
-PROFILER_HINT = ("start the server with --profiler-config '{\"profiler\":\"torch\",\"torch_profiler_dir\":\"/tmp/vllm_prof\"}' "
-                 "and pass --profile-dir /tmp/vllm_prof")
+PROFILER_HINT = (
+    'start the server with --profiler-config \'{"profiler":"torch","torch_profiler_dir":"/tmp/vllm_prof"}\' '
+    "and pass --profile-dir /tmp/vllm_prof"
+)
 
 
 def comm_events(trace: dict) -> pd.DataFrame:
@@ -48,8 +50,15 @@ def comm_events(trace: dict) -> pd.DataFrame:
             if pat.search(name) and (cat in ("kernel", "gpu_user_annotation") or kind == "shm"):
                 if kind == "shm" and cat not in ("cpu_op", "user_annotation", ""):
                     continue
-                rows.append({"name": name, "kind": kind, "cat": cat, "ts_us": float(ev.get("ts", 0)),
-                             "dur_us": float(ev.get("dur", 0))})
+                rows.append(
+                    {
+                        "name": name,
+                        "kind": kind,
+                        "cat": cat,
+                        "ts_us": float(ev.get("ts", 0)),
+                        "dur_us": float(ev.get("dur", 0)),
+                    }
+                )
                 break
     return pd.DataFrame(rows, columns=["name", "kind", "cat", "ts_us", "dur_us"])
 
@@ -80,8 +89,11 @@ def summarise_traces(paths: list[Path]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=["rank", "kind", "name", "count", "time_us"])
     ev = pd.concat(frames, ignore_index=True)
-    return (ev.groupby(["rank", "kind", "name"], dropna=False).agg(count=("dur_us", "size"), time_us=("dur_us", "sum"))
-            .reset_index())
+    return (
+        ev.groupby(["rank", "kind", "name"], dropna=False)
+        .agg(count=("dur_us", "size"), time_us=("dur_us", "sum"))
+        .reset_index()
+    )
 
 
 def profile_run(info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, profile_dir: str | None, rd) -> dict:
@@ -102,15 +114,25 @@ def profile_run(info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, pr
     rows = asyncio.run(load.run_round(info, small, prompts, 1, small.requests, id_offset=10**9))
     t1 = time.time_ns()
     httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=600).raise_for_status()
-    doc = {"captured": True, "prefix": prefix, "requests": len(rows), "ok": sum(r["ok"] for r in rows),
-           "output_len": small.output_len, "window_ns": [t0, t1]}
+    doc = {
+        "captured": True,
+        "prefix": prefix,
+        "requests": len(rows),
+        "ok": sum(r["ok"] for r in rows),
+        "output_len": small.output_len,
+        "window_ns": [t0, t1],
+    }
     hook = None
     if plugin:
         records.stop(info)
         coll, _, _ = records.fetch(info)
         coll = coll[(coll["t_start_ns"] >= t0) & (coll["t_end_ns"] <= t1)]
         rd.write_table(C.PROFILE_HOOK, coll)
-        hook = coll.groupby(["rank", "op"]).agg(count=("duration_us", "size"), time_us=("duration_us", "sum")).reset_index()
+        hook = (
+            coll.groupby(["rank", "op"])
+            .agg(count=("duration_us", "size"), time_us=("duration_us", "sum"))
+            .reset_index()
+        )
         doc["hook"] = hook.to_dict("records")
     if not profile_dir:
         doc["note"] = "traces written on the server; pass --profile-dir to parse them (" + PROFILER_HINT + ")"
@@ -124,9 +146,12 @@ def profile_run(info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, pr
     doc["traces"] = [str(p) for p in paths]
     doc["trace_comm"] = summ.to_dict("records")
     doc["comparison"] = compare_with_hook(summ, hook)
-    doc["summary_line"] = "; ".join(f"rank {c['rank']}: trace {c['trace_count']} comm events "
-                                    f"({c['trace_time_us']:.0f} us), hook {c['hook_count']} "
-                                    f"({c['hook_time_us']:.0f} us)" for c in doc["comparison"])
+    doc["summary_line"] = "; ".join(
+        f"rank {c['rank']}: trace {c['trace_count']} comm events "
+        f"({c['trace_time_us']:.0f} us), hook {c['hook_count']} "
+        f"({c['hook_time_us']:.0f} us)"
+        for c in doc["comparison"]
+    )
     return doc
 
 
@@ -134,10 +159,15 @@ def compare_with_hook(summ: pd.DataFrame, hook: pd.DataFrame | None) -> list[dic
     out = []
     for rank, g in summ.groupby("rank", dropna=False):
         h = hook[hook["rank"] == rank] if hook is not None else None
-        out.append({"rank": None if pd.isna(rank) else int(rank), "trace_count": int(g["count"].sum()),
-                    "trace_time_us": float(g["time_us"].sum()),
-                    "hook_count": int(h["count"].sum()) if h is not None else None,
-                    "hook_time_us": float(h["time_us"].sum()) if h is not None else None})
+        out.append(
+            {
+                "rank": None if pd.isna(rank) else int(rank),
+                "trace_count": int(g["count"].sum()),
+                "trace_time_us": float(g["time_us"].sum()),
+                "hook_count": int(h["count"].sum()) if h is not None else None,
+                "hook_time_us": float(h["time_us"].sum()) if h is not None else None,
+            }
+        )
     return out
 
 

@@ -34,8 +34,10 @@ def session_problem(st: dict, session: str, started_ns: int) -> str | None:
     """Why the recording this client started is no longer its own (from a status taken before its own stop):
     someone else started recording (another session id), or stopped it (disarmed before we stopped)."""
     if st.get("session") != session:
-        return (f"another client restarted the hook's recording during this level (session {st.get('session')!r}, "
-                f"ours {session!r}): records from before that restart are lost")
+        return (
+            f"another client restarted the hook's recording during this level (session {st.get('session')!r}, "
+            f"ours {session!r}): records from before that restart are lost"
+        )
     if not st.get("armed"):
         when = st.get("stopped_ns") or 0
         after = f" {(when - started_ns) / 1e9:.1f} s after our start" if when and started_ns else ""

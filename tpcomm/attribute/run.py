@@ -18,9 +18,8 @@ Run-directory files written here (extending rundir.py's layout):
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
@@ -30,8 +29,23 @@ from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.server import ServerInfo, check_server, is_alive
 from tpcomm.rundir import RunDir
 
-REQUEST_COLUMNS = ["concurrency", "repeat", "round", "in_stats", "request_id", "ok", "error", "prompt_tokens",
-                   "output_tokens", "ttft_ms", "tpot_ms", "itl_ms_mean", "e2e_ms", "t_start_ns", "t_end_ns"]
+REQUEST_COLUMNS = [
+    "concurrency",
+    "repeat",
+    "round",
+    "in_stats",
+    "request_id",
+    "ok",
+    "error",
+    "prompt_tokens",
+    "output_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "itl_ms_mean",
+    "e2e_ms",
+    "t_start_ns",
+    "t_end_ns",
+]
 
 
 @dataclass
@@ -90,8 +104,13 @@ class Attribute:
         spec = self.cfg.spec
         if self.info.max_model_len and spec.input_len + spec.output_len > self.info.max_model_len:
             from tpcomm.errors import InputError
-            raise InputError("--input-len/--output-len", f"{spec.input_len}+{spec.output_len} tokens exceed the "
-                             f"server's max_model_len {self.info.max_model_len}", "a shorter request")
+
+            raise InputError(
+                "--input-len/--output-len",
+                f"{spec.input_len}+{spec.output_len} tokens exceed the "
+                f"server's max_model_len {self.info.max_model_len}",
+                "a shorter request",
+            )
         self.rd = RunDir(self.cfg.out)
         self.rd.record_command("attribute", argv)
         self.rd.mark("attribute", "running", server_url=self.info.url, model=self.info.model)
@@ -103,8 +122,25 @@ class Attribute:
             self.progress.note(f"warm-up: {spec.warmup} request(s)")
             warm = load.warmup(self.info, spec, prompts)
             if warm and not any(r["ok"] for r in warm):
-                raise load.ServerGone(warm) if not is_alive(self.info.url) else RuntimeError(
-                    "every warm-up request failed: " + warm[0]["error"])
+                answered = warm[0]["error"].startswith("HTTP ")
+                if answered:
+                    # The server is there and says no (e.g. 501 from a non-vLLM server): a user's problem to fix,
+                    # named with what it answered; nothing measured yet, so nothing is lost.
+                    from tpcomm.errors import InputError
+
+                    self.rd.mark("attribute", "failed", reason="every warm-up request was refused")
+                    raise InputError(
+                        "--server-url",
+                        f"{self.info.url} answered every warm-up request with an error "
+                        f"(POST /v1/{'chat/completions' if spec.api == 'chat' else 'completions'}: "
+                        f"{warm[0]['error'][:200]})",
+                        "a vLLM OpenAI-compatible server that completes streaming requests",
+                    )
+                raise (
+                    load.ServerGone(warm)
+                    if not is_alive(self.info.url)
+                    else RuntimeError("every warm-up request failed: " + warm[0]["error"])
+                )
             self.info.fingerprint = next((r.get("fingerprint") for r in warm if r.get("fingerprint")), None)
             if not self.plugin_on:
                 self.notes[-1] = self.info.plugin_note + "; " + self.info.enable_hint(self.server_tp() or "N")
@@ -119,14 +155,20 @@ class Attribute:
                 except Exception as e:
                     self.notes.append(f"attribution of the partial run failed: {type(e).__name__}: {e}")
             self.notes.append("the server stopped answering mid-run: results up to that point are kept")
-            self.rd.mark("attribute", "incomplete", reason="server stopped answering",
-                         levels_done=len(self.levels), requests=len(self.requests))
+            self.rd.mark(
+                "attribute",
+                "incomplete",
+                reason="server stopped answering",
+                levels_done=len(self.levels),
+                requests=len(self.requests),
+            )
             return self.result(complete=False)
         self._analyse()
         if self.cfg.profile:
             self._profile(prompts)
-        self.rd.mark("attribute", "complete", levels=len(self.levels), requests=len(self.requests),
-                     plugin=self.plugin_on)
+        self.rd.mark(
+            "attribute", "complete", levels=len(self.levels), requests=len(self.requests), plugin=self.plugin_on
+        )
         return self.result(complete=True)
 
     # ---- load ---------------------------------------------------------------
@@ -139,28 +181,53 @@ class Attribute:
             self.progress.level_start(c, rep, rnd, spec.requests)
             offset = self._next_id
             try:
-                rows = asyncio.run(load.run_round(self.info, spec, prompts, c, spec.requests,
-                                                  on_done=self.progress.request_done,
-                                                  is_alive=lambda: is_alive(self.info.url), id_offset=offset))
+                rows = asyncio.run(
+                    load.run_round(
+                        self.info,
+                        spec,
+                        prompts,
+                        c,
+                        spec.requests,
+                        on_done=self.progress.request_done,
+                        is_alive=lambda: is_alive(self.info.url),
+                        id_offset=offset,
+                    )
+                )
             except load.ServerGone as e:
                 req, tok = self._add_rows(e.args[0] if e.args else [], (c, rep), rnd, True)
                 if len(req):
-                    self.levels.append(self._level_doc(c, rep, rnd, req, tok, None, "server stopped answering",
-                                                       ["incomplete: the server stopped answering during this level"]))
+                    self.levels.append(
+                        self._level_doc(
+                            c,
+                            rep,
+                            rnd,
+                            req,
+                            tok,
+                            None,
+                            "server stopped answering",
+                            ["incomplete: the server stopped answering during this level"],
+                        )
+                    )
                 raise load.ServerGone([]) from None
             req, tok = self._add_rows(rows, (c, rep), rnd, True)
             steady, note = steadiness(req, tok, c, spec.steady_pct)
             if steady is not False or rnd == spec.max_rounds - 1:
                 break
             # Not steady: keep the round's rows out of the figures and run another.
-            for r in self.requests[-len(rows):]:
+            for r in self.requests[-len(rows) :]:
                 r["in_stats"] = False
         flags = [f"C={c} not steady after {rnd + 1} round(s): {note}"] if steady is False else []
         lv = self._level_doc(c, rep, rnd, req, tok, steady, note, flags)
         self.levels.append(lv)
         repeat_spread(self.levels, spec.spread_pct)
-        self.windows.append({"concurrency": c, "repeat": rep, "t_start_ns": int(req["t_start_ns"].min()),
-                             "t_end_ns": int(req["t_end_ns"].max())})
+        self.windows.append(
+            {
+                "concurrency": c,
+                "repeat": rep,
+                "t_start_ns": int(req["t_start_ns"].min()),
+                "t_end_ns": int(req["t_end_ns"].max()),
+            }
+        )
         if hook_ok:
             problem = None
             try:
@@ -181,12 +248,23 @@ class Attribute:
         return int(min(rows)) if rows else 0
 
     def _level_doc(self, c, rep, rnd, req, tok, steady, note, flags) -> dict:
-        lv = {"concurrency": c, "repeat": rep, "round": rnd, **level_figures(req, tok), "steady": steady,
-              "steady_note": note, "repeat_spread_pct": None, "flags": list(flags), "conditions": self.conditions()}
+        lv = {
+            "concurrency": c,
+            "repeat": rep,
+            "round": rnd,
+            **level_figures(req, tok),
+            "steady": steady,
+            "steady_note": note,
+            "repeat_spread_pct": None,
+            "flags": list(flags),
+            "conditions": self.conditions(),
+        }
         if (lv.get("itl_burst_pct") or 0) > 10:
-            lv["flags"].append(f"C={c}: {lv['itl_burst_pct']:.0f}% of tokens arrived in bursts (gap < 20% of TPOT): "
-                               "the server's output loop was starved (busy host?); median ITL is unreliable, "
-                               "use TPOT / mean ITL")
+            lv["flags"].append(
+                f"C={c}: {lv['itl_burst_pct']:.0f}% of tokens arrived in bursts (gap < 20% of TPOT): "
+                "the server's output loop was starved (busy host?); median ITL is unreliable, "
+                "use TPOT / mean ITL"
+            )
         if lv["failed"]:
             lv["flags"].append(f"{lv['failed']} of {lv['requests']} requests failed")
         return lv
@@ -197,8 +275,17 @@ class Attribute:
         for r in rows:
             r.update(concurrency=c, repeat=rep, round=rnd, in_stats=in_stats)
             t = r.pop("token_ns", [])
-            toks.append(pd.DataFrame({"request_id": r["request_id"], "concurrency": c, "repeat": rep,
-                                      "token_idx": range(len(t)), "t_ns": t}))
+            toks.append(
+                pd.DataFrame(
+                    {
+                        "request_id": r["request_id"],
+                        "concurrency": c,
+                        "repeat": rep,
+                        "token_idx": range(len(t)),
+                        "t_ns": t,
+                    }
+                )
+            )
             self._next_id = max(self._next_id, r["request_id"] + 1)
         self.requests.extend(rows)
         tok = pd.concat(toks, ignore_index=True) if toks else _empty_tokens()
@@ -208,8 +295,9 @@ class Attribute:
     def _write_load(self) -> None:
         req = pd.DataFrame(self.requests, columns=REQUEST_COLUMNS)
         self.rd.write_table(C.LOAD_REQUESTS, req)
-        self.rd.write_table(C.LOAD_TOKENS, pd.concat(self.tokens, ignore_index=True) if self.tokens
-                            else _empty_tokens())
+        self.rd.write_table(
+            C.LOAD_TOKENS, pd.concat(self.tokens, ignore_index=True) if self.tokens else _empty_tokens()
+        )
         self.rd.write_json(C.LOAD_LEVELS, self.levels)
 
     # ---- hook ---------------------------------------------------------------
@@ -242,8 +330,13 @@ class Attribute:
 
         if self.info.plugin is not None:
             self.rd.write_json(C.HOOK_STATUS, self.info.plugin)
-        self.summary = analyse_run_dir(self.rd, model_source=self._model_source(), hook_status=self.info.plugin,
-                                       notes=self.notes, conditions=self.conditions())
+        self.summary = analyse_run_dir(
+            self.rd,
+            model_source=self._model_source(),
+            hook_status=self.info.plugin,
+            notes=self.notes,
+            conditions=self.conditions(),
+        )
 
     def _model_source(self) -> str | None:
         if self.cfg.model_config:
@@ -270,20 +363,42 @@ class Attribute:
 
         s = self.cfg.spec
         st = (self.info.plugin or {}) if self.info else {}
-        return {"server_url": self.info.url, "model": self.info.model, "model_root": self.info.root,
-                "api": s.api, "input_len": s.input_len, "output_len": s.output_len, "prompt": getattr(self, "prompt_note", ""),
-                "requests_per_round": s.requests, "tp": self.server_tp() or (len(st["ranks"]) if st.get("ranks") else None),
-                "server_fingerprint": self.info.fingerprint,
-                "server_versions": st.get("versions"), "client_versions": stack_versions(),
-                "plugin": self.plugin_on}
+        return {
+            "server_url": self.info.url,
+            "model": self.info.model,
+            "model_root": self.info.root,
+            "api": s.api,
+            "input_len": s.input_len,
+            "output_len": s.output_len,
+            "prompt": getattr(self, "prompt_note", ""),
+            "requests_per_round": s.requests,
+            "tp": self.server_tp() or (len(st["ranks"]) if st.get("ranks") else None),
+            "server_fingerprint": self.info.fingerprint,
+            "server_versions": st.get("versions"),
+            "client_versions": stack_versions(),
+            "plugin": self.plugin_on,
+        }
 
     def result(self, complete: bool) -> dict:
-        return {"complete": complete, "run_dir": str(self.rd.path), "plugin": self.plugin_on, "levels": self.levels,
-                "attribution": getattr(self, "summary", None), "profile": getattr(self, "profile_doc", None),
-                "notes": self.notes, "config": {**asdict(self.cfg), "api_key": "***" if self.cfg.api_key else None}}
+        return {
+            "complete": complete,
+            "run_dir": str(self.rd.path),
+            "plugin": self.plugin_on,
+            "levels": self.levels,
+            "attribution": getattr(self, "summary", None),
+            "profile": getattr(self, "profile_doc", None),
+            "notes": self.notes,
+            "config": {**asdict(self.cfg), "api_key": "***" if self.cfg.api_key else None},
+        }
 
 
 def _empty_tokens() -> pd.DataFrame:
-    return pd.DataFrame({"request_id": pd.Series(dtype="int64"), "concurrency": pd.Series(dtype="int64"),
-                         "repeat": pd.Series(dtype="int64"), "token_idx": pd.Series(dtype="int64"),
-                         "t_ns": pd.Series(dtype="int64")})
+    return pd.DataFrame(
+        {
+            "request_id": pd.Series(dtype="int64"),
+            "concurrency": pd.Series(dtype="int64"),
+            "repeat": pd.Series(dtype="int64"),
+            "token_idx": pd.Series(dtype="int64"),
+            "t_ns": pd.Series(dtype="int64"),
+        }
+    )

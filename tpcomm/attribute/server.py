@@ -17,18 +17,17 @@ from tpcomm.errors import InputError
 from tpcomm.hook.client import ENABLE_HINT, enable_hint  # noqa: F401 - the one enable hint
 
 
-
 @dataclass
 class ServerInfo:
     url: str
     model: str
     served: list[str]
-    root: str | None = None            # the model path the server loaded (a local folder or a hub name)
+    root: str | None = None  # the model path the server loaded (a local folder or a hub name)
     max_model_len: int | None = None
     api_key: str | None = None
     plugin: dict[str, Any] | None = None  # GET /tpcomm/v1/status, None when the routes are absent
     plugin_note: str = ""
-    fingerprint: str | None = None     # "vllm-0.32.0-tp2-..." from a completion, when seen
+    fingerprint: str | None = None  # "vllm-0.32.0-tp2-..." from a completion, when seen
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -58,18 +57,25 @@ def check_server(url: str, model: str | None = None, api_key: str | None = None,
     try:
         r = httpx.get(url + "/v1/models", headers=auth_headers(api_key), timeout=timeout_s)
     except httpx.HTTPError as e:
-        raise InputError("--server-url", f"cannot reach {url} ({type(e).__name__}: {e})",
-                         "a running vLLM OpenAI-compatible server") from None
+        raise InputError(
+            "--server-url", f"cannot reach {url} ({type(e).__name__}: {e})", "a running vLLM OpenAI-compatible server"
+        ) from None
     if r.status_code == 401:
         problem = "the server rejected the API key" if api_key else "the server requires an API key"
-        raise InputError("--api-key", f"{problem} (HTTP 401 from {url}/v1/models)",
-                         "the key given to vLLM's --api-key (or set OPENAI_API_KEY)")
+        raise InputError(
+            "--api-key",
+            f"{problem} (HTTP 401 from {url}/v1/models)",
+            "the key given to vLLM's --api-key (or set OPENAI_API_KEY)",
+        )
     try:
         body = r.json()
         served = [m["id"] for m in body["data"]]
     except Exception:
-        raise InputError("--server-url", f"{url}/v1/models answered HTTP {r.status_code} without an OpenAI model list",
-                         "an OpenAI-compatible server (vLLM)") from None
+        raise InputError(
+            "--server-url",
+            f"{url}/v1/models answered HTTP {r.status_code} without an OpenAI model list",
+            "an OpenAI-compatible server (vLLM)",
+        ) from None
     if not served:
         raise InputError("--server-url", f"{url} serves no model", "a server with a loaded model")
     if model is None:
@@ -79,8 +85,14 @@ def check_server(url: str, model: str | None = None, api_key: str | None = None,
     if model not in served:
         raise InputError("--model", f"{model!r} is not served by {url}", "one of: " + ", ".join(served))
     card = next(m for m in body["data"] if m["id"] == model)
-    info = ServerInfo(url=url, model=model, served=served, root=card.get("root"),
-                      max_model_len=card.get("max_model_len"), api_key=api_key)
+    info = ServerInfo(
+        url=url,
+        model=model,
+        served=served,
+        root=card.get("root"),
+        max_model_len=card.get("max_model_len"),
+        api_key=api_key,
+    )
     info.plugin, info.plugin_note = plugin_status(url, api_key, timeout_s)
     return info
 

@@ -27,18 +27,38 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-STEP_COLUMNS = ["concurrency", "repeat", "step", "step_us", "compute_us", "transfer_us", "wait_us", "n_collectives",
-                "num_seqs", "num_tokens", "kind", "ranks", "t_start_ns", "t_end_ns"]
+STEP_COLUMNS = [
+    "concurrency",
+    "repeat",
+    "step",
+    "step_us",
+    "compute_us",
+    "transfer_us",
+    "wait_us",
+    "n_collectives",
+    "num_seqs",
+    "num_tokens",
+    "kind",
+    "ranks",
+    "t_start_ns",
+    "t_end_ns",
+]
 TERMS = ("compute", "transfer", "wait", "host_gap")
 
 
 def rank_steps(aligned: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """One row per (rank, step): the step's time split on that rank."""
     a = aligned[aligned["step"] >= 0]
-    per = (a.groupby(["rank", "step"], sort=False)
-           .agg(coll_us=("duration_us", "sum"), transfer_us=("transfer_us", "sum"), wait_us=("wait_us", "sum"),
-                n_collectives=("duration_us", "size"))
-           .reset_index())
+    per = (
+        a.groupby(["rank", "step"], sort=False)
+        .agg(
+            coll_us=("duration_us", "sum"),
+            transfer_us=("transfer_us", "sum"),
+            wait_us=("wait_us", "sum"),
+            n_collectives=("duration_us", "size"),
+        )
+        .reset_index()
+    )
     out = steps.merge(per, on=["rank", "step"], how="left")
     for c in ("coll_us", "transfer_us", "wait_us"):
         out[c] = out[c].fillna(0.0)
@@ -64,10 +84,19 @@ def decode_steps(rank_rows: pd.DataFrame) -> pd.DataFrame:
     if d.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
     g = d.groupby(["concurrency", "repeat", "step"], sort=True)
-    out = g.agg(step_us=("step_us", "mean"), compute_us=("compute_us", "mean"), transfer_us=("transfer_us", "mean"),
-                wait_us=("wait_us", "mean"), n_collectives=("n_collectives", "max"), num_seqs=("num_seqs", "max"),
-                num_tokens=("num_tokens", "max"), kind=("kind", "first"), ranks=("rank", "nunique"),
-                t_start_ns=("t_start_ns", "min"), t_end_ns=("t_end_ns", "max")).reset_index()
+    out = g.agg(
+        step_us=("step_us", "mean"),
+        compute_us=("compute_us", "mean"),
+        transfer_us=("transfer_us", "mean"),
+        wait_us=("wait_us", "mean"),
+        n_collectives=("n_collectives", "max"),
+        num_seqs=("num_seqs", "max"),
+        num_tokens=("num_tokens", "max"),
+        kind=("kind", "first"),
+        ranks=("rank", "nunique"),
+        t_start_ns=("t_start_ns", "min"),
+        t_end_ns=("t_end_ns", "max"),
+    ).reset_index()
     return out[STEP_COLUMNS]
 
 
@@ -93,8 +122,12 @@ def _rank_terms(p: pd.DataFrame, coll_steps: float) -> dict:
     wait = float(sampled["wait_us"].mean()) / 1e3 if len(sampled) else 0.0
     step = float(p["step_us"].mean()) / 1e3
     gap = float(p["gap_us"].mean()) / 1e3
-    return {"pairs": int(len(p)), "sampled_pairs": int(len(sampled)), "period_ms": float(p["period_us"].mean()) / 1e3,
-            "per_token_ms": {"compute": step - transfer - wait, "transfer": transfer, "wait": wait, "host_gap": gap}}
+    return {
+        "pairs": int(len(p)),
+        "sampled_pairs": int(len(sampled)),
+        "period_ms": float(p["period_us"].mean()) / 1e3,
+        "per_token_ms": {"compute": step - transfer - wait, "transfer": transfer, "wait": wait, "host_gap": gap},
+    }
 
 
 def engine_split(rank_rows: pd.DataFrame) -> dict:
@@ -104,8 +137,13 @@ def engine_split(rank_rows: pd.DataFrame) -> dict:
     pairs = decode_pairs(rank_rows) if not rank_rows.empty else rank_rows
     kinds = rank_rows["kind"].value_counts().to_dict() if not rank_rows.empty else {}
     ranks_n = max(rank_rows["rank"].nunique(), 1) if not rank_rows.empty else 1
-    out = {"engine_ms_per_token": None, "per_token_ms": None, "by_rank": [], "decode_pairs": 0,
-           "steps_in_window": {k: int(v // ranks_n) for k, v in kinds.items()}}
+    out = {
+        "engine_ms_per_token": None,
+        "per_token_ms": None,
+        "by_rank": [],
+        "decode_pairs": 0,
+        "steps_in_window": {k: int(v // ranks_n) for k, v in kinds.items()},
+    }
     if pairs.empty:
         out["note"] = "no two consecutive decode steps recorded in this level's window"
         return out
@@ -121,17 +159,24 @@ def engine_split(rank_rows: pd.DataFrame) -> dict:
         return out
     terms = {k: float(np.mean([r["per_token_ms"][k] for r in by_rank])) for k in TERMS}
     total = float(np.mean([r["period_ms"] for r in by_rank]))
-    out.update(engine_ms_per_token=total, per_token_ms=terms, by_rank=by_rank,
-               terms_sum_ms=sum(terms.values()), decode_pairs=int(len(pairs) // max(len(by_rank), 1)),
-               sampled_pairs_share=float(np.mean([r["sampled_pairs"] / r["pairs"] for r in by_rank])),
-               seqs_per_step=float(pairs["num_seqs"].mean()))
+    out.update(
+        engine_ms_per_token=total,
+        per_token_ms=terms,
+        by_rank=by_rank,
+        terms_sum_ms=sum(terms.values()),
+        decode_pairs=int(len(pairs) // max(len(by_rank), 1)),
+        sampled_pairs_share=float(np.mean([r["sampled_pairs"] / r["pairs"] for r in by_rank])),
+        seqs_per_step=float(pairs["num_seqs"].mean()),
+    )
     out["shares_pct"] = {k: 100.0 * v / total for k, v in terms.items()} if total > 0 else None
     seqs = out["seqs_per_step"]
     tr, wa = terms["transfer"], terms["wait"]
     # Ceilings: what one stream would get if a single term were all there is (tok/s per stream x streams/step).
-    out.update(comm_only_tok_per_s=seqs / (tr / 1e3) if tr > 0 else None,
-               comm_and_wait_only_tok_per_s=seqs / ((tr + wa) / 1e3) if tr + wa > 0 else None,
-               compute_only_tok_per_s=seqs / (terms["compute"] / 1e3) if terms["compute"] > 0 else None)
+    out.update(
+        comm_only_tok_per_s=seqs / (tr / 1e3) if tr > 0 else None,
+        comm_and_wait_only_tok_per_s=seqs / ((tr + wa) / 1e3) if tr + wa > 0 else None,
+        compute_only_tok_per_s=seqs / (terms["compute"] / 1e3) if terms["compute"] > 0 else None,
+    )
     return out
 
 
@@ -143,14 +188,30 @@ def top_sites(aligned_level: pd.DataFrame, step_rows: pd.DataFrame, n: int = 8) 
     a = aligned_level[aligned_level["step"].isin(step_rows["step"])]
     n_rank_steps = max(a.groupby("rank")["step"].nunique().mean(), 1) if not a.empty else 1
     ranks = max(a["rank"].nunique(), 1)
-    g = a.groupby(["group", "op", "bytes"]).agg(calls=("duration_us", "size"), time_us=("duration_us", "sum"),
-                                                 transfer_us=("transfer_us", "sum"), wait_us=("wait_us", "sum"),
-                                                 backend=("backend", "first")).reset_index()
+    g = (
+        a.groupby(["group", "op", "bytes"])
+        .agg(
+            calls=("duration_us", "size"),
+            time_us=("duration_us", "sum"),
+            transfer_us=("transfer_us", "sum"),
+            wait_us=("wait_us", "sum"),
+            backend=("backend", "first"),
+        )
+        .reset_index()
+    )
     per = ranks * n_rank_steps
     g["count_per_step"] = g["calls"] / per
     for c in ("time_us", "transfer_us", "wait_us"):
         g[c + "_per_step"] = g[c] / per
     g = g.sort_values("time_us_per_step", ascending=False).head(n)
-    cols = ["group", "op", "bytes", "backend", "count_per_step", "time_us_per_step", "transfer_us_per_step",
-            "wait_us_per_step"]
+    cols = [
+        "group",
+        "op",
+        "bytes",
+        "backend",
+        "count_per_step",
+        "time_us_per_step",
+        "transfer_us_per_step",
+        "wait_us_per_step",
+    ]
     return [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in g[cols].to_dict("records")]

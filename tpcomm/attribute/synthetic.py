@@ -21,10 +21,22 @@ import pandas as pd
 T0_NS = 1_700_000_000_000_000_000
 
 
-def make_records(steps: int = 1000, tp: int = 2, calls: int = 10, hidden: int = 256, transfer_us: float = 20.0,
-                 compute_us: float = 300.0, skew_us: float = 40.0, seed: int = 0, t0_ns: int = T0_NS,
-                 step_gap_us: float = 500.0, prefill_every: int = 0, prefill_scale: float = 8.0,
-                 idle_us: float = 20_000.0, sample_every: int = 1) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+def make_records(
+    steps: int = 1000,
+    tp: int = 2,
+    calls: int = 10,
+    hidden: int = 256,
+    transfer_us: float = 20.0,
+    compute_us: float = 300.0,
+    skew_us: float = 40.0,
+    seed: int = 0,
+    t0_ns: int = T0_NS,
+    step_gap_us: float = 500.0,
+    prefill_every: int = 0,
+    prefill_scale: float = 8.0,
+    idle_us: float = 20_000.0,
+    sample_every: int = 1,
+) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(collectives, steps, truth). `calls` per step: calls-1 all-reduces of hidden*2 bytes and one logits all-gather.
 
     truth: transfer_us_per_step (all steps), and over decode pairs (a decode step followed by a decode step):
@@ -44,7 +56,7 @@ def make_records(steps: int = 1000, tp: int = 2, calls: int = 10, hidden: int = 
     for k in range(K):  # K is small: loop over calls, vectorised over steps and ranks
         arrive[:, k, :] = cur + comp[:, k, :]
         end[:, k] = arrive[:, k, :].max(axis=1) + xfer[:, k]
-        cur = np.repeat(end[:, k:k + 1], R, axis=1)
+        cur = np.repeat(end[:, k : k + 1], R, axis=1)
     tail = rng.gamma(4.0, compute_us / K / 4.0, size=(S, R)) * scale[:, :, 0]
     step_end_rel = cur + tail
     # Every rank starts a step at the same time; the next starts a host gap after the slowest rank ends
@@ -52,47 +64,70 @@ def make_records(steps: int = 1000, tp: int = 2, calls: int = 10, hidden: int = 
     gap = np.full(S, step_gap_us)
     gap[:-1] += np.where(kind[1:] == "prefill", idle_us, 0.0)
     step_start = np.concatenate([[0.0], np.cumsum(step_end_rel.max(axis=1)[:-1] + gap[:-1])])
-    ts = (t0_ns + (step_start[:, None, None] + arrive) * 1e3).astype(np.int64)       # (S, K, R)
+    ts = (t0_ns + (step_start[:, None, None] + arrive) * 1e3).astype(np.int64)  # (S, K, R)
     te = (t0_ns + (step_start[:, None] + end) * 1e3).astype(np.int64)[:, :, None].repeat(R, axis=2)
 
     ops = np.array(["all_reduce"] * (K - 1) + ["all_gather"], dtype=object)
     nbytes = np.array([hidden * 2] * (K - 1) + [2048 // R * 2], dtype=np.int64)
     sidx, kidx, ridx = np.meshgrid(np.arange(S), np.arange(K), np.arange(R), indexing="ij")
     n = S * K * R
-    coll = pd.DataFrame({
-        "rank": ridx.ravel().astype(np.int32), "group": np.full(n, "tp", dtype=object),
-        "group_rank": ridx.ravel().astype(np.int32), "group_size": np.full(n, R, np.int32),
-        "op": ops[kidx.ravel()], "bytes": nbytes[kidx.ravel()], "dtype": np.full(n, "bfloat16", dtype=object),
-        "backend": np.full(n, "shm", dtype=object), "step": sidx.ravel().astype(np.int64),
-        "call_idx": kidx.ravel().astype(np.int32), "t_start_ns": ts.ravel(), "t_end_ns": te.ravel(),
-    })
+    coll = pd.DataFrame(
+        {
+            "rank": ridx.ravel().astype(np.int32),
+            "group": np.full(n, "tp", dtype=object),
+            "group_rank": ridx.ravel().astype(np.int32),
+            "group_size": np.full(n, R, np.int32),
+            "op": ops[kidx.ravel()],
+            "bytes": nbytes[kidx.ravel()],
+            "dtype": np.full(n, "bfloat16", dtype=object),
+            "backend": np.full(n, "shm", dtype=object),
+            "step": sidx.ravel().astype(np.int64),
+            "call_idx": kidx.ravel().astype(np.int32),
+            "t_start_ns": ts.ravel(),
+            "t_end_ns": te.ravel(),
+        }
+    )
     coll["duration_us"] = (coll["t_end_ns"] - coll["t_start_ns"]) / 1e3
     coll["timing"] = "host-sync"
     if sample_every > 1:  # the same steps on every rank, as the hook samples them
         coll = coll[coll["step"] % sample_every == 0].reset_index(drop=True)
     s_start = np.repeat((t0_ns + step_start * 1e3).astype(np.int64), R)
     s_end = (t0_ns + ((step_start[:, None] + step_end_rel) * 1e3)).astype(np.int64).ravel()
-    st = pd.DataFrame({"rank": np.tile(np.arange(R, dtype=np.int32), S), "step": np.repeat(np.arange(S), R),
-                       "t_start_ns": s_start, "t_end_ns": s_end, "num_seqs": np.ones(S * R, np.int32),
-                       "num_tokens": np.where(np.repeat(kind, R) == "prefill", 32, 1).astype(np.int32),
-                       "kind": np.repeat(kind, R)})
+    st = pd.DataFrame(
+        {
+            "rank": np.tile(np.arange(R, dtype=np.int32), S),
+            "step": np.repeat(np.arange(S), R),
+            "t_start_ns": s_start,
+            "t_end_ns": s_end,
+            "num_seqs": np.ones(S * R, np.int32),
+            "num_tokens": np.where(np.repeat(kind, R) == "prefill", 32, 1).astype(np.int32),
+            "kind": np.repeat(kind, R),
+        }
+    )
     st["duration_us"] = (st["t_end_ns"] - st["t_start_ns"]) / 1e3
     # The known answer over decode pairs, from the generator's own arrays.
     pair = np.zeros(S, bool)
     pair[:-1] = (kind[:-1] == "decode") & (kind[1:] == "decode")
-    wait = (arrive.max(axis=2, keepdims=True) - arrive).sum(axis=1)                  # (S, R)
+    wait = (arrive.max(axis=2, keepdims=True) - arrive).sum(axis=1)  # (S, R)
     x = xfer.sum(axis=1)
     period = np.diff(step_start)[pair[:-1]] if S > 1 else np.array([])
-    truth = {"transfer_us_per_step": float(x.mean()), "steps": S, "tp": R, "calls": K,
-             "period_us": float(period.mean()) if period.size else None,
-             "transfer_us": float(x[pair].mean()), "wait_us": float(wait[pair].mean()),
-             "gap_us": float((step_start[1:] - step_end_rel[:-1].mean(axis=1) - step_start[:-1])[pair[:-1]].mean()),
-             "compute_us": float((step_end_rel - wait - x[:, None])[pair].mean())}
+    truth = {
+        "transfer_us_per_step": float(x.mean()),
+        "steps": S,
+        "tp": R,
+        "calls": K,
+        "period_us": float(period.mean()) if period.size else None,
+        "transfer_us": float(x[pair].mean()),
+        "wait_us": float(wait[pair].mean()),
+        "gap_us": float((step_start[1:] - step_end_rel[:-1].mean(axis=1) - step_start[:-1])[pair[:-1]].mean()),
+        "compute_us": float((step_end_rel - wait - x[:, None])[pair].mean()),
+    }
     return coll, st, truth
 
 
-def make_client(st: pd.DataFrame, delivery_us: float = 150.0, burst: int = 1,
-                stall: tuple[int, int, float] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def make_client(
+    st: pd.DataFrame, delivery_us: float = 150.0, burst: int = 1, stall: tuple[int, int, float] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(requests, tokens) of one single-stream client for steps from make_records(prefill_every=n):
     each prefill starts a request; every step's token reaches the client `delivery_us` after the step ends
     on the slowest rank; `burst` > 1 delivers tokens in groups (a starved API server); `stall` =
@@ -115,9 +150,19 @@ def make_client(st: pd.DataFrame, delivery_us: float = 150.0, burst: int = 1,
     starts = s["t_start_ns"].to_numpy()[s["kind"].to_numpy() == "prefill"] - 1_000_000
     g = tok.groupby("request_id")["t_ns"]
     first, last, n = g.min(), g.max(), g.size()
-    req = pd.DataFrame({"concurrency": 1, "repeat": 0, "round": 0, "in_stats": True, "request_id": first.index,
-                        "ok": True, "output_tokens": n.to_numpy(), "t_start_ns": starts[first.index],
-                        "t_end_ns": last.to_numpy()})
+    req = pd.DataFrame(
+        {
+            "concurrency": 1,
+            "repeat": 0,
+            "round": 0,
+            "in_stats": True,
+            "request_id": first.index,
+            "ok": True,
+            "output_tokens": n.to_numpy(),
+            "t_start_ns": starts[first.index],
+            "t_end_ns": last.to_numpy(),
+        }
+    )
     req["ttft_ms"] = (first.to_numpy() - req["t_start_ns"]) / 1e6
     req["e2e_ms"] = (req["t_end_ns"] - req["t_start_ns"]) / 1e6
     req["tpot_ms"] = (req["e2e_ms"] - req["ttft_ms"]) / (req["output_tokens"] - 1)

@@ -40,12 +40,27 @@ def one_step_timeline(aligned: pd.DataFrame | None, steps: pd.DataFrame | None) 
         if st is not None and len(st[st["rank"] == r]):
             row = st[st["rank"] == r].iloc[0]
             span = ((int(row["t_start_ns"]) - t0) / 1e3, (int(row["t_end_ns"]) - t0) / 1e3)
-        calls = [{"op": x.op, "bytes": int(x.bytes), "start_us": (int(x.t_start_ns) - t0) / 1e3,
-                  "end_us": (int(x.t_end_ns) - t0) / 1e3, "backend": x.backend, "call_idx": int(x.call_idx),
-                  "transfer_us": float(x.transfer_us), "wait_us": float(x.wait_us)}
-                 for x in rc.itertuples(index=False)]
-        per_rank.append({"rank": r, "step_span_us": span, "calls": calls,
-                         "collective_us": sum(k["end_us"] - k["start_us"] for k in calls)})
+        calls = [
+            {
+                "op": x.op,
+                "bytes": int(x.bytes),
+                "start_us": (int(x.t_start_ns) - t0) / 1e3,
+                "end_us": (int(x.t_end_ns) - t0) / 1e3,
+                "backend": x.backend,
+                "call_idx": int(x.call_idx),
+                "transfer_us": float(x.transfer_us),
+                "wait_us": float(x.wait_us),
+            }
+            for x in rc.itertuples(index=False)
+        ]
+        per_rank.append(
+            {
+                "rank": r,
+                "step_span_us": span,
+                "calls": calls,
+                "collective_us": sum(k["end_us"] - k["start_us"] for k in calls),
+            }
+        )
     inst = cs[cs["complete"]].groupby("instance", sort=False)
     skews = inst["entry_skew_us"].max().tolist() if len(cs) else []
     spans = [p["step_span_us"] for p in per_rank if p["step_span_us"]]
@@ -59,10 +74,12 @@ def one_step_timeline(aligned: pd.DataFrame | None, steps: pd.DataFrame | None) 
         "max_entry_skew_us": max(skews) if skews else None,
         "sum_entry_skew_us": sum(skews) if skews else None,
         "entry_skew_us": skews,
-        "conditions": (f"hook records of decode step {int(step)}, aligned by attribute (instance = group, step, "
-                       f"call_idx); {len(ranks)} ranks; backend {'/'.join(sorted(map(str, cs['backend'].unique())))}; "
-                       f"timing {'/'.join(sorted(map(str, cs['timing'].unique())))}; times relative to the earliest "
-                       "rank's step start (wall clock)"),
+        "conditions": (
+            f"hook records of decode step {int(step)}, aligned by attribute (instance = group, step, "
+            f"call_idx); {len(ranks)} ranks; backend {'/'.join(sorted(map(str, cs['backend'].unique())))}; "
+            f"timing {'/'.join(sorted(map(str, cs['timing'].unique())))}; times relative to the earliest "
+            "rank's step start (wall clock)"
+        ),
     }
 
 

@@ -26,9 +26,11 @@ from typing import Any
 from tpcomm import contract
 from tpcomm.errors import InputError
 
-ENABLE_HINT = ("interconnect attribution needs the tpcomm plugin in the server: install tpcomm in the server's "
-               "environment and start it with\n  VLLM_PLUGINS=tpcomm python -m vllm.entrypoints.openai.api_server "
-               "--model {model} --tensor-parallel-size {tp}")
+ENABLE_HINT = (
+    "interconnect attribution needs the tpcomm plugin in the server: install tpcomm in the server's "
+    "environment and start it with\n  VLLM_PLUGINS=tpcomm python -m vllm.entrypoints.openai.api_server "
+    "--model {model} --tensor-parallel-size {tp}"
+)
 
 _DTYPE = {"i": "int64", "f": "float64", "s": "string", "b": "bool"}
 COLLECTIVE_DTYPES = {c.name: _DTYPE[c.kind] for c in contract.HOOK_COLLECTIVES.columns}
@@ -68,15 +70,22 @@ class HookClient:
                 # Another client's pull is being served (one at a time): wait as the server asks.
                 time.sleep(min(float(r.headers.get("Retry-After") or 1), 5.0))
         except httpx.HTTPError as e:
-            raise HookError(f"server {self.url}", f"unreachable ({type(e).__name__}: {e})",
-                             "a running vLLM server URL such as http://127.0.0.1:8000") from None
+            raise HookError(
+                f"server {self.url}",
+                f"unreachable ({type(e).__name__}: {e})",
+                "a running vLLM server URL such as http://127.0.0.1:8000",
+            ) from None
         if r.status_code == 401:
-            raise HookError(f"server {self.url}", "rejected the API key" if self.api_key else "needs an API key",
-                             "the server's --api-key value (--api-key or VLLM_API_KEY)")
+            raise HookError(
+                f"server {self.url}",
+                "rejected the API key" if self.api_key else "needs an API key",
+                "the server's --api-key value (--api-key or VLLM_API_KEY)",
+            )
         if r.status_code in (404, 405, 503):
             detail = _error_text(r)
-            raise HookUnavailable(f"server {self.url}", f"has no tpcomm hook ({r.status_code} on {path}: {detail}); "
-                                  + enable_hint())
+            raise HookUnavailable(
+                f"server {self.url}", f"has no tpcomm hook ({r.status_code} on {path}: {detail}); " + enable_hint()
+            )
         if r.status_code != 200:
             raise HookError(f"server {self.url}", f"answered {r.status_code} on {path}: {_error_text(r)}")
         return r
@@ -138,8 +147,11 @@ def records_to_frames(doc: dict) -> tuple[Any, Any, dict]:
             df["duration_us"] = (df["t_end_ns"] - df["t_start_ns"]) / 1e3
         missing = [c for c in dtypes if c not in df.columns]
         if missing:
-            raise HookError("hook records", f"lack columns {missing} in {name!r}",
-                            "tpcomm of the same version on the server and here")
+            raise HookError(
+                "hook records",
+                f"lack columns {missing} in {name!r}",
+                "tpcomm of the same version on the server and here",
+            )
         return df[list(dtypes) + [c for c in df.columns if c not in dtypes]].astype(dtypes)
 
     if not isinstance(doc, dict):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from tpcomm.hook import timing
 from tpcomm.hook.recorder import Recorder
@@ -115,8 +116,12 @@ class Hook:
     def fail(self, where: str, exc: BaseException) -> None:
         if self.disabled_reason is None:
             self.disabled_reason = f"{where}: {type(exc).__name__}: {exc}"
-            logger.warning("tpcomm hook disabled after an error in %s (%s: %s); serving continues unrecorded",
-                           where, type(exc).__name__, exc)
+            logger.warning(
+                "tpcomm hook disabled after an error in %s (%s: %s); serving continues unrecorded",
+                where,
+                type(exc).__name__,
+                exc,
+            )
         self.armed = False
 
     def poll(self, block: bool = False) -> None:
@@ -138,8 +143,11 @@ class Hook:
         self.depth = 1
         try:
             # CUDA or not from the tensor, or from the group's device when the input is a list/dict (or absent).
-            on_cuda = self.gpu and (probe.is_cuda if type(probe) is _Tensor()
-                                    else getattr(getattr(group, "device", None), "type", "") == "cuda")
+            on_cuda = self.gpu and (
+                probe.is_cuda
+                if type(probe) is _Tensor()
+                else getattr(getattr(group, "device", None), "type", "") == "cuda"
+            )
             if on_cuda:
                 return self._timed_cuda(group, op, probe, fn, args, kwargs)
             if not self.armed:
@@ -196,9 +204,11 @@ class Hook:
         if not self.armed or self.cuda is None or not self.cuda.due(self.step):
             return
         try:
+
             def emit(meta, t0, t1):
                 group, op, sized, backend = meta
                 self._add(group, op, sized, backend, t0, t1, timing.CUDA_EVENT_GRAPH)
+
             self.cuda.read_replay(graph, t_replay_ns, emit)
         except Exception as e:  # noqa: BLE001
             self.fail("reading CUDA graph events", e)

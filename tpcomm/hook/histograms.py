@@ -55,8 +55,15 @@ class Histograms:
             c, lo = rec._c, self.folded
             dur = (c["t_end_ns"][lo:n] - c["t_start_ns"][lo:n]) / 1e3
             sizes = np.searchsorted(_SIZES, c["bytes"][lo:n], side="left")
-            keys = np.stack([c["group_idx"][lo:n].astype(np.int64), c["op"][lo:n].astype(np.int64), sizes,
-                             c["backend"][lo:n].astype(np.int64)], axis=1)
+            keys = np.stack(
+                [
+                    c["group_idx"][lo:n].astype(np.int64),
+                    c["op"][lo:n].astype(np.int64),
+                    sizes,
+                    c["backend"][lo:n].astype(np.int64),
+                ],
+                axis=1,
+            )
             _add(self.coll, keys, dur, tuple)
             self.folded = n
         m = rec.n_steps
@@ -72,14 +79,29 @@ class Histograms:
         """Plain data for collective_rpc: labels decoded, counts cumulative per bucket (Prometheus `le`)."""
         groups = rec.groups or [("unknown", "", -1, 0)]
         names = lambda v, i: v.names[i] if i < len(v.names) else "unknown"  # noqa: E731
-        coll = [{"group": groups[g][0] if g < len(groups) else "unknown", "op": names(rec.ops, o),
-                 "size": size_label(sz), "backend": names(rec.backends, b),
-                 "cumulative": np.cumsum(v[0]).tolist(), "sum_us": v[1], "count": v[2]}
-                for (g, o, sz, b), v in sorted(self.coll.items())]
+        coll = [
+            {
+                "group": groups[g][0] if g < len(groups) else "unknown",
+                "op": names(rec.ops, o),
+                "size": size_label(sz),
+                "backend": names(rec.backends, b),
+                "cumulative": np.cumsum(v[0]).tolist(),
+                "sum_us": v[1],
+                "count": v[2],
+            }
+            for (g, o, sz, b), v in sorted(self.coll.items())
+        ]
         from tpcomm.hook.recorder import STEP_KINDS
 
-        steps = [{"kind": STEP_KINDS[k] if k < len(STEP_KINDS) else "unknown", "cumulative": np.cumsum(v[0]).tolist(),
-                  "sum_us": v[1], "count": v[2]} for k, v in sorted(self.steps.items())]
+        steps = [
+            {
+                "kind": STEP_KINDS[k] if k < len(STEP_KINDS) else "unknown",
+                "cumulative": np.cumsum(v[0]).tolist(),
+                "sum_us": v[1],
+                "count": v[2],
+            }
+            for k, v in sorted(self.steps.items())
+        ]
         return {"buckets_us": list(BUCKETS_US), "collectives": coll, "steps": steps}
 
 

@@ -34,28 +34,45 @@ def prometheus_text(per_rank: list[dict[str, Any]], source: str = "rpc") -> str:
     import time
 
     per_rank = sorted(per_rank, key=lambda r: r["rank"])
-    lines = ["# HELP tpcomm_collective_duration_us Duration of one collective call on one rank, since the last "
-             "/tpcomm/v1/start (size: bucket of bytes per call).",
-             "# TYPE tpcomm_collective_duration_us histogram"]
+    lines = [
+        "# HELP tpcomm_collective_duration_us Duration of one collective call on one rank, since the last "
+        "/tpcomm/v1/start (size: bucket of bytes per call).",
+        "# TYPE tpcomm_collective_duration_us histogram",
+    ]
     for r in per_rank:
         h = r["histograms"]
         for c in h["collectives"]:
-            _histogram(lines, "tpcomm_collective_duration_us", h["buckets_us"], c,
-                       {"rank": r["rank"], "group": c["group"], "op": c["op"], "size": c["size"], "backend": c["backend"]})
-    lines += ["# HELP tpcomm_step_duration_us Engine step duration on one rank (execute_model + sample_tokens).",
-              "# TYPE tpcomm_step_duration_us histogram"]
+            _histogram(
+                lines,
+                "tpcomm_collective_duration_us",
+                h["buckets_us"],
+                c,
+                {"rank": r["rank"], "group": c["group"], "op": c["op"], "size": c["size"], "backend": c["backend"]},
+            )
+    lines += [
+        "# HELP tpcomm_step_duration_us Engine step duration on one rank (execute_model + sample_tokens).",
+        "# TYPE tpcomm_step_duration_us histogram",
+    ]
     for r in per_rank:
         h = r["histograms"]
         for s in h["steps"]:
             _histogram(lines, "tpcomm_step_duration_us", h["buckets_us"], s, {"rank": r["rank"], "kind": s["kind"]})
-    lines += ["# HELP tpcomm_dropped_records Records dropped because the bounded buffer was full.",
-              "# TYPE tpcomm_dropped_records gauge"]
+    lines += [
+        "# HELP tpcomm_dropped_records Records dropped because the bounded buffer was full.",
+        "# TYPE tpcomm_dropped_records gauge",
+    ]
     lines += [f"tpcomm_dropped_records{_labels(rank=r['rank'])} {r['dropped']}" for r in per_rank]
     lines += ["# HELP tpcomm_armed 1 while the hook records on that rank.", "# TYPE tpcomm_armed gauge"]
     lines += [f"tpcomm_armed{_labels(rank=r['rank'])} {int(bool(r['armed']))}" for r in per_rank]
-    lines += ["# HELP tpcomm_metrics_age_seconds Age of this rank's snapshot (published by the worker every "
-              "TPCOMM_METRICS_PUBLISH_S; source rpc = taken now).", "# TYPE tpcomm_metrics_age_seconds gauge"]
+    lines += [
+        "# HELP tpcomm_metrics_age_seconds Age of this rank's snapshot (published by the worker every "
+        "TPCOMM_METRICS_PUBLISH_S; source rpc = taken now).",
+        "# TYPE tpcomm_metrics_age_seconds gauge",
+    ]
     now = time.time_ns()
-    lines += [f"tpcomm_metrics_age_seconds{_labels(rank=r['rank'], source=source)} "
-              f"{max(0.0, (now - r.get('t_ns', now)) / 1e9):.3f}" for r in per_rank]
+    lines += [
+        f"tpcomm_metrics_age_seconds{_labels(rank=r['rank'], source=source)} "
+        f"{max(0.0, (now - r.get('t_ns', now)) / 1e9):.3f}"
+        for r in per_rank
+    ]
     return "\n".join(lines) + "\n"

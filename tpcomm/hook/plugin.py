@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from tpcomm.hook.core import HOOK, LAST_BACKEND, env_flag, logger
 
@@ -61,8 +61,12 @@ _REROUTED = ("all_reduce", "all_gather", "reduce_scatter")
 # (module, class, methods, backend name) for the paths behind CudaCommunicator
 _CUDA_BACKENDS = [
     ("custom_all_reduce", "CustomAllreduce", ("custom_all_reduce",), "custom_ar"),
-    ("pynccl", "PyNcclCommunicator", ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter",
-                                      "reduce_scatterv", "send", "recv", "broadcast"), "pynccl"),
+    (
+        "pynccl",
+        "PyNcclCommunicator",
+        ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv", "send", "recv", "broadcast"),
+        "pynccl",
+    ),
     ("symm_mem", "SymmMemCommunicator", ("all_reduce",), "symm_mem"),
     ("quick_all_reduce", "QuickAllReduce", ("quick_all_reduce",), "quick_ar"),
     ("flashinfer_all_reduce", "FlashInferAllReduce", ("all_reduce",), "flashinfer"),
@@ -94,8 +98,12 @@ def register() -> None:
         return
     if env_flag("TPCOMM_RECORD_AT_START"):
         HOOK.start()
-    logger.info("tpcomm hook installed (pid %d): %d methods patched, recording %s",
-                os.getpid(), len(HOOK.patched), "armed" if HOOK.armed else "off until POST /tpcomm/v1/start")
+    logger.info(
+        "tpcomm hook installed (pid %d): %d methods patched, recording %s",
+        os.getpid(),
+        len(HOOK.patched),
+        "armed" if HOOK.armed else "off until POST /tpcomm/v1/start",
+    )
 
 
 def _install() -> None:
@@ -162,17 +170,30 @@ def _rerouted_method(orig: Callable, name: str) -> Callable:
 
     # Extra arguments a later vLLM may add pass straight through to the original (no rerouting then).
     if name == "all_reduce":
+
         def method(self, input_, *args, **kwargs):
-            if (not args and not kwargs and self.world_size > 1 and not getattr(self, "use_custom_op_call", False)
-                    and torch.compiler.is_compiling()):
+            if (
+                not args
+                and not kwargs
+                and self.world_size > 1
+                and not getattr(self, "use_custom_op_call", False)
+                and torch.compiler.is_compiling()
+            ):
                 return torch.ops.tpcomm.all_reduce(input_, self.unique_name)
             return orig(self, input_, *args, **kwargs)
     else:
+
         def method(self, input_, dim=-1, *args, **kwargs):
-            if (not args and not kwargs and self.world_size > 1 and not getattr(self, "use_custom_op_call", False)
-                    and torch.compiler.is_compiling()):
+            if (
+                not args
+                and not kwargs
+                and self.world_size > 1
+                and not getattr(self, "use_custom_op_call", False)
+                and torch.compiler.is_compiling()
+            ):
                 return getattr(torch.ops.tpcomm, name)(input_, dim, self.world_size, self.unique_name)
             return orig(self, input_, dim, *args, **kwargs)
+
     return functools.wraps(orig)(method)
 
 
@@ -239,4 +260,3 @@ def _tagged(orig: Callable, tag: str) -> Callable:
         return orig(self, *args, **kwargs)
 
     return tagged
-

@@ -45,8 +45,15 @@ def snapshot(hook: Any, rank: int) -> dict:
     from tpcomm.hook.histograms import BUCKETS_US
 
     rec = hook.rec
-    out = {"rank": rank, "pid": os.getpid(), "armed": hook.armed, "enabled": hook.disabled_reason is None,
-           "dropped": rec.dropped if rec else 0, "session": hook.session, "t_ns": time.time_ns()}
+    out = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "armed": hook.armed,
+        "enabled": hook.disabled_reason is None,
+        "dropped": rec.dropped if rec else 0,
+        "session": hook.session,
+        "t_ns": time.time_ns(),
+    }
     if rec is None:
         return {**out, "histograms": {"buckets_us": list(BUCKETS_US), "collectives": [], "steps": []}}
     pending = hook.cuda._pending if hook.cuda is not None else None
@@ -83,8 +90,9 @@ def start(hook: Any, rank: int) -> None:
                 last = key
         except Exception as e:  # noqa: BLE001 - publishing is optional: scrapes fall back to the RPC
             hook.metrics_file = None
-            logger.warning("tpcomm: metrics publishing stopped (%s: %s); /tpcomm/v1/metrics falls back to RPC",
-                           type(e).__name__, e)
+            logger.warning(
+                "tpcomm: metrics publishing stopped (%s: %s); /tpcomm/v1/metrics falls back to RPC", type(e).__name__, e
+            )
 
     _thread = threading.Thread(target=loop, name="tpcomm-metrics", daemon=True)
     _thread.start()

@@ -27,12 +27,24 @@ DEFAULT_MAX_STEPS = 65_536
 
 # name -> numpy dtype of each column; the order is the row layout of `add`.
 COLLECTIVE_COLUMNS = {
-    "group_idx": np.int16, "op": np.int8, "bytes": np.int64, "dtype": np.int8, "backend": np.int8,
-    "step": np.int64, "call_idx": np.int32, "t_start_ns": np.int64, "t_end_ns": np.int64, "timing": np.int8,
+    "group_idx": np.int16,
+    "op": np.int8,
+    "bytes": np.int64,
+    "dtype": np.int8,
+    "backend": np.int8,
+    "step": np.int64,
+    "call_idx": np.int32,
+    "t_start_ns": np.int64,
+    "t_end_ns": np.int64,
+    "timing": np.int8,
 }
 STEP_COLUMNS = {
-    "step": np.int64, "t_start_ns": np.int64, "t_end_ns": np.int64,
-    "num_seqs": np.int32, "num_tokens": np.int32, "kind": np.int8,
+    "step": np.int64,
+    "t_start_ns": np.int64,
+    "t_end_ns": np.int64,
+    "num_seqs": np.int32,
+    "num_tokens": np.int32,
+    "kind": np.int8,
 }
 STEP_KINDS = ("decode", "prefill", "mixed")
 
@@ -99,16 +111,35 @@ class Recorder:
             self.groups.append((kind, unique_name, group_rank, group_size))
         return c
 
-    def add(self, group_idx: int, op: int, nbytes: int, dtype: int, backend: int, step: int,
-            call_idx: int, t_start_ns: int, t_end_ns: int, timing: int) -> int:
+    def add(
+        self,
+        group_idx: int,
+        op: int,
+        nbytes: int,
+        dtype: int,
+        backend: int,
+        step: int,
+        call_idx: int,
+        t_start_ns: int,
+        t_end_ns: int,
+        timing: int,
+    ) -> int:
         """Append a row; returns its index, or -1 when the buffer is full (the row is counted as dropped)."""
         i = self.n
         if i >= self.capacity:
             self.dropped += 1
             return -1
         g, o, b, d, k, s, c, t0, t1, tm = self._arrays
-        g[i] = group_idx; o[i] = op; b[i] = nbytes; d[i] = dtype; k[i] = backend  # noqa: E702
-        s[i] = step; c[i] = call_idx; t0[i] = t_start_ns; t1[i] = t_end_ns; tm[i] = timing  # noqa: E702
+        g[i] = group_idx
+        o[i] = op
+        b[i] = nbytes
+        d[i] = dtype
+        k[i] = backend  # noqa: E702
+        s[i] = step
+        c[i] = call_idx
+        t0[i] = t_start_ns
+        t1[i] = t_end_ns
+        tm[i] = timing  # noqa: E702
         self.n = i + 1
         return i
 
@@ -119,8 +150,12 @@ class Recorder:
             self.dropped_steps += 1
             return -1
         s = self._s
-        s["step"][i] = step; s["t_start_ns"][i] = t_start_ns; s["t_end_ns"][i] = t_end_ns
-        s["num_seqs"][i] = num_seqs; s["num_tokens"][i] = num_tokens; s["kind"][i] = kind
+        s["step"][i] = step
+        s["t_start_ns"][i] = t_start_ns
+        s["t_end_ns"][i] = t_end_ns
+        s["num_seqs"][i] = num_seqs
+        s["num_tokens"][i] = num_tokens
+        s["kind"][i] = kind
         self.n_steps = i + 1
         return i
 
@@ -134,7 +169,9 @@ class Recorder:
             self._c["t_end_ns"][idx] = t_end_ns
             self._c["timing"][idx] = timing
 
-    def columns(self, rank: int, page: int = 0, page_rows: int | None = None) -> dict[str, dict[str, np.ndarray | list]]:
+    def columns(
+        self, rank: int, page: int = 0, page_rows: int | None = None
+    ) -> dict[str, dict[str, np.ndarray | list]]:
         """The recorded rows as decoded columns (the schema of hook/*.parquet): all of them, or rows
         [page * page_rows, (page + 1) * page_rows) of each table (a large buffer is pulled in pages)."""
         lo = page * page_rows if page_rows else 0

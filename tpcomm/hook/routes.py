@@ -88,12 +88,14 @@ async def _rpc(request: Request, method: str, **kwargs: Any) -> list[dict]:
     try:
         return await engine.collective_rpc(method, timeout=RPC_TIMEOUT_S, kwargs=kwargs or None)
     except NotImplementedError as e:
-        raise _HTTPError(503, f"the tpcomm hook is not installed in the workers ({e}); "
-                              "start the server with VLLM_PLUGINS=tpcomm") from None
+        raise _HTTPError(
+            503, f"the tpcomm hook is not installed in the workers ({e}); start the server with VLLM_PLUGINS=tpcomm"
+        ) from None
     except Exception as e:  # noqa: BLE001 - an engine error is the server's problem, say so
         if "not implemented" in str(e).lower() or "has no attribute 'tpcomm_" in str(e):
-            raise _HTTPError(503, "the tpcomm hook is not installed in the workers; "
-                                  "start the server with VLLM_PLUGINS=tpcomm") from None
+            raise _HTTPError(
+                503, "the tpcomm hook is not installed in the workers; start the server with VLLM_PLUGINS=tpcomm"
+            ) from None
         # The details go to the server's log, not to the client.
         logger.warning("tpcomm: collective_rpc %s failed: %s: %s", method, type(e).__name__, e)
         raise _HTTPError(500, f"the workers did not answer {method} (see the server log)") from None
@@ -202,8 +204,11 @@ async def records(request: Request) -> Response:
         return _error(e)
     _pull_lock = _pull_lock or asyncio.Lock()
     if _pull_lock.locked():
-        return JSONResponse({"error": "another records pull is being served; retry shortly"}, status_code=429,
-                            headers={"Retry-After": "1"})
+        return JSONResponse(
+            {"error": "another records pull is being served; retry shortly"},
+            status_code=429,
+            headers={"Retry-After": "1"},
+        )
     async with _pull_lock:
         try:
             per_rank = await _rpc(request, "tpcomm_records", **({"page": page} if page is not None else {}))

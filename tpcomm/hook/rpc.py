@@ -14,8 +14,14 @@ import numpy as np
 
 from tpcomm.hook import timing
 from tpcomm.hook.core import HOOK, env_flag
-from tpcomm.hook.recorder import (COLLECTIVE_COLUMNS, DEFAULT_MAX_RECORDS, DEFAULT_MAX_STEPS, STEP_COLUMNS, Recorder,
-                                  _env_int)
+from tpcomm.hook.recorder import (
+    COLLECTIVE_COLUMNS,
+    DEFAULT_MAX_RECORDS,
+    DEFAULT_MAX_STEPS,
+    STEP_COLUMNS,
+    Recorder,
+    _env_int,
+)
 
 METHODS = ("tpcomm_status", "tpcomm_start", "tpcomm_stop", "tpcomm_records", "tpcomm_metrics")
 # Rows of each table per page of GET /tpcomm/v1/records (a full buffer is 262,144 collective rows per rank).
@@ -49,8 +55,11 @@ def _compile_counters() -> dict:
     try:
         from vllm.compilation.counter import compilation_counter as c
 
-        return {k: int(getattr(c, k)) for k in ("num_aot_compiles", "num_aot_artifacts_loaded", "num_graphs_seen")
-                if hasattr(c, k)}
+        return {
+            k: int(getattr(c, k))
+            for k in ("num_aot_compiles", "num_aot_artifacts_loaded", "num_graphs_seen")
+            if hasattr(c, k)
+        }
     except Exception:  # noqa: BLE001
         return {}
 
@@ -88,7 +97,9 @@ def tpcomm_status(self: Any) -> dict:
         "compile": _compile_counters(),
         "compiled_op_calls": HOOK.compiled_op_calls,
         "patched": list(HOOK.patched),
-        "groups": [{"group": g[0], "name": g[1], "group_rank": g[2], "group_size": g[3]} for g in (rec.groups if rec else [])],
+        "groups": [
+            {"group": g[0], "name": g[1], "group_rank": g[2], "group_size": g[3]} for g in (rec.groups if rec else [])
+        ],
         "started_ns": HOOK.started_ns,
         "stopped_ns": HOOK.stopped_ns,
         "session": HOOK.session,

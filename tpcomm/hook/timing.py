@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 HOST_SYNC = "host-sync"
 CUDA_EVENT_EAGER = "cuda-event-eager"

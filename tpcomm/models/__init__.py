@@ -18,7 +18,9 @@ __all__ = ["load_model", "load_config", "preset_names", "ModelSpec", "FAMILIES"]
 
 
 def preset_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("tpcomm.models").joinpath("presets").iterdir() if p.name.endswith(".json"))
+    return sorted(
+        p.name[:-5] for p in resources.files("tpcomm.models").joinpath("presets").iterdir() if p.name.endswith(".json")
+    )
 
 
 def load_config(arg: str | Path | dict) -> tuple[dict, str, str]:
@@ -36,8 +38,11 @@ def load_config(arg: str | Path | dict) -> tuple[dict, str, str]:
             raise InputError(f"--model {s}", "folder has no config.json", "a model snapshot folder holding config.json")
         p = p / "config.json"
     if not p.exists():
-        raise InputError(f"--model {s}", "is neither a file, a folder, nor a preset",
-                         "a config.json path, a folder holding one, or one of the presets: " + ", ".join(preset_names()))
+        raise InputError(
+            f"--model {s}",
+            "is neither a file, a folder, nor a preset",
+            "a config.json path, a folder holding one, or one of the presets: " + ", ".join(preset_names()),
+        )
     try:
         cfg = json.loads(p.read_text())
     except UnicodeDecodeError:
@@ -45,7 +50,9 @@ def load_config(arg: str | Path | dict) -> tuple[dict, str, str]:
     except OSError as e:
         raise InputError(str(p), f"cannot be read ({e.strerror})", "a readable config.json") from None
     except json.JSONDecodeError as e:
-        raise InputError(str(p), f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", "a JSON config.json") from None
+        raise InputError(
+            str(p), f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", "a JSON config.json"
+        ) from None
     if not isinstance(cfg, dict):
         raise InputError(str(p), "holds JSON but not an object", "a config.json object")
     name = p.parent.name if p.name == "config.json" else p.stem
@@ -55,7 +62,9 @@ def load_config(arg: str | Path | dict) -> tuple[dict, str, str]:
 def _need(cfg: dict, where: str, *keys: str) -> None:
     missing = [k for k in keys if cfg.get(k) is None]
     if missing:
-        raise InputError(where, "missing config fields: " + ", ".join(missing), "the fields vLLM reads for this architecture")
+        raise InputError(
+            where, "missing config fields: " + ", ".join(missing), "the fields vLLM reads for this architecture"
+        )
 
 
 def load_model(arg: str | Path | dict) -> ModelSpec:
@@ -66,7 +75,9 @@ def load_model(arg: str | Path | dict) -> ModelSpec:
     except (TypeError, ValueError) as e:
         if isinstance(e, InputError):
             raise
-        raise InputError(where, f"a shape field has a value that is not a whole number ({e})", "integers for sizes and counts") from None
+        raise InputError(
+            where, f"a shape field has a value that is not a whole number ({e})", "integers for sizes and counts"
+        ) from None
 
 
 # Other spellings of the fields read below, per family: the `attribute_map`s of the installed transformers'
@@ -104,30 +115,61 @@ def _spec(cfg: dict, name: str, source: str, where: str) -> ModelSpec:
     dbytes = dtype_bits(dtype) // 8
     _need(inner, where, "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     H, L, nh = int(inner["hidden_size"]), int(inner["num_hidden_layers"]), int(inner["num_attention_heads"])
-    for k, v in (("hidden_size", H), ("num_hidden_layers", L), ("num_attention_heads", nh), ("vocab_size", inner["vocab_size"])):
+    for k, v in (
+        ("hidden_size", H),
+        ("num_hidden_layers", L),
+        ("num_attention_heads", nh),
+        ("vocab_size", inner["vocab_size"]),
+    ):
         if int(v) <= 0:
             raise InputError(where, f"{k} is {v}", "a positive integer")
-    common = dict(name=name, source=source, architecture=arch, family=family, hidden_size=H, num_layers=L,
-                  num_heads=nh, vocab_size=int(inner["vocab_size"]), dtype=dtype, dtype_bytes=dbytes,
-                  tie_word_embeddings=bool(inner.get("tie_word_embeddings", False)),
-                  quant=parse_quantization(qc, dtype_bits(dtype), where))
+    common = dict(
+        name=name,
+        source=source,
+        architecture=arch,
+        family=family,
+        hidden_size=H,
+        num_layers=L,
+        num_heads=nh,
+        vocab_size=int(inner["vocab_size"]),
+        dtype=dtype,
+        dtype_bytes=dbytes,
+        tie_word_embeddings=bool(inner.get("tie_word_embeddings", False)),
+        quant=parse_quantization(qc, dtype_bits(dtype), where),
+    )
     if family in ("deepseek_v2", "glm4_moe"):
         _need(inner, where, "intermediate_size", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok")
         first_dense = int(inner.get("first_k_dense_replace", 0))
         freq = int(inner.get("moe_layer_freq", 1))
         moe = tuple(i for i in range(L) if i >= first_dense and i % freq == 0)
-        moe_kw = dict(n_routed_experts=int(inner["n_routed_experts"]), num_experts_per_tok=int(inner["num_experts_per_tok"]),
-                      moe_intermediate_size=int(inner["moe_intermediate_size"]), n_shared_experts=int(inner.get("n_shared_experts") or 0),
-                      moe_layers=moe, intermediate_size=int(inner["intermediate_size"]))
+        moe_kw = dict(
+            n_routed_experts=int(inner["n_routed_experts"]),
+            num_experts_per_tok=int(inner["num_experts_per_tok"]),
+            moe_intermediate_size=int(inner["moe_intermediate_size"]),
+            n_shared_experts=int(inner.get("n_shared_experts") or 0),
+            moe_layers=moe,
+            intermediate_size=int(inner["intermediate_size"]),
+        )
         if family == "deepseek_v2":
             _need(inner, where, "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-            return ModelSpec(**common, **moe_kw, attention="mla", num_kv_heads=nh,
-                             head_dim=int(inner["qk_nope_head_dim"]) + int(inner["qk_rope_head_dim"]),
-                             q_lora_rank=inner.get("q_lora_rank"), kv_lora_rank=int(inner["kv_lora_rank"]),
-                             qk_nope_head_dim=int(inner["qk_nope_head_dim"]), qk_rope_head_dim=int(inner["qk_rope_head_dim"]),
-                             v_head_dim=int(inner["v_head_dim"]))
-        return ModelSpec(**common, **moe_kw, num_kv_heads=int(inner.get("num_key_value_heads") or nh),
-                         head_dim=int(inner.get("head_dim") or H // nh))
+            return ModelSpec(
+                **common,
+                **moe_kw,
+                attention="mla",
+                num_kv_heads=nh,
+                head_dim=int(inner["qk_nope_head_dim"]) + int(inner["qk_rope_head_dim"]),
+                q_lora_rank=inner.get("q_lora_rank"),
+                kv_lora_rank=int(inner["kv_lora_rank"]),
+                qk_nope_head_dim=int(inner["qk_nope_head_dim"]),
+                qk_rope_head_dim=int(inner["qk_rope_head_dim"]),
+                v_head_dim=int(inner["v_head_dim"]),
+            )
+        return ModelSpec(
+            **common,
+            **moe_kw,
+            num_kv_heads=int(inner.get("num_key_value_heads") or nh),
+            head_dim=int(inner.get("head_dim") or H // nh),
+        )
     # GQA families
     nkv = int(inner.get("num_key_value_heads") or nh)
     hd = int(inner.get("head_dim") or H // nh)
@@ -136,13 +178,27 @@ def _spec(cfg: dict, name: str, source: str, where: str) -> ModelSpec:
         step = int(inner.get("decoder_sparse_step", 1)) or 1
         mlp_only = set(inner.get("mlp_only_layers") or [])
         moe = tuple(i for i in range(L) if i not in mlp_only and int(inner["num_experts"]) > 0 and (i + 1) % step == 0)
-        return ModelSpec(**common, num_kv_heads=nkv, head_dim=hd, intermediate_size=int(inner.get("intermediate_size") or 0),
-                         n_routed_experts=int(inner["num_experts"]), num_experts_per_tok=int(inner["num_experts_per_tok"]),
-                         moe_intermediate_size=int(inner["moe_intermediate_size"]), moe_layers=moe)
+        return ModelSpec(
+            **common,
+            num_kv_heads=nkv,
+            head_dim=hd,
+            intermediate_size=int(inner.get("intermediate_size") or 0),
+            n_routed_experts=int(inner["num_experts"]),
+            num_experts_per_tok=int(inner["num_experts_per_tok"]),
+            moe_intermediate_size=int(inner["moe_intermediate_size"]),
+            moe_layers=moe,
+        )
     if family == "mixtral":
         _need(inner, where, "intermediate_size", "num_local_experts", "num_experts_per_tok")
-        return ModelSpec(**common, num_kv_heads=nkv, head_dim=hd, intermediate_size=0,
-                         n_routed_experts=int(inner["num_local_experts"]), num_experts_per_tok=int(inner["num_experts_per_tok"]),
-                         moe_intermediate_size=int(inner["intermediate_size"]), moe_layers=tuple(range(L)))
+        return ModelSpec(
+            **common,
+            num_kv_heads=nkv,
+            head_dim=hd,
+            intermediate_size=0,
+            n_routed_experts=int(inner["num_local_experts"]),
+            num_experts_per_tok=int(inner["num_experts_per_tok"]),
+            moe_intermediate_size=int(inner["intermediate_size"]),
+            moe_layers=tuple(range(L)),
+        )
     _need(inner, where, "intermediate_size")
     return ModelSpec(**common, num_kv_heads=nkv, head_dim=hd, intermediate_size=int(inner["intermediate_size"]))

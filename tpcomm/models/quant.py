@@ -18,8 +18,17 @@ from dataclasses import dataclass, field
 
 from tpcomm.errors import InputError
 
-_DTYPE_BITS = {"bfloat16": 16, "float16": 16, "half": 16, "float32": 32, "float": 32,
-               "float8_e4m3fn": 8, "float8_e8m0fnu": 8, "fp8": 8, "e4m3": 8}
+_DTYPE_BITS = {
+    "bfloat16": 16,
+    "float16": 16,
+    "half": 16,
+    "float32": 32,
+    "float": 32,
+    "float8_e4m3fn": 8,
+    "float8_e8m0fnu": 8,
+    "fp8": 8,
+    "e4m3": 8,
+}
 
 
 def dtype_bits(name: str | None, default: int = 16) -> int:
@@ -31,10 +40,10 @@ class QuantScheme:
     """Bits per weight for quantized Linear modules; everything else stays in `base_bits`."""
 
     method: str = "none"
-    weight_bits: float = 16.0          # incl. scale overhead, for quantized modules
-    base_bits: float = 16.0            # the model dtype, for everything not quantized
-    activations: str = "unquantized"   # e.g. "fp4 (W4A4)"
-    ignore: tuple[str, ...] = ()       # patterns: "re:<regex>", globs, or exact names
+    weight_bits: float = 16.0  # incl. scale overhead, for quantized modules
+    base_bits: float = 16.0  # the model dtype, for everything not quantized
+    activations: str = "unquantized"  # e.g. "fp4 (W4A4)"
+    ignore: tuple[str, ...] = ()  # patterns: "re:<regex>", globs, or exact names
     router_quantized: bool = False
     description: str = "unquantized"
     notes: tuple[str, ...] = field(default=())
@@ -83,14 +92,23 @@ def parse_quantization(qc: dict | None, base_bits: float, where: str) -> QuantSc
             algo = str(qc.get("quant_algo", "")).upper()
             gs = int(qc.get("group_size", 16))
             if algo == "NVFP4":
-                groups = {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "group_size": gs, "scale_dtype": "float8_e4m3fn"},
-                                "input_activations": {"num_bits": 4, "type": "float"}}}
+                groups = {
+                    "g": {
+                        "targets": ["Linear"],
+                        "weights": {"num_bits": 4, "type": "float", "group_size": gs, "scale_dtype": "float8_e4m3fn"},
+                        "input_activations": {"num_bits": 4, "type": "float"},
+                    }
+                }
             elif algo == "FP8":
-                groups = {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"}}}
+                groups = {
+                    "g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"}}
+                }
             else:
                 raise InputError(where, f"unsupported ModelOpt quant_algo {algo!r}", "NVFP4 or FP8")
         if not groups:
-            raise InputError(where, f"{method} quantization_config has no config_groups", "config_groups with weights.num_bits")
+            raise InputError(
+                where, f"{method} quantization_config has no config_groups", "config_groups with weights.num_bits"
+            )
         if len(groups) > 1:
             notes = (f"{len(groups)} config groups: the first one's bits are used for every quantized Linear",)
         else:
@@ -109,9 +127,15 @@ def parse_quantization(qc: dict | None, base_bits: float, where: str) -> QuantSc
             bits += nb / gsz  # a zero point per group
         kind = "FP" if w.get("type") == "float" else "INT"
         a = g.get("input_activations")
-        acts = f"{kind.lower()}{int(a['num_bits'])} (W{int(nb)}A{int(a['num_bits'])})" if a else "unquantized (weight-only)"
+        acts = (
+            f"{kind.lower()}{int(a['num_bits'])} (W{int(nb)}A{int(a['num_bits'])})"
+            if a
+            else "unquantized (weight-only)"
+        )
         ignore = tuple(qc.get("ignore") or qc.get("exclude_modules") or ())
         scale_txt = f", a {w.get('scale_dtype') or default_scale} scale per {gsz}" if gsz else ""
         desc = f"{kind}{int(nb)}{scale_txt} = {bits:g} bits/weight ({method}); activations {acts}"
         return QuantScheme(method, bits, base_bits, acts, ignore, False, desc, notes)
-    raise InputError(where, f"unsupported quant_method {method!r}", "compressed-tensors, modelopt, fp8, or no quantization_config")
+    raise InputError(
+        where, f"unsupported quant_method {method!r}", "compressed-tensors, modelopt, fp8, or no quantization_config"
+    )

@@ -27,20 +27,20 @@ FAMILIES = {
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    source: str                 # where the config came from (path or preset + its source)
+    source: str  # where the config came from (path or preset + its source)
     architecture: str
-    family: str                 # vLLM model file the derivation follows (model_executor/models/<family>.py)
+    family: str  # vLLM model file the derivation follows (model_executor/models/<family>.py)
     hidden_size: int
     num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    intermediate_size: int      # dense MLP
+    intermediate_size: int  # dense MLP
     vocab_size: int
     dtype: str = "bfloat16"
     dtype_bytes: int = 2
     tie_word_embeddings: bool = False
-    attention: str = "gqa"      # "mla" or "gqa"
+    attention: str = "gqa"  # "mla" or "gqa"
     q_lora_rank: int | None = None
     kv_lora_rank: int = 0
     qk_nope_head_dim: int = 0
@@ -64,8 +64,12 @@ class ModelSpec:
 
     def summary(self) -> dict:
         d = asdict(self)
-        d["quant"] = {"method": self.quant.method, "description": self.quant.description,
-                      "weight_bits": self.quant.weight_bits, "activations": self.quant.activations}
+        d["quant"] = {
+            "method": self.quant.method,
+            "description": self.quant.description,
+            "weight_bits": self.quant.weight_bits,
+            "activations": self.quant.activations,
+        }
         d["moe_layers"] = len(self.moe_layers)
         d["dense_layers"] = len(self.dense_layers)
         return d

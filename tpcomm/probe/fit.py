@@ -72,10 +72,16 @@ def fit_segments(points: list[tuple[int, float]], max_segments: int = 3) -> list
         best, best_err = segs, err
     out = []
     for i, (seg, alpha, slope) in enumerate(best):
-        out.append({"min_bytes": int(seg[0][0]) if i else 0,
-                    "max_bytes": int(seg[-1][0]) if i < len(best) - 1 else None,
-                    "alpha_us": alpha, "beta_GBps": (1.0 / slope / 1e3) if slope > 0 else None,
-                    "points": len(seg), "max_rel_err": max(abs((alpha + slope * x) / y - 1) for x, y in seg)})
+        out.append(
+            {
+                "min_bytes": int(seg[0][0]) if i else 0,
+                "max_bytes": int(seg[-1][0]) if i < len(best) - 1 else None,
+                "alpha_us": alpha,
+                "beta_GBps": (1.0 / slope / 1e3) if slope > 0 else None,
+                "points": len(seg),
+                "max_rel_err": max(abs((alpha + slope * x) / y - 1) for x, y in seg),
+            }
+        )
     return out
 
 
@@ -113,15 +119,29 @@ def fit_results(rows: list[dict], timing: str = "isolated") -> list[dict]:
         groups.setdefault((r["backend"], r["op"], r["mode"], r["world_size"]), []).append((r["bytes"], r["p50_us"]))
     models = []
     for (backend, op, mode, world), pts in sorted(groups.items()):
-        models.append({"backend": backend, "op": op, "mode": mode, "world_size": world, "timing": timing,
-                       "sizes": sorted({p[0] for p in pts}), "segments": fit_segments(pts)})
+        models.append(
+            {
+                "backend": backend,
+                "op": op,
+                "mode": mode,
+                "world_size": world,
+                "timing": timing,
+                "sizes": sorted({p[0] for p in pts}),
+                "segments": fit_segments(pts),
+            }
+        )
     return models
 
 
 def fit_document(rows: list[dict], conditions: dict) -> dict:
-    return {"version": 1, "formula": "time_us = alpha_us + bytes / (beta_GBps * 1e3); bytes = per-rank input",
-            "preference": list(PREFERENCE), "custom_ar_max_bytes": CUSTOM_AR_MAX_BYTES,
-            "conditions": conditions, "models": fit_results(rows, "isolated") + fit_results(rows, "pipelined")}
+    return {
+        "version": 1,
+        "formula": "time_us = alpha_us + bytes / (beta_GBps * 1e3); bytes = per-rank input",
+        "preference": list(PREFERENCE),
+        "custom_ar_max_bytes": CUSTOM_AR_MAX_BYTES,
+        "conditions": conditions,
+        "models": fit_results(rows, "isolated") + fit_results(rows, "pipelined"),
+    }
 
 
 @dataclass
@@ -141,27 +161,46 @@ class LatencyModel:
     def has(self, op: str, backend: str | None = None) -> bool:
         return any(m["op"] == op and (backend is None or m["backend"] == backend) for m in self.doc["models"])
 
-    def model(self, op: str, nbytes: float | None = None, backend: str | None = None, mode: str | None = None,
-              timing: str | None = None) -> dict:
+    def model(
+        self,
+        op: str,
+        nbytes: float | None = None,
+        backend: str | None = None,
+        mode: str | None = None,
+        timing: str | None = None,
+    ) -> dict:
         """timing None: isolated (what a decode step sees) where measured, else pipelined (nccl-tests imports)."""
         cands = []
-        for t in ([timing] if timing else ["isolated", "pipelined"]):
-            cands = [m for m in self.doc["models"] if m["op"] == op and m["timing"] == t
-                     and (backend is None or m["backend"] == backend) and (mode is None or m["mode"] == mode)]
+        for t in [timing] if timing else ["isolated", "pipelined"]:
+            cands = [
+                m
+                for m in self.doc["models"]
+                if m["op"] == op
+                and m["timing"] == t
+                and (backend is None or m["backend"] == backend)
+                and (mode is None or m["mode"] == mode)
+            ]
             if cands:
                 break
-        if backend is None and nbytes is not None and nbytes >= self.doc.get("custom_ar_max_bytes", CUSTOM_AR_MAX_BYTES):
+        if (
+            backend is None
+            and nbytes is not None
+            and nbytes >= self.doc.get("custom_ar_max_bytes", CUSTOM_AR_MAX_BYTES)
+        ):
             cands = [m for m in cands if m["backend"] != "custom-ar"] or cands
         if not cands:
             have = sorted({(m["op"], m["backend"], m["mode"]) for m in self.doc["models"]})
-            raise LookupError(f"no fitted latency for {op} (backend {backend or 'any'}, mode {mode or 'any'}, {timing or 'any timing'}); "
-                              f"fit.json has {have}")
+            raise LookupError(
+                f"no fitted latency for {op} (backend {backend or 'any'}, mode {mode or 'any'}, {timing or 'any timing'}); "
+                f"fit.json has {have}"
+            )
         rank = {b: i for i, b in enumerate(self.doc.get("preference", PREFERENCE))}
         # vLLM decodes in CUDA graphs on GPU: prefer graph-mode numbers when there are any.
         return min(cands, key=lambda m: (rank.get(m["backend"], 99), m["mode"] != "graph"))
 
-    def latency_us(self, op: str, nbytes: float, backend: str | None = None, mode: str | None = None,
-                   timing: str | None = None) -> float:
+    def latency_us(
+        self, op: str, nbytes: float, backend: str | None = None, mode: str | None = None, timing: str | None = None
+    ) -> float:
         """Predicted time of one `op` call moving `nbytes` per rank, in microseconds."""
         m = self.model(op, nbytes, backend, mode, timing)
         segs = m["segments"]
@@ -176,6 +215,9 @@ def load_latency_model(run_dir: str | os.PathLike) -> LatencyModel:
 
     doc = RunDir(run_dir, create=False).read_json(C.PROBE_FIT)
     if not doc or not doc.get("models"):
-        raise InputError(f"probe results in {run_dir}", "no probe/fit.json with fitted models",
-                         "a run directory written by `tpcomm probe --out` or `tpcomm probe import`")
+        raise InputError(
+            f"probe results in {run_dir}",
+            "no probe/fit.json with fitted models",
+            "a run directory written by `tpcomm probe --out` or `tpcomm probe import`",
+        )
     return LatencyModel(doc)

@@ -50,8 +50,16 @@ def _describe(item: dict | None) -> str:
 class Launch:
     """N ranks on this machine; `supervise()` streams rank 0's records to `on_record`."""
 
-    def __init__(self, spec: dict, nprocs: int, workdir: Path, timeout: float, threads_per_rank: int | None = None,
-                 module: str = "probes.collectives", spec_name: str = "spec.json"):
+    def __init__(
+        self,
+        spec: dict,
+        nprocs: int,
+        workdir: Path,
+        timeout: float,
+        threads_per_rank: int | None = None,
+        module: str = "probes.collectives",
+        spec_name: str = "spec.json",
+    ):
         self.spec, self.n, self.workdir, self.timeout = spec, nprocs, Path(workdir), timeout
         self.module = module
         self.status_dir = self.workdir / "ranks"
@@ -73,14 +81,28 @@ class Launch:
         port = free_port()
         root = str(Path(__file__).resolve().parents[2])
         for r in range(self.n):
-            env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(self.n), "LOCAL_RANK": str(r),
-                   "LOCAL_WORLD_SIZE": str(self.n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "TPCOMM_PROBE_SUPERVISED": "1", "OMP_NUM_THREADS": str(self.threads),
-                   "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+            env = {
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": str(self.n),
+                "LOCAL_RANK": str(r),
+                "LOCAL_WORLD_SIZE": str(self.n),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "TPCOMM_PROBE_SUPERVISED": "1",
+                "OMP_NUM_THREADS": str(self.threads),
+                "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+            }
             log = open(self.log_dir / f"rank{r}.log", "wb")
             kw = {"process_group": 0 if self.pgid is None else self.pgid}
-            p = subprocess.Popen([sys.executable, "-m", self.module, "--spec", str(self.spec_path)],
-                                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kw)
+            p = subprocess.Popen(
+                [sys.executable, "-m", self.module, "--spec", str(self.spec_path)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                **kw,
+            )
             log.close()
             if self.pgid is None:
                 self.pgid = p.pid
@@ -138,8 +160,10 @@ class Launch:
         behind = [r for r, e in entered.items() if e == lo]
         where = _describe(item)
         if len(behind) < self.n:
-            msg = (f"timed out: no progress for {idle:.0f} s in {where}; rank {','.join(map(str, behind))} never entered "
-                   f"collective #{lo + 1} (phase {st[behind[0]].get('phase')}), the other ranks wait inside it")
+            msg = (
+                f"timed out: no progress for {idle:.0f} s in {where}; rank {','.join(map(str, behind))} never entered "
+                f"collective #{lo + 1} (phase {st[behind[0]].get('phase')}), the other ranks wait inside it"
+            )
         else:
             msg = f"timed out: no progress for {idle:.0f} s in {where}; every rank is inside collective #{lo} (phase {st[0].get('phase')})"
         return ProbeFailed(msg, behind[0], item)
@@ -148,7 +172,9 @@ class Launch:
         item = self._status(r).get("item")
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
         tail = self._log_tail(r)
-        return ProbeFailed(f"rank {r} died ({how}) during {_describe(item)}" + (f"; its last output:\n{tail}" if tail else ""), r, item)
+        return ProbeFailed(
+            f"rank {r} died ({how}) during {_describe(item)}" + (f"; its last output:\n{tail}" if tail else ""), r, item
+        )
 
     # ---- supervision ----------------------------------------------------
     def _drain(self, on_record) -> bool:
@@ -207,8 +233,15 @@ class Launch:
             self._drain(on_record)
 
 
-def run_local(spec: dict, nprocs: int, workdir: Path, timeout: float, on_record, module: str = "probes.collectives",
-              spec_name: str = "spec.json") -> None:
+def run_local(
+    spec: dict,
+    nprocs: int,
+    workdir: Path,
+    timeout: float,
+    on_record,
+    module: str = "probes.collectives",
+    spec_name: str = "spec.json",
+) -> None:
     """Start, supervise and always stop N local ranks (SIGINT/SIGTERM included)."""
     launch = Launch(spec, nprocs, workdir, timeout, module=module, spec_name=spec_name)
     old = signal.getsignal(signal.SIGTERM)

@@ -15,11 +15,22 @@ from pathlib import Path
 
 from tpcomm.errors import InputError
 
-_PROGRAMS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
-             "alltoall": "all_to_all", "sendrecv": "send_recv", "gather": "gather"}
-_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-            "gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-            "all_to_all": lambda n: (n - 1) / n, "send_recv": lambda n: 1.0}
+_PROGRAMS = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "sendrecv": "send_recv",
+    "gather": "gather",
+}
+_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,
+}
 
 
 def _op_from(text: str) -> str | None:
@@ -31,26 +42,63 @@ def _op_from(text: str) -> str | None:
 
 def _row(op, size, count, dtype, time_us, algbw, busbw, wrong, world, graph, device, per_iter=None) -> dict:
     per_rank = size // world if op in ("all_gather", "gather") else size
-    r = {"backend": "nccl", "op": op, "mode": "graph" if graph else "eager", "timing": "pipelined",
-         "bytes": per_rank, "count": count, "dtype": dtype, "nccl_size_bytes": size, "world_size": world, "nodes": None,
-         "p50_us": time_us, "p90_us": None, "p99_us": None, "min_us": None, "max_us": None, "mean_us": time_us,
-         "samples": None, "algbw_GBps": algbw, "busbw_GBps": busbw, "wrong": wrong, "timer": "nccl-tests",
-         "hardware": device, "device": None, "host": None, "source": "nccl-tests"}
+    r = {
+        "backend": "nccl",
+        "op": op,
+        "mode": "graph" if graph else "eager",
+        "timing": "pipelined",
+        "bytes": per_rank,
+        "count": count,
+        "dtype": dtype,
+        "nccl_size_bytes": size,
+        "world_size": world,
+        "nodes": None,
+        "p50_us": time_us,
+        "p90_us": None,
+        "p99_us": None,
+        "min_us": None,
+        "max_us": None,
+        "mean_us": time_us,
+        "samples": None,
+        "algbw_GBps": algbw,
+        "busbw_GBps": busbw,
+        "wrong": wrong,
+        "timer": "nccl-tests",
+        "hardware": device,
+        "device": None,
+        "host": None,
+        "source": "nccl-tests",
+    }
     if per_iter:
-        r.update({"p50_us": per_iter.get("p50_us", time_us), "p99_us": per_iter.get("p99_us"),
-                  "min_us": per_iter.get("min_us"), "max_us": per_iter.get("max_us"), "mean_us": per_iter.get("avg_us", time_us)})
+        r.update(
+            {
+                "p50_us": per_iter.get("p50_us", time_us),
+                "p99_us": per_iter.get("p99_us"),
+                "min_us": per_iter.get("min_us"),
+                "max_us": per_iter.get("max_us"),
+                "mean_us": per_iter.get("avg_us", time_us),
+            }
+        )
     return r
 
 
 def parse_text(text: str, op: str | None = None, world: int | None = None) -> list[dict]:
-    op = op or _op_from(next((ln for ln in text.splitlines() if "Collective test starting" in ln), "")) or _op_from(text)
+    op = (
+        op or _op_from(next((ln for ln in text.splitlines() if "Collective test starting" in ln), "")) or _op_from(text)
+    )
     ranks = re.findall(r"^#\s+Rank\s+\d+\s+Group.*?device\s+\d+\s+\[[^\]]*\]\s+(.*)$", text, re.M)
     world = world or len(ranks) or None
     graph = bool(re.search(r"graph:\s*[1-9]", text))
     if op is None:
-        raise InputError("nccl-tests output", "cannot tell which collective it measured", "a '# Collective test starting: X_perf' line, or --op")
+        raise InputError(
+            "nccl-tests output",
+            "cannot tell which collective it measured",
+            "a '# Collective test starting: X_perf' line, or --op",
+        )
     if not world:
-        raise InputError("nccl-tests output", "has no '#  Rank N ...' device lines", "full nccl-tests output, or --world-size")
+        raise InputError(
+            "nccl-tests output", "has no '#  Rank N ...' device lines", "full nccl-tests output, or --world-size"
+        )
     rows = []
     for ln in text.splitlines():
         tok = ln.split()
@@ -65,7 +113,9 @@ def parse_text(text: str, op: str | None = None, world: int | None = None) -> li
             continue
         rows.append(_row(op, size, count, dtype, t, alg, bus, wrong, world, graph, ranks[0] if ranks else None))
     if not rows:
-        raise InputError("nccl-tests output", "has no result lines", "lines like '  8  2  float  sum  -1  10.3  0.00  0.00  0 ...'")
+        raise InputError(
+            "nccl-tests output", "has no result lines", "lines like '  8  2  float  sum  -1  10.3  0.00  0.00  0 ...'"
+        )
     return rows
 
 
@@ -75,7 +125,9 @@ def parse_json(doc: dict, op: str | None = None, world: int | None = None) -> li
     world = world or len(devices) or (cfg.get("ngpus", 0) * cfg.get("nthreads", 1)) or None
     op = op or _op_from(" ".join(doc.get("args", [])[:1]))
     if op is None or not world:
-        raise InputError("nccl-tests JSON", "cannot tell the collective or the number of ranks", "--op and --world-size")
+        raise InputError(
+            "nccl-tests JSON", "cannot tell the collective or the number of ranks", "--op and --world-size"
+        )
     dev = devices[0].get("device_info") if devices else None
     rows = []
     for r in doc.get("results", []):
@@ -83,9 +135,22 @@ def parse_json(doc: dict, op: str | None = None, world: int | None = None) -> li
         if not oop:
             continue
         wrong = oop.get("nwrong")
-        rows.append(_row(op, int(r["size"]), int(r["count"]), r.get("type"), float(oop.get("time", oop.get("cpu_time"))),
-                         float(oop["alg_bw"]), float(oop["bus_bw"]), None if wrong is None else int(wrong), world,
-                         bool(cfg.get("graph")), dev, r.get("out_of_place_per_iter")))
+        rows.append(
+            _row(
+                op,
+                int(r["size"]),
+                int(r["count"]),
+                r.get("type"),
+                float(oop.get("time", oop.get("cpu_time"))),
+                float(oop["alg_bw"]),
+                float(oop["bus_bw"]),
+                None if wrong is None else int(wrong),
+                world,
+                bool(cfg.get("graph")),
+                dev,
+                r.get("out_of_place_per_iter"),
+            )
+        )
     if not rows:
         raise InputError("nccl-tests JSON", "has no results", "the file written by nccl-tests -J")
     return rows

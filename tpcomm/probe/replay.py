@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from tpcomm import contract as C
 from tpcomm.errors import InputError
 from tpcomm.probe.launcher import ProbeFailed, run_local
 from tpcomm.probe.replay_results import COLL_COLUMNS, STEP_COLUMNS, record_frames, step_table, summarize
@@ -42,13 +43,13 @@ class ReplayConfig:
     gpus: int | None = None
     backends: list[str] = field(default_factory=lambda: ["auto"])
     model: str = "deepseek-v3"
-    tp: int | None = None               # the plan's TP; must equal the ranks started
+    tp: int | None = None  # the plan's TP; must equal the ranks started
     batch: int = 1
-    context: int = 1024                 # KV tokens per sequence read by every attention layer
+    context: int = 1024  # KV tokens per sequence read by every attention layer
     work_scale: float = 1.0
     skew_us: float = 0.0
-    skew_rank: int | None = None        # default: the last rank
-    mode: str = "auto"                  # eager | graph | both | auto (both on CUDA, eager on CPU)
+    skew_rank: int | None = None  # default: the last rank
+    mode: str = "auto"  # eager | graph | both | auto (both on CUDA, eager on CPU)
     steps: int = 30
     warmup: int = 5
     timeout: float = 60.0
@@ -83,21 +84,33 @@ class ReplayResults:
     def write(self) -> None:
         slots = self.schedule["slots"]
         frames = [record_frames(r, slots) for r in self.records]
-        coll = pd.concat([c for c, _ in frames if len(c)], ignore_index=True) if any(len(c) for c, _ in frames) else pd.DataFrame()
+        coll = (
+            pd.concat([c for c, _ in frames if len(c)], ignore_index=True)
+            if any(len(c) for c, _ in frames)
+            else pd.DataFrame()
+        )
         rs = pd.concat([s for _, s in frames], ignore_index=True) if frames else pd.DataFrame()
         self.collectives = coll
         self.steps = step_table(coll, rs) if len(rs) else pd.DataFrame()
         wrong = sum(r.get("wrong", 0) for r in self.records if r["timing"] == "full")
-        self.doc = {"version": 1, "state": self.state, "error": self.error, "conditions": self.conditions,
-                    "schedule": {k: v for k, v in self.schedule.items() if k != "slots"},
-                    "results": [self._stamp(e) for e in summarize(self.steps, coll, self.schedule["batch"])] if len(self.steps) else [],
-                    "wrong": wrong, "skipped": self.skipped}
+        self.doc = {
+            "version": 1,
+            "state": self.state,
+            "error": self.error,
+            "conditions": self.conditions,
+            "schedule": {k: v for k, v in self.schedule.items() if k != "slots"},
+            "results": [self._stamp(e) for e in summarize(self.steps, coll, self.schedule["batch"])]
+            if len(self.steps)
+            else [],
+            "wrong": wrong,
+            "skipped": self.skipped,
+        }
         if self.run is None:
             return
         # Empty tables keep their columns: a reader checks them against the contract.
-        self.run.write_table("probe/replay_collectives.parquet", coll if len(coll) else pd.DataFrame(columns=COLL_COLUMNS))
-        self.run.write_table("probe/replay_steps.parquet", self.steps if len(self.steps) else pd.DataFrame(columns=STEP_COLUMNS))
-        self.run.write_json("probe/replay.json", self.doc)
+        self.run.write_table(C.REPLAY_COLLECTIVES, coll if len(coll) else pd.DataFrame(columns=COLL_COLUMNS))
+        self.run.write_table(C.REPLAY_STEPS, self.steps if len(self.steps) else pd.DataFrame(columns=STEP_COLUMNS))
+        self.run.write_json(C.REPLAY, self.doc)
 
 
 def resolve_replay_backends(names: list[str], cuda: bool) -> list[str]:
@@ -110,14 +123,22 @@ def resolve_replay_backends(names: list[str], cuda: bool) -> list[str]:
         elif n in REPLAY_CPU + REPLAY_GPU:
             out.append(n)
         else:
-            raise InputError("--backend", f"unknown backend {n!r} for --replay", f"auto, all or one of {', '.join(REPLAY_CPU + REPLAY_GPU)}")
+            raise InputError(
+                "--backend",
+                f"unknown backend {n!r} for --replay",
+                f"auto, all or one of {', '.join(REPLAY_CPU + REPLAY_GPU)}",
+            )
     return list(dict.fromkeys(out))
 
 
 def build_replay_spec(cfg: ReplayConfig, world: int, cuda: bool) -> tuple[dict, dict]:
     tp = cfg.tp or world
     if tp != world:
-        raise InputError(f"--tp {tp}", f"differs from the {world} ranks started", "--tp equal to --gpus (the replay runs one TP group)")
+        raise InputError(
+            f"--tp {tp}",
+            f"differs from the {world} ranks started",
+            "--tp equal to --gpus (the replay runs one TP group)",
+        )
     for name, v, lo in (("--steps", cfg.steps, 1), ("--warmup", cfg.warmup, 0)):
         if v < lo:
             raise InputError(f"{name} {v}", "is too small", f"an integer >= {lo}")
@@ -129,14 +150,24 @@ def build_replay_spec(cfg: ReplayConfig, world: int, cuda: bool) -> tuple[dict, 
     sched = build_schedule(cfg.model, tp, cfg.batch, cfg.context, cfg.work_scale)
     if not cuda and sched["work_footprint_bytes_per_rank"] > CPU_WORK_CAP_BYTES:
         gb = sched["work_footprint_bytes_per_rank"] / 1e9
-        raise InputError(f"--work-scale {cfg.work_scale:g}", f"makes each CPU rank stream {gb:.2f} GB per step for {sched['model']} at TP {tp}",
-                         f"a scale whose step is at most {CPU_WORK_CAP_BYTES / 1e9:.1f} GB, e.g. --work-scale "
-                         f"{cfg.work_scale * CPU_WORK_CAP_BYTES / sched['work_footprint_bytes_per_rank'] / 4:.2g}")
+        raise InputError(
+            f"--work-scale {cfg.work_scale:g}",
+            f"makes each CPU rank stream {gb:.2f} GB per step for {sched['model']} at TP {tp}",
+            f"a scale whose step is at most {CPU_WORK_CAP_BYTES / 1e9:.1f} GB, e.g. --work-scale "
+            f"{cfg.work_scale * CPU_WORK_CAP_BYTES / sched['work_footprint_bytes_per_rank'] / 4:.2g}",
+        )
     modes = {"auto": ["eager", "graph"] if cuda else ["eager"], "both": ["eager", "graph"]}.get(cfg.mode, [cfg.mode])
     backends = resolve_replay_backends(cfg.backends, cuda)
     items = [{"backend": b, "mode": m} for b in backends for m in modes]
-    spec = {"schedule": sched, "items": items, "steps": cfg.steps, "warmup": cfg.warmup, "timeout": cfg.timeout,
-            "skew_us": cfg.skew_us, "skew_rank": skew_rank}
+    spec = {
+        "schedule": sched,
+        "items": items,
+        "steps": cfg.steps,
+        "warmup": cfg.warmup,
+        "timeout": cfg.timeout,
+        "skew_us": cfg.skew_us,
+        "skew_rank": skew_rank,
+    }
     return spec, {"backends": backends, "modes": modes, "skew_rank": skew_rank}
 
 
@@ -152,11 +183,24 @@ def run_replay(cfg: ReplayConfig, argv: list[str] | None = None, progress=None) 
     rank0 = not joined or os.environ.get("RANK") == "0"
     run = RunDir(cfg.out or Path("runs") / time.strftime("replay-%Y%m%d-%H%M%S")) if rank0 else None
     sched = spec["schedule"]
-    conditions = {**stack_versions(), "world_size": world, "launch": "joined" if joined else "local",
-                  "model": sched["model"], "tp": sched["tp"], "batch": sched["batch"], "context_tokens": sched["context"],
-                  "work_scale": sched["work_scale"], "skew_us": cfg.skew_us, "skew_rank": info["skew_rank"],
-                  "steps": cfg.steps, "warmup": cfg.warmup, "modes": info["modes"], "backends": info["backends"],
-                  "cpu_count": os.cpu_count(), "threads_per_rank": max(1, (os.cpu_count() or 1) // world)}
+    conditions = {
+        **stack_versions(),
+        "world_size": world,
+        "launch": "joined" if joined else "local",
+        "model": sched["model"],
+        "tp": sched["tp"],
+        "batch": sched["batch"],
+        "context_tokens": sched["context"],
+        "work_scale": sched["work_scale"],
+        "skew_us": cfg.skew_us,
+        "skew_rank": info["skew_rank"],
+        "steps": cfg.steps,
+        "warmup": cfg.warmup,
+        "modes": info["modes"],
+        "backends": info["backends"],
+        "cpu_count": os.cpu_count(),
+        "threads_per_rank": max(1, (os.cpu_count() or 1) // world),
+    }
     res = ReplayResults(run, conditions, sched)
     if run is not None:
         run.record_command("probe --replay", argv)

@@ -24,10 +24,40 @@ import pandas as pd
 
 from tpcomm.attribute.align import align
 
-COLL_COLUMNS = ["backend", "mode", "timing", "rank", "group", "group_size", "step", "call_idx", "site", "layer", "op",
-                "bytes", "dtype", "t_start_ns", "duration_us", "transfer_us", "wait_us", "entry_skew_us", "complete"]
-STEP_COLUMNS = ["backend", "mode", "timing", "step", "step_us", "compute_us", "transfer_us", "wait_us", "n_collectives",
-                "ranks", "step_us_max"]
+COLL_COLUMNS = [
+    "backend",
+    "mode",
+    "timing",
+    "rank",
+    "group",
+    "group_size",
+    "step",
+    "call_idx",
+    "site",
+    "layer",
+    "op",
+    "bytes",
+    "dtype",
+    "t_start_ns",
+    "duration_us",
+    "transfer_us",
+    "wait_us",
+    "entry_skew_us",
+    "complete",
+]
+STEP_COLUMNS = [
+    "backend",
+    "mode",
+    "timing",
+    "step",
+    "step_us",
+    "compute_us",
+    "transfer_us",
+    "wait_us",
+    "n_collectives",
+    "ranks",
+    "step_us_max",
+]
 
 
 def record_frames(rec: dict, slots: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -35,21 +65,48 @@ def record_frames(rec: dict, slots: list[dict]) -> tuple[pd.DataFrame, pd.DataFr
     ncoll = rec["collectives_per_step"]
     coll, rsteps = [], []
     for r in rec["ranks"]:
-        rsteps.append(pd.DataFrame({"rank": r["rank"], "step": np.arange(len(r["step_us"])),
-                                    "t_start_ns": r["step_t0_ns"], "step_us": r["step_us"]}))
+        rsteps.append(
+            pd.DataFrame(
+                {
+                    "rank": r["rank"],
+                    "step": np.arange(len(r["step_us"])),
+                    "t_start_ns": r["step_t0_ns"],
+                    "step_us": r["step_us"],
+                }
+            )
+        )
         if ncoll:
             n = len(r["coll_us"])
             idx = np.arange(n)
-            coll.append(pd.DataFrame({"rank": r["rank"], "step": idx // ncoll, "call_idx": idx % ncoll,
-                                      "t_start_ns": np.asarray(r["coll_t0_ns"], dtype=np.int64),
-                                      "duration_us": np.asarray(r["coll_us"], dtype=np.float64)}))
+            coll.append(
+                pd.DataFrame(
+                    {
+                        "rank": r["rank"],
+                        "step": idx // ncoll,
+                        "call_idx": idx % ncoll,
+                        "t_start_ns": np.asarray(r["coll_t0_ns"], dtype=np.int64),
+                        "duration_us": np.asarray(r["coll_us"], dtype=np.float64),
+                    }
+                )
+            )
     rs = pd.concat(rsteps, ignore_index=True)
     key = {"backend": rec["backend"], "mode": rec["mode"], "timing": rec["timing"]}
     if not coll:
         return pd.DataFrame(columns=COLL_COLUMNS), rs.assign(**key)
     c = pd.concat(coll, ignore_index=True)
-    meta = pd.DataFrame([{"call_idx": i, "site": s["site"], "layer": s["layer"] if s["layer"] is not None else -1,
-                          "op": s["op"], "bytes": s["bytes"], "dtype": s["dtype"]} for i, s in enumerate(slots)])
+    meta = pd.DataFrame(
+        [
+            {
+                "call_idx": i,
+                "site": s["site"],
+                "layer": s["layer"] if s["layer"] is not None else -1,
+                "op": s["op"],
+                "bytes": s["bytes"],
+                "dtype": s["dtype"],
+            }
+            for i, s in enumerate(slots)
+        ]
+    )
     c = c.merge(meta, on="call_idx", how="left").assign(group="tp", group_size=rec["world_size"])
     a = align(c)
     return a.assign(**key)[COLL_COLUMNS], rs.assign(**key)
@@ -58,17 +115,32 @@ def record_frames(rec: dict, slots: list[dict]) -> tuple[pd.DataFrame, pd.DataFr
 def step_table(coll: pd.DataFrame, rank_steps: pd.DataFrame) -> pd.DataFrame:
     """Per-rank step time split into compute / transfer / wait, then averaged over ranks per step."""
     key = ["backend", "mode", "timing", "rank", "step"]
-    per = (coll.groupby(key).agg(coll_us=("duration_us", "sum"), transfer_us=("transfer_us", "sum"),
-                                 wait_us=("wait_us", "sum"), n_collectives=("duration_us", "size")).reset_index()
-           if len(coll) else pd.DataFrame(columns=key + ["coll_us", "transfer_us", "wait_us", "n_collectives"]))
+    per = (
+        coll.groupby(key)
+        .agg(
+            coll_us=("duration_us", "sum"),
+            transfer_us=("transfer_us", "sum"),
+            wait_us=("wait_us", "sum"),
+            n_collectives=("duration_us", "size"),
+        )
+        .reset_index()
+        if len(coll)
+        else pd.DataFrame(columns=key + ["coll_us", "transfer_us", "wait_us", "n_collectives"])
+    )
     s = rank_steps.merge(per, on=key, how="left")
     for col in ("coll_us", "transfer_us", "wait_us", "n_collectives"):
         s[col] = s[col].fillna(0).astype(np.float64)
     s["compute_us"] = s["step_us"] - s["coll_us"]
     g = s.groupby(["backend", "mode", "timing", "step"], sort=True)
-    out = g.agg(step_us=("step_us", "mean"), compute_us=("compute_us", "mean"), transfer_us=("transfer_us", "mean"),
-                wait_us=("wait_us", "mean"), n_collectives=("n_collectives", "max"), ranks=("rank", "nunique"),
-                step_us_max=("step_us", "max")).reset_index()
+    out = g.agg(
+        step_us=("step_us", "mean"),
+        compute_us=("compute_us", "mean"),
+        transfer_us=("transfer_us", "mean"),
+        wait_us=("wait_us", "mean"),
+        n_collectives=("n_collectives", "max"),
+        ranks=("rank", "nunique"),
+        step_us_max=("step_us", "max"),
+    ).reset_index()
     out["n_collectives"] = out["n_collectives"].astype(np.int64)
     return out[STEP_COLUMNS]
 
@@ -93,21 +165,33 @@ def summarize(steps: pd.DataFrame, coll: pd.DataFrame, batch: int) -> list[dict]
     out = []
     for (be, mode), st in steps.groupby(["backend", "mode"], sort=False):
         t = dict(tuple(st.groupby("timing")))
-        timings = {k: {"p50_us": _pct(v["step_us"], 0.5), "p99_us": _pct(v["step_us"], 0.99),
-                       "mean_us": float(_trimmed(v)["step_us"].mean()), "steps": int(len(v))} for k, v in t.items()}
+        timings = {
+            k: {
+                "p50_us": _pct(v["step_us"], 0.5),
+                "p99_us": _pct(v["step_us"], 0.99),
+                "mean_us": float(_trimmed(v)["step_us"].mean()),
+                "steps": int(len(v)),
+            }
+            for k, v in t.items()
+        }
         e = {"backend": be, "mode": mode, "timings": timings}
         full, comp, comm = (timings.get(k) for k in ("full", "compute", "comm"))
         if "full" in t:
             f = _trimmed(t["full"])
             split = {k: float(f[k].mean()) for k in ("compute_us", "transfer_us", "wait_us")}
-            e["full_step_split_us"] = {**split, "step_us": float(f["step_us"].mean()),
-                                       "collectives_per_step": int(f["n_collectives"].max())}
+            e["full_step_split_us"] = {
+                **split,
+                "step_us": float(f["step_us"].mean()),
+                "collectives_per_step": int(f["n_collectives"].max()),
+            }
             e["in_step_comm_us_per_token"] = (split["transfer_us"] + split["wait_us"]) / batch
         if full and comp:
             e["interconnect_cost_us_per_token"] = (full["p50_us"] - comp["p50_us"]) / batch
             e["interconnect_cost_us_per_token_mean"] = (full["mean_us"] - comp["mean_us"]) / batch
-        e["tok_per_s"] = {k: batch / (v["p50_us"] / 1e6) if v and v["p50_us"] else None
-                          for k, v in (("with_collectives", full), ("compute_only", comp), ("comm_only", comm))}
+        e["tok_per_s"] = {
+            k: batch / (v["p50_us"] / 1e6) if v and v["p50_us"] else None
+            for k, v in (("with_collectives", full), ("compute_only", comp), ("comm_only", comm))
+        }
         c = coll[(coll["backend"] == be) & (coll["mode"] == mode)]
         e["ops"] = op_table(c)
         out.append(e)
@@ -119,11 +203,21 @@ def op_table(c: pd.DataFrame) -> list[dict]:
     rows = []
     for (timing, op, nbytes), g in c.groupby(["timing", "op", "bytes"], sort=True):
         per_step = len(g) / max(g.groupby("rank")["step"].nunique().sum(), 1)
-        rows.append({"timing": timing, "op": op, "bytes": int(nbytes), "count_per_step": per_step,
-                     "duration_us_p50": _pct(g["duration_us"], 0.5), "duration_us_p99": _pct(g["duration_us"], 0.99),
-                     "transfer_us_p50": _pct(g["transfer_us"], 0.5), "wait_us_p50": _pct(g["wait_us"], 0.5),
-                     "transfer_us_mean": float(g["transfer_us"].mean()), "wait_us_mean": float(g["wait_us"].mean()),
-                     "complete_pct": float(g["complete"].mean() * 100)})
+        rows.append(
+            {
+                "timing": timing,
+                "op": op,
+                "bytes": int(nbytes),
+                "count_per_step": per_step,
+                "duration_us_p50": _pct(g["duration_us"], 0.5),
+                "duration_us_p99": _pct(g["duration_us"], 0.99),
+                "transfer_us_p50": _pct(g["transfer_us"], 0.5),
+                "wait_us_p50": _pct(g["wait_us"], 0.5),
+                "transfer_us_mean": float(g["transfer_us"].mean()),
+                "wait_us_mean": float(g["wait_us"].mean()),
+                "complete_pct": float(g["complete"].mean() * 100),
+            }
+        )
     return rows
 
 

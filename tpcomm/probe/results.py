@@ -11,14 +11,55 @@ Columns of probe/results.parquet (and the "results" list of probe/results.json):
 
 from __future__ import annotations
 
+from tpcomm import contract as C
 from tpcomm.rundir import RunDir
 from tpcomm.table import human_bytes
 
-COLUMNS = ["backend", "op", "mode", "timing", "bytes", "count", "dtype", "nccl_size_bytes", "world_size", "nodes",
-           "p50_us", "p90_us", "p99_us", "min_us", "max_us", "mean_us", "samples", "algbw_GBps", "busbw_GBps",
-           "wrong", "iters", "warmup", "timer", "hardware", "device", "host", "source"]
-JSON_KEYS = ["backend", "op", "mode", "timing", "bytes", "world_size", "p50_us", "p90_us", "p99_us", "min_us", "max_us",
-             "algbw_GBps", "busbw_GBps", "wrong"]
+COLUMNS = [
+    "backend",
+    "op",
+    "mode",
+    "timing",
+    "bytes",
+    "count",
+    "dtype",
+    "nccl_size_bytes",
+    "world_size",
+    "nodes",
+    "p50_us",
+    "p90_us",
+    "p99_us",
+    "min_us",
+    "max_us",
+    "mean_us",
+    "samples",
+    "algbw_GBps",
+    "busbw_GBps",
+    "wrong",
+    "iters",
+    "warmup",
+    "timer",
+    "hardware",
+    "device",
+    "host",
+    "source",
+]
+JSON_KEYS = [
+    "backend",
+    "op",
+    "mode",
+    "timing",
+    "bytes",
+    "world_size",
+    "p50_us",
+    "p90_us",
+    "p99_us",
+    "min_us",
+    "max_us",
+    "algbw_GBps",
+    "busbw_GBps",
+    "wrong",
+]
 
 
 class ProbeResults:
@@ -58,18 +99,25 @@ class ProbeResults:
         return pd.DataFrame(self.rows, columns=COLUMNS)
 
     def document(self) -> dict:
-        return {"state": self.state, "error": self.error, "conditions": self.conditions,
-                "results": self.rows, "skipped": self.skipped}
+        return {
+            "state": self.state,
+            "error": self.error,
+            "conditions": self.conditions,
+            "results": self.rows,
+            "skipped": self.skipped,
+        }
 
     def write(self) -> None:
         if self.run is None:
             return
-        self.run.write_table("probe/results.parquet", self.frame())
-        self.run.write_json("probe/results.json", self.document())
+        self.run.write_table(C.PROBE_RESULTS, self.frame())
+        self.run.write_json(C.PROBE_RESULTS_JSON, self.document())
 
     def json_entries(self) -> list[dict]:
         """`--json`: one entry per measurement, the keys of JSON_KEYS first."""
-        return [{k: r.get(k) for k in JSON_KEYS} | {k: v for k, v in r.items() if k not in JSON_KEYS} for r in self.rows]
+        return [
+            {k: r.get(k) for k in JSON_KEYS} | {k: v for k, v in r.items() if k not in JSON_KEYS} for r in self.rows
+        ]
 
 
 def _f(v, nd=2) -> str:
@@ -84,10 +132,16 @@ def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str
     """nccl-tests' layout, one block per (backend, mode, op): isolated | pipelined."""
     out = []
     cond = conditions
-    out.append(f"# tpcomm probe: world size {cond.get('world_size')} on {cond.get('nodes', 1)} node(s), "
-               f"{cond.get('hardware', '?')}; torch {cond.get('torch', '?')}, vLLM {cond.get('vllm') or 'not installed'}")
-    out.append("# isolated: barrier before each op (as a decode step sees it); pipelined: back-to-back average (nccl-tests' time)")
-    out.append("# algbw/busbw from p50, GB/s = 1e9 B/s; busbw as nccl-tests: all_reduce x2(n-1)/n, all_gather/reduce_scatter/all_to_all x(n-1)/n")
+    out.append(
+        f"# tpcomm probe: world size {cond.get('world_size')} on {cond.get('nodes', 1)} node(s), "
+        f"{cond.get('hardware', '?')}; torch {cond.get('torch', '?')}, vLLM {cond.get('vllm') or 'not installed'}"
+    )
+    out.append(
+        "# isolated: barrier before each op (as a decode step sees it); pipelined: back-to-back average (nccl-tests' time)"
+    )
+    out.append(
+        "# algbw/busbw from p50, GB/s = 1e9 B/s; busbw as nccl-tests: all_reduce x2(n-1)/n, all_gather/reduce_scatter/all_to_all x(n-1)/n"
+    )
     groups: dict[tuple, dict] = {}
     for r in rows:
         g = groups.setdefault((r["backend"], r["mode"], r["op"]), {})
@@ -95,10 +149,16 @@ def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str
     for (backend, mode, op), by_size in groups.items():
         any_row = next(iter(next(iter(by_size.values())).values()))
         out.append("#")
-        out.append(f"# {op}  backend {backend}  mode {mode}  timer {any_row.get('timer')}  ranks {any_row.get('world_size')}")
-        out.append(f"# {'size(B)':>12} {'count':>10} {'type':>8} |{'isolated p50':>13} {'p99':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} |"
-                   f"{'pipelined':>10} {'algbw':>7} {'busbw':>7}")
-        out.append(f"# {'':>12} {'(elements)':>10} {'':>8} |{'(us)':>13} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} |{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}")
+        out.append(
+            f"# {op}  backend {backend}  mode {mode}  timer {any_row.get('timer')}  ranks {any_row.get('world_size')}"
+        )
+        out.append(
+            f"# {'size(B)':>12} {'count':>10} {'type':>8} |{'isolated p50':>13} {'p99':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} |"
+            f"{'pipelined':>10} {'algbw':>7} {'busbw':>7}"
+        )
+        out.append(
+            f"# {'':>12} {'(elements)':>10} {'':>8} |{'(us)':>13} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} |{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}"
+        )
         for nbytes in sorted(by_size):
             iso, pipe = by_size[nbytes].get("isolated"), by_size[nbytes].get("pipelined")
             base = iso or pipe
@@ -122,9 +182,13 @@ def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str
             if key in seen:
                 continue
             seen.add(key)
-            sizes = sorted({x["bytes"] for x in skipped if (x["backend"], x.get("op"), x.get("mode"), x["reason"]) == key})
-            out.append(f"#   {s['backend']:<9} {s.get('op') or '':<14} {s.get('mode') or '':<6} "
-                       f"({', '.join(human_bytes(b) for b in sizes[:4])}{', ...' if len(sizes) > 4 else ''}): {s['reason']}")
+            sizes = sorted(
+                {x["bytes"] for x in skipped if (x["backend"], x.get("op"), x.get("mode"), x["reason"]) == key}
+            )
+            out.append(
+                f"#   {s['backend']:<9} {s.get('op') or '':<14} {s.get('mode') or '':<6} "
+                f"({', '.join(human_bytes(b) for b in sizes[:4])}{', ...' if len(sizes) > 4 else ''}): {s['reason']}"
+            )
     bad = sum(int(r.get("wrong") or 0) for r in rows if r["timing"] == "isolated")
     out.append(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
     return "\n".join(out)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from probes.spec import BACKENDS, CPU_BACKENDS, GPU_BACKENDS, MODES, OPS, build_items, parse_sizes
+from tpcomm import contract as C
 from tpcomm.errors import InputError
 from tpcomm.probe.launcher import ProbeFailed, run_local
 from tpcomm.probe.results import ProbeResults
@@ -26,15 +27,15 @@ DEFAULT_MODEL = "deepseek-v3"
 
 @dataclass
 class ProbeConfig:
-    gpus: int | None = None             # local ranks to start (ignored when joining torchrun/srun)
+    gpus: int | None = None  # local ranks to start (ignored when joining torchrun/srun)
     backends: list[str] = field(default_factory=lambda: ["auto"])
-    model: str | None = None            # plan source; None and no sizes: DEFAULT_MODEL
-    tp: int | None = None               # plan's TP (default: the number of ranks)
+    model: str | None = None  # plan source; None and no sizes: DEFAULT_MODEL
+    tp: int | None = None  # plan's TP (default: the number of ranks)
     batches: list[int] = field(default_factory=lambda: [1])
-    sizes: str | None = None            # extra sweep, e.g. "1K:64M:x2"
-    ops: list[str] | None = None        # default: the plan's ops (all_reduce for a bare sweep)
-    dtype: str | None = None            # sweep dtype (default bfloat16; plan sizes keep theirs)
-    mode: str = "auto"                  # eager | graph | both | auto (both on CUDA, eager on CPU)
+    sizes: str | None = None  # extra sweep, e.g. "1K:64M:x2"
+    ops: list[str] | None = None  # default: the plan's ops (all_reduce for a bare sweep)
+    dtype: str | None = None  # sweep dtype (default bfloat16; plan sizes keep theirs)
+    mode: str = "auto"  # eager | graph | both | auto (both on CUDA, eager on CPU)
     iters: int = 100
     warmup: int = 10
     timeout: float = 60.0
@@ -96,8 +97,12 @@ def plan_sizes(model: str, tp: int, batches: list[int], world: int) -> tuple[dic
             other.add((c["op"], c["group"], c.get("group_size")))
             continue
         sizes.setdefault(c["op"], set()).add((int(c["bytes"]), c["dtype"]))
-    info = {"model": doc["model"]["name"], "tp": tp, "batches": batches,
-            "not_probed": [f"{op} on group {g} of {n} ranks (probe runs {world})" for op, g, n in sorted(other)]}
+    info = {
+        "model": doc["model"]["name"],
+        "tp": tp,
+        "batches": batches,
+        "not_probed": [f"{op} on group {g} of {n} ranks (probe runs {world})" for op, g, n in sorted(other)],
+    }
     return {op: sorted(v) for op, v in sizes.items()}, info
 
 
@@ -108,8 +113,12 @@ def build_spec(cfg: ProbeConfig, world: int, cuda: bool) -> tuple[dict, dict]:
         model = cfg.model or DEFAULT_MODEL
         op_sizes, plan_info = plan_sizes(model, cfg.tp or world, cfg.batches, world)
     if plan_info and not op_sizes and plan_info["not_probed"] and not cfg.sizes:
-        raise InputError("--gpus", f"the plan's collectives run on other group sizes than the {world} ranks started: "
-                         + "; ".join(plan_info["not_probed"][:3]), "--gpus equal to the plan's group size (e.g. --tp)")
+        raise InputError(
+            "--gpus",
+            f"the plan's collectives run on other group sizes than the {world} ranks started: "
+            + "; ".join(plan_info["not_probed"][:3]),
+            "--gpus equal to the plan's group size (e.g. --tp)",
+        )
     ops = cfg.ops or (sorted(op_sizes, key=OPS.index) if op_sizes else ["all_reduce"])
     for op in ops:
         if op not in OPS:
@@ -146,8 +155,15 @@ class _Progress:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn("probe"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+            self.bar = Progress(
+                TextColumn("probe"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self.task = self.bar.add_task("starting ranks", total=total)
             self.bar.start()
 
@@ -184,13 +200,21 @@ def run_probe(cfg: ProbeConfig, progress: bool = True, argv: list[str] | None = 
     spec, info = build_spec(cfg, world, cuda)
     rank0 = not joined or os.environ.get("RANK") == "0"
     run = RunDir(cfg.out or _default_out()) if rank0 else None
-    conditions = {**stack_versions(), "world_size": world, "launch": "joined" if joined else "local",
-                  "iters": cfg.iters, "warmup": cfg.warmup, "modes": info["modes"], "backends": info["backends"],
-                  "plan": info["plan"], "vllm_installed": importlib.util.find_spec("vllm") is not None}
+    conditions = {
+        **stack_versions(),
+        "world_size": world,
+        "launch": "joined" if joined else "local",
+        "iters": cfg.iters,
+        "warmup": cfg.warmup,
+        "modes": info["modes"],
+        "backends": info["backends"],
+        "plan": info["plan"],
+        "vllm_installed": importlib.util.find_spec("vllm") is not None,
+    }
     results = ProbeResults(run, conditions)
     if run is not None:
         topo = collect_topology(tp=world)
-        run.write_json("topo.json", topo)
+        run.write_json(C.TOPO, topo)
         conditions["hardware"] = topo.get("summary")
         conditions["topology"] = topo
         run.record_command("probe", argv)
@@ -218,9 +242,14 @@ def run_probe(cfg: ProbeConfig, progress: bool = True, argv: list[str] | None = 
         if run is not None:
             results.write()
             if results.rows:
-                run.write_json("probe/fit.json", fit_document(results.rows, conditions))
-            run.mark("probe", results.state, measurements=len(results.rows), skipped=len(results.skipped),
-                     error=results.error)
+                run.write_json(C.PROBE_FIT, fit_document(results.rows, conditions))
+            run.mark(
+                "probe",
+                results.state,
+                measurements=len(results.rows),
+                skipped=len(results.skipped),
+                error=results.error,
+            )
     return results
 
 

@@ -68,9 +68,13 @@ def build_schedule(model: str, tp: int, batch: int = 1, context: int = 1024, wor
     n_moe = sum(1 for i in range(m.num_layers) if i in moe)
     n_dense = m.num_layers - n_moe if dense else 0
     kv = plan.to_dict()["kv_cache"]["bytes_per_token_per_layer"] * context * batch
-    per_call = {SITE_EMBED: work[SITE_EMBED], SITE_ATTN: work[SITE_ATTN] / m.num_layers + kv,
-                SITE_DENSE: work[SITE_DENSE] / max(n_dense, 1), SITE_MOE: work[SITE_MOE] / max(n_moe, 1),
-                SITE_LOGITS: work[SITE_LOGITS]}
+    per_call = {
+        SITE_EMBED: work[SITE_EMBED],
+        SITE_ATTN: work[SITE_ATTN] / m.num_layers + kv,
+        SITE_DENSE: work[SITE_DENSE] / max(n_dense, 1),
+        SITE_MOE: work[SITE_MOE] / max(n_moe, 1),
+        SITE_LOGITS: work[SITE_LOGITS],
+    }
     dt = m.dtype
     slots = [_slot(SITE_EMBED, None, "all_reduce", ar(SITE_EMBED), dt, per_call[SITE_EMBED], work_scale)]
     for i in range(m.num_layers):
@@ -80,24 +84,45 @@ def build_schedule(model: str, tp: int, batch: int = 1, context: int = 1024, wor
             continue
         slots.append(_slot(mlp, i, "all_reduce", ar(mlp), dt, per_call[mlp], work_scale))
     slots.append(_slot(SITE_LOGITS, None, "all_gather", ag, dt, per_call[SITE_LOGITS], work_scale))
-    counts = {"all_reduce": sum(s["op"] == "all_reduce" for s in slots), "all_gather": sum(s["op"] == "all_gather" for s in slots)}
+    counts = {
+        "all_reduce": sum(s["op"] == "all_reduce" for s in slots),
+        "all_gather": sum(s["op"] == "all_gather" for s in slots),
+    }
     if tp > 1:
         planned = {op: v["count"] for op, v in plan.totals(batch).items()}
         if planned != counts:  # the schedule must be the plan's, call for call
             raise RuntimeError(f"replay schedule {counts} differs from the plan {planned} for {m.name} at TP {tp}")
     weights = sum(work.values())
-    return {"model": m.name, "architecture": m.architecture, "tp": tp, "batch": batch, "context": context,
-            "work_scale": work_scale, "hidden": m.hidden_size, "dtype": dt, "num_layers": m.num_layers,
-            "slots": slots, "counts": counts,
-            "weights_bytes_per_rank": weights, "kv_bytes_per_rank": kv * m.num_layers,
-            "work_bytes_per_rank_unscaled": weights + kv * m.num_layers,
-            "work_bytes_per_rank": sum(s["work_bytes"] for s in slots),
-            "work_footprint_bytes_per_rank": sum(s["footprint_bytes"] for s in slots),
-            "vllm_version_followed": plan.to_dict()["vllm_version_followed"]}
+    return {
+        "model": m.name,
+        "architecture": m.architecture,
+        "tp": tp,
+        "batch": batch,
+        "context": context,
+        "work_scale": work_scale,
+        "hidden": m.hidden_size,
+        "dtype": dt,
+        "num_layers": m.num_layers,
+        "slots": slots,
+        "counts": counts,
+        "weights_bytes_per_rank": weights,
+        "kv_bytes_per_rank": kv * m.num_layers,
+        "work_bytes_per_rank_unscaled": weights + kv * m.num_layers,
+        "work_bytes_per_rank": sum(s["work_bytes"] for s in slots),
+        "work_footprint_bytes_per_rank": sum(s["footprint_bytes"] for s in slots),
+        "vllm_version_followed": plan.to_dict()["vllm_version_followed"],
+    }
 
 
 def _slot(site: str, layer: int | None, op: str, nbytes: int, dtype: str, unscaled: float, scale: float) -> dict:
     # Scale <= 1: read a fraction of the site's bytes once. Scale > 1: re-read the site's own bytes
     # (footprint unchanged), so the collectives meet the caches as the model leaves them.
-    return {"site": site, "layer": layer, "op": op, "bytes": int(nbytes), "dtype": dtype,
-            "work_bytes": int(round(unscaled * scale)), "footprint_bytes": int(round(unscaled * min(scale, 1.0)))}
+    return {
+        "site": site,
+        "layer": layer,
+        "op": op,
+        "bytes": int(nbytes),
+        "dtype": dtype,
+        "work_bytes": int(round(unscaled * scale)),
+        "footprint_bytes": int(round(unscaled * min(scale, 1.0))),
+    }

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpcomm import contract as C
 from tpcomm import redact
 from tpcomm.report import readers
 from tpcomm.report.verdict import build_verdict
@@ -62,6 +61,7 @@ SECTION_FILES = {
     "probe": ("probe/results.parquet", "probe/results.json", "probe/fit.json"),
     "breakdown": ("attribution/summary.json", "attribution/steps.parquet"),
     "timeline": ("attribution/timeline.json",),
+    "replay": ("probe/replay.json",),
     "ladder": ("load/levels.json", "load/requests.parquet"),
     "what_if": ("predict.json",),
     "methods": ("meta.json",),
@@ -96,7 +96,7 @@ def analyze(run_dir: str | Path) -> Report:
         "ladder": _ladder(inp, cmds),
         "what_if": _what_if(inp, cmds),
     }
-    sections["replay"] = _replay(rd, sections["breakdown"], cmds)
+    sections["replay"] = _replay(inp, sections["breakdown"], cmds)
     sections["verdict"] = build_verdict(inp, cmds, Section("verdict", SECTION_TITLES["verdict"], False))
     sections["methods"] = _methods(inp, sections)
     for key, sec in sections.items():
@@ -142,15 +142,26 @@ def _plan(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s.data["model"] = model
     s.data["served_name"] = readers.served_model_name(inp)
     s.data["layout"] = layout
-    s.data["rows"] = [{"op": c.get("op"), "group": c.get("group"), "bytes": c.get("bytes"), "count": c.get("count"),
-                       "batch": c.get("batch"), "dtype": c.get("dtype"), "site": c.get("site")}
-                      for c in plan.get("collectives") or []]
+    s.data["rows"] = [
+        {
+            "op": c.get("op"),
+            "group": c.get("group"),
+            "bytes": c.get("bytes"),
+            "count": c.get("count"),
+            "batch": c.get("batch"),
+            "dtype": c.get("dtype"),
+            "site": c.get("site"),
+        }
+        for c in plan.get("collectives") or []
+    ]
     s.data["totals"] = plan.get("totals") or {}
     s.data["per_token"] = readers.plan_per_step(plan, batch=1)
     s.data["weights"] = readers.plan_weights(plan, batch=1)
-    s.conditions = (f"model {s.data['served_name'] or model.get('name', '?')} ({model.get('architecture', '?')}), layout "
-                    + readers.layout_text(layout)
-                    + f"; followed vLLM {plan.get('vllm_version_followed', '?')}; derived from config.json, not measured")
+    s.conditions = (
+        f"model {s.data['served_name'] or model.get('name', '?')} ({model.get('architecture', '?')}), layout "
+        + readers.layout_text(layout)
+        + f"; followed vLLM {plan.get('vllm_version_followed', '?')}; derived from config.json, not measured"
+    )
     return s
 
 
@@ -161,8 +172,8 @@ def _probe(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         s.missing("collective latency vs size on vLLM's backends", cmds["probe"])
         return s
     s.available = True
-    s.data["curves"] = table["curves"]       # [{backend, op, mode, timing, points: [(bytes, time_us, busbw_GBps)]}]
-    s.data["rows"] = table["rows"]           # compact table at the plan's sizes (or all sizes)
+    s.data["curves"] = table["curves"]  # [{backend, op, mode, timing, points: [(bytes, time_us, busbw_GBps)]}]
+    s.data["rows"] = table["rows"]  # compact table at the plan's sizes (or all sizes)
     s.data["model_sizes"] = readers.plan_sizes(inp.plan)
     s.data["fit"] = readers.fit_rows(inp.probe_fit)
     s.data["fit_formula"] = readers.fit_formula(inp.probe_fit)
@@ -183,27 +194,51 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     for lv in sorted(summ["levels"], key=lambda x: (x.get("concurrency", 0), x.get("repeat", 0))):
         pt = (lv.get("per_token_ms") or {}) if fmt2 else {}
         cps = lv.get("collectives_per_step") or {}
-        client = [x for x in readers.levels_list(inp.levels) if x.get("concurrency") == lv.get("concurrency") and x.get("repeat") == lv.get("repeat", x.get("repeat"))]
+        client = [
+            x
+            for x in readers.levels_list(inp.levels)
+            if x.get("concurrency") == lv.get("concurrency") and x.get("repeat") == lv.get("repeat", x.get("repeat"))
+        ]
         cl, st, cz = lv.get("client") or {}, lv.get("stalls") or {}, lv.get("closure") or {}
-        levels.append({"concurrency": lv.get("concurrency"), "repeat": lv.get("repeat"), "itl_ms_p50": lv.get("itl_ms_p50"),
-                       "tpot_ms_p50": client[0].get("tpot_ms_p50") if client else cl.get("tpot_ms_p50"),
-                       "tpot_ms_mean": cl.get("tpot_ms_mean"),
-                       "engine_ms_per_token": lv.get("engine_ms_per_token") if fmt2 else None,
-                       "compute_ms": pt.get("compute"), "transfer_ms": pt.get("transfer"), "wait_ms": pt.get("wait"),
-                       "host_gap_ms": pt.get("host_gap"),
-                       "total_ms": sum(v for v in (pt.get(k) for k in ("compute", "transfer", "wait", "host_gap")) if v is not None),
-                       "delivery_ms": lv.get("delivery_ms"), "seqs_per_step": lv.get("seqs_per_step"),
-                       "stalls": st.get("count"), "stall_ms": st.get("total_ms"), "stall_requests": st.get("requests") or [],
-                       "closure_diff_pct": cz.get("diff_pct"), "closure_ok": cz.get("ok"),
-                       "by_rank": lv.get("by_rank") or [], "note": lv.get("note"),
-                       "comm_only_tok_per_s": lv.get("comm_only_tok_per_s"),
-                       "compute_only_tok_per_s": lv.get("compute_only_tok_per_s"),
-                       "collectives_observed": readers.total_count(cps, "observed"),
-                       "collectives_planned": readers.total_count(cps, "planned"),
-                       "collectives_match": cps.get("match"), "collectives_detail": cps.get("detail"),
-                       "top_sites": lv.get("top_sites") or []})
+        levels.append(
+            {
+                "concurrency": lv.get("concurrency"),
+                "repeat": lv.get("repeat"),
+                "itl_ms_p50": lv.get("itl_ms_p50"),
+                "tpot_ms_p50": client[0].get("tpot_ms_p50") if client else cl.get("tpot_ms_p50"),
+                "tpot_ms_mean": cl.get("tpot_ms_mean"),
+                "engine_ms_per_token": lv.get("engine_ms_per_token") if fmt2 else None,
+                "compute_ms": pt.get("compute"),
+                "transfer_ms": pt.get("transfer"),
+                "wait_ms": pt.get("wait"),
+                "host_gap_ms": pt.get("host_gap"),
+                "total_ms": sum(
+                    v for v in (pt.get(k) for k in ("compute", "transfer", "wait", "host_gap")) if v is not None
+                ),
+                "delivery_ms": lv.get("delivery_ms"),
+                "seqs_per_step": lv.get("seqs_per_step"),
+                "stalls": st.get("count"),
+                "stall_ms": st.get("total_ms"),
+                "stall_requests": st.get("requests") or [],
+                "closure_diff_pct": cz.get("diff_pct"),
+                "closure_ok": cz.get("ok"),
+                "by_rank": lv.get("by_rank") or [],
+                "note": lv.get("note"),
+                "comm_only_tok_per_s": lv.get("comm_only_tok_per_s"),
+                "compute_only_tok_per_s": lv.get("compute_only_tok_per_s"),
+                "collectives_observed": readers.total_count(cps, "observed"),
+                "collectives_planned": readers.total_count(cps, "planned"),
+                "collectives_match": cps.get("match"),
+                "collectives_detail": cps.get("detail"),
+                "top_sites": lv.get("top_sites") or [],
+            }
+        )
     s.data["levels"] = levels
-    s.data["format_note"] = None if fmt2 else "attribution/summary.json predates the closing split (split_format 2): re-run tpcomm attribute"
+    s.data["format_note"] = (
+        None
+        if fmt2
+        else "attribution/summary.json predates the closing split (split_format 2): re-run tpcomm attribute"
+    )
     s.data["plugin"] = summ.get("plugin")
     s.data["method"] = summ.get("method", "")
     if summ.get("plugin") is False:
@@ -216,8 +251,11 @@ def _timeline(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s = _new("timeline")
     tl = inp.timeline
     if tl is None:
-        s.missing("one decode step per rank (attribution/timeline.json, which `tpcomm attribute` writes from the "
-                  "records it aligned)", cmds["attribute_plugin"])
+        s.missing(
+            "one decode step per rank (attribution/timeline.json, which `tpcomm attribute` writes from the "
+            "records it aligned)",
+            cmds["attribute_plugin"],
+        )
         return s
     s.available = True
     s.data.update(tl)
@@ -232,9 +270,26 @@ def _ladder(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         s.missing("throughput and latency vs concurrency", cmds["attribute"])
         return s
     s.available = True
-    keys = ("concurrency", "repeat", "requests", "failed", "output_tok_per_s", "ttft_ms_p50", "tpot_ms_p50",
-            "itl_ms_p50", "itl_ms_p99", "e2e_ms_p50", "steady", "steady_note", "repeat_spread_pct", "flags")
-    s.data["rows"] = [{k: lv.get(k) for k in keys} for lv in sorted(levels, key=lambda x: (x.get("concurrency", 0), x.get("repeat", 0)))]
+    keys = (
+        "concurrency",
+        "repeat",
+        "requests",
+        "failed",
+        "output_tok_per_s",
+        "ttft_ms_p50",
+        "tpot_ms_p50",
+        "itl_ms_p50",
+        "itl_ms_p99",
+        "e2e_ms_p50",
+        "steady",
+        "steady_note",
+        "repeat_spread_pct",
+        "flags",
+    )
+    s.data["rows"] = [
+        {k: lv.get(k) for k in keys}
+        for lv in sorted(levels, key=lambda x: (x.get("concurrency", 0), x.get("repeat", 0)))
+    ]
     s.data["flagged"] = [r for r in s.data["rows"] if r.get("flags") or r.get("steady") is False]
     s.conditions = readers.conditions_text(readers.levels_conditions(inp.levels))
     return s
@@ -250,11 +305,20 @@ def _what_if(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     ss = pred.get("single_stream") or {}
     s.data["baseline_tok_per_s"] = ss.get("tok_per_s")
     s.data["baseline_ms_per_token"] = ss.get("ms_per_token")
-    s.data["rows"] = [{"name": w.get("name"), "description": w.get("description", ""), "tok_per_s": w.get("tok_per_s"),
-                       "ms_per_token": w.get("ms_per_token"),
-                       "change_pct": w["delta_pct"] if w.get("delta_pct") is not None else readers.pct_change(w.get("tok_per_s"), ss.get("tok_per_s")),
-                       "tok_per_s_range": w.get("tok_per_s_range"), "change_pct_range": w.get("delta_pct_range")}
-                      for w in pred["what_if"]]
+    s.data["rows"] = [
+        {
+            "name": w.get("name"),
+            "description": w.get("description", ""),
+            "tok_per_s": w.get("tok_per_s"),
+            "ms_per_token": w.get("ms_per_token"),
+            "change_pct": w["delta_pct"]
+            if w.get("delta_pct") is not None
+            else readers.pct_change(w.get("tok_per_s"), ss.get("tok_per_s")),
+            "tok_per_s_range": w.get("tok_per_s_range"),
+            "change_pct_range": w.get("delta_pct_range"),
+        }
+        for w in pred["what_if"]
+    ]
     # Each model-based number's range over the stated inputs, and what was fitted (predict's range, fitted, calibration).
     s.data["range"] = pred.get("range")
     s.data["fitted"] = pred.get("fitted") or []
@@ -267,14 +331,16 @@ def _what_if(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     return s
 
 
-def _replay(rd: RunDir, breakdown: Section, cmds: dict[str, str]) -> Section:
+def _replay(inp: readers.Inputs, breakdown: Section, cmds: dict[str, str]) -> Section:
     from tpcomm.report.replay import replay_data
 
     s = _new("replay")
-    d = replay_data(rd.read_json(C.REPLAY), breakdown.data if breakdown.available else None)
+    d = replay_data(inp.replay, breakdown.data if breakdown.available else None)
     if d is None:
-        s.missing("the decode step's collectives replayed between layer-sized work",
-                  cmds["probe"].replace("tpcomm probe", "tpcomm probe --replay", 1) + " --work-scale S")
+        s.missing(
+            "the decode step's collectives replayed between layer-sized work",
+            cmds["probe"].replace("tpcomm probe", "tpcomm probe --replay", 1) + " --work-scale S",
+        )
         return s
     s.available, s.data, s.conditions = True, d, d["conditions"]
     return s
@@ -284,31 +350,60 @@ def _methods(inp: readers.Inputs, sections: dict[str, Section]) -> Section:
     s = _new("methods")
     items: list[dict[str, str]] = []
     if inp.plan:
-        items.append({"what": "collective plan", "how": "derived from the model's config.json and vLLM "
-                      f"{inp.plan.get('vllm_version_followed', '?')}'s layer code by `tpcomm plan`; counts and bytes per rank per call"})
+        items.append(
+            {
+                "what": "collective plan",
+                "how": "derived from the model's config.json and vLLM "
+                f"{inp.plan.get('vllm_version_followed', '?')}'s layer code by `tpcomm plan`; counts and bytes per rank per call",
+            }
+        )
     if sections["probe"].available:
-        items.append({"what": "collective latency", "how": "`tpcomm probe`: one process per rank runs the plan's collectives on each backend; "
-                      "percentiles over repeated calls, correctness checked; " + sections["probe"].conditions})
+        items.append(
+            {
+                "what": "collective latency",
+                "how": "`tpcomm probe`: one process per rank runs the plan's collectives on each backend; "
+                "percentiles over repeated calls, correctness checked; " + sections["probe"].conditions,
+            }
+        )
     if sections["replay"].available:
-        items.append({"what": "decode step replayed", "how": "`tpcomm probe --replay`: the plan's collectives in vLLM's order between "
-                      "memory-streaming work of each site's bytes, on real ranks; step split with attribute's alignment code; "
-                      + sections["replay"].conditions})
+        items.append(
+            {
+                "what": "decode step replayed",
+                "how": "`tpcomm probe --replay`: the plan's collectives in vLLM's order between "
+                "memory-streaming work of each site's bytes, on real ranks; step split with attribute's alignment code; "
+                + sections["replay"].conditions,
+            }
+        )
     if inp.attribution:
-        items.append({"what": "per-token split", "how": inp.attribution.get("method") or "see attribution/summary.json"})
+        items.append(
+            {"what": "per-token split", "how": inp.attribution.get("method") or "see attribution/summary.json"}
+        )
     if inp.levels:
-        items.append({"what": "client latency (TTFT, ITL, TPOT, E2E)", "how": "timed by `tpcomm attribute`'s load generator "
-                      "on the client clock, one streamed token per chunk; steadiness and repeat spread flagged per level"})
+        items.append(
+            {
+                "what": "client latency (TTFT, ITL, TPOT, E2E)",
+                "how": "timed by `tpcomm attribute`'s load generator "
+                "on the client clock, one streamed token per chunk; steadiness and repeat spread flagged per level",
+            }
+        )
     if sections["timeline"].available:
         items.append({"what": "per-rank timeline", "how": sections["timeline"].conditions})
     if inp.predict:
-        items.append({"what": "predicted tok/s and what-ifs", "how": "`tpcomm predict`: weights / memory bandwidth + collectives x latency "
-                      "+ overhead; collective latency from: " + str(inp.predict.get("collective_latency_source", "?"))})
+        items.append(
+            {
+                "what": "predicted tok/s and what-ifs",
+                "how": "`tpcomm predict`: weights / memory bandwidth + collectives x latency "
+                "+ overhead; collective latency from: " + str(inp.predict.get("collective_latency_source", "?")),
+            }
+        )
         for a in inp.predict.get("assumptions") or []:
             items.append({"what": "assumption", "how": str(a)})
     s.data["items"] = items
     s.data["files"] = inp.files_present
-    s.data["commands"] = [{"utc": c.get("utc", ""), "command": c.get("command", ""), "argv": " ".join(redact.argv(c.get("argv") or []))}
-                          for c in (inp.meta or {}).get("commands", [])]
+    s.data["commands"] = [
+        {"utc": c.get("utc", ""), "command": c.get("command", ""), "argv": " ".join(redact.argv(c.get("argv") or []))}
+        for c in (inp.meta or {}).get("commands", [])
+    ]
     s.available = bool(items)
     s.conditions = "every figure in this report is traceable to the files listed here"
     return s

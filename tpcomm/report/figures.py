@@ -18,11 +18,30 @@ import matplotlib
 matplotlib.use("Agg", force=False)
 from matplotlib.figure import Figure  # noqa: E402  (pyplot-free: no global state, no GUI)
 
-matplotlib.rcParams.update({"pdf.fonttype": 42, "svg.fonttype": "none", "font.size": 8, "axes.titlesize": 9,
-                            "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False})
+matplotlib.rcParams.update(
+    {
+        "pdf.fonttype": 42,
+        "svg.fonttype": "none",
+        "font.size": 8,
+        "axes.titlesize": 9,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+    }
+)
 
-COLORS = {"compute": "#4C72B0", "transfer": "#DD8452", "wait": "#C44E52", "host_overhead": "#8C8C8C", "host_gap": "#8C8C8C",
-          "weights": "#4C72B0", "collectives": "#DD8452", "overhead": "#8C8C8C", "kv_cache": "#64B5CD"}
+COLORS = {
+    "compute": "#4C72B0",
+    "transfer": "#DD8452",
+    "wait": "#C44E52",
+    "host_overhead": "#8C8C8C",
+    "host_gap": "#8C8C8C",
+    "weights": "#4C72B0",
+    "collectives": "#DD8452",
+    "overhead": "#8C8C8C",
+    "kv_cache": "#64B5CD",
+}
 WIDTH_IN = 6.6
 
 
@@ -71,8 +90,13 @@ def fig_probe(probe: dict[str, Any]) -> Figure | None:
     for c in probe["curves"]:
         pts = c["points"]
         label = " ".join(str(c[k]) for k in ("backend", "op", "mode", "timing") if c.get(k))
-        style = dict(color=color[(c.get("backend"), c.get("op"))], ls="--" if c.get("timing") == "pipelined" else "-",
-                     marker="s" if c.get("mode") == "graph" else "o", ms=2.5, lw=1)
+        style = dict(
+            color=color[(c.get("backend"), c.get("op"))],
+            ls="--" if c.get("timing") == "pipelined" else "-",
+            marker="s" if c.get("mode") == "graph" else "o",
+            ms=2.5,
+            lw=1,
+        )
         ax_t.plot([p[0] for p in pts], [p[1] for p in pts], label=label, **style)
         bw = [p for p in pts if p[2] is not None]
         if bw:
@@ -107,8 +131,14 @@ def fig_breakdown(breakdown: dict[str, Any]) -> Figure | None:
         ax.bar(xs, vals, bottom=bottom, color=COLORS[key], width=0.55, label=key.replace("_", " "))
         for x, v, b in zip(xs, raw, bottom):
             if v < 0:
-                ax.annotate(f"{key.replace('_', ' ')} {v:.2f} ms\n(< 0: not drawn)", (x, b), xytext=(0, 4),
-                            textcoords="offset points", ha="center", fontsize=5)
+                ax.annotate(
+                    f"{key.replace('_', ' ')} {v:.2f} ms\n(< 0: not drawn)",
+                    (x, b),
+                    xytext=(0, 4),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=5,
+                )
         bottom = [b + v for b, v in zip(bottom, vals)]
     itl = [(x, lv["tpot_ms_p50"]) for x, lv in zip(xs, levels) if lv.get("tpot_ms_p50") is not None]
     if itl:
@@ -132,8 +162,13 @@ def fig_timeline(tl: dict[str, Any]) -> Figure | None:
             a, b = r["step_span_us"]
             ax.barh(i, b - a, left=a, height=0.7, color="#DDDDDD", edgecolor="#999999", lw=0.5)
         for k in r["calls"]:
-            ax.barh(i, max(k["end_us"] - k["start_us"], 0.5), left=k["start_us"], height=0.5,
-                    color=COLORS["transfer"] if k["op"] == "all_reduce" else "#55A868")
+            ax.barh(
+                i,
+                max(k["end_us"] - k["start_us"], 0.5),
+                left=k["start_us"],
+                height=0.5,
+                color=COLORS["transfer"] if k["op"] == "all_reduce" else "#55A868",
+            )
     ax.set_yticks(range(len(ranks)), [f"rank {r['rank']}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("us since the first rank entered the step (grey: step; orange: all-reduce; green: other collectives)")
@@ -151,17 +186,29 @@ def fig_what_if(w: dict[str, Any]) -> Figure | None:
     ax.barh(ys, [r["tok_per_s"] for r in rows], color="#4C72B0", height=0.6)
     rg = [(y, r["tok_per_s_range"]) for y, r in zip(ys, rows) if r.get("tok_per_s_range")]
     if rg:  # the range over the stated inputs, beside the central value
-        ax.errorbar([r["central"] for _, r in rg], [y for y, _ in rg], fmt="none", ecolor="k", elinewidth=0.8, capsize=2,
-                    xerr=[[r["central"] - r["low"] for _, r in rg], [r["high"] - r["central"] for _, r in rg]])
+        ax.errorbar(
+            [r["central"] for _, r in rg],
+            [y for y, _ in rg],
+            fmt="none",
+            ecolor="k",
+            elinewidth=0.8,
+            capsize=2,
+            xerr=[[r["central"] - r["low"] for _, r in rg], [r["high"] - r["central"] for _, r in rg]],
+        )
     for y, r in zip(ys, rows):
         top = (r.get("tok_per_s_range") or {}).get("high", r["tok_per_s"])
         ax.text(top, y, f" {r['tok_per_s']:.3g}", va="center", fontsize=7)
     if w.get("baseline_tok_per_s"):
-        ax.axvline(w["baseline_tok_per_s"], color="k", ls="--", lw=0.8, label=f"baseline {w['baseline_tok_per_s']:.3g} tok/s")
+        ax.axvline(
+            w["baseline_tok_per_s"], color="k", ls="--", lw=0.8, label=f"baseline {w['baseline_tok_per_s']:.3g} tok/s"
+        )
         ax.legend(fontsize=7, frameon=False, loc="lower right", bbox_to_anchor=(1.0, 1.0))
     ax.set_yticks(ys, [r["name"] for r in rows])
     ax.invert_yaxis()
-    ax.set_xlabel("single-stream tok/s (model-based): bar = central value" + ("; whiskers = range over the stated inputs" if rg else ""))
+    ax.set_xlabel(
+        "single-stream tok/s (model-based): bar = central value"
+        + ("; whiskers = range over the stated inputs" if rg else "")
+    )
     ax.set_xlim(0, max((r.get("tok_per_s_range") or {}).get("high", r["tok_per_s"]) for r in rows) * 1.15)
     ax.grid(False, axis="y")
     return fig
@@ -179,14 +226,26 @@ def fig_predict_range(w: dict[str, Any]) -> Figure | None:
     ys = list(range(len(names)))
     c = [terms[k]["central"] for k in names]
     ax.barh(ys, c, color=[COLORS.get(k, "#8172B3") for k in names], height=0.6)
-    ax.errorbar(c, ys, xerr=[[terms[k]["central"] - terms[k]["low"] for k in names], [terms[k]["high"] - terms[k]["central"] for k in names]],
-                fmt="none", ecolor="k", elinewidth=0.8, capsize=2)
+    ax.errorbar(
+        c,
+        ys,
+        xerr=[
+            [terms[k]["central"] - terms[k]["low"] for k in names],
+            [terms[k]["high"] - terms[k]["central"] for k in names],
+        ],
+        fmt="none",
+        ecolor="k",
+        elinewidth=0.8,
+        capsize=2,
+    )
     sh = s1.get("share") or {}
     ax.set_yticks(ys, [f"{k} ({100 * sh[k]['low']:.0f}-{100 * sh[k]['high']:.0f}%)" if k in sh else k for k in names])
     ax.invert_yaxis()
     t, m = s1["tok_per_s"], s1["ms_per_token"]
-    ax.set_xlabel(f"ms per token (model-based): total {m['central']:.3g} ms, {m['low']:.3g}-{m['high']:.3g}; "
-                  f"{t['central']:.3g} tok/s, {t['low']:.3g}-{t['high']:.3g} (share of a token in brackets)")
+    ax.set_xlabel(
+        f"ms per token (model-based): total {m['central']:.3g} ms, {m['low']:.3g}-{m['high']:.3g}; "
+        f"{t['central']:.3g} tok/s, {t['low']:.3g}-{t['high']:.3g} (share of a token in brackets)"
+    )
     ax.grid(False, axis="y")
     return fig
 
@@ -197,7 +256,14 @@ def fig_ladder(ladder: dict[str, Any]) -> Figure | None:
         return None
     fig = Figure(figsize=(WIDTH_IN, 2.3))
     ax = fig.add_subplot()
-    ax.plot([r["concurrency"] for r in rows], [r["output_tok_per_s"] for r in rows], "o", ms=3, color="#4C72B0", label="output tok/s (each repeat)")
+    ax.plot(
+        [r["concurrency"] for r in rows],
+        [r["output_tok_per_s"] for r in rows],
+        "o",
+        ms=3,
+        color="#4C72B0",
+        label="output tok/s (each repeat)",
+    )
     ax.set_xlabel("concurrency")
     ax.set_ylabel("output tok/s")
     ax.set_xscale("log", base=2)
@@ -207,7 +273,14 @@ def fig_ladder(ladder: dict[str, Any]) -> Figure | None:
     tp = [r for r in rows if r.get("tpot_ms_p50") is not None]
     if tp:
         ax2 = ax.twinx()
-        ax2.plot([r["concurrency"] for r in tp], [r["tpot_ms_p50"] for r in tp], "s", ms=3, color="#C44E52", label="TPOT p50 (ms)")
+        ax2.plot(
+            [r["concurrency"] for r in tp],
+            [r["tpot_ms_p50"] for r in tp],
+            "s",
+            ms=3,
+            color="#C44E52",
+            label="TPOT p50 (ms)",
+        )
         ax2.set_ylabel("TPOT p50 (ms)")
         ax2.grid(False)
         ax2.legend(fontsize=6, frameon=False, loc="lower right")
@@ -215,6 +288,12 @@ def fig_ladder(ladder: dict[str, Any]) -> Figure | None:
     return fig
 
 
-ALL = {"token_split": ("verdict", fig_token_split), "probe": ("probe", fig_probe), "breakdown": ("breakdown", fig_breakdown),
-       "timeline": ("timeline", fig_timeline), "ladder": ("ladder", fig_ladder), "what_if": ("what_if", fig_what_if),
-       "predict_range": ("what_if", fig_predict_range)}
+ALL = {
+    "token_split": ("verdict", fig_token_split),
+    "probe": ("probe", fig_probe),
+    "breakdown": ("breakdown", fig_breakdown),
+    "timeline": ("timeline", fig_timeline),
+    "ladder": ("ladder", fig_ladder),
+    "what_if": ("what_if", fig_what_if),
+    "predict_range": ("what_if", fig_predict_range),
+}

@@ -24,10 +24,22 @@ def check_target(path: Path, option: str = "--out") -> Path:
         except OSError as e:
             raise InputError(f"{option} {path}", f"cannot be inspected ({e.strerror})", "a regular file path") from None
         if not stat.S_ISREG(mode):
-            kind = ("a directory" if stat.S_ISDIR(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                    else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-            raise InputError(f"{option} {path}", f"exists and is {kind}; tpcomm writes only regular files",
-                             "a new file name or an existing regular file")
+            kind = (
+                "a directory"
+                if stat.S_ISDIR(mode)
+                else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a socket"
+                if stat.S_ISSOCK(mode)
+                else "not a regular file"
+            )
+            raise InputError(
+                f"{option} {path}",
+                f"exists and is {kind}; tpcomm writes only regular files",
+                "a new file name or an existing regular file",
+            )
         if p.is_symlink():
             p = p.resolve()  # replace the file the link names, keep the link
         # Root may write anything: a file without write bits is still the owner's "do not overwrite".

@@ -18,8 +18,17 @@ from reportlab.lib import colors
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import ParagraphStyle, getSampleStyleSheet
 from reportlab.lib.units import mm
-from reportlab.platypus import (CondPageBreak, Flowable, KeepTogether, PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table,
-                                TableStyle)
+from reportlab.platypus import (
+    CondPageBreak,
+    Flowable,
+    KeepTogether,
+    PageBreak,
+    Paragraph,
+    SimpleDocTemplate,
+    Spacer,
+    Table,
+    TableStyle,
+)
 
 from tpcomm.report import figures as F
 from tpcomm.report import tables
@@ -34,8 +43,12 @@ ST = {
     "h1": ParagraphStyle("h1", parent=_ss["Heading1"], fontSize=13, spaceBefore=6, spaceAfter=4),
     "body": ParagraphStyle("b", parent=_ss["BodyText"], fontSize=9, leading=12),
     "verdict": ParagraphStyle("v", parent=_ss["BodyText"], fontSize=10.5, leading=14, spaceAfter=4),
-    "cond": ParagraphStyle("c", parent=_ss["BodyText"], fontSize=7.5, leading=9.5, textColor=colors.HexColor("#555555")),
-    "missing": ParagraphStyle("m", parent=_ss["BodyText"], fontSize=9, leading=12, textColor=colors.HexColor("#8B0000")),
+    "cond": ParagraphStyle(
+        "c", parent=_ss["BodyText"], fontSize=7.5, leading=9.5, textColor=colors.HexColor("#555555")
+    ),
+    "missing": ParagraphStyle(
+        "m", parent=_ss["BodyText"], fontSize=9, leading=12, textColor=colors.HexColor("#8B0000")
+    ),
     "cell": ParagraphStyle("cell", parent=_ss["BodyText"], fontSize=7, leading=8.5),
     "cellb": ParagraphStyle("cellb", parent=_ss["BodyText"], fontSize=7, leading=8.5, fontName="Helvetica-Bold"),
 }
@@ -60,8 +73,16 @@ class FigureSlot(Flowable):
 
     def draw(self):
         x, y = self.canv.absolutePosition(0, 0)
-        self.slots.append({"key": self.key, "page": self.canv.getPageNumber() - 1, "x": x, "y": y,
-                           "scale": self.scale, "pdf": self.pdf_bytes})
+        self.slots.append(
+            {
+                "key": self.key,
+                "page": self.canv.getPageNumber() - 1,
+                "x": x,
+                "y": y,
+                "scale": self.scale,
+                "pdf": self.pdf_bytes,
+            }
+        )
 
 
 def P(text: str, style: str = "body") -> Paragraph:
@@ -74,8 +95,17 @@ def render_pdf(report: Report, out: str | Path) -> Path:
     story = _story(report, slots)
     buf = io.BytesIO()
     title = tables.title(report)
-    doc = SimpleDocTemplate(buf, pagesize=A4, leftMargin=MARGIN, rightMargin=MARGIN, topMargin=MARGIN,
-                            bottomMargin=MARGIN, title=title, author="tpcomm", subject="tpcomm report")
+    doc = SimpleDocTemplate(
+        buf,
+        pagesize=A4,
+        leftMargin=MARGIN,
+        rightMargin=MARGIN,
+        topMargin=MARGIN,
+        bottomMargin=MARGIN,
+        title=title,
+        author="tpcomm",
+        subject="tpcomm report",
+    )
 
     def footer(canv, _doc):
         canv.saveState()
@@ -96,7 +126,9 @@ def _stamp(base: bytes, slots: list[dict], out: Path) -> None:
     w = PdfWriter(clone_from=PdfReader(io.BytesIO(base)))
     for s in slots:
         fig_page = PdfReader(io.BytesIO(s["pdf"])).pages[0]
-        w.pages[s["page"]].merge_transformed_page(fig_page, Transformation().scale(s["scale"], s["scale"]).translate(s["x"], s["y"]))
+        w.pages[s["page"]].merge_transformed_page(
+            fig_page, Transformation().scale(s["scale"], s["scale"]).translate(s["x"], s["y"])
+        )
     tmp = out.with_name(f".{out.name}.tmp")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "wb") as f:
@@ -112,25 +144,37 @@ def _figure(key: str, data: dict, caption: str, slots: list) -> list[Flowable]:
 
 
 def _missing(sec) -> list[Flowable]:
-    return ([P(f"Could not read: {e}", "missing") for e in sec.unreadable]
-            + [P(f"Not measured: {m['what']}. Measure it with: {m['command']}", "missing") for m in sec.not_measured])
+    return [P(f"Could not read: {e}", "missing") for e in sec.unreadable] + [
+        P(f"Not measured: {m['what']}. Measure it with: {m['command']}", "missing") for m in sec.not_measured
+    ]
 
 
 def _table(header: list[str], rows: list[list], widths: list[float]) -> Table:
     total = sum(widths)
     cols = [FRAME_W * w / total for w in widths]
-    data = [[Paragraph(escape(h), ST["cellb"]) for h in header]] + [[Paragraph(escape(str(c)), ST["cell"]) for c in r] for r in rows]
+    data = [[Paragraph(escape(h), ST["cellb"]) for h in header]] + [
+        [Paragraph(escape(str(c)), ST["cell"]) for c in r] for r in rows
+    ]
     t = Table(data, colWidths=cols, repeatRows=1)
-    t.setStyle(TableStyle([("GRID", (0, 0), (-1, -1), 0.25, colors.HexColor("#BBBBBB")),
-                           ("BACKGROUND", (0, 0), (-1, 0), colors.HexColor("#EEEEEE")),
-                           ("VALIGN", (0, 0), (-1, -1), "TOP"), ("TOPPADDING", (0, 0), (-1, -1), 1.5),
-                           ("BOTTOMPADDING", (0, 0), (-1, -1), 1.5)]))
+    t.setStyle(
+        TableStyle(
+            [
+                ("GRID", (0, 0), (-1, -1), 0.25, colors.HexColor("#BBBBBB")),
+                ("BACKGROUND", (0, 0), (-1, 0), colors.HexColor("#EEEEEE")),
+                ("VALIGN", (0, 0), (-1, -1), "TOP"),
+                ("TOPPADDING", (0, 0), (-1, -1), 1.5),
+                ("BOTTOMPADDING", (0, 0), (-1, -1), 1.5),
+            ]
+        )
+    )
     return t
 
 
 def _story(report: Report, slots: list) -> list[Flowable]:
-    st: list[Flowable] = [P(tables.title(report), "title"),
-                          P(f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from {report.run_dir}", "cond")]
+    st: list[Flowable] = [
+        P(tables.title(report), "title"),
+        P(f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from {report.run_dir}", "cond"),
+    ]
     v = report["verdict"]
     st.append(P(v.title, "h1"))
     if v.conditions:

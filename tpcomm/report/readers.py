@@ -27,21 +27,32 @@ class Inputs:
     topo: dict | None = None
     plan: dict | None = None
     predict: dict | None = None
-    probe: Any = None            # DataFrame from probe/results.parquet (or the JSON twin)
+    probe: Any = None  # DataFrame from probe/results.parquet (or the JSON twin)
     probe_fit: dict | None = None
     timeline: dict | None = None  # attribution/timeline.json: `attribute` aligned the records, the report draws
-    levels: Any = None           # load/levels.json as written
+    replay: dict | None = None  # probe/replay.json
+    levels: Any = None  # load/levels.json as written
     attribution: dict | None = None
     attribution_steps: Any = None
     files_present: list[str] = field(default_factory=list)
-    errors: dict[str, str] = field(default_factory=dict)   # file -> one-line contract error
+    errors: dict[str, str] = field(default_factory=dict)  # file -> one-line contract error
 
 
 # What the report reads (tpcomm/contract.py names every file of a run directory and its schema).
-READ = {"meta": C.META, "status": C.STATUS, "topo": C.TOPO, "plan": C.PLAN, "predict": C.PREDICT,
-        "probe": C.PROBE_RESULTS, "probe_fit": C.PROBE_FIT,
-        "levels": C.LOAD_LEVELS, "attribution": C.ATTR_SUMMARY, "attribution_steps": C.ATTR_STEPS,
-        "timeline": C.ATTR_TIMELINE}
+READ = {
+    "meta": C.META,
+    "status": C.STATUS,
+    "topo": C.TOPO,
+    "plan": C.PLAN,
+    "predict": C.PREDICT,
+    "probe": C.PROBE_RESULTS,
+    "probe_fit": C.PROBE_FIT,
+    "levels": C.LOAD_LEVELS,
+    "attribution": C.ATTR_SUMMARY,
+    "attribution_steps": C.ATTR_STEPS,
+    "timeline": C.ATTR_TIMELINE,
+    "replay": C.REPLAY,
+}
 FILES = [s.path for s in C.ALL.values() if s.format != "aux"]
 
 
@@ -88,6 +99,27 @@ def _require_stage_files(inp: Inputs) -> None:
                 inp.errors.setdefault(spec.path, str(e) + f" (status.json marks {stage} complete)")
 
 
+def incomplete_stages(inp: Inputs) -> list[str]:
+    """'attribute (server stopped answering)' for every stage status.json marks incomplete or failed."""
+    out = []
+    for stage, st in (inp.status or {}).items():
+        if isinstance(st, dict) and st.get("state") in ("incomplete", "failed") and stage != "demo":
+            out.append(f"{stage} ({st.get('reason') or st.get('state')})")
+    return out
+
+
+def no_split_reason(inp: Inputs) -> str:
+    """Why there is no measured per-token split, from what the run directory says (never a guess)."""
+    summ = inp.attribution or {}
+    if summ.get("plugin") is False:
+        return "the server ran without the tpcomm plugin (no hook records)"
+    notes = sorted({str(lv.get("note")) for lv in summ.get("levels") or [] if lv.get("note")})
+    why = "; ".join(notes) if notes else "no level with a split"
+    if stopped := incomplete_stages(inp):
+        why = f"the run is incomplete: {', '.join(stopped)}; {why}"
+    return why
+
+
 def commands_for(inp: Inputs) -> dict[str, str]:
     """The command that fills each missing piece, with this run's model and layout filled in."""
     out = str(inp.rd.path)
@@ -130,8 +162,12 @@ def plan_per_step(plan: dict | None, batch: int = 1) -> dict[str, Any]:
         d = per_op.setdefault(c.get("op", "?"), {"count": 0, "bytes": 0})
         d["count"] += c.get("count") or 0
         d["bytes"] += (c.get("count") or 0) * (c.get("bytes") or 0)
-    return {"per_op": per_op, "count": sum(d["count"] for d in per_op.values()),
-            "bytes": sum(d["bytes"] for d in per_op.values()), "batch": batch}
+    return {
+        "per_op": per_op,
+        "count": sum(d["count"] for d in per_op.values()),
+        "bytes": sum(d["bytes"] for d in per_op.values()),
+        "batch": batch,
+    }
 
 
 def layout_text(layout: dict) -> str:
@@ -145,11 +181,18 @@ def layout_text(layout: dict) -> str:
 def plan_weights(plan: dict, batch: int = 1) -> dict[str, Any]:
     """Weight bytes each GPU reads per decode step at `batch`: total and per component."""
     w = plan.get("weights") or {}
-    w = w.get(str(batch)) or w.get(batch) or (next(iter(w.values())) if w and all(isinstance(v, dict) for v in w.values()) else w)
+    w = (
+        w.get(str(batch))
+        or w.get(batch)
+        or (next(iter(w.values())) if w and all(isinstance(v, dict) for v in w.values()) else w)
+    )
     if not isinstance(w, dict):
         return {}
-    return {"total_bytes": w.get("bytes_per_gpu_per_step"), "batch": batch,
-            "components": [c for c in w.get("components") or [] if isinstance(c, dict)]}
+    return {
+        "total_bytes": w.get("bytes_per_gpu_per_step"),
+        "batch": batch,
+        "components": [c for c in w.get("components") or [] if isinstance(c, dict)],
+    }
 
 
 def plan_sizes(plan: dict | None) -> list[dict[str, Any]]:
@@ -172,16 +215,24 @@ def probe_table(df) -> dict[str, Any] | None:
     c_bytes, c_time, c_bus, c_alg, c_p99, c_wrong = "bytes", "p50_us", "busbw_GBps", "algbw_GBps", "p99_us", "wrong"
     keys = [k for k in ("backend", "op", "mode", "timing", "world_size", "dtype") if k in df.columns]
     curves = []
-    for gkey, g in (df.groupby(keys, dropna=False, sort=True) if keys else [((), df)]):
+    for gkey, g in df.groupby(keys, dropna=False, sort=True) if keys else [((), df)]:
         gkey = gkey if isinstance(gkey, tuple) else (gkey,)
         g = g.sort_values(c_bytes)
         pts = [(int(r[c_bytes]), float(r[c_time]), _f(r[c_bus])) for _, r in g.iterrows()]
         curves.append({**{k: (None if _isnan(v) else v) for k, v in zip(keys, gkey)}, "points": pts})
     rows = []
     for _, r in df.sort_values(keys + [c_bytes] if keys else [c_bytes]).iterrows():
-        rows.append({**{k: r[k] for k in keys}, "bytes": int(r[c_bytes]), "time_us_p50": float(r[c_time]),
-                     "time_us_p99": _f(r[c_p99]), "algbw_GBps": _f(r[c_alg]),
-                     "busbw_GBps": _f(r[c_bus]), "wrong": None if _isnan(r[c_wrong]) else int(r[c_wrong])})
+        rows.append(
+            {
+                **{k: r[k] for k in keys},
+                "bytes": int(r[c_bytes]),
+                "time_us_p50": float(r[c_time]),
+                "time_us_p99": _f(r[c_p99]),
+                "algbw_GBps": _f(r[c_alg]),
+                "busbw_GBps": _f(r[c_bus]),
+                "wrong": None if _isnan(r[c_wrong]) else int(r[c_wrong]),
+            }
+        )
     cond = []
     for k in ("world_size", "backend", "mode", "timing", "dtype", "device", "hardware", "vllm", "torch"):
         if k in df.columns:
@@ -198,10 +249,19 @@ def fit_rows(fit: dict | None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for m in fit.get("models") or []:
         for seg in m.get("segments") or [{}]:
-            rows.append({"backend": m.get("backend"), "op": m.get("op"), "mode": m.get("mode"), "timing": m.get("timing"),
-                         "bytes": f"{seg.get('min_bytes', 0)}-{seg.get('max_bytes') or 'max'}",
-                         "alpha_us": seg.get("alpha_us"), "beta_GBps": seg.get("beta_GBps"), "points": seg.get("points"),
-                         "max_rel_err": seg.get("max_rel_err")})
+            rows.append(
+                {
+                    "backend": m.get("backend"),
+                    "op": m.get("op"),
+                    "mode": m.get("mode"),
+                    "timing": m.get("timing"),
+                    "bytes": f"{seg.get('min_bytes', 0)}-{seg.get('max_bytes') or 'max'}",
+                    "alpha_us": seg.get("alpha_us"),
+                    "beta_GBps": seg.get("beta_GBps"),
+                    "points": seg.get("points"),
+                    "max_rel_err": seg.get("max_rel_err"),
+                }
+            )
     return rows
 
 
@@ -225,8 +285,20 @@ def levels_conditions(levels: Any) -> dict | None:
     return None
 
 
-COND_KEYS = ("model", "tp", "api", "input_len", "output_len", "requests_per_round", "plugin", "ranks", "backends", "timing",
-             "hardware", "world_size")
+COND_KEYS = (
+    "model",
+    "tp",
+    "api",
+    "input_len",
+    "output_len",
+    "requests_per_round",
+    "plugin",
+    "ranks",
+    "backends",
+    "timing",
+    "hardware",
+    "world_size",
+)
 
 
 def conditions_text(cond: dict | None) -> str:
@@ -282,10 +354,16 @@ def predict_conditions(pred: dict) -> str:
     lay = pred.get("layout") or {}
     model = pred.get("model") or {}
     cal = pred.get("calibration") or {}
-    what = (f"measured terms of {cal.get('run_dir')} at concurrency {cal.get('concurrency')}, what-ifs model-based" if cal
-            else "model-based (not measured)")
-    bits = [f"{what}: {model.get('name', '?')}" + (f" ({model['quantization']})" if model.get("quantization") else ""),
-            layout_text(lay), f"hardware {hw.get('name', hw.get('profile', '?'))}"]
+    what = (
+        f"measured terms of {cal.get('run_dir')} at concurrency {cal.get('concurrency')}, what-ifs model-based"
+        if cal
+        else "model-based (not measured)"
+    )
+    bits = [
+        f"{what}: {model.get('name', '?')}" + (f" ({model['quantization']})" if model.get("quantization") else ""),
+        layout_text(lay),
+        f"hardware {hw.get('name', hw.get('profile', '?'))}",
+    ]
     bw = hw.get("memory_bandwidth_GBps") or hw.get("mem_bw_GBps")
     if bw:
         bits.append(f"{bw:g} GB/s memory")
@@ -294,9 +372,21 @@ def predict_conditions(pred: dict) -> str:
     bits.append(f"collective latency: {pred.get('collective_latency_source', '?')}")
     inp = (pred.get("range") or {}).get("inputs") or {}
     if inp:  # the uncertain inputs the model's ranges span (central values above)
-        ko, me, cl = inp.get("kernel_overhead_us") or {}, inp.get("memory_efficiency") or {}, inp.get("collective_latency") or {}
-        bits.append(f"ranges over per-kernel overhead {ko.get('low', '?'):g}-{ko.get('high', '?'):g} us, memory efficiency "
-                    f"{me.get('low', '?'):g}-{me.get('high', '?'):g}, collective latency low = {cl.get('low', '?')}, high = {cl.get('high', '?')}")
+        ko, me, cl = (
+            inp.get("kernel_overhead_us") or {},
+            inp.get("memory_efficiency") or {},
+            inp.get("collective_latency") or {},
+        )
+        lat = (
+            "collective latency fixed (measured or given: no range)"
+            if cl.get("low") == cl.get("high") == pred.get("collective_latency_source")
+            or "no range" in str(cl.get("low", ""))
+            else f"collective latency low = {cl.get('low', '?')}, high = {cl.get('high', '?')}"
+        )
+        bits.append(
+            f"ranges over per-kernel overhead {ko.get('low', '?'):g}-{ko.get('high', '?'):g} us, memory efficiency "
+            f"{me.get('low', '?'):g}-{me.get('high', '?'):g}, {lat}"
+        )
     if pred.get("fitted"):
         bits.append("; ".join(f["text"] for f in pred["fitted"]))
     return "; ".join(b for b in bits if b)
@@ -320,4 +410,4 @@ def _f(v: Any) -> float | None:
     return None if math.isnan(x) else x
 
 
-from tpcomm.report.topology import topo_summary  # noqa: E402
+from tpcomm.report.topology import topo_summary  # noqa: E402, F401  (re-exported for analysis.py and verdict.py)

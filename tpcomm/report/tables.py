@@ -9,8 +9,10 @@ from typing import Any
 
 from tpcomm.report.verdict import fmt
 
-LEVERS_INTRO = ("Levers and what-ifs, ranked by predicted effect on single-stream tok/s (model-based rows come from "
-                "tpcomm predict; bounds from the measurement assume everything else stays as measured):")
+LEVERS_INTRO = (
+    "Levers and what-ifs, ranked by predicted effect on single-stream tok/s (model-based rows come from "
+    "tpcomm predict; bounds from the measurement assume everything else stays as measured):"
+)
 TOKEN_SPLIT_CAPTION = "Where one token's time goes (conditions as stated above)."
 Block = tuple  # ("text", str) | ("table", (header, rows, widths)) | ("figure", key, caption)
 
@@ -21,7 +23,9 @@ def title(report) -> str:
     model = plan.get("served_name") or (plan.get("model") or {}).get("name") or pred.get("model_name")
     tp = (plan.get("layout") or {}).get("tp") or pred.get("tp")
     src = report.verdict.get("source")
-    return "tpcomm report" + (f": {model}" if model else "") + (f", TP {tp}" if tp else "") + (f" ({src})" if src else "")
+    return (
+        "tpcomm report" + (f": {model}" if model else "") + (f", TP {tp}" if tp else "") + (f" ({src})" if src else "")
+    )
 
 
 def _b(n: Any) -> str:
@@ -40,18 +44,39 @@ def _pct(x: float | None) -> str:
 
 
 def levers(levers: list[dict]) -> tuple[list[str], list[list], list[float]]:
-    rows = [[lv["rank"], lv["name"], lv.get("description", ""), fmt(lv.get("tok_per_s")) if lv.get("tok_per_s") else "not sized",
-             _pct(lv.get("change_pct")), lv.get("source", "")] for lv in levers if lv.get("top", True)]
+    rows = [
+        [
+            lv["rank"],
+            lv["name"],
+            lv.get("description", ""),
+            fmt(lv.get("tok_per_s")) if lv.get("tok_per_s") else "not sized",
+            _pct(lv.get("change_pct")),
+            lv.get("source", ""),
+        ]
+        for lv in levers
+        if lv.get("top", True)
+    ]
     if len(rows) < len(levers):
-        rows.append(["", f"{len(levers) - len(rows)} more", "ranked lower: see the what-if and system sections", "", "", ""])
+        rows.append(
+            ["", f"{len(levers) - len(rows)} more", "ranked lower: see the what-if and system sections", "", "", ""]
+        )
     return ["#", "lever", "what it means", "tok/s", "change", "source"], rows, [0.3, 2, 4, 0.8, 0.8, 2]
 
 
 def section_blocks(sec) -> list[Block]:
     from tpcomm.report.replay import blocks as _replay
 
-    return {"system": _system, "plan": _plan, "probe": _probe, "breakdown": _breakdown, "replay": _replay, "timeline": _timeline,
-            "ladder": _ladder, "what_if": _what_if, "methods": _methods}[sec.key](sec.data)
+    return {
+        "system": _system,
+        "plan": _plan,
+        "probe": _probe,
+        "breakdown": _breakdown,
+        "replay": _replay,
+        "timeline": _timeline,
+        "ladder": _ladder,
+        "what_if": _what_if,
+        "methods": _methods,
+    }[sec.key](sec.data)
 
 
 def _system(d: dict) -> list[Block]:
@@ -61,21 +86,67 @@ def _system(d: dict) -> list[Block]:
         out.append(("table", (["machine", "value"], [[k, v] for k, v in topo["scalars"].items()], [1, 4])))
     if topo.get("gpus"):
         keys = ["index", "name", "cc", "pcie", "numa_node", "nvlinks_up", "pci_bus_id"]
-        out.append(("table", (keys, [[g.get(k, "") for k in keys] for g in topo["gpus"]], [0.5, 2, 0.5, 2, 0.7, 0.7, 1.5])))
+        out.append(
+            ("table", (keys, [[g.get(k, "") for k in keys] for g in topo["gpus"]], [0.5, 2, 0.5, 2, 0.7, 0.7, 1.5]))
+        )
     if topo.get("topology"):
         n = len(topo["topology"])
         out.append(("text", "GPU-to-GPU path (NVML common ancestor):"))
-        out.append(("table", ([""] + [f"GPU{j}" for j in range(n)], [[f"GPU{i}", *row] for i, row in enumerate(topo["topology"])], [1] * (n + 1))))
+        out.append(
+            (
+                "table",
+                (
+                    [""] + [f"GPU{j}" for j in range(n)],
+                    [[f"GPU{i}", *row] for i, row in enumerate(topo["topology"])],
+                    [1] * (n + 1),
+                ),
+            )
+        )
     if topo.get("paths"):
-        out.append(("text", f"vLLM all-reduce paths on this {topo.get('platform') or 'machine'}, in the order vLLM tries them:"))
-        out.append(("table", (["path", "eligible", "why", "lever"], [[p.get("path"), "yes" if p.get("eligible") else "no", p.get("why", ""),
-                                                                     p.get("lever") or ""] for p in topo["paths"]], [1.2, 0.6, 4, 2])))
+        out.append(
+            (
+                "text",
+                f"vLLM all-reduce paths on this {topo.get('platform') or 'machine'}, in the order vLLM tries them:",
+            )
+        )
+        out.append(
+            (
+                "table",
+                (
+                    ["path", "eligible", "why", "lever"],
+                    [
+                        [p.get("path"), "yes" if p.get("eligible") else "no", p.get("why", ""), p.get("lever") or ""]
+                        for p in topo["paths"]
+                    ],
+                    [1.2, 0.6, 4, 2],
+                ),
+            )
+        )
     if topo.get("findings"):
         out.append(("text", "Topology findings:"))
-        out.append(("table", (["finding", "kind", "lever"], [[f["text"], f.get("severity") or "", f.get("lever") or ""] for f in topo["findings"]], [5, 0.8, 3])))
+        out.append(
+            (
+                "table",
+                (
+                    ["finding", "kind", "lever"],
+                    [[f["text"], f.get("severity") or "", f.get("lever") or ""] for f in topo["findings"]],
+                    [5, 0.8, 3],
+                ),
+            )
+        )
     if topo:
         env = topo.get("nccl_env") or {}
-        out.append(("text", "NCCL / vLLM environment: " + (", ".join(f"{k}={v}" for k, v in env.items()) if env else "no NCCL_* / VLLM_* setting in effect (defaults).")))
+        out.append(
+            (
+                "text",
+                "NCCL / vLLM environment: "
+                + (
+                    ", ".join(f"{k}={v}" for k, v in env.items())
+                    if env
+                    else "no NCCL_* / VLLM_* setting in effect (defaults)."
+                ),
+            )
+        )
     if d.get("versions"):
         out.append(("table", (["software", "version"], [list(r) for r in d["versions"]], [1, 3])))
     if d.get("serving"):
@@ -87,28 +158,68 @@ def _system(d: dict) -> list[Block]:
 
 def _plan(d: dict) -> list[Block]:
     m, pt = d.get("model") or {}, d.get("per_token") or {}
-    out: list[Block] = [("text", f"Model {d.get('served_name') or m.get('name', '?')}: {m.get('architecture', '?')}, hidden {m.get('hidden_size', '?')}, "
-                                 f"{m.get('num_layers', '?')} layers. Per decode step at batch 1: {fmt(pt.get('count'))} collectives per rank, "
-                                 f"{_b(pt.get('bytes'))} sent per rank in total.")]
+    out: list[Block] = [
+        (
+            "text",
+            f"Model {d.get('served_name') or m.get('name', '?')}: {m.get('architecture', '?')}, hidden {m.get('hidden_size', '?')}, "
+            f"{m.get('num_layers', '?')} layers. Per decode step at batch 1: {fmt(pt.get('count'))} collectives per rank, "
+            f"{_b(pt.get('bytes'))} sent per rank in total.",
+        )
+    ]
     # A plan over several batch sizes repeats every site per batch: the table shows the smallest batch.
     batches = sorted({r["batch"] for r in d.get("rows", []) if r.get("batch") is not None})
     shown = [r for r in d.get("rows", []) if not batches or r.get("batch") == batches[0]]
     rows = [[r["op"], r["group"], _b(r["bytes"]), r["count"], r["batch"], r["dtype"], r["site"]] for r in shown]
-    out.append(("table", (["op", "group", "bytes/rank/call", "count/step", "batch", "dtype", "site"], rows, [1.2, 0.6, 1, 0.8, 0.5, 0.7, 3])))
+    out.append(
+        (
+            "table",
+            (
+                ["op", "group", "bytes/rank/call", "count/step", "batch", "dtype", "site"],
+                rows,
+                [1.2, 0.6, 1, 0.8, 0.5, 0.7, 3],
+            ),
+        )
+    )
     if len(batches) > 1:
-        out.append(("text", f"Batches {', '.join(map(str, batches[1:]))}: the same calls at the sizes of those batches (plan.json lists every row)."))
+        out.append(
+            (
+                "text",
+                f"Batches {', '.join(map(str, batches[1:]))}: the same calls at the sizes of those batches (plan.json lists every row).",
+            )
+        )
     w = d.get("weights") or {}
     if w.get("components"):
-        out.append(("text", f"Weight bytes each GPU reads per decode step at batch {w.get('batch')}: {_b(w.get('total_bytes'))}."))
-        out.append(("table", (["component", "sharding", "bits/weight", "bytes per GPU"],
-                              [[c.get("component"), c.get("sharding"), c.get("bits_per_weight"), _b(c.get("bytes_per_gpu"))] for c in w["components"]],
-                              [3, 1, 0.8, 1])))
+        out.append(
+            (
+                "text",
+                f"Weight bytes each GPU reads per decode step at batch {w.get('batch')}: {_b(w.get('total_bytes'))}.",
+            )
+        )
+        out.append(
+            (
+                "table",
+                (
+                    ["component", "sharding", "bits/weight", "bytes per GPU"],
+                    [
+                        [c.get("component"), c.get("sharding"), c.get("bits_per_weight"), _b(c.get("bytes_per_gpu"))]
+                        for c in w["components"]
+                    ],
+                    [3, 1, 0.8, 1],
+                ),
+            )
+        )
     return out
 
 
 def _probe(d: dict) -> list[Block]:
-    out: list[Block] = [("figure", "probe", "Collective time per call (p50) and bus bandwidth vs message size, per backend and op; "
-                                            "dotted lines mark the model's message sizes.")]
+    out: list[Block] = [
+        (
+            "figure",
+            "probe",
+            "Collective time per call (p50) and bus bandwidth vs message size, per backend and op; "
+            "dotted lines mark the model's message sizes.",
+        )
+    ]
     rows = d.get("rows") or []
     sizes = {m["bytes"] for m in d.get("model_sizes") or []}
     shown = [r for r in rows if r["bytes"] in sizes] or rows
@@ -121,48 +232,156 @@ def _probe(d: dict) -> list[Block]:
     for (backend, op, mode, nbytes), by in merged.items():
         iso, pipe = by.get("isolated") or next(iter(by.values())), by.get("pipelined")
         wrong = [x.get("wrong") for x in by.values() if x.get("wrong") is not None]
-        table.append([backend, op, mode, nbytes, fmt(iso["time_us_p50"]), fmt(iso.get("time_us_p99")),
-                      fmt(pipe["time_us_p50"]) if pipe else "n/a", fmt(iso.get("busbw_GBps")),
-                      fmt(pipe.get("busbw_GBps")) if pipe else "n/a", sum(wrong) if wrong else "n/a"])
+        table.append(
+            [
+                backend,
+                op,
+                mode,
+                nbytes,
+                fmt(iso["time_us_p50"]),
+                fmt(iso.get("time_us_p99")),
+                fmt(pipe["time_us_p50"]) if pipe else "n/a",
+                fmt(iso.get("busbw_GBps")),
+                fmt(pipe.get("busbw_GBps")) if pipe else "n/a",
+                sum(wrong) if wrong else "n/a",
+            ]
+        )
     out.append(("text", "At the model's sizes:" if shown is not rows else "All measured sizes:"))
-    out.append(("table", (["backend", "op", "mode", "bytes", "isolated p50 us", "isolated p99 us", "pipelined p50 us",
-                           "busbw GB/s (isolated)", "busbw GB/s (pipelined)", "wrong"], table,
-                          [0.8, 1, 0.6, 0.7, 0.9, 0.9, 0.9, 0.9, 0.9, 0.6])))
+    out.append(
+        (
+            "table",
+            (
+                [
+                    "backend",
+                    "op",
+                    "mode",
+                    "bytes",
+                    "isolated p50 us",
+                    "isolated p99 us",
+                    "pipelined p50 us",
+                    "busbw GB/s (isolated)",
+                    "busbw GB/s (pipelined)",
+                    "wrong",
+                ],
+                table,
+                [0.8, 1, 0.6, 0.7, 0.9, 0.9, 0.9, 0.9, 0.9, 0.6],
+            ),
+        )
+    )
     if d.get("fit"):
         keys = ["backend", "op", "mode", "timing", "bytes", "alpha_us", "beta_GBps", "points", "max_rel_err"]
-        out.append(("text", "Fitted latency model (probe/fit.json" + (f"; {d['fit_formula']}" if d.get("fit_formula") else "") + "):"))
-        out.append(("table", (keys, [[fmt(r.get(k)) if isinstance(r.get(k), float) else ("n/a" if r.get(k) is None else r.get(k)) for k in keys]
-                                     for r in d["fit"]], [0.8, 1, 0.7, 0.9, 1.2, 0.8, 0.8, 0.6, 0.9])))
+        out.append(
+            (
+                "text",
+                "Fitted latency model (probe/fit.json"
+                + (f"; {d['fit_formula']}" if d.get("fit_formula") else "")
+                + "):",
+            )
+        )
+        out.append(
+            (
+                "table",
+                (
+                    keys,
+                    [
+                        [
+                            fmt(r.get(k)) if isinstance(r.get(k), float) else ("n/a" if r.get(k) is None else r.get(k))
+                            for k in keys
+                        ]
+                        for r in d["fit"]
+                    ],
+                    [0.8, 1, 0.7, 0.9, 1.2, 0.8, 0.8, 0.6, 0.9],
+                ),
+            )
+        )
     return out
 
 
 def _breakdown(d: dict) -> list[Block]:
-    out: list[Block] = [("figure", "breakdown", "Engine per-token time per concurrency level, stacked: compute + collective "
-                                                "transfer + collective wait (rank skew) + host gap between steps = the bar's top; "
-                                                "the client's TPOT p50 beside it (not part of the split).")]
+    out: list[Block] = [
+        (
+            "figure",
+            "breakdown",
+            "Engine per-token time per concurrency level, stacked: compute + collective "
+            "transfer + collective wait (rank skew) + host gap between steps = the bar's top; "
+            "the client's TPOT p50 beside it (not part of the split).",
+        )
+    ]
     if d.get("format_note"):
         out.append(("text", d["format_note"]))
-    rows = [[lv["concurrency"], fmt(lv.get("engine_ms_per_token")), fmt(lv["compute_ms"]), fmt(lv["transfer_ms"]), fmt(lv["wait_ms"]),
-             fmt(lv.get("host_gap_ms")), fmt(lv.get("tpot_ms_p50")), fmt(lv.get("delivery_ms")),
-             _closure(lv), f"{lv.get('stalls') or 0} ({fmt(lv.get('stall_ms') or 0.0)} ms)",
-             f"{lv['collectives_observed']} / {lv['collectives_planned']}" + ("" if lv["collectives_match"] in (None, True) else " (mismatch)")]
-            for lv in d.get("levels", [])]
-    out.append(("table", (["C", "engine ms/token", "compute ms", "transfer ms", "wait ms", "host gap ms", "client TPOT p50 ms",
-                           "delivery ms", "closure (C=1, 10%)", "client stalls", "collectives/step seen / planned"], rows,
-                          [0.4, 0.8, 0.8, 0.8, 0.7, 0.8, 0.8, 0.8, 1.0, 0.9, 1.3])))
+    rows = [
+        [
+            lv["concurrency"],
+            fmt(lv.get("engine_ms_per_token")),
+            fmt(lv["compute_ms"]),
+            fmt(lv["transfer_ms"]),
+            fmt(lv["wait_ms"]),
+            fmt(lv.get("host_gap_ms")),
+            fmt(lv.get("tpot_ms_p50")),
+            fmt(lv.get("delivery_ms")),
+            _closure(lv),
+            f"{lv.get('stalls') or 0} ({fmt(lv.get('stall_ms') or 0.0)} ms)",
+            f"{lv['collectives_observed']} / {lv['collectives_planned']}"
+            + ("" if lv["collectives_match"] in (None, True) else " (mismatch)"),
+        ]
+        for lv in d.get("levels", [])
+    ]
+    out.append(
+        (
+            "table",
+            (
+                [
+                    "C",
+                    "engine ms/token",
+                    "compute ms",
+                    "transfer ms",
+                    "wait ms",
+                    "host gap ms",
+                    "client TPOT p50 ms",
+                    "delivery ms",
+                    "closure (C=1, 10%)",
+                    "client stalls",
+                    "collectives/step seen / planned",
+                ],
+                rows,
+                [0.4, 0.8, 0.8, 0.8, 0.7, 0.8, 0.8, 0.8, 1.0, 0.9, 1.3],
+            ),
+        )
+    )
     for lv in d.get("levels", []):
         if lv.get("closure_ok") is False:
-            out.append(("text", f"C={lv['concurrency']}: closure check failed: engine {fmt(lv.get('engine_ms_per_token'))} ms vs client "
-                                f"TPOT p50 {fmt(lv.get('tpot_ms_p50'))} ms ({lv['closure_diff_pct']:+.1f}%); stalls {lv.get('stalls') or 0} in "
-                                f"request(s) {', '.join(map(str, lv.get('stall_requests', [])[:8])) or 'none'}; cause not determined."))
+            out.append(
+                (
+                    "text",
+                    f"C={lv['concurrency']}: closure check failed: engine {fmt(lv.get('engine_ms_per_token'))} ms vs client "
+                    f"TPOT p50 {fmt(lv.get('tpot_ms_p50'))} ms ({lv['closure_diff_pct']:+.1f}%); stalls {lv.get('stalls') or 0} in "
+                    f"request(s) {', '.join(map(str, lv.get('stall_requests', [])[:8])) or 'none'}; cause not determined.",
+                )
+            )
         if lv.get("collectives_detail"):
             out.append(("text", f"C={lv['concurrency']}: {lv['collectives_detail']}"))
     ranks = [(lv["concurrency"], r) for lv in d.get("levels", []) for r in lv.get("by_rank") or []]
     if ranks:
         out.append(("text", "The same split per rank (each rank's terms add up to its own mean decode-step period):"))
-        out.append(("table", (["C", "rank", "period ms", "compute ms", "transfer ms", "wait ms", "host gap ms", "decode steps"],
-                              [[c, r["rank"], fmt(r["period_ms"]), *(fmt(r["per_token_ms"][k]) for k in ("compute", "transfer", "wait", "host_gap")),
-                                r["pairs"]] for c, r in ranks], [0.4, 0.5, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8])))
+        out.append(
+            (
+                "table",
+                (
+                    ["C", "rank", "period ms", "compute ms", "transfer ms", "wait ms", "host gap ms", "decode steps"],
+                    [
+                        [
+                            c,
+                            r["rank"],
+                            fmt(r["period_ms"]),
+                            *(fmt(r["per_token_ms"][k]) for k in ("compute", "transfer", "wait", "host_gap")),
+                            r["pairs"],
+                        ]
+                        for c, r in ranks
+                    ],
+                    [0.4, 0.5, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8],
+                ),
+            )
+        )
     return out
 
 
@@ -174,51 +393,141 @@ def _closure(lv: dict) -> str:
 
 
 def _timeline(d: dict) -> list[Block]:
-    txt = (f"Decode step {d['step']}" + (f" ({d['num_seqs']} sequence(s))" if d.get("num_seqs") is not None else "")
-           + f": {d['n_collectives']} collectives per rank; step {fmt(d.get('step_us'))} us across ranks; largest entry skew "
-           f"{fmt(d.get('max_entry_skew_us'))} us, summed over the step's collectives {fmt(d.get('sum_entry_skew_us'))} us.")
-    rows = [[r["rank"], fmt((r["step_span_us"][1] - r["step_span_us"][0]) if r["step_span_us"] else None), len(r["calls"]),
-             fmt(r["collective_us"])] for r in d["ranks"]]
-    return [("figure", "timeline", "One decode step per rank: grey the step, coloured each collective call."), ("text", txt),
-            ("table", (["rank", "step us", "collectives", "time in collectives us"], rows, [1, 1, 1, 1.5]))]
+    txt = (
+        f"Decode step {d['step']}"
+        + (f" ({d['num_seqs']} sequence(s))" if d.get("num_seqs") is not None else "")
+        + f": {d['n_collectives']} collectives per rank; step {fmt(d.get('step_us'))} us across ranks; largest entry skew "
+        f"{fmt(d.get('max_entry_skew_us'))} us, summed over the step's collectives {fmt(d.get('sum_entry_skew_us'))} us."
+    )
+    rows = [
+        [
+            r["rank"],
+            fmt((r["step_span_us"][1] - r["step_span_us"][0]) if r["step_span_us"] else None),
+            len(r["calls"]),
+            fmt(r["collective_us"]),
+        ]
+        for r in d["ranks"]
+    ]
+    return [
+        ("figure", "timeline", "One decode step per rank: grey the step, coloured each collective call."),
+        ("text", txt),
+        ("table", (["rank", "step us", "collectives", "time in collectives us"], rows, [1, 1, 1, 1.5])),
+    ]
 
 
 def _ladder(d: dict) -> list[Block]:
-    rows = [[r["concurrency"], r["repeat"], f"{r['requests']}/{r['failed']}", fmt(r["output_tok_per_s"]), fmt(r["ttft_ms_p50"]),
-             fmt(r["tpot_ms_p50"]), fmt(r["itl_ms_p50"]), fmt(r["itl_ms_p99"]), fmt(r["e2e_ms_p50"]),
-             {True: "yes", False: "NO"}.get(r["steady"], "n/a"), fmt(r["repeat_spread_pct"]),
-             "; ".join(r.get("flags") or []) or (r.get("steady_note") or "")]
-            for r in d.get("rows", [])]
-    out: list[Block] = [("figure", "ladder", "Output throughput (left axis) and TPOT p50 (right axis) vs concurrency, each repeat shown.")]
-    out.append(("table", (["C", "rep", "req/failed", "out tok/s", "TTFT p50 ms", "TPOT p50 ms", "ITL p50 ms", "ITL p99 ms",
-                           "E2E p50 ms", "steady", "repeat spread %", "flags"], rows, [0.4, 0.5, 0.8, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.8, 2.2])))
+    rows = [
+        [
+            r["concurrency"],
+            r["repeat"],
+            f"{r['requests']}/{r['failed']}",
+            fmt(r["output_tok_per_s"]),
+            fmt(r["ttft_ms_p50"]),
+            fmt(r["tpot_ms_p50"]),
+            fmt(r["itl_ms_p50"]),
+            fmt(r["itl_ms_p99"]),
+            fmt(r["e2e_ms_p50"]),
+            {True: "yes", False: "NO"}.get(r["steady"], "n/a"),
+            fmt(r["repeat_spread_pct"]),
+            "; ".join(r.get("flags") or []) or (r.get("steady_note") or ""),
+        ]
+        for r in d.get("rows", [])
+    ]
+    out: list[Block] = [
+        (
+            "figure",
+            "ladder",
+            "Output throughput (left axis) and TPOT p50 (right axis) vs concurrency, each repeat shown.",
+        )
+    ]
+    out.append(
+        (
+            "table",
+            (
+                [
+                    "C",
+                    "rep",
+                    "req/failed",
+                    "out tok/s",
+                    "TTFT p50 ms",
+                    "TPOT p50 ms",
+                    "ITL p50 ms",
+                    "ITL p99 ms",
+                    "E2E p50 ms",
+                    "steady",
+                    "repeat spread %",
+                    "flags",
+                ],
+                rows,
+                [0.4, 0.5, 0.8, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.8, 2.2],
+            ),
+        )
+    )
     if d.get("flagged"):
-        out.append(("text", f"{len(d['flagged'])} level(s) flagged as unsteady or not repeatable: read their numbers with care."))
+        out.append(
+            (
+                "text",
+                f"{len(d['flagged'])} level(s) flagged as unsteady or not repeatable: read their numbers with care.",
+            )
+        )
     return out
 
 
 def _what_if(d: dict) -> list[Block]:
-    out: list[Block] = [("figure", "what_if", "Predicted single-stream tok/s per what-if (model-based, not measured); "
-                                              "whiskers: the range over the stated inputs.")]
+    out: list[Block] = [
+        (
+            "figure",
+            "what_if",
+            "Predicted single-stream tok/s per what-if (model-based, not measured); "
+            "whiskers: the range over the stated inputs.",
+        )
+    ]
     rg = d.get("range") or {}
     br = d.get("breakdown_ms") or {}
     s1 = rg.get("single_stream") or {}
     if s1:
-        out.append(("figure", "predict_range", "Model-based ms per token per term at the central inputs; whiskers: low-high over the "
-                                               "stated input ranges (collective latency, per-kernel overhead, memory efficiency)."))
+        out.append(
+            (
+                "figure",
+                "predict_range",
+                "Model-based ms per token per term at the central inputs; whiskers: low-high over the "
+                "stated input ranges (collective latency, per-kernel overhead, memory efficiency).",
+            )
+        )
     if br:
         t = s1.get("tok_per_s")
-        out.append(("text", f"Baseline {fmt(d.get('baseline_tok_per_s'))} tok/s ({fmt(d.get('baseline_ms_per_token'))} ms per token)"
-                            + (f", range {fmt(t['low'])}-{fmt(t['high'])} tok/s over the stated inputs" if t else "") + ": "
-                            + ", ".join(f"{k} {fmt(v)} ms" + (f" ({fmt(s1['breakdown_ms'][k]['low'])}-{fmt(s1['breakdown_ms'][k]['high'])})"
-                                                              if k in s1.get("breakdown_ms", {}) else "")
-                                        for k, v in br.items() if isinstance(v, (int, float))) + "."))
+        out.append(
+            (
+                "text",
+                f"Baseline {fmt(d.get('baseline_tok_per_s'))} tok/s ({fmt(d.get('baseline_ms_per_token'))} ms per token)"
+                + (f", range {fmt(t['low'])}-{fmt(t['high'])} tok/s over the stated inputs" if t else "")
+                + ": "
+                + ", ".join(
+                    f"{k} {fmt(v)} ms"
+                    + (
+                        f" ({fmt(s1['breakdown_ms'][k]['low'])}-{fmt(s1['breakdown_ms'][k]['high'])})"
+                        if k in s1.get("breakdown_ms", {})
+                        else ""
+                    )
+                    for k, v in br.items()
+                    if isinstance(v, (int, float))
+                )
+                + ".",
+            )
+        )
     inp = rg.get("inputs") or {}
     if inp:
-        rows = [[f"collective latency {lv}", inp["collective_latency"].get(lv, "")] for lv in ("low", "central", "high")]
+        rows = [
+            [f"collective latency {lv}", inp["collective_latency"].get(lv, "")] for lv in ("low", "central", "high")
+        ]
         for key, unit in (("kernel_overhead_us", " us"), ("memory_efficiency", "")):
             x = inp[key]
-            rows.append([key.replace("_", " "), f"{fmt(x['low'])}-{fmt(x['high'])}{unit}, central {fmt(x['central'])}{unit}: {x['source']}"])
+            rows.append(
+                [
+                    key.replace("_", " "),
+                    f"{fmt(x['low'])}-{fmt(x['high'])}{unit}, central {fmt(x['central'])}{unit}: {x['source']}",
+                ]
+            )
         for f in d.get("fitted") or []:
             rows.append(["fitted term", f["text"]])
         out.append(("table", (["uncertain input", "range and source"], rows, [1.3, 5])))
@@ -227,38 +536,113 @@ def _what_if(d: dict) -> list[Block]:
             out.append(("text", ("Model-based verdict: " if key == "verdict" else "") + rg[key]["statement"]))
     if d.get("calibration"):
         c = d["calibration"]
-        out.append(("text", f"Anchored on the measured run {c['run_dir']} (concurrency {c['concurrency']}; read {', '.join(c['keys_read'])}): "
-                            f"the measured configuration reproduces its own per-token time within {fmt(abs(c['reproduces_pct']))}%."))
+        out.append(
+            (
+                "text",
+                f"Anchored on the measured run {c['run_dir']} (concurrency {c['concurrency']}; read {', '.join(c['keys_read'])}): "
+                f"the measured configuration reproduces its own per-token time within {fmt(abs(c['reproduces_pct']))}%.",
+            )
+        )
     rr = lambda r: f"{fmt(r['low'])}-{fmt(r['high'])}" if r else ""
-    out.append(("table", (["what-if", "description", "tok/s", "range", "ms/token", "change", "change range"],
-                          [[r["name"], r["description"], fmt(r["tok_per_s"]), rr(r.get("tok_per_s_range")), fmt(r["ms_per_token"]),
-                            _pct(r["change_pct"]), (f"{_pct(r['change_pct_range']['low'])} to {_pct(r['change_pct_range']['high'])}"
-                                                    if r.get("change_pct_range") else "")] for r in d.get("rows", [])],
-                          [1.5, 3.6, 0.6, 0.9, 0.7, 0.6, 1.0])))
+    out.append(
+        (
+            "table",
+            (
+                ["what-if", "description", "tok/s", "range", "ms/token", "change", "change range"],
+                [
+                    [
+                        r["name"],
+                        r["description"],
+                        fmt(r["tok_per_s"]),
+                        rr(r.get("tok_per_s_range")),
+                        fmt(r["ms_per_token"]),
+                        _pct(r["change_pct"]),
+                        (
+                            f"{_pct(r['change_pct_range']['low'])} to {_pct(r['change_pct_range']['high'])}"
+                            if r.get("change_pct_range")
+                            else ""
+                        ),
+                    ]
+                    for r in d.get("rows", [])
+                ],
+                [1.5, 3.6, 0.6, 0.9, 0.7, 0.6, 1.0],
+            ),
+        )
+    )
     c = d.get("compare")
     if c and c.get("models"):
-        rows = [["quantization", *c.get("quantization", ["?"] * len(c["models"]))],
-                ["weight bytes per GPU per token", *[_b(x) for x in c.get("weight_bytes_per_gpu", [])]],
-                ["predicted tok/s (central)", *[fmt(x) for x in c.get("predicted_tok_per_s", [])]]]
+        rows = [
+            ["quantization", *c.get("quantization", ["?"] * len(c["models"]))],
+            ["weight bytes per GPU per token", *[_b(x) for x in c.get("weight_bytes_per_gpu", [])]],
+            ["predicted tok/s (central)", *[fmt(x) for x in c.get("predicted_tok_per_s", [])]],
+        ]
         if c.get("measured_tok_per_s"):
             rows.append(["measured tok/s (given by the user)", *[fmt(x) for x in c["measured_tok_per_s"]]])
-        out.append(("text", "Checkpoint comparison: same collectives: " + ("yes" if c.get("same_collectives") else "NO")
-                    + "; same weight bytes: " + ("yes" if c.get("same_weight_bytes") else "NO") + "."))
+        out.append(
+            (
+                "text",
+                "Checkpoint comparison: same collectives: "
+                + ("yes" if c.get("same_collectives") else "NO")
+                + "; same weight bytes: "
+                + ("yes" if c.get("same_weight_bytes") else "NO")
+                + ".",
+            )
+        )
         out.append(("table", (["", *c["models"]], rows, [1.5] + [2] * len(c["models"]))))
     if d.get("batches"):
-        out.append(("text", "Predicted decode step time per batch size (central, and tok/s over the stated input ranges); a row "
-                            "marked fitted reproduces the measurement the extra terms were fitted to and is not a prediction:"))
-        out.append(("table", (["batch", "step ms", "tok/s", "tok/s range", "note"],
-                              [[b.get("batch"), fmt(b.get("step_ms")), fmt(b.get("tok_per_s")), rr(b.get("tok_per_s_range")),
-                                f"fitted to the measured {fmt(b['fitted_to_tok_per_s'])} tok/s" if b.get("fitted_to_tok_per_s") else ""]
-                               for b in d["batches"]], [0.7, 1, 1, 1.3, 2])))
+        out.append(
+            (
+                "text",
+                "Predicted decode step time per batch size (central, and tok/s over the stated input ranges); a row "
+                "marked fitted reproduces the measurement the extra terms were fitted to and is not a prediction:",
+            )
+        )
+        out.append(
+            (
+                "table",
+                (
+                    ["batch", "step ms", "tok/s", "tok/s range", "note"],
+                    [
+                        [
+                            b.get("batch"),
+                            fmt(b.get("step_ms")),
+                            fmt(b.get("tok_per_s")),
+                            rr(b.get("tok_per_s_range")),
+                            f"fitted to the measured {fmt(b['fitted_to_tok_per_s'])} tok/s"
+                            if b.get("fitted_to_tok_per_s")
+                            else "",
+                        ]
+                        for b in d["batches"]
+                    ],
+                    [0.7, 1, 1, 1.3, 2],
+                ),
+            )
+        )
     return out
 
 
 def _methods(d: dict) -> list[Block]:
-    out: list[Block] = [("table", (["number", "how it was measured or derived"], [[i["what"], i["how"]] for i in d.get("items", [])], [1.2, 5]))]
+    out: list[Block] = [
+        (
+            "table",
+            (
+                ["number", "how it was measured or derived"],
+                [[i["what"], i["how"]] for i in d.get("items", [])],
+                [1.2, 5],
+            ),
+        )
+    ]
     out.append(("text", "Files in this run directory: " + ", ".join(d.get("files") or []) + "."))
     if d.get("commands"):
         out.append(("text", "Commands that wrote this run directory (meta.json):"))
-        out.append(("table", (["UTC", "command", "command line"], [[c["utc"], c["command"], c["argv"]] for c in d["commands"]], [1.3, 0.8, 5])))
+        out.append(
+            (
+                "table",
+                (
+                    ["UTC", "command", "command line"],
+                    [[c["utc"], c["command"], c["argv"]] for c in d["commands"]],
+                    [1.3, 0.8, 5],
+                ),
+            )
+        )
     return out

@@ -5,15 +5,21 @@ from __future__ import annotations
 import json
 
 import click
+
 from tpcomm import contract as C
 
 
 @click.command("topo")
-@click.option("--tp", type=click.IntRange(min=1), default=None,
-              help="TP size to judge vLLM's all-reduce paths for (default: every visible GPU; 2 on CPU).")
+@click.option(
+    "--tp",
+    type=click.IntRange(min=1),
+    default=None,
+    help="TP size to judge vLLM's all-reduce paths for (default: every visible GPU; 2 on CPU).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the topo.json document instead of text.")
-@click.option("--out", "-o", type=click.Path(file_okay=False), default=None,
-              help="Run directory: writes RUN_DIR/topo.json.")
+@click.option(
+    "--out", "-o", type=click.Path(file_okay=False), default=None, help="Run directory: writes RUN_DIR/topo.json."
+)
 def topo(tp, as_json, out):
     """GPUs, PCIe links (current vs max), P2P and NVLink, NUMA and CPU affinity,
     the NCCL/vLLM environment, and which vLLM all-reduce paths this allows.

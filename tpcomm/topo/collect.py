@@ -11,12 +11,33 @@ from tpcomm.topo.nvml import read_gpus
 from tpcomm.topo.rules import cpu_paths, gpu_paths, vllm_tables
 
 # Environment that changes NCCL's or vLLM's choice of path.
-NCCL_ENV = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_PROTO", "NCCL_ALGO", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE",
-            "NCCL_NET_GDR_LEVEL", "NCCL_TOPO_FILE", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE",
-            "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG")
-VLLM_ENV = ("CUDA_VISIBLE_DEVICES", "VLLM_SKIP_P2P_CHECK", "VLLM_ALLREDUCE_USE_SYMM_MEM",
-            "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "VLLM_USE_NCCL_SYMM_MEM", "VLLM_CPU_OMP_THREADS_BIND",
-            "VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS")
+NCCL_ENV = (
+    "NCCL_P2P_DISABLE",
+    "NCCL_P2P_LEVEL",
+    "NCCL_PROTO",
+    "NCCL_ALGO",
+    "NCCL_SHM_DISABLE",
+    "NCCL_IB_DISABLE",
+    "NCCL_NET_GDR_LEVEL",
+    "NCCL_TOPO_FILE",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NCHANNELS",
+    "NCCL_BUFFSIZE",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_CUMEM_ENABLE",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+)
+VLLM_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "VLLM_SKIP_P2P_CHECK",
+    "VLLM_ALLREDUCE_USE_SYMM_MEM",
+    "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC",
+    "VLLM_USE_NCCL_SYMM_MEM",
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "VLLM_CPU_KVCACHE_SPACE",
+    "OMP_NUM_THREADS",
+)
 
 
 def environment() -> dict:
@@ -34,15 +55,21 @@ def collect_topology(tp: int | None = None) -> dict:
     if gpu and gpu["gpus"]:
         n = tp or len(gpu["gpus"])
         tables = vllm_tables()
-        doc["vllm"] = {"tp": n, "platform": "cuda", "allreduce_paths": gpu_paths(gpu, n, tables), "tables_source": tables["source"]}
+        doc["vllm"] = {
+            "tp": n,
+            "platform": "cuda",
+            "allreduce_paths": gpu_paths(gpu, n, tables),
+            "tables_source": tables["source"],
+        }
         names = sorted({g["name"] for g in gpu["gpus"]})
         link = "NVLink" if all(all(r) for r in gpu["nvlink_p2p"]) else "PCIe"
         doc["summary"] = f"{len(gpu['gpus'])}x {', '.join(names)} ({link}), driver {gpu['driver']}"
     else:
         n = tp or 2
         doc["vllm"] = {"tp": n, "platform": "cpu", "allreduce_paths": cpu_paths(n, vllm_installed)}
-        doc["summary"] = (f"CPU only: {cpu['model']}, {cpu['logical_cpus']} logical CPUs, "
-                          f"{len(cpu['numa_nodes'])} NUMA node(s)")
+        doc["summary"] = (
+            f"CPU only: {cpu['model']}, {cpu['logical_cpus']} logical CPUs, {len(cpu['numa_nodes'])} NUMA node(s)"
+        )
     return doc
 
 
@@ -61,9 +88,13 @@ def format_topology(doc: dict) -> str:
     out = [f"# {doc['summary']}"]
     cpu = doc["cpu"]
     if doc["gpu"] is None:
-        out.append(f"No NVIDIA GPU: {doc['gpu_absent_reason']}. The CPU backends (gloo, vLLM's shared-memory all-reduce) run on:")
-    out.append(f"CPU  {cpu['model']}: {cpu['logical_cpus']} logical CPUs ({cpu['threads_per_core']} per core), "
-               f"usable {_cpus(cpu['usable_cpus'])}")
+        out.append(
+            f"No NVIDIA GPU: {doc['gpu_absent_reason']}. The CPU backends (gloo, vLLM's shared-memory all-reduce) run on:"
+        )
+    out.append(
+        f"CPU  {cpu['model']}: {cpu['logical_cpus']} logical CPUs ({cpu['threads_per_core']} per core), "
+        f"usable {_cpus(cpu['usable_cpus'])}"
+    )
     for nd in cpu["numa_nodes"]:
         mem = f", {nd['memory_GiB']} GiB" if nd.get("memory_GiB") is not None else ""
         out.append(f"  NUMA node {nd['node']}: CPUs {_cpus(nd['cpus'])}{mem}")
@@ -72,9 +103,11 @@ def format_topology(doc: dict) -> str:
         out.append(f"GPUs (driver {gpu['driver']}):")
         for g in gpu["gpus"]:
             p = g["pcie"]
-            out.append(f"  GPU{g['index']} {g['name']} SM {g['compute_capability']} {g['memory_GiB']} GiB  {g['pci_bus_id']}  "
-                       f"PCIe Gen{p['gen_current']}/{p['gen_max']} x{p['width_current']}/{p['width_max']} (now/max)  "
-                       f"NVLinks up {g['nvlinks_up']}  NUMA {g['numa_node']}  CPUs {_cpus(g['cpu_affinity'])}")
+            out.append(
+                f"  GPU{g['index']} {g['name']} SM {g['compute_capability']} {g['memory_GiB']} GiB  {g['pci_bus_id']}  "
+                f"PCIe Gen{p['gen_current']}/{p['gen_max']} x{p['width_current']}/{p['width_max']} (now/max)  "
+                f"NVLinks up {g['nvlinks_up']}  NUMA {g['numa_node']}  CPUs {_cpus(g['cpu_affinity'])}"
+            )
             for f in g["flags"]:
                 out.append(f"    ! {f}")
         n = len(gpu["gpus"])
@@ -84,13 +117,21 @@ def format_topology(doc: dict) -> str:
             cells = []
             for j in range(n):
                 t = gpu["topology"][i][j].split(" ")[0]
-                mark = "*" if i != j and gpu["nvlink_p2p"][i][j] else ("-" if i != j and not gpu["p2p_read"][i][j] else "")
+                mark = (
+                    "*" if i != j and gpu["nvlink_p2p"][i][j] else ("-" if i != j and not gpu["p2p_read"][i][j] else "")
+                )
                 cells.append(f"{t + mark:<8}")
             out.append(f"  GPU{i:<3} " + " ".join(cells))
     v = doc["vllm"]
     out.append(f"What vLLM would use for all-reduce at TP={v['tp']} ({v['platform']}; in vLLM's order):")
     for p in v["allreduce_paths"]:
-        out.append(f"  {'yes' if p['eligible'] else 'no ':3} {p['path']:<20} {p['why']}" + (f"  [lever: {p['lever']}]" if p.get("lever") else ""))
+        out.append(
+            f"  {'yes' if p['eligible'] else 'no ':3} {p['path']:<20} {p['why']}"
+            + (f"  [lever: {p['lever']}]" if p.get("lever") else "")
+        )
     set_env = {k: val for k, val in doc["env"].items() if val is not None}
-    out.append("Environment that changes NCCL/vLLM choices: " + (", ".join(f"{k}={val}" for k, val in set_env.items()) or "none set (defaults)"))
+    out.append(
+        "Environment that changes NCCL/vLLM choices: "
+        + (", ".join(f"{k}={val}" for k, val in set_env.items()) or "none set (defaults)")
+    )
     return "\n".join(out)

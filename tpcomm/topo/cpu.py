@@ -56,6 +56,11 @@ def cpu_topology() -> dict:
         threads_per_core = max(1, len(parse_cpulist(sib)))
     except OSError:
         pass
-    return {"model": _cpu_model(), "logical_cpus": os.cpu_count(), "usable_cpus": affinity,
-            "threads_per_core": threads_per_core, "numa_nodes": nodes or [{"node": 0, "cpus": affinity, "memory_GiB": None}],
-            "numa_source": "sysfs" if nodes else "none (no /sys/devices/system/node): one node assumed"}
+    return {
+        "model": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": affinity,
+        "threads_per_core": threads_per_core,
+        "numa_nodes": nodes or [{"node": 0, "cpus": affinity, "memory_GiB": None}],
+        "numa_source": "sysfs" if nodes else "none (no /sys/devices/system/node): one node assumed",
+    }

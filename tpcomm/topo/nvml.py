@@ -7,9 +7,14 @@ PCIe bandwidth per direction for x16 (GB/s): Gen3 ~15.8, Gen4 ~31.5, Gen5 ~63.
 from __future__ import annotations
 
 # nvmlDeviceGetTopologyCommonAncestor levels, as `nvidia-smi topo -m` names them
-_TOPO_NAMES = {0: "internal", 10: "PIX (same PCIe switch)", 20: "PXB (several PCIe switches)",
-               30: "PHB (same host bridge)", 40: "NODE (same NUMA node, across host bridges)",
-               50: "SYS (across NUMA nodes / SMP interconnect)"}
+_TOPO_NAMES = {
+    0: "internal",
+    10: "PIX (same PCIe switch)",
+    20: "PXB (several PCIe switches)",
+    30: "PHB (same host bridge)",
+    40: "NODE (same NUMA node, across host bridges)",
+    50: "SYS (across NUMA nodes / SMP interconnect)",
+}
 
 
 def _safe(fn, *a, default=None):
@@ -58,36 +63,61 @@ def read_gpus(ncpus: int = 1) -> tuple[dict | None, str | None]:
         gpus = []
         for i, h in enumerate(handles):
             cc = _safe(nv.nvmlDeviceGetCudaComputeCapability, h)
-            g = {"index": i, "name": _safe(nv.nvmlDeviceGetName, h), "uuid": _safe(nv.nvmlDeviceGetUUID, h),
-                 "pci_bus_id": _safe(lambda x: nv.nvmlDeviceGetPciInfo(x).busId, h),
-                 "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
-                 "memory_GiB": _safe(lambda x: round(nv.nvmlDeviceGetMemoryInfo(x).total / 1024**3, 1), h),
-                 "pcie": {"gen_current": _safe(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
-                          "gen_max": _safe(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
-                          "width_current": _safe(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
-                          "width_max": _safe(nv.nvmlDeviceGetMaxPcieLinkWidth, h)},
-                 "numa_node": _safe(getattr(nv, "nvmlDeviceGetNumaNodeId", lambda x: None), h),
-                 "cpu_affinity": _affinity_cpus(nv, h, ncpus),
-                 "nvlinks_up": sum(1 for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
-                                   if _safe(nv.nvmlDeviceGetNvLinkState, h, link) == 1)}
+            g = {
+                "index": i,
+                "name": _safe(nv.nvmlDeviceGetName, h),
+                "uuid": _safe(nv.nvmlDeviceGetUUID, h),
+                "pci_bus_id": _safe(lambda x: nv.nvmlDeviceGetPciInfo(x).busId, h),
+                "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
+                "memory_GiB": _safe(lambda x: round(nv.nvmlDeviceGetMemoryInfo(x).total / 1024**3, 1), h),
+                "pcie": {
+                    "gen_current": _safe(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                    "gen_max": _safe(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                    "width_current": _safe(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
+                    "width_max": _safe(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
+                },
+                "numa_node": _safe(getattr(nv, "nvmlDeviceGetNumaNodeId", lambda x: None), h),
+                "cpu_affinity": _affinity_cpus(nv, h, ncpus),
+                "nvlinks_up": sum(
+                    1
+                    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
+                    if _safe(nv.nvmlDeviceGetNvLinkState, h, link) == 1
+                ),
+            }
             p = g["pcie"]
             flags = []
             if p["width_current"] and p["width_max"] and p["width_current"] < p["width_max"]:
                 flags.append(f"PCIe link trained down to x{p['width_current']} (max x{p['width_max']})")
             if p["gen_current"] and p["gen_max"] and p["gen_current"] < p["gen_max"]:
-                flags.append(f"PCIe Gen{p['gen_current']} now, Gen{p['gen_max']} max (idle GPUs drop the link speed; "
-                             "recheck under load)")
+                flags.append(
+                    f"PCIe Gen{p['gen_current']} now, Gen{p['gen_max']} max (idle GPUs drop the link speed; "
+                    "recheck under load)"
+                )
             g["flags"] = flags
             gpus.append(g)
         ok = getattr(nv, "NVML_P2P_STATUS_OK", 0)
         read, nvlink = caps_index("READ"), caps_index("NVLINK")
-        p2p = [[i == j or _safe(nv.nvmlDeviceGetP2PStatus, a, b, read) == ok
-                for j, b in enumerate(handles)] for i, a in enumerate(handles)]
-        nvl = [[i == j or _safe(nv.nvmlDeviceGetP2PStatus, a, b, nvlink) == ok
-                for j, b in enumerate(handles)] for i, a in enumerate(handles)]
-        topo = [[_TOPO_NAMES.get(_safe(nv.nvmlDeviceGetTopologyCommonAncestor, a, b), "?") if i != j else "X"
-                 for j, b in enumerate(handles)] for i, a in enumerate(handles)]
-        return {"driver": _safe(nv.nvmlSystemGetDriverVersion), "gpus": gpus, "p2p_read": p2p,
-                "nvlink_p2p": nvl, "topology": topo}, None
+        p2p = [
+            [i == j or _safe(nv.nvmlDeviceGetP2PStatus, a, b, read) == ok for j, b in enumerate(handles)]
+            for i, a in enumerate(handles)
+        ]
+        nvl = [
+            [i == j or _safe(nv.nvmlDeviceGetP2PStatus, a, b, nvlink) == ok for j, b in enumerate(handles)]
+            for i, a in enumerate(handles)
+        ]
+        topo = [
+            [
+                _TOPO_NAMES.get(_safe(nv.nvmlDeviceGetTopologyCommonAncestor, a, b), "?") if i != j else "X"
+                for j, b in enumerate(handles)
+            ]
+            for i, a in enumerate(handles)
+        ]
+        return {
+            "driver": _safe(nv.nvmlSystemGetDriverVersion),
+            "gpus": gpus,
+            "p2p_read": p2p,
+            "nvlink_p2p": nvl,
+            "topology": topo,
+        }, None
     finally:
         _safe(nv.nvmlShutdown)

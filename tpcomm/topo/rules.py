@@ -16,8 +16,10 @@ _FALLBACK = {
     "source": "vLLM 0.32 values recorded in tpcomm (vLLM not importable here)",
     "custom_ar_world_sizes": [2, 4, 6, 8, 16],
     "custom_ar_max_bytes": 8 * MiB,
-    "symm_mem_max_sizes": {"9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
-                           "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB}},
+    "symm_mem_max_sizes": {
+        "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
+        "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB},
+    },
     "nccl_symm_min_world": 4,
     "flashinfer_pcie_world_sizes": [2, 4, 8],
 }
@@ -34,11 +36,14 @@ def vllm_tables() -> dict:
     import inspect
 
     max_size = inspect.signature(car.CustomAllreduce.__init__).parameters["max_size"].default
-    return {"source": f"read from installed vLLM {v}", "custom_ar_world_sizes": list(car.CustomAllreduce._SUPPORTED_WORLD_SIZES),
-            "custom_ar_max_bytes": max_size,
-            "symm_mem_max_sizes": {k: dict(val) for k, val in aru.SYMM_MEM_ALL_REDUCE_MAX_SIZES.items()},
-            "nccl_symm_min_world": aru.NCCL_SYMM_MEM_ALL_REDUCE_CONFIG["min_world_size"],
-            "flashinfer_pcie_world_sizes": list(fpi._SUPPORTED_WORLD_SIZES)}
+    return {
+        "source": f"read from installed vLLM {v}",
+        "custom_ar_world_sizes": list(car.CustomAllreduce._SUPPORTED_WORLD_SIZES),
+        "custom_ar_max_bytes": max_size,
+        "symm_mem_max_sizes": {k: dict(val) for k, val in aru.SYMM_MEM_ALL_REDUCE_MAX_SIZES.items()},
+        "nccl_symm_min_world": aru.NCCL_SYMM_MEM_ALL_REDUCE_CONFIG["min_world_size"],
+        "flashinfer_pcie_world_sizes": list(fpi._SUPPORTED_WORLD_SIZES),
+    }
 
 
 def _env_on(name: str, default: str) -> bool:
@@ -69,22 +74,41 @@ def gpu_paths(gpu: dict, tp: int, t: dict) -> list[dict]:
     # FlashInfer PCIe IPC (opt-in)
     fi_ok = tp in t["flashinfer_pcie_world_sizes"]
     if not _env_on("VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "0"):
-        add("flashinfer-pcie-ipc", False, "opt-in, off" + ("" if fi_ok else f"; world size {tp} not in {t['flashinfer_pcie_world_sizes']}"),
-            "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 (one node, bf16/fp16, FlashInfer with PcieIpcAllReduceWorkspace)" if fi_ok else None)
+        add(
+            "flashinfer-pcie-ipc",
+            False,
+            "opt-in, off" + ("" if fi_ok else f"; world size {tp} not in {t['flashinfer_pcie_world_sizes']}"),
+            "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 (one node, bf16/fp16, FlashInfer with PcieIpcAllReduceWorkspace)"
+            if fi_ok
+            else None,
+        )
     else:
-        add("flashinfer-pcie-ipc", fi_ok, "on; needs one node, bf16/fp16 and a FlashInfer build with PcieIpcAllReduceWorkspace"
-            if fi_ok else f"world size {tp} not in {t['flashinfer_pcie_world_sizes']}")
+        add(
+            "flashinfer-pcie-ipc",
+            fi_ok,
+            "on; needs one node, bf16/fp16 and a FlashInfer build with PcieIpcAllReduceWorkspace"
+            if fi_ok
+            else f"world size {tp} not in {t['flashinfer_pcie_world_sizes']}",
+        )
     # vLLM custom all-reduce
     if tp == 1:
         add("custom-ar", False, "one GPU: no all-reduce")
     elif tp not in t["custom_ar_world_sizes"]:
         add("custom-ar", False, f"world size {tp} not in {t['custom_ar_world_sizes']}")
     elif tp > 2 and not nvlink_all:
-        add("custom-ar", False, "not supported on more than two PCIe-only GPUs (needs NVLink between every pair)",
-            "TP=2, or the opt-in FlashInfer PCIe IPC all-reduce")
+        add(
+            "custom-ar",
+            False,
+            "not supported on more than two PCIe-only GPUs (needs NVLink between every pair)",
+            "TP=2, or the opt-in FlashInfer PCIe IPC all-reduce",
+        )
     elif not p2p_all:
-        add("custom-ar", False, "GPU P2P not available between every pair (NVML P2P read status)",
-            "enable P2P (IOMMU/ACS settings, driver); check NCCL_P2P_DISABLE")
+        add(
+            "custom-ar",
+            False,
+            "GPU P2P not available between every pair (NVML P2P read status)",
+            "enable P2P (IOMMU/ACS settings, driver); check NCCL_P2P_DISABLE",
+        )
     else:
         add("custom-ar", True, f"eligible for messages < {t['custom_ar_max_bytes'] // MiB} MiB (multiple of 16 B)")
     # torch symmetric memory
@@ -98,17 +122,37 @@ def gpu_paths(gpu: dict, tp: int, t: dict) -> list[dict]:
     elif not nvlink_all:
         add("torch-symm-mem", False, "needs NVSwitch multicast; these GPUs are not NVLink-connected")
     else:
-        add("torch-symm-mem", True, f"eligible if NVSwitch multicast works (NVML cannot confirm), up to {sizes[tp] // MiB} MiB")
+        add(
+            "torch-symm-mem",
+            True,
+            f"eligible if NVSwitch multicast works (NVML cannot confirm), up to {sizes[tp] // MiB} MiB",
+        )
     add("pynccl", True, "always available: vLLM's NCCL binding, captured in CUDA graphs")
     return out
 
 
 def cpu_paths(tp: int, vllm_installed: bool) -> list[dict]:
     if not vllm_installed:
-        return [{"path": "shm", "eligible": False, "why": "vLLM is not installed", "lever": None},
-                {"path": "gloo", "eligible": True, "why": "torch.distributed gloo", "lever": None}]
-    return [{"path": "shm", "eligible": tp > 1,
-             "why": ("vLLM-CPU's shared-memory all-reduce (torch.ops._C.shm_allreduce) for TP/PP groups whose ranks "
-                     "share one machine and VLLM_DIST_IDENT") if tp > 1 else "one rank: no all-reduce",
-             "lever": "VLLM_CPU_OMP_THREADS_BIND: one core set per rank, on one NUMA node"},
-            {"path": "gloo", "eligible": True, "why": "fallback when the shm communicator is off; ops shm lacks", "lever": None}]
+        return [
+            {"path": "shm", "eligible": False, "why": "vLLM is not installed", "lever": None},
+            {"path": "gloo", "eligible": True, "why": "torch.distributed gloo", "lever": None},
+        ]
+    return [
+        {
+            "path": "shm",
+            "eligible": tp > 1,
+            "why": (
+                "vLLM-CPU's shared-memory all-reduce (torch.ops._C.shm_allreduce) for TP/PP groups whose ranks "
+                "share one machine and VLLM_DIST_IDENT"
+            )
+            if tp > 1
+            else "one rank: no all-reduce",
+            "lever": "VLLM_CPU_OMP_THREADS_BIND: one core set per rank, on one NUMA node",
+        },
+        {
+            "path": "gloo",
+            "eligible": True,
+            "why": "fallback when the shm communicator is off; ops shm lacks",
+            "lever": None,
+        },
+    ]
