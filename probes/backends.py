@@ -21,6 +21,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from probes.ops import COLLECTIVES, ops_for
+
 
 class Ineligible(Exception):
     """This backend cannot run here; the message says why (as vLLM would)."""
@@ -30,6 +32,8 @@ class Backend:
     name = ""
     device = torch.device("cpu")
     graph_capable = False
+    # Which call of probes/ops.py's table this backend issues (torch_dist, shm, pynccl), and the ops that has.
+    kind: str | None = None
     ops: tuple[str, ...] = ()
     # Ops that must not run back to back without a barrier (no pipelined timing).
     no_back_to_back: tuple[str, ...] = ()
@@ -46,8 +50,10 @@ class Backend:
         return None
 
     def run(self, op: str, b) -> torch.Tensor | None:
-        """Issue one op on buffers `b`; returns the result tensor when out of place."""
-        raise NotImplementedError
+        """Issue one op on buffers `b`; returns the result tensor."""
+        if self.kind is None:
+            raise NotImplementedError
+        return COLLECTIVES[op].run(self.kind, self, b)
 
     def sync(self) -> None:
         pass
@@ -63,34 +69,10 @@ class Backend:
         pass
 
 
-def _torch_dist_run(op: str, b, group, world: int, rank: int):
-    if op == "all_reduce":
-        dist.all_reduce(b.inp, group=group)
-        return b.inp
-    if op == "all_gather":
-        dist.all_gather_into_tensor(b.out, b.inp, group=group)
-        return b.out
-    if op == "gather":
-        dist.gather(b.inp, b.gather_list if rank == 0 else None, dst=0, group=group)
-        return torch.cat(b.gather_list) if rank == 0 else None
-    if op == "reduce_scatter":
-        dist.reduce_scatter_tensor(b.out, b.inp, group=group)
-        return b.out
-    if op == "all_to_all":
-        dist.all_to_all_single(b.out, b.inp, group=group)
-        return b.out
-    if op == "send_recv":
-        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, b.inp, (rank + 1) % world, group),
-                                       dist.P2POp(dist.irecv, b.out, (rank - 1) % world, group)])
-        for r in reqs:
-            r.wait()
-        return b.out
-    raise ValueError(op)
-
-
 class GlooBackend(Backend):
     name = "gloo"
-    ops = ("all_reduce", "all_gather", "gather", "reduce_scatter", "all_to_all", "send_recv")
+    kind = "torch_dist"
+    ops = ops_for(kind)
 
     def __init__(self, cpu_group, local_rank):
         super().__init__(cpu_group, local_rank)
@@ -102,15 +84,13 @@ class GlooBackend(Backend):
             return "gloo has no reduce_scatter_tensor in torch.distributed"
         return super().unsupported(op)
 
-    def run(self, op, b):
-        return _torch_dist_run(op, b, self.group, self.world, self.rank)
-
 
 class ShmBackend(Backend):
     """vLLM's CpuCommunicator, built the way GroupCoordinator builds it for the TP group."""
 
     name = "shm"
-    ops = ("all_reduce", "all_gather", "gather")
+    kind = "shm"
+    ops = ops_for(kind)
     # Non-destination ranks return from shm_gather at once and, called again, deadlock
     # the destination; vLLM always has other collectives between two gathers.
     no_back_to_back = ("gather",)
@@ -133,7 +113,9 @@ class ShmBackend(Backend):
         # unique_name must start with "tp" for vLLM to pick the shm module (cpu_communicator.py).
         self.comm = CpuCommunicator(cpu_group=self.group, device_group=self.group, unique_name="tp:0")
         if not isinstance(self.comm.dist_module, _CPUSHMDistributed):
-            raise Ineligible("vLLM's CpuCommunicator fell back to torch.distributed (ranks disagree on the SHM group name)")
+            raise Ineligible(
+                "vLLM's CpuCommunicator fell back to torch.distributed (ranks disagree on the SHM group name)"
+            )
 
     def barrier(self, ctrl):
         # A gloo barrier releases ranks up to ~1 ms apart (TCP, a sleeping thread to
@@ -143,20 +125,12 @@ class ShmBackend(Backend):
             self._token = torch.zeros(8, dtype=torch.float32)
         self.comm.all_reduce(self._token)
 
-    def run(self, op, b):
-        if op == "all_reduce":
-            return self.comm.all_reduce(b.inp)
-        if op == "all_gather":
-            return self.comm.all_gather(b.inp, dim=0)
-        if op == "gather":
-            return self.comm.gather(b.inp, dst=0, dim=0)
-        raise ValueError(op)
-
 
 class NcclBackend(Backend):
     name = "nccl"
     graph_capable = True
-    ops = GlooBackend.ops
+    kind = "torch_dist"
+    ops = ops_for(kind)
 
     def __init__(self, cpu_group, local_rank):
         super().__init__(cpu_group, local_rank)
@@ -168,16 +142,14 @@ class NcclBackend(Backend):
         torch.cuda.set_device(self.device)
         self.group = dist.new_group(backend="nccl")
 
-    def run(self, op, b):
-        return _torch_dist_run(op, b, self.group, self.world, self.rank)
-
     def sync(self):
         torch.cuda.synchronize(self.device)
 
 
 class PyNcclBackend(NcclBackend):
     name = "pynccl"
-    ops = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+    kind = "pynccl"
+    ops = ops_for(kind)
 
     def __init__(self, cpu_group, local_rank):
         pynccl = _vllm_cuda_setup(self, cpu_group, local_rank, "vllm.distributed.device_communicators.pynccl", "PyNccl")
@@ -185,36 +157,16 @@ class PyNcclBackend(NcclBackend):
         if self.comm.disabled:
             raise Ineligible("PyNcclCommunicator disabled itself (world size 1 or libnccl not found)")
 
-    def run(self, op, b):
-        s = torch.cuda.current_stream()
-        if op == "all_reduce":
-            return self.comm.all_reduce(b.inp, b.out, stream=s)
-        if op == "all_gather":
-            self.comm.all_gather(b.out, b.inp, stream=s)
-            return b.out
-        if op == "reduce_scatter":
-            self.comm.reduce_scatter(b.out, b.inp, stream=s)
-            return b.out
-        if op == "send_recv":
-            # Even ranks send first: PyNccl has no batched isend/irecv.
-            nxt, prv = (self.rank + 1) % self.world, (self.rank - 1) % self.world
-            if self.rank % 2 == 0:
-                self.comm.send(b.inp, nxt, stream=s)
-                self.comm.recv(b.out, prv, stream=s)
-            else:
-                self.comm.recv(b.out, prv, stream=s)
-                self.comm.send(b.inp, nxt, stream=s)
-            return b.out
-        raise ValueError(op)
-
 
 class CustomArBackend(NcclBackend):
     name = "custom-ar"
+    kind = None  # vLLM's CustomAllreduce issues its all-reduce itself (run below)
     ops = ("all_reduce",)
 
     def __init__(self, cpu_group, local_rank):
-        car = _vllm_cuda_setup(self, cpu_group, local_rank, "vllm.distributed.device_communicators.custom_all_reduce",
-                               "custom all-reduce")
+        car = _vllm_cuda_setup(
+            self, cpu_group, local_rank, "vllm.distributed.device_communicators.custom_all_reduce", "custom all-reduce"
+        )
         self.comm = car.CustomAllreduce(group=self.group, device=self.device)
         if self.comm.disabled:
             raise Ineligible(custom_ar_reason(car, self.world, self.rank, self.group))
@@ -222,8 +174,10 @@ class CustomArBackend(NcclBackend):
     def run(self, op, b):
         out = self.comm.custom_all_reduce(b.inp)
         if out is None:  # vLLM would fall through to PyNccl for this tensor
-            raise Ineligible(f"vLLM's should_custom_ar() refuses {b.inp.numel() * b.inp.element_size()} B "
-                             f"(max_size {self.comm.max_size} B, multiple of 16 B, fp16/bf16/fp32)")
+            raise Ineligible(
+                f"vLLM's should_custom_ar() refuses {b.inp.numel() * b.inp.element_size()} B "
+                f"(max_size {self.comm.max_size} B, multiple of 16 B, fp16/bf16/fp32)"
+            )
         return out
 
     def capture(self):
@@ -259,7 +213,7 @@ def make_backend(name: str, cpu_group, local_rank: int) -> Backend:
     return BACKEND_CLASSES[name](cpu_group, local_rank)
 
 
-def _vllm_cuda_setup(backend: "Backend", cpu_group, local_rank: int, module: str, what: str):
+def _vllm_cuda_setup(backend: Backend, cpu_group, local_rank: int, module: str, what: str):
     """Shared set-up of the backends built on a vLLM communicator: CUDA device, a gloo
     side group (vLLM's communicators take one), and the vLLM module, or Ineligible."""
     import importlib

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 
 from probes.backends import Ineligible, make_backend
-from probes.measure import Timer, count_wrong, make_buffers, nccl_size_and_factor, slowest_rank, summarize
+from probes.measure import Timer, slowest_rank, summarize
+from probes.ops import COLLECTIVES, count_wrong
 from probes.spec import BACKENDS, MODES, build_items, parse_sizes
 
 
@@ -64,7 +65,10 @@ class RankState:
         if self.status_path:
             tmp = f"{self.status_path}.tmp"
             with open(tmp, "w") as f:
-                json.dump({"rank": self.rank, "pid": os.getpid(), "phase": phase, "item": self.item, "entered": self.entered}, f)
+                json.dump(
+                    {"rank": self.rank, "pid": os.getpid(), "phase": phase, "item": self.item, "entered": self.entered},
+                    f,
+                )
             os.replace(tmp, self.status_path)
 
     def tick(self, n: int = 1) -> None:
@@ -92,8 +96,12 @@ def _watchdog(state: RankState, timeout: float) -> None:
         time.sleep(min(1.0, timeout / 4))
         if state.item and time.monotonic() - state.since > timeout:
             it = state.item
-            print(f"tpcomm probe: rank {state.rank} timed out after {timeout:.0f} s in {it['op']} of {it['bytes']} B "
-                  f"(backend {it['backend']}, {it['mode']}, phase {state.phase})", file=sys.stderr, flush=True)
+            print(
+                f"tpcomm probe: rank {state.rank} timed out after {timeout:.0f} s in {it['op']} of {it['bytes']} B "
+                f"(backend {it['backend']}, {it['mode']}, phase {state.phase})",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(124)
 
 
@@ -127,7 +135,8 @@ def _graph(backend, op, b, reps):
 
 def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
     op, n, rank = item["op"], backend.world, backend.rank
-    b = make_buffers(op, item["bytes"], item["dtype"], rank, n, backend.device)
+    coll = COLLECTIVES[op]
+    b = coll.buffers(item["bytes"], item["dtype"], rank, n, backend.device)
     graph = item["mode"] == "graph"
     state.set("check", item)
     _maybe_fault(rank, item)
@@ -136,7 +145,7 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
         nchunk = max(1, min(10, iters))
         per = max(1, iters // nchunk)
         gn, _ = _graph(backend, op, b, per)
-        b.inp.copy_(make_buffers(op, item["bytes"], item["dtype"], rank, n, backend.device).inp)
+        b.inp.copy_(coll.buffers(item["bytes"], item["dtype"], rank, n, backend.device).inp)
         state.tick()
         g1.replay()
         run1 = g1.replay
@@ -148,8 +157,8 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
     backend.sync()
     wrong = torch.tensor([count_wrong(result, b)], dtype=torch.int64)
     dist.all_reduce(wrong, group=ctrl)
-    if op == "all_reduce":
-        b.inp.zero_()  # in place: keep repeated sums finite while timing
+    if coll.in_place:
+        b.inp.zero_()  # keep repeated sums finite while timing
     state.set("warmup")
     lone = op in backend.no_back_to_back
     for _ in range(warmup):
@@ -176,27 +185,46 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
         if graph:
             pipe.append(timer.time_us(gn.replay) / per)
         else:
+
             def chunk():
                 for _ in range(per):
                     backend.run(op, b)
+
             pipe.append(timer.time_us(chunk) / per)
         backend.sync()
     iso = slowest_rank(iso, ctrl)
     pipe = slowest_rank(pipe, ctrl) if pipe else []
     esize = b.inp.element_size()
     nbytes = b.count * esize
-    size, factor = nccl_size_and_factor(op, nbytes, n)
+    size, factor = coll.nccl_size_and_factor(nbytes, n)
     rows = {}
     for timing, samples, count in (("isolated", iso, iters), ("pipelined", pipe, nchunk * per)):
         if not samples:
             continue
         st = summarize(samples)
         algbw = size / (st["p50_us"] * 1e-6) / 1e9 if st["p50_us"] > 0 else None
-        rows[timing] = {**st, "timing": timing, "ops_timed": count, "algbw_GBps": algbw,
-                        "busbw_GBps": algbw * factor if algbw is not None else None}
-    base = {"backend": item["backend"], "op": op, "mode": item["mode"], "bytes": nbytes, "requested_bytes": item["bytes"],
-            "count": b.count, "dtype": item["dtype"], "nccl_size_bytes": size, "world_size": n,
-            "iters": iters, "warmup": warmup, "wrong": int(wrong.item()), "timer": timer.name}
+        rows[timing] = {
+            **st,
+            "timing": timing,
+            "ops_timed": count,
+            "algbw_GBps": algbw,
+            "busbw_GBps": algbw * factor if algbw is not None else None,
+        }
+    base = {
+        "backend": item["backend"],
+        "op": op,
+        "mode": item["mode"],
+        "bytes": nbytes,
+        "requested_bytes": item["bytes"],
+        "count": b.count,
+        "dtype": item["dtype"],
+        "nccl_size_bytes": size,
+        "world_size": n,
+        "iters": iters,
+        "warmup": warmup,
+        "wrong": int(wrong.item()),
+        "timer": timer.name,
+    }
     return [{"kind": "result", **base, **rows[t]} for t in ("isolated", "pipelined") if t in rows]
 
 
@@ -220,8 +248,12 @@ def run(spec: dict, sink=None) -> int:
         sink = lambda rec: fh.write(json.dumps(rec) + "\n")  # noqa: E731
     emit = sink if rank == 0 and sink else (lambda rec: None)
     items = spec["items"]
-    common = {"world_size": world, "nodes": max(1, world // max(1, local_world)), "host": socket.gethostname(),
-              "torch": torch.__version__}
+    common = {
+        "world_size": world,
+        "nodes": max(1, world // max(1, local_world)),
+        "host": socket.gethostname(),
+        "torch": torch.__version__,
+    }
     emit({"kind": "start", "items": len(items), **common})
     by_backend: dict[str, list[dict]] = {}
     for it in items:
@@ -264,7 +296,9 @@ def run(spec: dict, sink=None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Time collectives on one rank (run one process per rank).")
-    p.add_argument("--spec", help="JSON spec written by `tpcomm probe` (items, iters, warmup, timeout, out_jsonl, status_dir)")
+    p.add_argument(
+        "--spec", help="JSON spec written by `tpcomm probe` (items, iters, warmup, timeout, out_jsonl, status_dir)"
+    )
     p.add_argument("--backend", default="gloo", help=f"comma list of {','.join(BACKENDS)}")
     p.add_argument("--ops", default="all_reduce", help="comma list of ops")
     p.add_argument("--sizes", default="14336", help="bytes per rank: 14336,1K:1M:x2")
@@ -272,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", default="eager", help=f"comma list of {','.join(MODES)}")
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds one measurement may take before this rank gives up")
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds one measurement may take before this rank gives up"
+    )
     p.add_argument("--out", default=".", help="folder for results.jsonl (rank 0)")
     a = p.parse_args(argv)
     if a.spec:
@@ -280,9 +316,13 @@ def main(argv: list[str] | None = None) -> int:
             spec = json.load(f)
     else:
         sizes = [(s, a.dtype) for s in parse_sizes(a.sizes)]
-        spec = {"items": build_items(a.backend.split(","), a.mode.split(","), {op: sizes for op in a.ops.split(",")}),
-                "iters": a.iters, "warmup": a.warmup, "timeout": a.timeout,
-                "out_jsonl": os.path.join(a.out, "results.jsonl")}
+        spec = {
+            "items": build_items(a.backend.split(","), a.mode.split(","), {op: sizes for op in a.ops.split(",")}),
+            "iters": a.iters,
+            "warmup": a.warmup,
+            "timeout": a.timeout,
+            "out_jsonl": os.path.join(a.out, "results.jsonl"),
+        }
     return run(spec)
 
 

@@ -22,8 +22,13 @@ class FlashInferIpcBackend(NcclBackend):
     ops = ("all_reduce",)
 
     def __init__(self, cpu_group, local_rank, hidden: int, batch: int, dtype=torch.bfloat16):
-        mod = _vllm_cuda_setup(self, cpu_group, local_rank,
-                               "vllm.distributed.device_communicators.flashinfer_pcie_ipc_all_reduce", "FlashInfer PCIe IPC all-reduce")
+        mod = _vllm_cuda_setup(
+            self,
+            cpu_group,
+            local_rank,
+            "vllm.distributed.device_communicators.flashinfer_pcie_ipc_all_reduce",
+            "FlashInfer PCIe IPC all-reduce",
+        )
         if not mod._pcie_ipc_available:
             raise Ineligible("this FlashInfer build has no PcieIpcAllReduceWorkspace (or FlashInfer is not installed)")
         if self.world not in mod._SUPPORTED_WORLD_SIZES:
@@ -35,11 +40,15 @@ class FlashInferIpcBackend(NcclBackend):
         dev_group = dist.new_group(backend="nccl")
         self.comm = mod.FlashInferPcieIpcAllReduce(group=dev_group, tune_group=self.group, device=self.device)
         if self.comm.disabled:
-            raise Ineligible("vLLM's FlashInferPcieIpcAllReduce disabled itself (not CUDA, or ranks on several nodes; see its log)")
+            raise Ineligible(
+                "vLLM's FlashInferPcieIpcAllReduce disabled itself (not CUDA, or ranks on several nodes; see its log)"
+            )
         cache = os.path.join(tempfile.gettempdir(), f"tpcomm-fi-pcie-ipc-tp{self.world}-h{hidden}.json")
         self.comm.setup(hidden_dim=hidden, dtype=dtype, capture_sizes=[batch], tune_cache=cache)
         if self.comm.disabled or not self.comm.initialized:
-            raise Ineligible(f"FlashInfer PCIe IPC all-reduce did not initialise for dtype {dtype} (vLLM's setup refused)")
+            raise Ineligible(
+                f"FlashInfer PCIe IPC all-reduce did not initialise for dtype {dtype} (vLLM's setup refused)"
+            )
 
     def run(self, op, b):
         x = b.inp.view(-1, self.hidden)

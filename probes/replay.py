@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from probes.backends import Ineligible, make_backend
 from probes.collectives import RankState, _hardware, _maybe_fault, _watchdog
-from probes.measure import count_wrong, make_buffers
+from probes.ops import COLLECTIVES, count_wrong
 from probes.replay_kernels import CudaClock, HostClock, Skew, Work
 
 TIMINGS = ("full", "compute", "comm")
@@ -63,8 +63,10 @@ class Step:
         for s in self.slots:
             key = (s["op"], s["bytes"], s["dtype"])
             if key not in self.bufs:
-                self.bufs[key] = make_buffers(s["op"], s["bytes"], s["dtype"], rank, n, dev)
-        self.work = Work([s["work_bytes"] for s in self.slots], [s.get("footprint_bytes", s["work_bytes"]) for s in self.slots], dev)
+                self.bufs[key] = COLLECTIVES[s["op"]].buffers(s["bytes"], s["dtype"], rank, n, dev)
+        self.work = Work(
+            [s["work_bytes"] for s in self.slots], [s.get("footprint_bytes", s["work_bytes"]) for s in self.slots], dev
+        )
         self.clock = (CudaClock if dev.type == "cuda" else HostClock)(len(self.slots), graph)
 
     def check(self) -> int:
@@ -79,8 +81,8 @@ class Step:
             b = self.bufs[key]
             wrong += count_wrong(be.run(s["op"], b), b)
             be.sync()
-            if s["op"] == "all_reduce":
-                b.inp.zero_()  # in place: zeros keep every later sum finite
+            if COLLECTIVES[s["op"]].in_place:
+                b.inp.zero_()  # zeros keep every later sum finite
         return wrong
 
     def issue(self, timing: str, state: RankState | None) -> int:
@@ -166,11 +168,23 @@ def replay_item(primary, fallback, item: dict, spec: dict, ctrl, state: RankStat
         state.set("gather")
         got = [None] * world if rank == 0 else None
         dist.gather_object({"rank": rank, **rows}, got, dst=0, group=ctrl)
-        emit({"kind": "replay", **item, "timing": timing, "world_size": world, "steps": spec["steps"],
-                    "warmup": spec["warmup"], "collectives_per_step": ncoll, "wrong": int(wrong.item()),
-                    "timer": step.clock.name, "work_footprint_bytes_per_rank": step.work.bytes,
-              "work_read_bytes_per_rank": step.work.read_bytes,
-                    "backends_used": [b.name for b in used], "ranks": got})
+        emit(
+            {
+                "kind": "replay",
+                **item,
+                "timing": timing,
+                "world_size": world,
+                "steps": spec["steps"],
+                "warmup": spec["warmup"],
+                "collectives_per_step": ncoll,
+                "wrong": int(wrong.item()),
+                "timer": step.clock.name,
+                "work_footprint_bytes_per_rank": step.work.bytes,
+                "work_read_bytes_per_rank": step.work.read_bytes,
+                "backends_used": [b.name for b in used],
+                "ranks": got,
+            }
+        )
         del g
 
 
@@ -190,8 +204,12 @@ def run(spec: dict, sink=None) -> int:
         fh = open(spec["out_jsonl"], "a", buffering=1)
         sink = lambda rec: fh.write(json.dumps(rec) + "\n")  # noqa: E731
     emit = sink if rank == 0 and sink else (lambda rec: None)
-    common = {"world_size": world, "nodes": max(1, world // max(1, local_world)), "host": socket.gethostname(),
-              "torch": torch.__version__}
+    common = {
+        "world_size": world,
+        "nodes": max(1, world // max(1, local_world)),
+        "host": socket.gethostname(),
+        "torch": torch.__version__,
+    }
     emit({"kind": "start", "items": len(spec["items"]), **common})
     for item in spec["items"]:
         state.set("setup", None)
@@ -223,7 +241,9 @@ def run(spec: dict, sink=None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Replay a decode step's collectives on one rank (one process per rank).")
-    p.add_argument("--spec", required=True, help="JSON spec written by `tpcomm probe --replay` (see the module docstring)")
+    p.add_argument(
+        "--spec", required=True, help="JSON spec written by `tpcomm probe --replay` (see the module docstring)"
+    )
     a = p.parse_args(argv)
     with open(a.spec) as f:
         return run(json.load(f))

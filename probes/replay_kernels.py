@@ -33,7 +33,7 @@ class Work:
         self.plan: list[list[torch.Tensor]] = []
         off = 0
         for e, w in zip(elems, work_bytes):
-            view = self.buf[off:off + e]
+            view = self.buf[off : off + e]
             off += e
             reads = []
             if e:
@@ -75,8 +75,12 @@ class HostClock:
     def read(self, ncoll_used: int) -> tuple[int, float, list[int], list[float]]:
         """(step start ns, step us, collective start ns, collective us)."""
         n = ncoll_used
-        return (self.s0, (self.s1 - self.s0) / 1e3, self.t0[:n],
-                [(b - a) / 1e3 for a, b in zip(self.t0[:n], self.t1[:n])])
+        return (
+            self.s0,
+            (self.s1 - self.s0) / 1e3,
+            self.t0[:n],
+            [(b - a) / 1e3 for a, b in zip(self.t0[:n], self.t1[:n])],
+        )
 
 
 class CudaClock:

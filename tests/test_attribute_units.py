@@ -133,7 +133,7 @@ def test_client_side_bursts_change_no_engine_term_and_close():
         assert cs["stalls"]["count"] == 0, burst
         # Bursts move token arrivals inside a request, not its first and last token: TPOT and closure hold.
         assert cs["closure"]["judged"] and cs["closure"]["ok"], (burst, cs["closure"])
-        assert cs["delivery_ms"] == pytest.approx(cs["client"]["tpot_ms_p50"] - sp["engine_ms_per_token"])
+        assert cs["delivery_ms"] == pytest.approx(cs["client"]["tpot_held_ms_p50"] - sp["engine_ms_per_token"])
     assert cs["client"]["itl_ms_p50"] < 0.2 * cs["client"]["tpot_ms_p50"]  # bursty: ITL p50 says nothing
 
 
@@ -214,3 +214,25 @@ def test_repeat_spread_flags_the_464_vs_800_case():
     repeat_spread(levels, 10)
     assert levels[0]["repeat_spread_pct"] > 50 and levels[0]["flags"]
     assert levels[2]["repeat_spread_pct"] < 10 and not levels[2]["flags"]
+
+
+def test_held_tpot_is_not_shrunk_by_a_burst_that_holds_the_first_tokens():
+    """A starved API server can hold a stream's first tokens and deliver all of them at the end: plain TPOT
+    then drops towards 0 (0.15 ms against a 3.6 ms engine period was seen); the held TPOT keeps E2E's truth."""
+    import pandas as pd
+
+    from tpcomm.attribute.closure import closure, held_tpot_ms
+
+    # 32 tokens, engine period 5 ms, prefill 10 ms; request 1 delivered normally, requests 2-3 in one burst at the end.
+    req = pd.DataFrame(
+        {"ttft_ms": [10.0, 160.0, 161.0], "e2e_ms": [165.0, 166.0, 167.0], "output_tokens": [32, 32, 32]}
+    )
+    plain = (req["e2e_ms"] - req["ttft_ms"]) / 31
+    held = held_tpot_ms(req)
+    assert plain.median() < 0.3
+    assert held.tolist() == pytest.approx([5.0, 5.032, 5.065], abs=1e-3)
+    assert closure(5.0, float(pd.Series(held).median()), 1)["ok"] is True
+    assert closure(5.0, float(plain.median()), 1)["ok"] is False
+    # Unstarved: the same as TPOT within the TTFT spread / (tokens - 1).
+    calm = pd.DataFrame({"ttft_ms": [10.0, 10.5, 11.0], "e2e_ms": [165.0, 165.5, 166.0], "output_tokens": [32] * 3})
+    assert held_tpot_ms(calm) == pytest.approx(((calm["e2e_ms"] - calm["ttft_ms"]) / 31).to_numpy(), abs=0.04)

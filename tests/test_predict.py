@@ -1,4 +1,4 @@
-"""`tpcomm predict`: the analytic model, validated against the case study in ../shared/REFERENCE.md."""
+"""`tpcomm predict`: the analytic model, validated against the case study (Kimi-K2.5 on 8x RTX PRO 6000: README, reports/kimi-k2.5-*)."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from tpcomm.cli import cli
-from tpcomm.predict import predict
+from tpcomm.predict import Layout, predict
 from tpcomm.predict.latency import nccl_model_us
 
 # REFERENCE s1: 8x RTX PRO 6000 Blackwell, PCIe Gen5, no NVLink, vLLM TP 8.
@@ -18,7 +18,7 @@ NVFP4_FIT = {1: NVFP4_C1, 32: NVFP4_LADDER[32]}
 
 
 def test_kimi_int4_tp8_rtx_pro_6000_within_20pct_of_82():
-    d = predict("kimi-k2.5", tp=8, gpu="rtx-pro-6000")
+    d = predict("kimi-k2.5", Layout(tp=8), gpu="rtx-pro-6000")
     assert d["single_stream"]["tok_per_s"] == pytest.approx(INT4_C1, rel=0.20)
     bd = d["single_stream"]["breakdown_ms"]
     assert sum(bd.values()) == pytest.approx(d["single_stream"]["ms_per_token"])
@@ -26,7 +26,7 @@ def test_kimi_int4_tp8_rtx_pro_6000_within_20pct_of_82():
 
 
 def test_nvfp4_ladder_with_fitted_moe_terms_within_30pct():
-    d = predict("kimi-k2.5-nvfp4", tp=8, gpu="rtx-pro-6000", batches=list(NVFP4_LADDER), fitted_to=NVFP4_FIT)
+    d = predict("kimi-k2.5-nvfp4", Layout(tp=8), gpu="rtx-pro-6000", batches=list(NVFP4_LADDER), fitted_to=NVFP4_FIT)
     got = {b["batch"]: b["tok_per_s"] for b in d["batches"]}
     for c, measured in NVFP4_LADDER.items():
         assert got[c] == pytest.approx(measured, rel=0.30), (c, got[c], measured)
@@ -34,8 +34,21 @@ def test_nvfp4_ladder_with_fitted_moe_terms_within_30pct():
 
 
 def test_nvfp4_vs_int4_conclusion_names_the_kernels():
-    r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", "--compare-model", "kimi-k2.5-nvfp4",
-                                 "--measured", "82,61.3", "--json"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "predict",
+            "--model",
+            "kimi-k2.5",
+            "--tp",
+            "8",
+            "--compare-model",
+            "kimi-k2.5-nvfp4",
+            "--measured",
+            "82,61.3",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     cmp = json.loads(r.output)["compare"]
     assert cmp["same_collectives"] and cmp["same_weight_bytes"]
@@ -45,7 +58,9 @@ def test_nvfp4_vs_int4_conclusion_names_the_kernels():
 
 
 def test_json_keys_and_ceilings():
-    r = CliRunner().invoke(cli, ["predict", "--model", "deepseek-v3", "--tp", "8", "--gpu", "h200", "--batch", "1,16", "--json"])
+    r = CliRunner().invoke(
+        cli, ["predict", "--model", "deepseek-v3", "--tp", "8", "--gpu", "h200", "--batch", "1,16", "--json"]
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     ss, ce = d["single_stream"], d["ceilings"]
@@ -59,7 +74,7 @@ def test_json_keys_and_ceilings():
 
 
 def test_what_ifs_move_the_right_way():
-    d = predict("kimi-k2.5", tp=8, gpu="rtx-pro-6000")
+    d = predict("kimi-k2.5", Layout(tp=8), gpu="rtx-pro-6000")
     w = {x["name"]: x for x in d["what_if"]}
     base = d["single_stream"]["tok_per_s"]
     assert w["one-shot-allreduce"]["tok_per_s"] > base
@@ -82,7 +97,7 @@ def test_json_carries_the_ranges():
 
 
 def test_allreduce_us_override_is_used():
-    d = predict("kimi-k2.5", tp=8, allreduce_us=25.0, what_if=False)
+    d = predict("kimi-k2.5", Layout(tp=8), allreduce_us=25.0, what_if=False)
     ar = sum(c["time_us"] for c in d["single_stream"]["top_collectives"] if c["op"] == "all_reduce")
     assert ar == pytest.approx(123 * 25.0)
     assert d["collective_latency_kind"] == "user"
@@ -100,8 +115,13 @@ def test_nccl_model_matches_reference_formula():
 
 
 def test_user_profile_file(tmp_path):
-    prof = {"name": "My GPU", "memory_bandwidth_GBps": 1000, "memory_GB": 48, "bf16_tflops": 100,
-            "link": {"type": "pcie", "p2p": True, "p2p_GBps": 20}}
+    prof = {
+        "name": "My GPU",
+        "memory_bandwidth_GBps": 1000,
+        "memory_GB": 48,
+        "bf16_tflops": 100,
+        "link": {"type": "pcie", "p2p": True, "p2p_GBps": 20},
+    }
     p = tmp_path / "gpu.json"
     p.write_text(json.dumps(prof))
     r = CliRunner().invoke(cli, ["predict", "--model", "qwen3-32b", "--tp", "4", "--gpu", str(p), "--json"])
@@ -109,15 +129,18 @@ def test_user_profile_file(tmp_path):
     assert json.loads(r.output)["hardware"]["name"] == "My GPU"
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--gpu", "tpu-v9"], "--gpu tpu-v9"),
-    (["--gpu", "cpu"], "--probe RUN_DIR"),
-    (["--allreduce-us", "-1"], "--allreduce-us -1"),
-    (["--memory-efficiency", "1.5"], "--memory-efficiency 1.5"),
-    (["--moe-bw-factor", "0.5"], "--moe-bw-factor 0.5"),
-    (["--measured", "82,61"], "--measured needs --compare-model"),
-    (["--compare-model", "kimi-k2.5-nvfp4", "--measured", "0,61"], "not a positive finite number"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--gpu", "tpu-v9"], "--gpu tpu-v9"),
+        (["--gpu", "cpu"], "--probe RUN_DIR"),
+        (["--allreduce-us", "-1"], "--allreduce-us -1"),
+        (["--memory-efficiency", "1.5"], "--memory-efficiency 1.5"),
+        (["--moe-bw-factor", "0.5"], "--moe-bw-factor 0.5"),
+        (["--measured", "82,61"], "--measured needs --compare-model"),
+        (["--compare-model", "kimi-k2.5-nvfp4", "--measured", "0,61"], "not a positive finite number"),
+    ],
+)
 def test_bad_predict_inputs(args, needle):
     r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", *args])
     assert r.exit_code == 2, r.output
@@ -142,9 +165,11 @@ def test_predict_calibrated_by_a_real_probe_run(tmp_path):
     cfg.parent.mkdir()
     cfg.write_text(json.dumps(TINY_CONFIG))
     run = tmp_path / "run"
-    r = CliRunner().invoke(cli, ["probe", "--gpus", "2", "--model", str(cfg.parent), "--iters", "30", "--warmup", "5", "--out", str(run)])
+    r = CliRunner().invoke(
+        cli, ["probe", "--gpus", "2", "--model", str(cfg.parent), "--iters", "30", "--warmup", "5", "--out", str(run)]
+    )
     assert r.exit_code == 0, r.output
-    d = predict(str(cfg.parent), tp=2, gpu="cpu", probe=str(run))
+    d = predict(str(cfg.parent), Layout(tp=2), gpu="cpu", probe=str(run))
     assert d["collective_latency_kind"] == "probe"
     fit = load_latency_model(run)
     plan = build_plan(str(cfg.parent), tp=2)
@@ -152,7 +177,7 @@ def test_predict_calibrated_by_a_real_probe_run(tmp_path):
     assert d["single_stream"]["breakdown_ms"]["collectives"] == pytest.approx(expect / 1e3)
     # A layout the probe did not measure is refused, not extrapolated.
     with pytest.raises(Exception, match="world size 2"):
-        predict("kimi-k2.5", tp=8, gpu="cpu", probe=str(run))
+        predict("kimi-k2.5", Layout(tp=8), gpu="cpu", probe=str(run))
     # A CPU probe does not calibrate a GPU profile.
     with pytest.raises(Exception, match="does not match the pcie link"):
-        predict(str(cfg.parent), tp=2, gpu="rtx-pro-6000", probe=str(run))
+        predict(str(cfg.parent), Layout(tp=2), gpu="rtx-pro-6000", probe=str(run))

@@ -32,7 +32,9 @@ def measured_c1():
 
 
 def run(tiny, *extra):
-    r = CliRunner().invoke(cli, ["predict", "--model", tiny, "--tp", "2", "--gpu", "cpu", "--attribution", str(RUN), *extra])
+    r = CliRunner().invoke(
+        cli, ["predict", "--model", tiny, "--tp", "2", "--gpu", "cpu", "--attribution", str(RUN), *extra]
+    )
     return r
 
 
@@ -60,15 +62,22 @@ def test_attribution_text_output_names_its_source(tiny):
     assert "MODEL ANCHORED ON A MEASURED RUN" in r.output and "attribution/summary.json at concurrency 1" in r.output
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--tp", "4"], "differs from the measured run's TP 2"),
-    (["--compare-model", "kimi-k2.5"], "--attribution answers from a measured run"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--tp", "4"], "differs from the measured run's TP 2"),
+        (["--compare-model", "kimi-k2.5"], "--attribution answers from a measured run"),
+    ],
+)
 def test_attribution_bad_input(tiny, args, needle):
-    r = CliRunner().invoke(cli, ["predict", "--model", tiny, "--gpu", "cpu", "--attribution", str(RUN), "--tp", "2", *args])
+    r = CliRunner().invoke(
+        cli, ["predict", "--model", tiny, "--gpu", "cpu", "--attribution", str(RUN), "--tp", "2", *args]
+    )
     assert r.exit_code == 2 and needle in r.output, r.output
 
 
 def test_attribution_dir_without_summary(tiny, tmp_path):
-    r = CliRunner().invoke(cli, ["predict", "--model", tiny, "--tp", "2", "--gpu", "cpu", "--attribution", str(tmp_path)])
+    r = CliRunner().invoke(
+        cli, ["predict", "--model", tiny, "--tp", "2", "--gpu", "cpu", "--attribution", str(tmp_path)]
+    )
     assert r.exit_code == 2 and "has no attribution/summary.json" in r.output, r.output

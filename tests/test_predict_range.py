@@ -11,13 +11,13 @@ from click.testing import CliRunner
 
 from tpcomm.cli import cli
 from tpcomm.plan import build_plan
-from tpcomm.predict import Knobs, predict
+from tpcomm.predict import Knobs, Layout, predict
 from tpcomm.predict.hardware import load_profile
 from tpcomm.predict.latency import nccl_model_us
 from tpcomm.predict.latency_range import make_range
 from tpcomm.predict.model import step_time
 
-INT4_C1 = 82.0                                   # REFERENCE s1
+INT4_C1 = 82.0  # REFERENCE s1
 NVFP4_LADDER = {1: 61.3, 32: 464, 48: 657, 64: 803, 96: 1017, 128: 1238}
 PCIE8 = {"type": "pcie", "p2p": True, "p2p_GBps": 53}
 # REFERENCE s7, rtx_pro_6000_server x8, vLLM all-reduce in a CUDA graph (PyNccl): 8 KiB 26.6 us, 16 KiB 27.5 us.
@@ -42,7 +42,7 @@ def share(bd):
 
 
 def test_kimi_int4_range_contains_82_and_the_verdict_holds_at_every_corner():
-    d = predict("kimi-k2.5", tp=8, gpu="rtx-pro-6000", what_if=False)
+    d = predict("kimi-k2.5", Layout(tp=8), gpu="rtx-pro-6000", what_if=False)
     r = d["range"]["single_stream"]["tok_per_s"]
     assert r["low"] <= INT4_C1 <= r["high"], r
     assert r["low"] < d["single_stream"]["tok_per_s"] < r["high"]
@@ -62,7 +62,9 @@ def test_kimi_int4_range_contains_82_and_the_verdict_holds_at_every_corner():
         assert text.startswith("The interconnect is the bottleneck")
     else:
         assert "not the bottleneck" in text
-    assert "is not the bottleneck" not in text and "is the bottleneck over" not in text  # never a claim the range contradicts
+    assert (
+        "is not the bottleneck" not in text and "is the bottleneck over" not in text
+    )  # never a claim the range contradicts
     # Bounds stated as bounds hold at every corner.
     b = d["range"]["bounds"]
     assert all(1e3 / (sum(bd.values()) - bd["collectives"]) <= b["compute_only_tok_per_s_max"] + 1e-9 for bd in bds)
@@ -71,7 +73,7 @@ def test_kimi_int4_range_contains_82_and_the_verdict_holds_at_every_corner():
 
 
 def test_8gpu_allreduce_at_14336_is_the_table_interpolation_and_nccl_is_the_low_end():
-    d = predict("kimi-k2.5", tp=8, gpu="rtx-pro-6000", what_if=False)
+    d = predict("kimi-k2.5", Layout(tp=8), gpu="rtx-pro-6000", what_if=False)
     expect = TABLE_8K + (TABLE_16K - TABLE_8K) * (14336 - 8192) / (16384 - 8192)
     ar = [c for c in d["single_stream"]["top_collectives"] if c["op"] == "all_reduce" and c["bytes"] == 14336]
     assert ar and all(c["latency_us"] == pytest.approx(expect) for c in ar)
@@ -79,7 +81,9 @@ def test_8gpu_allreduce_at_14336_is_the_table_interpolation_and_nccl_is_the_low_
     lat = make_range(load_profile("rtx-pro-6000"))
     nccl = nccl_model_us("all_reduce", 14336, 8, PCIE8)[0]
     assert lat.low("all_reduce", 14336, 8) == pytest.approx(nccl) and nccl < expect
-    assert lat.high("all_reduce", 14336, 8) == pytest.approx(48.2)  # 8x RTX PRO 6000, default NCCL at 32 KB (REFERENCE s5)
+    assert lat.high("all_reduce", 14336, 8) == pytest.approx(
+        48.2
+    )  # 8x RTX PRO 6000, default NCCL at 32 KB (REFERENCE s5)
     low_desc = d["range"]["inputs"]["collective_latency"]["low"]
     assert low_desc.startswith("lower bound: NCCL tuning model")
     assert any(a.startswith("collective latency low: lower bound: NCCL tuning model") for a in d["assumptions"])
@@ -90,18 +94,29 @@ def test_8gpu_allreduce_at_14336_is_the_table_interpolation_and_nccl_is_the_low_
 
 
 def test_no_table_means_nccl_central_and_a_replaced_link_drops_the_table():
-    d = predict("kimi-k2.5", tp=8, gpu="rtx-4090", what_if=False)
+    d = predict("kimi-k2.5", Layout(tp=8), gpu="rtx-4090", what_if=False)
     assert d["collective_latency_kind"] == "nccl-model" and "no measured table" in d["collective_latency_source"]
-    d2 = predict("kimi-k2.5", tp=8, gpu="rtx-pro-6000", interconnect="pcie4", what_if=False)
+    d2 = predict("kimi-k2.5", Layout(tp=8), gpu="rtx-pro-6000", interconnect="pcie4", what_if=False)
     assert d2["collective_latency_kind"] == "nccl-model" and d2["hardware"]["collective_tables"] is None
 
 
-@pytest.mark.parametrize("args,start,decider", [
-    (["--allreduce-us", "48", "--kernel-overhead-us", "1", "--memory-efficiency", "0.8"], "The interconnect is the bottleneck", None),
-    (["--allreduce-us", "30", "--kernel-overhead-us", "3"], "The interconnect is a major part but not", None),
-    (["--kernel-overhead-us", "1", "--memory-efficiency", "0.8"], "The model cannot decide", "tpcomm probe --gpus 8 --model kimi-k2.5"),
-    (["--allreduce-us", "30", "--kernel-overhead-us", "5"], "The interconnect is not the bottleneck", None),
-])
+@pytest.mark.parametrize(
+    "args,start,decider",
+    [
+        (
+            ["--allreduce-us", "48", "--kernel-overhead-us", "1", "--memory-efficiency", "0.8"],
+            "The interconnect is the bottleneck",
+            None,
+        ),
+        (["--allreduce-us", "30", "--kernel-overhead-us", "3"], "The interconnect is a major part but not", None),
+        (
+            ["--kernel-overhead-us", "1", "--memory-efficiency", "0.8"],
+            "The model cannot decide",
+            "tpcomm probe --gpus 8 --model kimi-k2.5",
+        ),
+        (["--allreduce-us", "30", "--kernel-overhead-us", "5"], "The interconnect is not the bottleneck", None),
+    ],
+)
 def test_verdict_wording_per_case_and_its_corners(args, start, decider):
     r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", "--json", *args])
     assert r.exit_code == 0, r.output
@@ -113,10 +128,16 @@ def test_verdict_wording_per_case_and_its_corners(args, start, decider):
         assert min(shares) >= 0.5
     elif "major part" in start:
         assert 0.25 <= min(shares) and max(shares) < 0.5
-        mains = {max((k for k in c["breakdown_ms"] if k != "collectives"), key=c["breakdown_ms"].get) for c in d["range"]["corners"]}
+        mains = {
+            max((k for k in c["breakdown_ms"] if k != "collectives"), key=c["breakdown_ms"].get)
+            for c in d["range"]["corners"]
+        }
         # Weights 4.20 ms at efficiency 0.8 but 4.81 ms at 0.7, against 4.39 ms of overhead: the largest term flips.
         assert mains == {"weights", "overhead"}
-        assert "Which term is largest (per-kernel launch and host overhead or weight streaming from memory) the model cannot decide" in v["statement"]
+        assert (
+            "Which term is largest (per-kernel launch and host overhead or weight streaming from memory) the model cannot decide"
+            in v["statement"]
+        )
     elif "not the bottleneck" in start:
         assert max(shares) < 0.5 and min(shares) < 0.25
         # 5 us x 1463 kernels = 7.3 ms of overhead beats 4.8 ms of weights even at efficiency 0.7: decided everywhere.
@@ -126,17 +147,21 @@ def test_verdict_wording_per_case_and_its_corners(args, start, decider):
     if decider:
         assert decider in v["statement"] and v["decides"].startswith(decider)
     given = [a for a in d["assumptions"] if "(given (" in a]
-    assert len(given) == sum(a in ("--kernel-overhead-us", "--memory-efficiency") for a in args)  # given values are fixed, and say so
+    assert len(given) == sum(
+        a in ("--kernel-overhead-us", "--memory-efficiency") for a in args
+    )  # given values are fixed, and say so
 
 
 def test_nvfp4_terms_fitted_to_two_points_are_labelled_and_the_rest_held_out():
     pts = {1: NVFP4_LADDER[1], 32: NVFP4_LADDER[32]}
-    d = predict("kimi-k2.5-nvfp4", tp=8, gpu="rtx-pro-6000", batches=list(NVFP4_LADDER), fitted_to=pts, what_if=False)
+    d = predict(
+        "kimi-k2.5-nvfp4", Layout(tp=8), gpu="rtx-pro-6000", batches=list(NVFP4_LADDER), fitted_to=pts, what_if=False
+    )
     got = {b["batch"]: b for b in d["batches"]}
     for c, measured in NVFP4_LADDER.items():
         if c in pts:  # reproduces the fit by construction: labelled, never called a prediction
             assert got[c]["tok_per_s"] == pytest.approx(measured) and got[c]["fitted_to_tok_per_s"] == measured
-        else:         # held out: not used to set anything
+        else:  # held out: not used to set anything
             assert got[c]["fitted_to_tok_per_s"] is None
             assert got[c]["tok_per_s"] == pytest.approx(measured, rel=0.30), (c, got[c]["tok_per_s"], measured)
     assert {f["term"] for f in d["fitted"]} == {"moe_kernel_penalty", "moe_kernel_bandwidth"}
@@ -147,12 +172,12 @@ def test_nvfp4_terms_fitted_to_two_points_are_labelled_and_the_rest_held_out():
 
 
 def test_given_extra_terms_without_fit_say_so():
-    d = predict("kimi-k2.5-nvfp4", tp=8, knobs=Knobs(moe_penalty_us=65.0), what_if=False)
+    d = predict("kimi-k2.5-nvfp4", Layout(tp=8), knobs=Knobs(moe_penalty_us=65.0), what_if=False)
     assert any("given by the user" in a for a in d["assumptions"])
 
 
 def test_what_if_ranges_are_corner_by_corner():
-    d = predict("kimi-k2.5", tp=8, gpu="rtx-pro-6000")
+    d = predict("kimi-k2.5", Layout(tp=8), gpu="rtx-pro-6000")
     w = {x["name"]: x for x in d["what_if"]}
     free = w["no-interconnect-cost"]
     assert free["tok_per_s_range"]["high"] == pytest.approx(d["range"]["bounds"]["compute_only_tok_per_s_max"])
@@ -160,11 +185,14 @@ def test_what_if_ranges_are_corner_by_corner():
     assert w["one-shot-allreduce"]["delta_pct_range"]["low"] > 0
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--fitted-to", "1:x"], "is not batch:tok/s"),
-    (["--fitted-to", "0:61"], "needs a batch >= 1"),
-    (["--fitted-to", "1:61.3,32:464,64:800"], "one or two batch:tok/s points"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--fitted-to", "1:x"], "is not batch:tok/s"),
+        (["--fitted-to", "0:61"], "needs a batch >= 1"),
+        (["--fitted-to", "1:61.3,32:464,64:800"], "one or two batch:tok/s points"),
+    ],
+)
 def test_bad_fitted_to(args, needle):
     r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5-nvfp4", "--tp", "8", *args])
     assert r.exit_code == 2 and needle in r.output, r.output
@@ -184,13 +212,15 @@ def test_thresholds_match_the_report():
 
 def test_knobs_replace_keeps_given_values():
     k = replace(Knobs(), kernel_overhead_us=2.0)
-    d = predict("kimi-k2.5", tp=8, knobs=k, what_if=False)
-    assert d["range"]["inputs"]["kernel_overhead_us"]["low"] == d["range"]["inputs"]["kernel_overhead_us"]["high"] == 2.0
+    d = predict("kimi-k2.5", Layout(tp=8), knobs=k, what_if=False)
+    assert (
+        d["range"]["inputs"]["kernel_overhead_us"]["low"] == d["range"]["inputs"]["kernel_overhead_us"]["high"] == 2.0
+    )
 
 
 def test_with_latency_fixed_the_decider_is_attribute_not_probe():
     # 48 us per all-reduce: the share straddles 50% only through per-kernel overhead and memory efficiency.
-    d = predict("kimi-k2.5", tp=8, allreduce_us=48.0, what_if=False)
+    d = predict("kimi-k2.5", Layout(tp=8), allreduce_us=48.0, what_if=False)
     v = d["range"]["verdict"]
     shares = [share(c["breakdown_ms"]) for c in d["range"]["corners"]]
     assert min(shares) < 0.5 <= max(shares)
@@ -198,11 +228,17 @@ def test_with_latency_fixed_the_decider_is_attribute_not_probe():
 
 
 def test_a_profile_value_without_a_range_is_fixed(tmp_path):
-    prof = {"name": "My GPU", "memory_bandwidth_GBps": 1000, "memory_GB": 48, "bf16_tflops": 100, "kernel_overhead_us": 2.5,
-            "link": {"type": "pcie", "p2p": True, "p2p_GBps": 20}}
+    prof = {
+        "name": "My GPU",
+        "memory_bandwidth_GBps": 1000,
+        "memory_GB": 48,
+        "bf16_tflops": 100,
+        "kernel_overhead_us": 2.5,
+        "link": {"type": "pcie", "p2p": True, "p2p_GBps": 20},
+    }
     p = tmp_path / "gpu.json"
     p.write_text(json.dumps(prof))
-    d = predict("qwen3-32b", tp=4, gpu=str(p), what_if=False)
+    d = predict("qwen3-32b", Layout(tp=4), gpu=str(p), what_if=False)
     ko = d["range"]["inputs"]["kernel_overhead_us"]
     assert ko["low"] == ko["central"] == ko["high"] == 2.5 and "fixed" in ko["source"]
     assert d["range"]["inputs"]["memory_efficiency"]["low"] == 0.7  # not in the profile: the default range

@@ -18,11 +18,29 @@ def _pdf_text(path):
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     out = {}
-    for name, model, extra in (("int4", "kimi-k2.5", []), ("nvfp4", "kimi-k2.5-nvfp4", ["--fitted-to", "1:61.3,32:464"])):
+    for name, model, extra in (
+        ("int4", "kimi-k2.5", []),
+        ("nvfp4", "kimi-k2.5-nvfp4", ["--fitted-to", "1:61.3,32:464"]),
+    ):
         run = tmp_path_factory.mktemp(name)
-        for args in (["plan", "--model", model, "--tp", "8", "--out", str(run)],
-                     ["predict", "--model", model, "--tp", "8", "--gpu", "rtx-pro-6000", "--batch", "1,32,48", *extra, "--out", str(run)],
-                     ["report", str(run), "--out", str(run / "report.pdf")]):
+        for args in (
+            ["plan", "--model", model, "--tp", "8", "--out", str(run)],
+            [
+                "predict",
+                "--model",
+                model,
+                "--tp",
+                "8",
+                "--gpu",
+                "rtx-pro-6000",
+                "--batch",
+                "1,32,48",
+                *extra,
+                "--out",
+                str(run),
+            ],
+            ["report", str(run), "--out", str(run / "report.pdf")],
+        ):
             r = CliRunner().invoke(cli, args)
             assert r.exit_code == 0, r.output
         out[name] = run
@@ -54,7 +72,9 @@ def test_int4_report_states_the_range_and_does_not_decide(reports):
 def test_nvfp4_report_labels_the_fitted_point(reports):
     run = reports["nvfp4"]
     page1, text = _pdf_text(run / "report.pdf")
-    assert "fitted to the measured 61.3 tok/s at this point: it reproduces that fit and is not a prediction of it" in page1
+    assert (
+        "fitted to the measured 61.3 tok/s at this point: it reproduces that fit and is not a prediction of it" in page1
+    )
     assert "a prediction, not a measurement" not in page1
     assert "fitted to measured 61.3 tok/s at batch 1, 464 tok/s at batch 32" in text
     assert "fitted to the measured 464 tok/s" in text  # the C=32 row of the batch table

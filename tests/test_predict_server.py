@@ -21,13 +21,36 @@ def _run(args, timeout=600):
 @pytest.mark.vllm
 def test_attribution_of_a_live_run_is_reproduced_within_5pct(vllm_server, tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    r = _run(["attribute", "--server-url", vllm_server.url, "--concurrency", "1", "--requests", "8", "--input-len", "16",
-              "--output-len", "32", "--warmup", "2", "--max-rounds", "2", "--out", str(out)])
+    r = _run(
+        [
+            "attribute",
+            "--server-url",
+            vllm_server.url,
+            "--concurrency",
+            "1",
+            "--requests",
+            "8",
+            "--input-len",
+            "16",
+            "--output-len",
+            "32",
+            "--warmup",
+            "2",
+            "--max-rounds",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    r = _run(["predict", "--model", str(tiny_model_dir), "--tp", "2", "--gpu", "cpu", "--attribution", str(out), "--json"])
+    r = _run(
+        ["predict", "--model", str(tiny_model_dir), "--tp", "2", "--gpu", "cpu", "--attribution", str(out), "--json"]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(r.stdout)
-    lv = next(x for x in json.loads((out / "attribution" / "summary.json").read_text())["levels"] if x["concurrency"] == 1)
+    lv = next(
+        x for x in json.loads((out / "attribution" / "summary.json").read_text())["levels"] if x["concurrency"] == 1
+    )
     pt = lv["per_token_ms"]
     host = next(pt[k] for k in HOST_KEYS if k in pt)
     run_ms = lv.get("engine_ms_per_token") or (pt["compute"] + pt["transfer"] + pt["wait"] + host)

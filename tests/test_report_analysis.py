@@ -113,12 +113,18 @@ def test_measured_verdict_headline_is_the_split_total(measured):
         assert share == pytest.approx(100 * pt[k] / lv["engine_ms_per_token"], abs=0.1)
     assert m["collective_ms"] == pytest.approx(pt["transfer"] + pt["wait"])
     assert m["collectives_per_token"] == lv["collectives_per_step"]["observed_total"]
-    # The client beside it, with the named difference; this saved run (busy host) fails closure, and says so.
+    # The client beside it, with the named difference. This saved run (busy host) delivered whole streams in
+    # bursts: its plain TPOT p50 is far below the engine's period (the closure failed on it, +123%), while the
+    # held TPOT (E2E minus the fastest TTFT, per token) closes; both are printed, the closure uses the held one.
     assert m["client_tpot_ms_p50"] == pytest.approx(lv["client"]["tpot_ms_p50"])
-    assert m["delivery_ms"] == pytest.approx(m["client_tpot_ms_p50"] - m["ms_per_token"])
+    held = lv["client"]["tpot_held_ms_p50"]
+    assert m["client_tpot_ms_p50"] < 0.7 * m["ms_per_token"] and held > m["client_tpot_ms_p50"]
+    assert m["delivery_ms"] == pytest.approx(held - m["ms_per_token"])
     text = " ".join(v["sentences"])
-    assert lv["closure"]["ok"] is False and "CLOSURE CHECK FAILED" in text and "cause not determined" in text
-    assert v["numbers"]["client_tpot_ms_p50"] in text and v["numbers"]["ms_per_token"] in text
+    assert lv["closure"]["client_tpot_ms_p50"] == pytest.approx(held)
+    assert ("CLOSURE CHECK FAILED" in text) == (lv["closure"]["ok"] is False)
+    assert v["numbers"]["client_tpot_ms_p50"] in text and v["numbers"]["client_held_tpot_ms_p50"] in text
+    assert v["numbers"]["ms_per_token"] in text
     assert "Collective time = transfer + wait" in text
     # Levers: bounds from the same terms as the headline.
     by = {x["name"]: x for x in v["levers"]}

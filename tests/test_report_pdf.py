@@ -174,7 +174,7 @@ def test_no_probe_no_plugin_run_renders(tmp_path):
 
 def test_verdict_shares_read_back_from_the_pdf_sum_to_100(tmp_path):
     """Page 1 of a measured report (real records re-analysed): the shares printed sum to 100% within 1
-    point, the headline is their total, and the failed closure of that saved run is stated."""
+    point, the headline is their total, and the closure's outcome is stated."""
     from measured_run import measured_run, split_from_page
 
     run = measured_run(tmp_path / "run")
@@ -191,6 +191,8 @@ def test_verdict_shares_read_back_from_the_pdf_sum_to_100(tmp_path):
         in page1
     )
     assert total == float(rep.verdict["numbers"]["ms_per_token"])
-    assert "CLOSURE CHECK FAILED" in page1 and rep.verdict["numbers"]["client_tpot_ms_p50"] in page1
+    closed = rep.verdict["measured"]["closure"]["ok"]
+    assert ("CLOSURE CHECK FAILED" in page1) == (closed is False) and "closure: engine vs client held TPOT" in page1
+    assert rep.verdict["numbers"]["client_tpot_ms_p50"] in page1
     # The stacked bar's axis names the headline it ends at.
     assert f"the bar ends at the headline {rep.verdict['measured']['ms_per_token']:.3g} ms" in page1

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tpcomm import contract as C
 from tpcomm import redact
 from tpcomm.rundir import RunDir
 
@@ -71,11 +72,11 @@ def test_registered_secret_is_scrubbed_from_documents_and_tables(tmp_path):
 
     redact.register("reg-secret-77")
     rd = RunDir(tmp_path / "run")
-    rd.write_json("a.json", {"note": "server said: bad key reg-secret-77", "h": ["Authorization: Bearer zzz123"]})
-    rd.write_table("t.parquet", pd.DataFrame({"error": ["HTTP 401 for reg-secret-77", None], "n": [1, 2]}))
+    rd.write_json(C.HOOK_STATUS, {"note": "server said: bad key reg-secret-77", "h": ["Authorization: Bearer zzz123"]})
+    rd.write_table(C.PROFILE_EVENTS, pd.DataFrame({"error": ["HTTP 401 for reg-secret-77", None], "n": [1, 2]}))
     assert_secret_absent(tmp_path / "run", "reg-secret-77")
-    assert "zzz123" not in (tmp_path / "run/a.json").read_text()
-    assert pd.read_parquet(tmp_path / "run/t.parquet")["n"].tolist() == [1, 2]
+    assert "zzz123" not in (tmp_path / "run/hook/status.json").read_text()
+    assert pd.read_parquet(tmp_path / "run/profile/comm_events.parquet")["n"].tolist() == [1, 2]
 
 
 def test_report_of_an_old_run_dir_with_a_stored_key_does_not_print_it(tmp_path):

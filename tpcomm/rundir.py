@@ -1,26 +1,15 @@
 """The run directory: every command writes into one, the next command reads it.
 
-Layout (all paths relative to the run directory; a file that is absent means
-"not measured", never zero):
-
-    meta.json                      tpcomm + stack versions, command lines, created_utc
-    status.json                    per stage: {"state": "running|complete|incomplete|failed", ...}
-    topo.json                      `tpcomm topo` (GPUs, links, P2P, NUMA, NCCL env)
-    plan.json                      `tpcomm plan --json` document
-    predict.json                   `tpcomm predict --json` document
-    probe/results.parquet|.json    one row per (backend, op, mode, bytes, timing)
-    probe/fit.json                 fitted latency model per backend and op
-    probe/results.jsonl            rank 0's raw record stream (one JSON object per line)
-    probe/spec.json, ranks/, logs/ what the ranks ran, their live status, their output
-    hook/collectives.parquet       one row per collective call per rank (hook records)
-    hook/steps.parquet             one row per engine step per rank
-    load/requests.parquet          one row per client request (TTFT, ITL, TPOT, E2E)
-    load/levels.json               per concurrency level: throughput, percentiles, flags
-    attribution/*.parquet|.json    per-step and per-level split
-    report.pdf, report.md          `tpcomm report`
+Every file, its schema (columns and kinds, or required keys), its units and
+the command that writes it are named once, in `tpcomm/contract.py`; `RunDir`
+reads and writes through those specs and checks them both ways (a writer that
+drifts fails at once, a reader gets one line naming file, field and command).
+An absent file means "not measured", never zero. JSON documents carry
+`schema_version`, Parquet tables carry it in their metadata.
 
 Tables are Parquet, small documents JSON. Writes are atomic (temp file +
-rename) so an interrupted run never leaves a truncated file behind.
+rename) so an interrupted run never leaves a truncated file behind, and every
+document and text column is scrubbed of secrets on the way out (redact.py).
 """
 
 from __future__ import annotations
@@ -85,11 +74,10 @@ class RunDir:
         p = self.path / str(name)
         # Scrubbed on the way out: a run directory is meant to be shared (see redact.py).
         obj = redact.scrub(json.loads(json.dumps(obj, default=_json_default)))
-        if spec is not None:
-            for item in obj if spec.list_doc and isinstance(obj, list) else [obj]:
-                if isinstance(item, dict):
-                    item["schema_version"] = contract.SCHEMA_VERSION
-            contract.check_json(spec, obj)  # a writer that drifts from the contract fails here, not in a reader
+        for item in obj if spec.list_doc and isinstance(obj, list) else [obj]:
+            if isinstance(item, dict):
+                item["schema_version"] = contract.SCHEMA_VERSION
+        contract.check_json(spec, obj)  # a writer that drifts from the contract fails here, not in a reader
         _atomic_write_bytes(p, (json.dumps(obj, indent=2) + "\n").encode())
         return p
 
@@ -101,11 +89,8 @@ class RunDir:
         try:
             doc = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise SchemaError(
-                spec or str(name), f"is not valid JSON ({getattr(e, 'msg', e)}); it may be truncated"
-            ) from None
-        if spec is not None:
-            contract.check_json(spec, doc)
+            raise SchemaError(spec, f"is not valid JSON ({getattr(e, 'msg', e)}); it may be truncated") from None
+        contract.check_json(spec, doc)
         return doc
 
     # ---- tables ---------------------------------------------------------
@@ -117,8 +102,7 @@ class RunDir:
 
         spec = _spec(name, "table")
         df = _scrub_strings(df)
-        if spec is not None:
-            contract.check_table(spec, df)
+        contract.check_table(spec, df)
         table = pa.Table.from_pandas(df, preserve_index=False)
         meta = dict(table.schema.metadata or {})
         meta[b"tpcomm.schema_version"] = str(contract.SCHEMA_VERSION).encode()
@@ -140,15 +124,14 @@ class RunDir:
             df = table.to_pandas()
         except Exception as e:
             raise SchemaError(
-                spec or str(name), f"cannot be read as Parquet ({type(e).__name__}: {e}); it may be truncated"
+                spec, f"cannot be read as Parquet ({type(e).__name__}: {e}); it may be truncated"
             ) from None
-        if spec is not None:
-            raw = (table.schema.metadata or {}).get(b"tpcomm.schema_version")
-            try:
-                version = int(raw) if raw is not None else None
-            except ValueError:
-                version = raw.decode(errors="replace")
-            contract.check_table(spec, df, version)
+        raw = (table.schema.metadata or {}).get(b"tpcomm.schema_version")
+        try:
+            version = int(raw) if raw is not None else None
+        except ValueError:
+            version = raw.decode(errors="replace")
+        contract.check_table(spec, df, version)
         return df
 
     # ---- metadata and stage status -------------------------------------
@@ -171,9 +154,11 @@ class RunDir:
         return (self.read_json(contract.STATUS) or {}).get(stage, {}).get("state")
 
 
-def _spec(name: FileSpec | str, fmt: str) -> FileSpec | None:
+def _spec(name: FileSpec | str, fmt: str) -> FileSpec:
     spec = contract.spec_for(name)
-    if spec is not None and spec.format != fmt:
+    if spec is None:  # a programming error, not a user's: every file a command writes is in the contract
+        raise ValueError(f"{name} is not a file of the run-directory contract (tpcomm/contract.py)")
+    if spec.format != fmt:
         raise ValueError(f"{spec.path} is a {spec.format} file in the run-directory contract, not {fmt}")
     return spec
 

@@ -111,6 +111,7 @@ def render(res: dict, console: Console | None = None) -> None:
             "wait",
             "host gap",
             "client TPOT p50",
+            "held TPOT p50",
             "delivery",
             "closure (C=1, 10%)",
             "stalls",
@@ -121,7 +122,7 @@ def render(res: dict, console: Console | None = None) -> None:
         for a in att["levels"]:
             p = a.get("per_token_ms")
             if not p:
-                t.add_row(str(a["concurrency"]), str(a["repeat"]), *["-"] * 10, a.get("note", ""))
+                t.add_row(str(a["concurrency"]), str(a["repeat"]), *["-"] * 11, a.get("note", ""))
                 continue
             cc, cz, st = a["collectives_per_step"], a.get("closure") or {}, a.get("stalls") or {}
             verdict = "[green]match" if cc["match"] else "[red]MISMATCH" if cc["match"] is False else "not compared"
@@ -140,6 +141,7 @@ def render(res: dict, console: Console | None = None) -> None:
                 _f(p["wait"]),
                 _f(p["host_gap"]),
                 _f((a.get("client") or {}).get("tpot_ms_p50")),
+                _f((a.get("client") or {}).get("tpot_held_ms_p50")),
                 _f(a.get("delivery_ms")),
                 closure,
                 f"{st.get('count', 0)} ({st.get('total_ms', 0):.0f} ms)",
@@ -150,7 +152,8 @@ def render(res: dict, console: Console | None = None) -> None:
         con.print(
             "[dim]per-token ms on the server's step clock: mean start-to-start period of consecutive decode steps "
             "in the level's steady window = compute + transfer + wait + host gap (mean over ranks); collective time "
-            "= transfer + wait, wait = rank skew. Client TPOT p50 beside it; delivery = the difference; stalls "
+            "= transfer + wait, wait = rank skew. Client TPOT p50 beside it, and the held TPOT p50 (E2E minus the "
+            "level's fastest TTFT, per token: what bursty delivery cannot shrink); delivery = held TPOT - engine; stalls "
             "(token gaps > 20 periods) enter no term"
         )
         top = next((a["top_sites"] for a in att["levels"] if a.get("top_sites")), [])

@@ -45,38 +45,71 @@ class Plan:
         seen = {}
         for c in self.collectives:
             seen.setdefault((c.op, c.group, c.group_size, c.bytes, c.dtype), c.batch)
-        return [{"op": o, "group": g, "group_size": n, "bytes": b, "dtype": d, "batch": bt} for (o, g, n, b, d), bt in seen.items()]
+        return [
+            {"op": o, "group": g, "group_size": n, "bytes": b, "dtype": d, "batch": bt}
+            for (o, g, n, b, d), bt in seen.items()
+        ]
 
     def to_dict(self) -> dict:
         m, lay = self.model, self.layout
-        b0 = self.batches[0]
         return {
-            "model": {"name": m.name, "source": m.source, "architecture": m.architecture, "vllm_model_file": f"model_executor/models/{m.family}.py",
-                      "hidden_size": m.hidden_size, "num_layers": m.num_layers, "moe_layers": len(m.moe_layers),
-                      "dense_layers": len(m.dense_layers), "attention": m.attention, "num_heads": m.num_heads,
-                      "num_kv_heads": m.num_kv_heads, "vocab_size": m.vocab_size, "n_routed_experts": m.n_routed_experts,
-                      "num_experts_per_tok": m.num_experts_per_tok, "dtype": m.dtype,
-                      "quantization": {"method": m.quant.method, "description": m.quant.description,
-                                       "weight_bits": m.quant.weight_bits, "activations": m.quant.activations,
-                                       "notes": list(m.quant.notes)}},
+            "model": {
+                "name": m.name,
+                "source": m.source,
+                "architecture": m.architecture,
+                "vllm_model_file": f"model_executor/models/{m.family}.py",
+                "hidden_size": m.hidden_size,
+                "num_layers": m.num_layers,
+                "moe_layers": len(m.moe_layers),
+                "dense_layers": len(m.dense_layers),
+                "attention": m.attention,
+                "num_heads": m.num_heads,
+                "num_kv_heads": m.num_kv_heads,
+                "vocab_size": m.vocab_size,
+                "n_routed_experts": m.n_routed_experts,
+                "num_experts_per_tok": m.num_experts_per_tok,
+                "dtype": m.dtype,
+                "quantization": {
+                    "method": m.quant.method,
+                    "description": m.quant.description,
+                    "weight_bits": m.quant.weight_bits,
+                    "activations": m.quant.activations,
+                    "notes": list(m.quant.notes),
+                },
+            },
             "layout": lay.to_dict(),
             "pp_layers_per_stage": pp_partition(m.num_layers, lay.pp),
             "batches": self.batches,
             "vllm_version_followed": VLLM_VERSION_FOLLOWED,
             "collectives": [c.to_dict() for c in self.collectives],
             "totals": {str(b): self.totals(b) for b in self.batches},
-            "weights": {str(b): {"bytes_per_gpu_per_step": weight_bytes_per_gpu(m, lay, b),
-                                 "components": [c.to_dict() for c in weight_components(m, lay, b)]} for b in self.batches},
+            "weights": {
+                str(b): {
+                    "bytes_per_gpu_per_step": weight_bytes_per_gpu(m, lay, b),
+                    "components": [c.to_dict() for c in weight_components(m, lay, b)],
+                }
+                for b in self.batches
+            },
             "kv_cache": kv_bytes_per_token(m, lay),
-            "conditions": {"phase": "decode (one token per sequence per step)", "batch_means": "sequences per step",
-                           "bytes_means": "per rank per call (input buffer); all_gather output = bytes x group_size",
-                           "count_means": "calls per decode step on one rank of the stage (pp_stage)",
-                           "derived_from": f"vLLM {VLLM_VERSION_FOLLOWED} model code, eager semantics (CUDA graphs replay the same collectives)"},
+            "conditions": {
+                "phase": "decode (one token per sequence per step)",
+                "batch_means": "sequences per step",
+                "bytes_means": "per rank per call (input buffer); all_gather output = bytes x group_size",
+                "count_means": "calls per decode step on one rank of the stage (pp_stage)",
+                "derived_from": f"vLLM {VLLM_VERSION_FOLLOWED} model code, eager semantics (CUDA graphs replay the same collectives)",
+            },
         }
 
 
-def build_plan(model: str | Path | dict | ModelSpec, tp: int = 1, ep: bool = False, dp: int = 1, pp: int = 1, dcp: int = 1,
-               batches: list[int] | tuple[int, ...] = (1,)) -> Plan:
+def build_plan(
+    model: str | Path | dict | ModelSpec,
+    tp: int = 1,
+    ep: bool = False,
+    dp: int = 1,
+    pp: int = 1,
+    dcp: int = 1,
+    batches: list[int] | tuple[int, ...] = (1,),
+) -> Plan:
     m = model if isinstance(model, ModelSpec) else load_model(model)
     lay = Layout(tp=tp, ep=ep, dp=dp, pp=pp, dcp=dcp)
     lay.validate(m)

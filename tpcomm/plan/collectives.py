@@ -42,14 +42,14 @@ VLLM_VERSION_FOLLOWED = "0.32.0"
 
 @dataclass(frozen=True)
 class Collective:
-    op: str          # all_reduce, all_gather, gather, reduce_scatter, all_to_all, send_recv
-    group: str       # tp, ep, dp, pp, dcp
+    op: str  # all_reduce, all_gather, gather, reduce_scatter, all_to_all, send_recv
+    group: str  # tp, ep, dp, pp, dcp
     group_size: int
-    bytes: int       # per rank per call (input buffer)
-    count: int       # calls per decode step (per rank of the stage)
+    bytes: int  # per rank per call (input buffer)
+    count: int  # calls per decode step (per rank of the stage)
     batch: int
     dtype: str
-    site: str        # e.g. model.layers.*.self_attn.o_proj
+    site: str  # e.g. model.layers.*.self_attn.o_proj
     pp_stage: int | None = None
     note: str = ""
 
@@ -60,7 +60,7 @@ class Collective:
 def decode_collectives(m: ModelSpec, lay: Layout, batch: int) -> list[Collective]:
     """Every distinct collective of one decode step at batch `batch`, all pipeline stages."""
     out: list[Collective] = []
-    act = batch * m.hidden_size * m.dtype_bytes          # one [B, hidden] activation
+    act = batch * m.hidden_size * m.dtype_bytes  # one [B, hidden] activation
     dt = m.dtype
     parts = pp_partition(m.num_layers, lay.pp)
     start = 0
@@ -82,22 +82,87 @@ def decode_collectives(m: ModelSpec, lay: Layout, batch: int) -> list[Collective
         sp_moe = lay.ep and lay.dp > 1 and tp > 1  # vLLM's use_sequence_parallel_moe
         if lay.dcp > 1:
             heads_local = m.num_heads // tp * lay.dcp
-            add("all_gather", "dcp", lay.dcp, batch * (m.num_heads // tp) * (m.kv_lora_rank + m.qk_rope_head_dim) * m.dtype_bytes,
-                n, "model.layers.*.self_attn (DCP query gather)")
-            add("all_gather", "dcp", lay.dcp, batch * heads_local * 4, n, "model.layers.*.self_attn (DCP LSE gather)", dtype="float32")
-            add("reduce_scatter", "dcp", lay.dcp, batch * heads_local * m.kv_lora_rank * m.dtype_bytes, n,
-                "model.layers.*.self_attn (DCP output combine)")
+            add(
+                "all_gather",
+                "dcp",
+                lay.dcp,
+                batch * (m.num_heads // tp) * (m.kv_lora_rank + m.qk_rope_head_dim) * m.dtype_bytes,
+                n,
+                "model.layers.*.self_attn (DCP query gather)",
+            )
+            add(
+                "all_gather",
+                "dcp",
+                lay.dcp,
+                batch * heads_local * 4,
+                n,
+                "model.layers.*.self_attn (DCP LSE gather)",
+                dtype="float32",
+            )
+            add(
+                "reduce_scatter",
+                "dcp",
+                lay.dcp,
+                batch * heads_local * m.kv_lora_rank * m.dtype_bytes,
+                n,
+                "model.layers.*.self_attn (DCP output combine)",
+            )
         if sp_moe and m.family != "deepseek_v2":
             # qwen3_moe & co: attention keeps its all-reduce; the MoE input is chunked (no comm) and its output all-gathered.
-            add("all_reduce", "tp", tp, act, n, "model.layers.*.self_attn.o_proj", "RowParallelLinear(reduce_results=True)")
-            add("all_gather", "tp", tp, _pad(batch, tp) // tp * m.hidden_size * m.dtype_bytes, n_moe, "model.layers.*.mlp (sequence-parallel MoE output)")
+            add(
+                "all_reduce",
+                "tp",
+                tp,
+                act,
+                n,
+                "model.layers.*.self_attn.o_proj",
+                "RowParallelLinear(reduce_results=True)",
+            )
+            add(
+                "all_gather",
+                "tp",
+                tp,
+                _pad(batch, tp) // tp * m.hidden_size * m.dtype_bytes,
+                n_moe,
+                "model.layers.*.mlp (sequence-parallel MoE output)",
+            )
         elif sp_moe:
             # DeepSeek: o_proj unreduced, reduce-scattered over TP, all-gathered back before attention.
-            add("all_reduce", "tp", tp, act, n - n_moe, "model.layers.*.self_attn.o_proj", "dense layers keep the all-reduce")
-            add("reduce_scatter", "tp", tp, _pad(batch, tp) * m.hidden_size * m.dtype_bytes, n_moe, "model.layers.*.self_attn.o_proj (sequence-parallel MoE)")
-            add("all_gather", "tp", tp, _pad(batch, tp) // tp * m.hidden_size * m.dtype_bytes, n_moe, "model.layers.*.mlp (sequence-parallel MoE output)")
+            add(
+                "all_reduce",
+                "tp",
+                tp,
+                act,
+                n - n_moe,
+                "model.layers.*.self_attn.o_proj",
+                "dense layers keep the all-reduce",
+            )
+            add(
+                "reduce_scatter",
+                "tp",
+                tp,
+                _pad(batch, tp) * m.hidden_size * m.dtype_bytes,
+                n_moe,
+                "model.layers.*.self_attn.o_proj (sequence-parallel MoE)",
+            )
+            add(
+                "all_gather",
+                "tp",
+                tp,
+                _pad(batch, tp) // tp * m.hidden_size * m.dtype_bytes,
+                n_moe,
+                "model.layers.*.mlp (sequence-parallel MoE output)",
+            )
         else:
-            add("all_reduce", "tp", tp, act, n, "model.layers.*.self_attn.o_proj", "RowParallelLinear(reduce_results=True)")
+            add(
+                "all_reduce",
+                "tp",
+                tp,
+                act,
+                n,
+                "model.layers.*.self_attn.o_proj",
+                "RowParallelLinear(reduce_results=True)",
+            )
         if m.dense_layers:
             add("all_reduce", "tp", tp, act, n_dense, "model.layers.*.mlp.down_proj", "dense MLP, RowParallelLinear")
         if m.is_moe and n_moe:
@@ -105,26 +170,86 @@ def decode_collectives(m: ModelSpec, lay: Layout, batch: int) -> list[Collective
                 grp, size = ("ep", lay.ep_size) if sp_moe else ("dp", lay.dp)
                 tokens = _pad(batch, tp) // tp if sp_moe else batch
                 router_bytes = tokens * m.n_routed_experts * 4  # router logits, float32 for DeepSeek-style gates
-                add("all_gather", grp, size, tokens * m.hidden_size * m.dtype_bytes + router_bytes, n_moe,
-                    "model.layers.*.mlp.experts (dispatch: hidden + router logits)", "all_gatherv, allgather_reducescatter backend")
-                add("reduce_scatter", grp, size, tokens * size * m.hidden_size * m.dtype_bytes, n_moe,
-                    "model.layers.*.mlp.experts (combine)", "reduce_scatterv, allgather_reducescatter backend")
+                add(
+                    "all_gather",
+                    grp,
+                    size,
+                    tokens * m.hidden_size * m.dtype_bytes + router_bytes,
+                    n_moe,
+                    "model.layers.*.mlp.experts (dispatch: hidden + router logits)",
+                    "all_gatherv, allgather_reducescatter backend",
+                )
+                add(
+                    "reduce_scatter",
+                    grp,
+                    size,
+                    tokens * size * m.hidden_size * m.dtype_bytes,
+                    n_moe,
+                    "model.layers.*.mlp.experts (combine)",
+                    "reduce_scatterv, allgather_reducescatter backend",
+                )
             else:
                 label = "routed + shared experts" if m.n_shared_experts else "routed experts"
-                add("all_reduce", "tp", tp, act, n_moe, "model.layers.*.mlp.experts", f"one late all-reduce of {label}"
-                    + (" (EP with DP=1 keeps the all-reduce)" if lay.ep else ""))
+                add(
+                    "all_reduce",
+                    "tp",
+                    tp,
+                    act,
+                    n_moe,
+                    "model.layers.*.mlp.experts",
+                    f"one late all-reduce of {label}" + (" (EP with DP=1 keeps the all-reduce)" if lay.ep else ""),
+                )
         if stage == lay.pp - 1:
-            add("all_gather", "tp", tp, batch * (padded_vocab(m.vocab_size) // tp) * m.dtype_bytes, 1,
-                "logits_processor (lm_head vocab shards)", "LogitsProcessor._gather_logits")
+            add(
+                "all_gather",
+                "tp",
+                tp,
+                batch * (padded_vocab(m.vocab_size) // tp) * m.dtype_bytes,
+                1,
+                "logits_processor (lm_head vocab shards)",
+                "LogitsProcessor._gather_logits",
+            )
         if stage < lay.pp - 1:
             per = act // tp if (tp > 1 and act % tp == 0) else act
-            add("send_recv", "pp", 2, per, 2, "pipeline boundary (hidden_states, residual)", f"stage {stage} -> {stage + 1}")
+            add(
+                "send_recv",
+                "pp",
+                2,
+                per,
+                2,
+                "pipeline boundary (hidden_states, residual)",
+                f"stage {stage} -> {stage + 1}",
+            )
             if tp > 1 and act % tp == 0:
-                out.append(Collective("all_gather", "tp", tp, per, 2, batch, dt, "pipeline boundary (receiver re-assembles TP slices)",
-                                      stage + 1, "isend_tensor_dict(all_gather_group=tp)"))
+                out.append(
+                    Collective(
+                        "all_gather",
+                        "tp",
+                        tp,
+                        per,
+                        2,
+                        batch,
+                        dt,
+                        "pipeline boundary (receiver re-assembles TP slices)",
+                        stage + 1,
+                        "isend_tensor_dict(all_gather_group=tp)",
+                    )
+                )
     if lay.dp > 1:
-        out.append(Collective("all_reduce", "dp", lay.dp, 16 * lay.dp, 1, batch, "int32", "dp step sync (dp_utils._run_ar)",
-                              None, "CPU gloo or device all-reduce of batch padding metadata"))
+        out.append(
+            Collective(
+                "all_reduce",
+                "dp",
+                lay.dp,
+                16 * lay.dp,
+                1,
+                batch,
+                "int32",
+                "dp step sync (dp_utils._run_ar)",
+                None,
+                "CPU gloo or device all-reduce of batch padding metadata",
+            )
+        )
     return out
 
 

@@ -42,39 +42,69 @@ class Layout:
             if not isinstance(v, int) or v < 1:
                 raise InputError(f"--{k} {v}", "is not a positive integer", "an integer >= 1")
         if m.num_heads % self.tp:
-            raise InputError(f"--tp {self.tp}", f"does not divide the {m.num_heads} attention heads of {m.name}",
-                             "a TP size that divides num_attention_heads")
+            raise InputError(
+                f"--tp {self.tp}",
+                f"does not divide the {m.num_heads} attention heads of {m.name}",
+                "a TP size that divides num_attention_heads",
+            )
         if m.attention == "gqa":
             kv = m.num_kv_heads
             if (self.tp >= kv and self.tp % kv) or (self.tp < kv and kv % self.tp):
-                raise InputError(f"--tp {self.tp}", f"and the {kv} KV heads of {m.name} do not divide one another",
-                                 "TP dividing num_key_value_heads, or a multiple of it")
+                raise InputError(
+                    f"--tp {self.tp}",
+                    f"and the {kv} KV heads of {m.name} do not divide one another",
+                    "TP dividing num_key_value_heads, or a multiple of it",
+                )
         pv = padded_vocab(m.vocab_size)
         if pv % self.tp:
-            raise InputError(f"--tp {self.tp}", f"does not divide the vocabulary ({m.vocab_size}, padded to {pv})",
-                             "a TP size dividing the padded vocab size")
+            raise InputError(
+                f"--tp {self.tp}",
+                f"does not divide the vocabulary ({m.vocab_size}, padded to {pv})",
+                "a TP size dividing the padded vocab size",
+            )
         if m.is_moe:
             if self.ep:
                 if m.n_routed_experts % self.ep_size:
-                    raise InputError(f"--ep with EP size {self.ep_size}", f"does not divide the {m.n_routed_experts} routed experts of {m.name}",
-                                     "an EP size (dp*tp) dividing n_routed_experts")
+                    raise InputError(
+                        f"--ep with EP size {self.ep_size}",
+                        f"does not divide the {m.n_routed_experts} routed experts of {m.name}",
+                        "an EP size (dp*tp) dividing n_routed_experts",
+                    )
             elif m.moe_intermediate_size % self.tp:
-                raise InputError(f"--tp {self.tp}", f"does not divide the experts' intermediate size {m.moe_intermediate_size} of {m.name}",
-                                 "a TP size dividing moe_intermediate_size, or --ep")
+                raise InputError(
+                    f"--tp {self.tp}",
+                    f"does not divide the experts' intermediate size {m.moe_intermediate_size} of {m.name}",
+                    "a TP size dividing moe_intermediate_size, or --ep",
+                )
             if self.tp > m.n_routed_experts and m.family == "qwen3_moe":
-                raise InputError(f"--tp {self.tp}", f"is greater than the {m.n_routed_experts} experts", "tp <= num_experts (vLLM's check)")
+                raise InputError(
+                    f"--tp {self.tp}",
+                    f"is greater than the {m.n_routed_experts} experts",
+                    "tp <= num_experts (vLLM's check)",
+                )
         if m.intermediate_size and m.dense_layers and m.intermediate_size % self.tp:
-            raise InputError(f"--tp {self.tp}", f"does not divide the dense MLP intermediate size {m.intermediate_size}",
-                             "a TP size dividing intermediate_size")
+            raise InputError(
+                f"--tp {self.tp}",
+                f"does not divide the dense MLP intermediate size {m.intermediate_size}",
+                "a TP size dividing intermediate_size",
+            )
         if self.pp > m.num_layers:
             raise InputError(f"--pp {self.pp}", f"exceeds the {m.num_layers} layers", "pp <= num_hidden_layers")
         if self.dcp > 1:
             if m.attention != "mla":
-                raise InputError(f"--dcp {self.dcp}", f"is modelled for MLA models only; {m.name} uses GQA", "--dcp 1 for this model")
+                raise InputError(
+                    f"--dcp {self.dcp}", f"is modelled for MLA models only; {m.name} uses GQA", "--dcp 1 for this model"
+                )
             if self.tp % self.dcp:
-                raise InputError(f"--dcp {self.dcp}", f"does not divide --tp {self.tp}", "DCP is a subgroup of TP: dcp dividing tp")
+                raise InputError(
+                    f"--dcp {self.dcp}", f"does not divide --tp {self.tp}", "DCP is a subgroup of TP: dcp dividing tp"
+                )
         if self.dp > 1 and m.is_moe and not self.ep:
-            raise InputError(f"--dp {self.dp}", "without --ep is not modelled", "--ep with --dp > 1 (data-parallel attention + expert parallel MoE)")
+            raise InputError(
+                f"--dp {self.dp}",
+                "without --ep is not modelled",
+                "--ep with --dp > 1 (data-parallel attention + expert parallel MoE)",
+            )
 
 
 def pp_partition(num_layers: int, pp: int) -> list[int]:

@@ -19,7 +19,7 @@ from tpcomm.plan.layout import Layout, padded_vocab
 @dataclass(frozen=True)
 class WeightComponent:
     component: str
-    sharding: str          # replicated | sharded | expert
+    sharding: str  # replicated | sharded | expert
     params_per_gpu: float  # parameters read per step (all layers of the model; divide by pp for one stage)
     bits_per_weight: float
     bytes_per_gpu: float
@@ -50,39 +50,107 @@ def weight_components(m: ModelSpec, lay: Layout, batch: int = 1) -> list[WeightC
         rope, nope, v, kvr = m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
         qk = nope + rope
         if m.q_lora_rank:
-            add("attention q_a/kv_a (replicated)", "replicated", nl * H * (m.q_lora_rank + kvr + rope),
-                f"model.layers.{L1}.self_attn.q_a_proj", "fused_qkv_a_proj: replicated on every TP rank")
-            add("attention q_b (sharded)", "sharded", nl * m.q_lora_rank * m.num_heads * qk / tp, f"model.layers.{L1}.self_attn.q_b_proj")
+            add(
+                "attention q_a/kv_a (replicated)",
+                "replicated",
+                nl * H * (m.q_lora_rank + kvr + rope),
+                f"model.layers.{L1}.self_attn.q_a_proj",
+                "fused_qkv_a_proj: replicated on every TP rank",
+            )
+            add(
+                "attention q_b (sharded)",
+                "sharded",
+                nl * m.q_lora_rank * m.num_heads * qk / tp,
+                f"model.layers.{L1}.self_attn.q_b_proj",
+            )
         else:
-            add("attention kv_a (replicated)", "replicated", nl * H * (kvr + rope), f"model.layers.{L1}.self_attn.kv_a_proj_with_mqa")
-            add("attention q (sharded)", "sharded", nl * H * m.num_heads * qk / tp, f"model.layers.{L1}.self_attn.q_proj")
-        add("attention kv_b (sharded)", "sharded", nl * kvr * m.num_heads * (nope + v) / tp, f"model.layers.{L1}.self_attn.kv_b_proj")
-        add("attention o_proj (sharded)", "sharded", nl * m.num_heads * v * H / tp, f"model.layers.{L1}.self_attn.o_proj")
+            add(
+                "attention kv_a (replicated)",
+                "replicated",
+                nl * H * (kvr + rope),
+                f"model.layers.{L1}.self_attn.kv_a_proj_with_mqa",
+            )
+            add(
+                "attention q (sharded)",
+                "sharded",
+                nl * H * m.num_heads * qk / tp,
+                f"model.layers.{L1}.self_attn.q_proj",
+            )
+        add(
+            "attention kv_b (sharded)",
+            "sharded",
+            nl * kvr * m.num_heads * (nope + v) / tp,
+            f"model.layers.{L1}.self_attn.kv_b_proj",
+        )
+        add(
+            "attention o_proj (sharded)",
+            "sharded",
+            nl * m.num_heads * v * H / tp,
+            f"model.layers.{L1}.self_attn.o_proj",
+        )
     else:
         kv_local = max(1, m.num_kv_heads // tp)
-        add("attention qkv (sharded)", "sharded", nl * H * (m.num_heads // tp + 2 * kv_local) * m.head_dim,
-            f"model.layers.{L1}.self_attn.qkv_proj", "KV heads replicated when tp > num_kv_heads" if tp > m.num_kv_heads else "")
-        add("attention o_proj (sharded)", "sharded", nl * m.num_heads * m.head_dim * H / tp, f"model.layers.{L1}.self_attn.o_proj")
+        add(
+            "attention qkv (sharded)",
+            "sharded",
+            nl * H * (m.num_heads // tp + 2 * kv_local) * m.head_dim,
+            f"model.layers.{L1}.self_attn.qkv_proj",
+            "KV heads replicated when tp > num_kv_heads" if tp > m.num_kv_heads else "",
+        )
+        add(
+            "attention o_proj (sharded)",
+            "sharded",
+            nl * m.num_heads * m.head_dim * H / tp,
+            f"model.layers.{L1}.self_attn.o_proj",
+        )
     n_dense, n_moe = len(m.dense_layers), len(m.moe_layers)
     if n_dense and m.intermediate_size:
-        add("dense MLP (sharded)", "sharded", n_dense * 3 * H * m.intermediate_size / tp, f"model.layers.{m.dense_layers[0]}.mlp.down_proj")
+        add(
+            "dense MLP (sharded)",
+            "sharded",
+            n_dense * 3 * H * m.intermediate_size / tp,
+            f"model.layers.{m.dense_layers[0]}.mlp.down_proj",
+        )
     if n_moe:
         Lm = m.moe_layers[0]
-        add("MoE router (replicated)", "replicated", n_moe * H * m.n_routed_experts, f"model.layers.{Lm}.mlp.gate", linear=False)
+        add(
+            "MoE router (replicated)",
+            "replicated",
+            n_moe * H * m.n_routed_experts,
+            f"model.layers.{Lm}.mlp.gate",
+            linear=False,
+        )
         if m.n_shared_experts:
-            add("shared experts (sharded)", "sharded", n_moe * 3 * H * m.moe_intermediate_size * m.n_shared_experts / tp,
-                f"model.layers.{Lm}.mlp.shared_experts.down_proj")
+            add(
+                "shared experts (sharded)",
+                "sharded",
+                n_moe * 3 * H * m.moe_intermediate_size * m.n_shared_experts / tp,
+                f"model.layers.{Lm}.mlp.shared_experts.down_proj",
+            )
         touched = expected_experts(m.n_routed_experts, m.num_experts_per_tok, batch)
         per_expert = 3 * H * m.moe_intermediate_size
         if lay.ep:
             # Each EP rank holds E/ep whole experts; on average it reads touched/ep of them.
-            params, note = n_moe * touched * per_expert / lay.ep_size, f"{touched:.1f} of {m.n_routed_experts} experts touched per step, whole experts over EP {lay.ep_size} (average rank)"
+            params, note = (
+                n_moe * touched * per_expert / lay.ep_size,
+                f"{touched:.1f} of {m.n_routed_experts} experts touched per step, whole experts over EP {lay.ep_size} (average rank)",
+            )
         else:
-            params, note = n_moe * touched * per_expert / tp, f"{touched:.1f} of {m.n_routed_experts} experts touched per step, each sharded over TP {tp}"
+            params, note = (
+                n_moe * touched * per_expert / tp,
+                f"{touched:.1f} of {m.n_routed_experts} experts touched per step, each sharded over TP {tp}",
+            )
         add("routed experts", "expert", params, f"model.layers.{Lm}.mlp.experts.0.down_proj", note)
     add("lm_head (sharded)", "sharded", padded_vocab(m.vocab_size) * H / tp, "lm_head")
     rows = min(batch, padded_vocab(m.vocab_size) // tp)  # never more rows than the shard holds
-    add("embedding rows", "sharded", rows * H, "model.embed_tokens", "B rows of the local vocab shard (upper bound)", linear=False)
+    add(
+        "embedding rows",
+        "sharded",
+        rows * H,
+        "model.embed_tokens",
+        "B rows of the local vocab shard (upper bound)",
+        linear=False,
+    )
     return comps
 
 
@@ -98,7 +166,9 @@ def kv_bytes_per_token(m: ModelSpec, lay: Layout, kv_dtype_bytes: int | None = N
     if m.attention == "mla":
         per_layer = (m.kv_lora_rank + m.qk_rope_head_dim) * b
         per_gpu = layers * per_layer / lay.dcp
-        how = f"MLA latent ({m.kv_lora_rank}+{m.qk_rope_head_dim}) x {b} B per layer, replicated on every TP rank" + (f", tokens split over DCP {lay.dcp}" if lay.dcp > 1 else "")
+        how = f"MLA latent ({m.kv_lora_rank}+{m.qk_rope_head_dim}) x {b} B per layer, replicated on every TP rank" + (
+            f", tokens split over DCP {lay.dcp}" if lay.dcp > 1 else ""
+        )
     else:
         kv_local = max(1, m.num_kv_heads // lay.tp)
         per_layer = 2 * kv_local * m.head_dim * b

@@ -20,11 +20,13 @@ Units: *_ms milliseconds per token (one stream), tok/s.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from tpcomm import contract as C
 from tpcomm.errors import InputError
-from tpcomm.plan import build_plan
+from tpcomm.plan.layout import Layout
+from tpcomm.predict import plan_for
 from tpcomm.predict.hardware import load_profile, with_interconnect
 from tpcomm.predict.latency import LatencySource, oneshot_allreduce_us
 from tpcomm.predict.latency_range import LEVELS, LatencyRange, make_range
@@ -47,12 +49,20 @@ def read_attribution(run_dir: str | Path) -> dict:
 
     summ = RunDir(run_dir, create=False).read_json(C.ATTR_SUMMARY)
     if not summ or not summ.get("levels"):
-        raise InputError(f"--attribution {run_dir}", "has no attribution/summary.json with levels",
-                         "a run directory written by `tpcomm attribute --out`")
-    levels = [lv for lv in summ["levels"] if isinstance(lv.get("per_token_ms"), dict) and lv.get("concurrency") is not None]
+        raise InputError(
+            f"--attribution {run_dir}",
+            "has no attribution/summary.json with levels",
+            "a run directory written by `tpcomm attribute --out`",
+        )
+    levels = [
+        lv for lv in summ["levels"] if isinstance(lv.get("per_token_ms"), dict) and lv.get("concurrency") is not None
+    ]
     if not levels:
-        raise InputError(f"--attribution {run_dir}", "has no per-token split (the server ran without the tpcomm plugin)",
-                         "a tpcomm attribute run against a server started with VLLM_PLUGINS=tpcomm")
+        raise InputError(
+            f"--attribution {run_dir}",
+            "has no per-token split (the server ran without the tpcomm plugin)",
+            "a tpcomm attribute run against a server started with VLLM_PLUGINS=tpcomm",
+        )
     lv = min(levels, key=lambda x: (x["concurrency"], x.get("repeat") or 0))
     pt = lv["per_token_ms"]
     host_key = next((k for k in HOST_KEYS if k in pt), None)
@@ -60,27 +70,49 @@ def read_attribution(run_dir: str | Path) -> dict:
     terms = {name: _num(pt.get(key)) if key else None for name, key in keys.items()}
     missing = [name for name, v in terms.items() if v is None]
     if missing:
-        raise InputError(f"--attribution {run_dir}", f"per_token_ms lacks {', '.join(missing)} (has {', '.join(pt)})",
-                         "compute, transfer, wait and a host term (host_gap or host_overhead)")
+        raise InputError(
+            f"--attribution {run_dir}",
+            f"per_token_ms lacks {', '.join(missing)} (has {', '.join(pt)})",
+            "compute, transfer, wait and a host term (host_gap or host_overhead)",
+        )
     total_key = next((k for k in TOTAL_KEYS if _num(lv.get(k))), None)
     measured = _num(lv[total_key]) if total_key else sum(terms.values())
-    return {"run_dir": str(run_dir), "concurrency": lv["concurrency"], "terms_ms": terms, "measured_ms_per_token": measured,
-            "measured_from": f"{total_key} of the level" if total_key else "the sum of the four terms (no engine_ms_per_token)",
-            "keys_read": [f"levels[concurrency={lv['concurrency']}].per_token_ms.{k}" for k in keys.values()]
-            + ([f"levels[concurrency={lv['concurrency']}].{total_key}"] if total_key else []),
-            "seqs_per_step": _num(lv.get("seqs_per_step")) or 1.0, "conditions": summ.get("conditions") or {}}
+    return {
+        "run_dir": str(run_dir),
+        "concurrency": lv["concurrency"],
+        "terms_ms": terms,
+        "measured_ms_per_token": measured,
+        "measured_from": f"{total_key} of the level"
+        if total_key
+        else "the sum of the four terms (no engine_ms_per_token)",
+        "keys_read": [f"levels[concurrency={lv['concurrency']}].per_token_ms.{k}" for k in keys.values()]
+        + ([f"levels[concurrency={lv['concurrency']}].{total_key}"] if total_key else []),
+        "seqs_per_step": _num(lv.get("seqs_per_step")) or 1.0,
+        "conditions": summ.get("conditions") or {},
+    }
 
 
-def predict_calibrated(model, run_dir, tp: int = 1, gpu: str = "rtx-pro-6000", ep=False, dp=1, pp=1, dcp=1, batches=(1,),
-                       knobs: Knobs | None = None) -> dict:
+def predict_calibrated(
+    model,
+    run_dir,
+    layout: Layout | None = None,
+    gpu: str = "rtx-pro-6000",
+    batches=(1,),
+    knobs: Knobs | None = None,
+) -> dict:
+    layout = layout or Layout()
+    tp = layout.tp
     att = read_attribution(run_dir)
     run_tp = att["conditions"].get("tp")
     if run_tp and int(run_tp) != tp:
-        raise InputError(f"--tp {tp}", f"differs from the measured run's TP {run_tp}", f"--tp {run_tp} (the what-ifs vary TP from there)")
+        raise InputError(
+            f"--tp {tp}",
+            f"differs from the measured run's TP {run_tp}",
+            f"--tp {run_tp} (the what-ifs vary TP from there)",
+        )
     hw = load_profile(gpu)
     k = knobs or Knobs()
-    lay = dict(ep=ep, dp=dp, pp=pp, dcp=dcp)
-    plan = build_plan(model, tp=tp, batches=sorted({1, *batches}), **lay)
+    plan = plan_for(model, layout, sorted({1, *batches}))
     probe = Path(run_dir) / "probe" / "fit.json"
     try:  # latency for the modelled parts: the run's own probe if it has one, else the profile's range
         lat, lat_err = make_range(hw, probe_dir=run_dir if probe.is_file() else None, n=tp), None
@@ -101,34 +133,64 @@ def predict_calibrated(model, run_dir, tp: int = 1, gpu: str = "rtx-pro-6000", e
     def entry(name, desc, by_level: dict, batch=1, **extra):
         c = by_level["central"]
         toks = {lv: batch * 1e3 / sum(t.values()) for lv, t in by_level.items()}
-        out.append({"name": name, "description": desc, "tok_per_s": toks["central"], "ms_per_token": sum(c.values()) / batch,
-                    "delta_pct": 100 * (toks["central"] * base_ms / 1e3 - 1), "breakdown_ms": c,
-                    "tok_per_s_range": {"low": min(toks.values()), "central": toks["central"], "high": max(toks.values())},
-                    "delta_pct_range": {"low": 100 * (min(toks.values()) * base_ms / 1e3 - 1), "high": 100 * (max(toks.values()) * base_ms / 1e3 - 1)},
-                    **extra})
+        out.append(
+            {
+                "name": name,
+                "description": desc,
+                "tok_per_s": toks["central"],
+                "ms_per_token": sum(c.values()) / batch,
+                "delta_pct": 100 * (toks["central"] * base_ms / 1e3 - 1),
+                "breakdown_ms": c,
+                "tok_per_s_range": {"low": min(toks.values()), "central": toks["central"], "high": max(toks.values())},
+                "delta_pct_range": {
+                    "low": 100 * (min(toks.values()) * base_ms / 1e3 - 1),
+                    "high": 100 * (max(toks.values()) * base_ms / 1e3 - 1),
+                },
+                **extra,
+            }
+        )
 
     same = lambda t: {lv: dict(t) for lv in LEVELS}
-    entry("no-interconnect-cost", "collectives cost nothing: measured compute + host", same({"compute": m["compute"], "host": m["host"]}))
-    entry("no-rank-skew", "ranks reach each collective together: the measured wait removed",
-          same({"compute": m["compute"], "transfer": m["transfer"], "host": m["host"]}))
+    entry(
+        "no-interconnect-cost",
+        "collectives cost nothing: measured compute + host",
+        same({"compute": m["compute"], "host": m["host"]}),
+    )
+    entry(
+        "no-rank-skew",
+        "ranks reach each collective together: the measured wait removed",
+        same({"compute": m["compute"], "transfer": m["transfer"], "host": m["host"]}),
+    )
     link = hw["link"]
 
     def relinked(name, desc, rng: LatencyRange):
         entry(name, desc, {lv: {**m, "transfer": coll_ms(plan, 1, rng.level(lv))} for lv in LEVELS})
+
     if link["type"] == "pcie":
         nv = {**with_interconnect(hw, "nvlink4"), "collective_tables": "h100_sxm"}
         nv.pop("interconnect_override", None)
-        relinked("nvlink", "NVLink4 instead of the measured link: transfer modelled (8x H100 SXM tables where they apply), wait kept",
-                 make_range(nv, n=tp))
+        relinked(
+            "nvlink",
+            "NVLink4 instead of the measured link: transfer modelled (8x H100 SXM tables where they apply), wait kept",
+            make_range(nv, n=tp),
+        )
     if link["type"] != "shm":
-        one = LatencySource("model", "one-shot", lambda op, b, n: oneshot_allreduce_us(b, n, link) if op == "all_reduce" else lat.central(op, b, n))
-        relinked("one-shot-allreduce", "a one-shot custom all-reduce: transfer modelled, wait kept", LatencyRange(one, one, one, "model", {}))
+        one = LatencySource(
+            "model",
+            "one-shot",
+            lambda op, b, n: oneshot_allreduce_us(b, n, link) if op == "all_reduce" else lat.central(op, b, n),
+        )
+        relinked(
+            "one-shot-allreduce",
+            "a one-shot custom all-reduce: transfer modelled, wait kept",
+            LatencyRange(one, one, one, "model", {}),
+        )
     n_coll = sum(c.count for c in plan.for_batch(1))
     for t in (1, 2, 4, 8):
         if t == tp:
             continue
         try:
-            p2 = build_plan(model, tp=t, batches=[1], **{**lay, "dcp": dcp if t % dcp == 0 else 1})
+            p2 = plan_for(model, replace(layout, tp=t, dcp=layout.dcp if t % layout.dcp == 0 else 1), [1])
         except InputError:
             continue
         n2 = sum(c.count for c in p2.for_batch(1))
@@ -141,47 +203,116 @@ def predict_calibrated(model, run_dir, tp: int = 1, gpu: str = "rtx-pro-6000", e
                 rng = lat if link["type"] == "shm" or lat.fixed else make_range(hw, n=t)
                 levels = {lv: coll_ms(p2, 1, rng.level(lv)) for lv in LEVELS}
         except InputError as e:
-            out.append({"name": f"tp{t}", "description": f"TP {t}: no collective latency for it ({e})", "tok_per_s": None,
-                        "ms_per_token": None, "delta_pct": None})
+            out.append(
+                {
+                    "name": f"tp{t}",
+                    "description": f"TP {t}: no collective latency for it ({e})",
+                    "tok_per_s": None,
+                    "ms_per_token": None,
+                    "delta_pct": None,
+                }
+            )
             continue
         scale = noncoll(p2, 1) / noncoll(plan, 1)
-        entry(f"tp{t}", f"TP {t}: compute x {scale:.2f} (the model's ratio), transfer modelled, wait x {n2}/{n_coll} collectives, host kept",
-              {lv: {"compute": m["compute"] * scale, "transfer": levels[lv], "wait": m["wait"] * n2 / n_coll if n_coll else 0.0,
-                    "host": m["host"]} for lv in LEVELS})
+        entry(
+            f"tp{t}",
+            f"TP {t}: compute x {scale:.2f} (the model's ratio), transfer modelled, wait x {n2}/{n_coll} collectives, host kept",
+            {
+                lv: {
+                    "compute": m["compute"] * scale,
+                    "transfer": levels[lv],
+                    "wait": m["wait"] * n2 / n_coll if n_coll else 0.0,
+                    "host": m["host"],
+                }
+                for lv in LEVELS
+            },
+        )
     for b in sorted(set(batches) - {1}):
         if lat is None:
-            out.append({"name": f"batch{b}", "description": f"batch {b}: no collective latency to scale ({lat_err})",
-                        "tok_per_s": None, "ms_per_token": None, "delta_pct": None, "aggregate": True})
+            out.append(
+                {
+                    "name": f"batch{b}",
+                    "description": f"batch {b}: no collective latency to scale ({lat_err})",
+                    "tok_per_s": None,
+                    "ms_per_token": None,
+                    "delta_pct": None,
+                    "aggregate": True,
+                }
+            )
             continue
         cs, c1 = noncoll(plan, b) / noncoll(plan, 1), {lv: coll_ms(plan, 1, lat.level(lv)) for lv in LEVELS}
-        by = {lv: {"compute": m["compute"] * cs, "transfer": m["transfer"] * (coll_ms(plan, b, lat.level(lv)) / c1[lv] if c1[lv] else 1.0),
-                   "wait": m["wait"], "host": m["host"]} for lv in LEVELS}
-        entry(f"batch{b}", f"batch {b}: compute x {cs:.2f} and transfer scaled by the model's ratios at batch {b} vs 1 (tok/s = all streams)",
-              by, batch=b, aggregate=True)
+        by = {
+            lv: {
+                "compute": m["compute"] * cs,
+                "transfer": m["transfer"] * (coll_ms(plan, b, lat.level(lv)) / c1[lv] if c1[lv] else 1.0),
+                "wait": m["wait"],
+                "host": m["host"],
+            }
+            for lv in LEVELS
+        }
+        entry(
+            f"batch{b}",
+            f"batch {b}: compute x {cs:.2f} and transfer scaled by the model's ratios at batch {b} vs 1 (tok/s = all streams)",
+            by,
+            batch=b,
+            aggregate=True,
+        )
     doc = {
-        "model": {"name": plan.model.name, "source": plan.model.source, "architecture": plan.model.architecture,
-                  "quantization": plan.model.quant.description},
+        "model": {
+            "name": plan.model.name,
+            "source": plan.model.source,
+            "architecture": plan.model.architecture,
+            "quantization": plan.model.quant.description,
+        },
         "layout": plan.layout.to_dict(),
-        "hardware": {"profile": hw["profile"], "name": hw["name"], "memory_bandwidth_GBps": hw["memory_bandwidth_GBps"],
-                     "memory_GB": hw["memory_GB"], "bf16_tflops": hw["bf16_tflops"], "link": link, "sources": hw.get("sources", {})},
+        "hardware": {
+            "profile": hw["profile"],
+            "name": hw["name"],
+            "memory_bandwidth_GBps": hw["memory_bandwidth_GBps"],
+            "memory_GB": hw["memory_GB"],
+            "bf16_tflops": hw["bf16_tflops"],
+            "link": link,
+            "sources": hw.get("sources", {}),
+        },
         "collective_latency_source": f"measured in {run_dir} (attribute); what-ifs: {lat.central.description if lat else lat_err}",
         "collective_latency_kind": "attribution",
-        "single_stream": {"ms_per_token": base_ms, "tok_per_s": 1e3 / base_ms, "breakdown_ms": dict(m), "bound": "measured",
-                          "collectives_per_token": n_coll, "value": "measured terms"},
-        "ceilings": {"compute_only_tok_per_s": 1e3 / (m["compute"] + m["host"]),
-                     "comm_only_tok_per_s": 1e3 / m["transfer"] if m["transfer"] > 0 else None,
-                     "interconnect_share_of_token": (m["transfer"] + m["wait"]) / base_ms},
-        "calibration": {**{k2: att[k2] for k2 in ("run_dir", "concurrency", "keys_read", "measured_ms_per_token", "measured_from")},
-                        "terms_ms": m, "reproduces_pct": 100 * (base_ms / att["measured_ms_per_token"] - 1),
-                        "conditions": _cond(att["conditions"])},
-        "conditions": {"phase": "decode", "context_tokens": kc.context, "model": "measured terms + analytic what-ifs",
-                       "vllm_version_followed": "0.32.0"},
-        "assumptions": [f"measured per-token terms from {run_dir} at concurrency {att['concurrency']} (kept as measured)",
-                        (f"collective latency for modelled parts: {lat.central.description} (range low: {lat.descriptions['low']}; "
-                         f"high: {lat.descriptions['high']})" if lat else f"collective latency for modelled parts: none ({lat_err})"),
-                        f"compute ratios from the analytic model at memory efficiency {kc.memory_efficiency:g}, per-kernel overhead "
-                        f"{kc.kernel_overhead_us:g} us (central values; ratios only)",
-                        "rank skew (wait) per collective unchanged by a what-if; host term per step unchanged"],
+        "single_stream": {
+            "ms_per_token": base_ms,
+            "tok_per_s": 1e3 / base_ms,
+            "breakdown_ms": dict(m),
+            "bound": "measured",
+            "collectives_per_token": n_coll,
+            "value": "measured terms",
+        },
+        "ceilings": {
+            "compute_only_tok_per_s": 1e3 / (m["compute"] + m["host"]),
+            "comm_only_tok_per_s": 1e3 / m["transfer"] if m["transfer"] > 0 else None,
+            "interconnect_share_of_token": (m["transfer"] + m["wait"]) / base_ms,
+        },
+        "calibration": {
+            **{k2: att[k2] for k2 in ("run_dir", "concurrency", "keys_read", "measured_ms_per_token", "measured_from")},
+            "terms_ms": m,
+            "reproduces_pct": 100 * (base_ms / att["measured_ms_per_token"] - 1),
+            "conditions": _cond(att["conditions"]),
+        },
+        "conditions": {
+            "phase": "decode",
+            "context_tokens": kc.context,
+            "model": "measured terms + analytic what-ifs",
+            "vllm_version_followed": "0.32.0",
+        },
+        "assumptions": [
+            f"measured per-token terms from {run_dir} at concurrency {att['concurrency']} (kept as measured)",
+            (
+                f"collective latency for modelled parts: {lat.central.description} (range low: {lat.descriptions['low']}; "
+                f"high: {lat.descriptions['high']})"
+                if lat
+                else f"collective latency for modelled parts: none ({lat_err})"
+            ),
+            f"compute ratios from the analytic model at memory efficiency {kc.memory_efficiency:g}, per-kernel overhead "
+            f"{kc.kernel_overhead_us:g} us (central values; ratios only)",
+            "rank skew (wait) per collective unchanged by a what-if; host term per step unchanged",
+        ],
         "what_if": out,
     }
     return doc

@@ -16,8 +16,10 @@ from tpcomm.predict.model import (
 )
 from tpcomm.predict.ranges import KERNEL_OVERHEAD_RANGE_US, MEMORY_EFFICIENCY_RANGE
 
-GPU_HELP = ("Hardware profile: rtx-pro-6000, rtx-4090, rtx-5090, l40s, a100-pcie, a100-sxm, h100-pcie, h100-sxm, h200, b200, cpu, "
-            "or a JSON profile file (memory_bandwidth_GBps, memory_GB, bf16_tflops, link {type, p2p, p2p_GBps}).")
+GPU_HELP = (
+    "Hardware profile: rtx-pro-6000, rtx-4090, rtx-5090, l40s, a100-pcie, a100-sxm, h100-pcie, h100-sxm, h200, b200, cpu, "
+    "or a JSON profile file (memory_bandwidth_GBps, memory_GB, bf16_tflops, link {type, p2p, p2p_GBps})."
+)
 
 
 class FloatList(IntList):
@@ -59,41 +61,117 @@ class FittedPoints(click.ParamType):
 @model_option
 @layout_options
 @click.option("--gpu", default="rtx-pro-6000", show_default=True, help=GPU_HELP)
-@click.option("--interconnect", type=click.Choice(["nvlink4", "nvlink5", "pcie4", "pcie5", "pcie-no-p2p"]), default=None,
-              help="Replace the profile's GPU-GPU link.")
-@click.option("--allreduce-us", type=float, default=None, help="All-reduce latency per call in us (overrides the NCCL model).")
-@click.option("--probe", "probe_dir", type=click.Path(exists=True, file_okay=False), default=None,
-              help="A tpcomm probe run directory: collective latency from its fitted model (preferred over everything).")
+@click.option(
+    "--interconnect",
+    type=click.Choice(["nvlink4", "nvlink5", "pcie4", "pcie5", "pcie-no-p2p"]),
+    default=None,
+    help="Replace the profile's GPU-GPU link.",
+)
+@click.option(
+    "--allreduce-us", type=float, default=None, help="All-reduce latency per call in us (overrides the NCCL model)."
+)
+@click.option(
+    "--probe",
+    "probe_dir",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="A tpcomm probe run directory: collective latency from its fitted model (preferred over everything).",
+)
 @batch_option
-@click.option("--context", type=int, default=DEFAULT_CONTEXT, show_default=True, help="Context tokens per sequence (KV-cache reads).")
-@click.option("--memory-efficiency", type=float, default=None,
-              help=f"Fraction of datasheet memory bandwidth reached by weight streaming, fixed [default: the range "
-                   f"{MEMORY_EFFICIENCY_RANGE[0]:g}-{MEMORY_EFFICIENCY_RANGE[2]:g}, central {DEFAULT_MEMORY_EFFICIENCY:g} (assumption), "
-                   "or the profile's range].")
-@click.option("--kernel-overhead-us", type=float, default=None,
-              help=f"Fixed cost per kernel, launch gap + small-kernel ramp, fixed [default: the range {KERNEL_OVERHEAD_RANGE_US[0]:g}-"
-                   f"{KERNEL_OVERHEAD_RANGE_US[2]:g} us, central {DEFAULT_KERNEL_OVERHEAD_US:g} us on GPUs (assumption), the profile's "
-                   "range on cpu; tpcomm attribute measures it].")
-@click.option("--compute-efficiency", type=float, default=DEFAULT_COMPUTE_EFFICIENCY, show_default=True,
-              help="Fraction of dense BF16 peak reached by decode GEMMs (assumption).")
-@click.option("--moe-penalty-us", type=float, default=0.0, show_default=True,
-              help="Extra term: us per MoE layer per step (a slow MoE kernel path, e.g. W4A4 FP4).")
-@click.option("--moe-bw-factor", type=float, default=1.0, show_default=True,
-              help="Extra term: routed-expert weight streaming takes this many times its roofline time.")
-@click.option("--fitted-to", type=FittedPoints(), default=None, metavar="B:TOK_S,...",
-              help="Measured points as batch:tok/s (e.g. 1:61.3,32:464) that the MoE extra terms are fitted to: without "
-                   "--moe-penalty-us/--moe-bw-factor tpcomm fits them (2 points: both, 1 point: the penalty); with them, they are "
-                   "labelled as fitted to these points. Either way the output says 'fitted to' and never calls them predictions.")
-@click.option("--attribution", "attribution_dir", type=click.Path(exists=True, file_okay=False), default=None,
-              help="A tpcomm attribute run directory: anchor the model on its measured per-token compute, collective and host "
-                   "terms and answer the what-ifs from them.")
-@click.option("--compare-model", default=None, metavar="MODEL", help="A second checkpoint to compare with (same layout).")
-@click.option("--measured", type=FloatList(), default=None, help="Measured tok/s of --model and --compare-model, e.g. 82,61.3.")
+@click.option(
+    "--context",
+    type=int,
+    default=DEFAULT_CONTEXT,
+    show_default=True,
+    help="Context tokens per sequence (KV-cache reads).",
+)
+@click.option(
+    "--memory-efficiency",
+    type=float,
+    default=None,
+    help=f"Fraction of datasheet memory bandwidth reached by weight streaming, fixed [default: the range "
+    f"{MEMORY_EFFICIENCY_RANGE[0]:g}-{MEMORY_EFFICIENCY_RANGE[2]:g}, central {DEFAULT_MEMORY_EFFICIENCY:g} (assumption), "
+    "or the profile's range].",
+)
+@click.option(
+    "--kernel-overhead-us",
+    type=float,
+    default=None,
+    help=f"Fixed cost per kernel, launch gap + small-kernel ramp, fixed [default: the range {KERNEL_OVERHEAD_RANGE_US[0]:g}-"
+    f"{KERNEL_OVERHEAD_RANGE_US[2]:g} us, central {DEFAULT_KERNEL_OVERHEAD_US:g} us on GPUs (assumption), the profile's "
+    "range on cpu; tpcomm attribute measures it].",
+)
+@click.option(
+    "--compute-efficiency",
+    type=float,
+    default=DEFAULT_COMPUTE_EFFICIENCY,
+    show_default=True,
+    help="Fraction of dense BF16 peak reached by decode GEMMs (assumption).",
+)
+@click.option(
+    "--moe-penalty-us",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Extra term: us per MoE layer per step (a slow MoE kernel path, e.g. W4A4 FP4).",
+)
+@click.option(
+    "--moe-bw-factor",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Extra term: routed-expert weight streaming takes this many times its roofline time.",
+)
+@click.option(
+    "--fitted-to",
+    type=FittedPoints(),
+    default=None,
+    metavar="B:TOK_S,...",
+    help="Measured points as batch:tok/s (e.g. 1:61.3,32:464) that the MoE extra terms are fitted to: without "
+    "--moe-penalty-us/--moe-bw-factor tpcomm fits them (2 points: both, 1 point: the penalty); with them, they are "
+    "labelled as fitted to these points. Either way the output says 'fitted to' and never calls them predictions.",
+)
+@click.option(
+    "--attribution",
+    "attribution_dir",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="A tpcomm attribute run directory: anchor the model on its measured per-token compute, collective and host "
+    "terms and answer the what-ifs from them.",
+)
+@click.option(
+    "--compare-model", default=None, metavar="MODEL", help="A second checkpoint to compare with (same layout)."
+)
+@click.option(
+    "--measured", type=FloatList(), default=None, help="Measured tok/s of --model and --compare-model, e.g. 82,61.3."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @out_option
-def predict(model, tp, ep, dp, pp, dcp, gpu, interconnect, allreduce_us, probe_dir, batch, context, memory_efficiency,
-            kernel_overhead_us, compute_efficiency, moe_penalty_us, moe_bw_factor, fitted_to, attribution_dir, compare_model, measured,
-            as_json, out):
+def predict(
+    model,
+    tp,
+    ep,
+    dp,
+    pp,
+    dcp,
+    gpu,
+    interconnect,
+    allreduce_us,
+    probe_dir,
+    batch,
+    context,
+    memory_efficiency,
+    kernel_overhead_us,
+    compute_efficiency,
+    moe_penalty_us,
+    moe_bw_factor,
+    fitted_to,
+    attribution_dir,
+    compare_model,
+    measured,
+    as_json,
+    out,
+):
     """Analytic per-token decode time: weight bytes / (efficiency x memory
     bandwidth) + collectives x latency + kernels x per-kernel overhead + extra
     terms. Every model-based number is a range over the uncertain inputs
@@ -104,40 +182,67 @@ def predict(model, tp, ep, dp, pp, dcp, gpu, interconnect, allreduce_us, probe_d
     the latency range with this hardware's own number; --attribution anchors
     the model on a measured run. Every input and its source is listed in the
     output's `assumptions`."""
+    from tpcomm.plan.layout import Layout
     from tpcomm.predict import Knobs
     from tpcomm.predict import predict as run
     from tpcomm.predict.format import format_predict
 
-    k = Knobs(memory_efficiency=memory_efficiency, compute_efficiency=compute_efficiency, context=context,
-              kernel_overhead_us=kernel_overhead_us, moe_penalty_us=moe_penalty_us, moe_bw_factor=moe_bw_factor)
-    lay = dict(ep=ep, dp=dp, pp=pp, dcp=dcp)
+    k = Knobs(
+        memory_efficiency=memory_efficiency,
+        compute_efficiency=compute_efficiency,
+        context=context,
+        kernel_overhead_us=kernel_overhead_us,
+        moe_penalty_us=moe_penalty_us,
+        moe_bw_factor=moe_bw_factor,
+    )
+    lay = Layout(tp=tp, ep=ep, dp=dp, pp=pp, dcp=dcp)
     if attribution_dir:
         from tpcomm.predict.calibrate import predict_calibrated
         from tpcomm.predict.format import format_calibrated
 
         if compare_model or measured or probe_dir:
             raise click.UsageError("--attribution answers from a measured run: drop --compare-model/--measured/--probe")
-        doc = predict_calibrated(model, attribution_dir, tp=tp, gpu=gpu, batches=batch, knobs=k, **lay)
+        doc = predict_calibrated(model, attribution_dir, lay, gpu=gpu, batches=batch, knobs=k)
         _write(out, doc)
         click.echo(json.dumps(doc, indent=2) if as_json else format_calibrated(doc))
         return
-    doc = run(model, tp=tp, gpu=gpu, interconnect=interconnect, batches=batch, allreduce_us=allreduce_us, probe=probe_dir, knobs=k,
-              fitted_to=fitted_to, out=out, **lay)
+    doc = run(
+        model,
+        lay,
+        gpu=gpu,
+        interconnect=interconnect,
+        batches=batch,
+        allreduce_us=allreduce_us,
+        probe=probe_dir,
+        knobs=k,
+        fitted_to=fitted_to,
+        out=out,
+    )
     if measured and not compare_model:
         raise click.UsageError("--measured needs --compare-model (two values: --model's tok/s, then --compare-model's)")
     if measured and len(measured) != 2:
-        raise click.UsageError(f"--measured takes two values (got {len(measured)}): tok/s of --model, then of --compare-model")
+        raise click.UsageError(
+            f"--measured takes two values (got {len(measured)}): tok/s of --model, then of --compare-model"
+        )
     if compare_model:
-        from tpcomm.predict.compare import compare_models
-
         from dataclasses import replace
+
+        from tpcomm.predict.compare import compare_models
 
         # Both checkpoints without extra terms: those belong to one checkpoint (and may be fitted to it).
         plain = replace(k, moe_penalty_us=0.0, moe_bw_factor=1.0)
-        same = dict(tp=tp, gpu=gpu, interconnect=interconnect, batches=batch, allreduce_us=allreduce_us, probe=probe_dir,
-                    knobs=plain, what_if=False, **lay)
+        same = dict(
+            layout=lay,
+            gpu=gpu,
+            interconnect=interconnect,
+            batches=batch,
+            allreduce_us=allreduce_us,
+            probe=probe_dir,
+            knobs=plain,
+            what_if=False,
+        )
         base = run(model, **same) if doc.get("fitted") else doc
-        doc["compare"] = compare_models(model, compare_model, base, run(compare_model, **same), tp, measured, **lay)
+        doc["compare"] = compare_models(model, compare_model, base, run(compare_model, **same), lay, measured)
     _write(out, doc)
     click.echo(json.dumps(doc, indent=2) if as_json else format_predict(doc))
 

@@ -3,28 +3,41 @@ interconnect or weight streaming could explain?"""
 
 from __future__ import annotations
 
-from tpcomm.plan import build_plan
+from tpcomm.plan.layout import Layout
 from tpcomm.plan.weights import weight_bytes_per_gpu
+from tpcomm.predict import plan_for
 
 
-def compare_models(a: str, b: str, doc_a: dict, doc_b: dict, tp: int, measured: list[float] | None = None, **layout) -> dict:
-    pa, pb = build_plan(a, tp=tp, **layout), build_plan(b, tp=tp, **layout)
+def compare_models(
+    a: str, b: str, doc_a: dict, doc_b: dict, layout: Layout, measured: list[float] | None = None
+) -> dict:
+    pa, pb = plan_for(a, layout), plan_for(b, layout)
     key = lambda c: (c.op, c.group, c.bytes, c.count, c.site)
     same_coll = sorted(map(key, pa.collectives)) == sorted(map(key, pb.collectives))
     wa, wb = weight_bytes_per_gpu(pa.model, pa.layout), weight_bytes_per_gpu(pb.model, pb.layout)
     same_bytes = abs(wa - wb) <= 1e-6 * max(wa, wb)
-    out = {"models": [a, b], "same_collectives": same_coll, "weight_bytes_per_gpu": [wa, wb], "same_weight_bytes": same_bytes,
-           "predicted_tok_per_s": [doc_a["single_stream"]["tok_per_s"], doc_b["single_stream"]["tok_per_s"]],
-           "quantization": [pa.model.quant.description, pb.model.quant.description]}
+    out = {
+        "models": [a, b],
+        "same_collectives": same_coll,
+        "weight_bytes_per_gpu": [wa, wb],
+        "same_weight_bytes": same_bytes,
+        "predicted_tok_per_s": [doc_a["single_stream"]["tok_per_s"], doc_b["single_stream"]["tok_per_s"]],
+        "quantization": [pa.model.quant.description, pb.model.quant.description],
+    }
     if same_coll and same_bytes:
-        text = (f"{a} and {b} issue the same collectives and read the same weight bytes per GPU per token "
-                f"({wa / 1e9:.2f} GB), so this model predicts the same single-stream speed for both (before any extra term). "
-                "A measured gap between them cannot come from the interconnect or from weight streaming: "
-                "it comes from a term that differs, i.e. the kernels (for example W4A4 activation quantization "
-                "and the FP4 MoE GEMM path versus INT4 weight-only kernels).")
+        text = (
+            f"{a} and {b} issue the same collectives and read the same weight bytes per GPU per token "
+            f"({wa / 1e9:.2f} GB), so this model predicts the same single-stream speed for both (before any extra term). "
+            "A measured gap between them cannot come from the interconnect or from weight streaming: "
+            "it comes from a term that differs, i.e. the kernels (for example W4A4 activation quantization "
+            "and the FP4 MoE GEMM path versus INT4 weight-only kernels)."
+        )
     else:
-        text = (f"{a} and {b} differ in " + " and ".join(x for x, same in (("collectives", same_coll), ("weight bytes", same_bytes)) if not same)
-                + f": predicted {out['predicted_tok_per_s'][0]:.1f} vs {out['predicted_tok_per_s'][1]:.1f} tok/s.")
+        text = (
+            f"{a} and {b} differ in "
+            + " and ".join(x for x, same in (("collectives", same_coll), ("weight bytes", same_bytes)) if not same)
+            + f": predicted {out['predicted_tok_per_s'][0]:.1f} vs {out['predicted_tok_per_s'][1]:.1f} tok/s."
+        )
     if measured and len(measured) == 2:
         ma, mb = measured
         gap_ms = 1e3 / mb - 1e3 / ma
@@ -33,8 +46,14 @@ def compare_models(a: str, b: str, doc_a: dict, doc_b: dict, tp: int, measured: 
         slow, fast = (b, a) if gap_ms >= 0 else (a, b)
         gap = abs(gap_ms)
         moe_layers = len((pb if gap_ms >= 0 else pa).model.moe_layers)
-        text += (f" Measured {ma:g} vs {mb:g} tok/s (given): {slow} spends {gap:.2f} ms more per token than {fast}"
-                 + (f", {gap * 1e3 / moe_layers:.0f} us per MoE layer if it all sits in the MoE kernels" if moe_layers else "")
-                 + ". Fit the MoE extra terms to it with --fitted-to 1:TOK_S[,B:TOK_S] (labelled fitted, never called a prediction).")
+        text += (
+            f" Measured {ma:g} vs {mb:g} tok/s (given): {slow} spends {gap:.2f} ms more per token than {fast}"
+            + (
+                f", {gap * 1e3 / moe_layers:.0f} us per MoE layer if it all sits in the MoE kernels"
+                if moe_layers
+                else ""
+            )
+            + ". Fit the MoE extra terms to it with --fitted-to 1:TOK_S[,B:TOK_S] (labelled fitted, never called a prediction)."
+        )
     out["conclusion"] = text
     return out

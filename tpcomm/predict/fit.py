@@ -21,7 +21,11 @@ def fit_moe_terms(plan, hw: dict, lat, k, points: dict[int, float]) -> tuple[flo
     """(moe_penalty_us, moe_bw_factor) that reproduce `points` {batch: tok/s} at the central inputs."""
     layers = len(plan.model.moe_layers)
     if not layers:
-        raise InputError("--fitted-to", f"{plan.model.name} has no MoE layers to fit a penalty to", "a MoE model, or give no --fitted-to")
+        raise InputError(
+            "--fitted-to",
+            f"{plan.model.name} has no MoE layers to fit a penalty to",
+            "a MoE model, or give no --fitted-to",
+        )
     k0 = replace(k, moe_penalty_us=0.0, moe_bw_factor=1.0)
     rows = []
     for b, tok in sorted(points.items()):
@@ -36,11 +40,21 @@ def fit_moe_terms(plan, hw: dict, lat, k, points: dict[int, float]) -> tuple[flo
         (a1, r1, y1, _), (a2, r2, y2, _) = rows
         det = a1 * r2 - a2 * r1
         if abs(det) < 1e-12:
-            raise InputError("--fitted-to", "the two points do not separate the two terms", "two batch sizes far apart, e.g. 1 and 32")
+            raise InputError(
+                "--fitted-to",
+                "the two points do not separate the two terms",
+                "two batch sizes far apart, e.g. 1 and 32",
+            )
         pen, fac = (y1 * r2 - y2 * r1) / det, (a1 * y2 - a2 * y1) / det
     else:
-        raise InputError("--fitted-to", f"has {len(rows)} points", "one or two batch:tok/s points (the rest are for validation)")
+        raise InputError(
+            "--fitted-to", f"has {len(rows)} points", "one or two batch:tok/s points (the rest are for validation)"
+        )
     if pen < 0 or fac < 0:
-        raise InputError("--fitted-to", f"fits a negative term (penalty {pen:.1f} us, factor {1 + fac:.2f}): the model is already "
-                         "slower than these points", "points slower than the model predicts, or no --fitted-to")
+        raise InputError(
+            "--fitted-to",
+            f"fits a negative term (penalty {pen:.1f} us, factor {1 + fac:.2f}): the model is already "
+            "slower than these points",
+            "points slower than the model predicts, or no --fitted-to",
+        )
     return pen, 1.0 + fac

@@ -12,16 +12,20 @@ def _r(sp: dict, f: str = ".1f") -> str:
 def _header(doc: dict, kind: str) -> list[str]:
     hw, lay = doc["hardware"], doc["layout"]
     link = hw["link"]
-    return [f"{kind}: {doc['model']['name']} ({doc['model']['quantization']})",
-            f"on {lay['world_size']}x {hw['name']} ({hw['memory_bandwidth_GBps']} GB/s, link {link['type']}"
-            f"{' P2P' if link.get('p2p') else ' no-P2P'} {link.get('nvlink_GBps') or link['p2p_GBps']} GB/s), TP={lay['tp']} PP={lay['pp']}"
-            f"{' EP' if lay['ep'] else ''}, decode, context {doc['conditions']['context_tokens']}"]
+    return [
+        f"{kind}: {doc['model']['name']} ({doc['model']['quantization']})",
+        f"on {lay['world_size']}x {hw['name']} ({hw['memory_bandwidth_GBps']} GB/s, link {link['type']}"
+        f"{' P2P' if link.get('p2p') else ' no-P2P'} {link.get('nvlink_GBps') or link['p2p_GBps']} GB/s), TP={lay['tp']} PP={lay['pp']}"
+        f"{' EP' if lay['ep'] else ''}, decode, context {doc['conditions']['context_tokens']}",
+    ]
 
 
 def format_predict(doc: dict) -> str:
     ss, ce, rg = doc["single_stream"], doc["ceilings"], doc["range"]
     inp, s1 = rg["inputs"], rg["single_stream"]
-    fit1 = next((b["fitted_to_tok_per_s"] for b in doc["batches"] if b["batch"] == 1 and b.get("fitted_to_tok_per_s")), None)
+    fit1 = next(
+        (b["fitted_to_tok_per_s"] for b in doc["batches"] if b["batch"] == 1 and b.get("fitted_to_tok_per_s")), None
+    )
     lines = _header(doc, "MODEL-BASED PREDICTION (not a measurement)") + [
         "collective latency per call (range):",
         *[f"  {lv:<7} {inp['collective_latency'][lv]}" for lv in ("low", "central", "high")],
@@ -30,30 +34,79 @@ def format_predict(doc: dict) -> str:
         "",
         f"single stream: {ss['tok_per_s']:.1f} tok/s central, {_r(s1['tok_per_s'])} tok/s over the stated ranges "
         f"({ss['ms_per_token']:.2f} ms/token, {_r(s1['ms_per_token'], '.2f')}; {ss['bound']}-bound)"
-        + (f"; the extra terms were fitted to the measured {fit1:g} tok/s here: this reproduces the fit, it is not a prediction of it" if fit1 else ""),
+        + (
+            f"; the extra terms were fitted to the measured {fit1:g} tok/s here: this reproduces the fit, it is not a prediction of it"
+            if fit1
+            else ""
+        ),
     ]
-    rows = [[k, f"{v:.2f}", _r(s1["breakdown_ms"][k], ".2f"), f"{100 * v / ss['ms_per_token']:.0f}%",
-             f"{100 * s1['share'][k]['low']:.0f}-{100 * s1['share'][k]['high']:.0f}%"] for k, v in ss["breakdown_ms"].items()]
+    rows = [
+        [
+            k,
+            f"{v:.2f}",
+            _r(s1["breakdown_ms"][k], ".2f"),
+            f"{100 * v / ss['ms_per_token']:.0f}%",
+            f"{100 * s1['share'][k]['low']:.0f}-{100 * s1['share'][k]['high']:.0f}%",
+        ]
+        for k, v in ss["breakdown_ms"].items()
+    ]
     lines.append(render(["term", "ms/token", "range", "share", "share range"], rows, "lrrrr"))
     lines += ["", "verdict (model-based): " + rg["verdict"]["statement"], rg["bounds"]["statement"]]
     comm = ce["comm_only_tok_per_s"]
-    lines += ["",
-              f"interconnect at the central values: {ss['collectives_per_token']} collectives per token, {ss['breakdown_ms']['collectives']:.2f} ms = "
-              f"{100 * ce['interconnect_share_of_token']:.0f}% of each token; ceilings comm-only {comm:.0f} tok/s, compute-only "
-              f"{ce['compute_only_tok_per_s']:.1f} tok/s" if comm else
-              f"no collectives at this layout; compute-only ceiling {ce['compute_only_tok_per_s']:.1f} tok/s (central)"]
+    lines += [
+        "",
+        f"interconnect at the central values: {ss['collectives_per_token']} collectives per token, {ss['breakdown_ms']['collectives']:.2f} ms = "
+        f"{100 * ce['interconnect_share_of_token']:.0f}% of each token; ceilings comm-only {comm:.0f} tok/s, compute-only "
+        f"{ce['compute_only_tok_per_s']:.1f} tok/s"
+        if comm
+        else f"no collectives at this layout; compute-only ceiling {ce['compute_only_tok_per_s']:.1f} tok/s (central)",
+    ]
     if len(doc["batches"]) > 1:
-        lines += ["", "batched decode (throughput, central and range):",
-                  render(["batch", "step ms", "tok/s", "tok/s range", "bound", "weights", "kv", "collectives", "overhead", "extra", "note"],
-                         [[b["batch"], f"{b['step_ms']:.2f}", f"{b['tok_per_s']:.1f}", _r(b["tok_per_s_range"]), b["bound"]]
-                          + [f"{x:.2f}" for x in (b["breakdown_ms"]["weights"], b["breakdown_ms"]["kv_cache"], b["breakdown_ms"]["collectives"],
-                                                  b["breakdown_ms"]["overhead"],
-                                                  sum(v for k, v in b["breakdown_ms"].items() if k not in ("weights", "kv_cache", "collectives", "overhead")))]
-                          + [f"fitted to {b['fitted_to_tok_per_s']:g}" if b.get("fitted_to_tok_per_s") else ""]
-                          for b in doc["batches"]], "rrrrlrrrrrl")]
+        lines += [
+            "",
+            "batched decode (throughput, central and range):",
+            render(
+                [
+                    "batch",
+                    "step ms",
+                    "tok/s",
+                    "tok/s range",
+                    "bound",
+                    "weights",
+                    "kv",
+                    "collectives",
+                    "overhead",
+                    "extra",
+                    "note",
+                ],
+                [
+                    [b["batch"], f"{b['step_ms']:.2f}", f"{b['tok_per_s']:.1f}", _r(b["tok_per_s_range"]), b["bound"]]
+                    + [
+                        f"{x:.2f}"
+                        for x in (
+                            b["breakdown_ms"]["weights"],
+                            b["breakdown_ms"]["kv_cache"],
+                            b["breakdown_ms"]["collectives"],
+                            b["breakdown_ms"]["overhead"],
+                            sum(
+                                v
+                                for k, v in b["breakdown_ms"].items()
+                                if k not in ("weights", "kv_cache", "collectives", "overhead")
+                            ),
+                        )
+                    ]
+                    + [f"fitted to {b['fitted_to_tok_per_s']:g}" if b.get("fitted_to_tok_per_s") else ""]
+                    for b in doc["batches"]
+                ],
+                "rrrrlrrrrrl",
+            ),
+        ]
     if doc.get("what_if"):
-        lines += ["", "what if (single stream; range over the same inputs, change computed corner by corner):",
-                  _what_if_table(doc["what_if"])]
+        lines += [
+            "",
+            "what if (single stream; range over the same inputs, change computed corner by corner):",
+            _what_if_table(doc["what_if"]),
+        ]
     if doc.get("compare"):
         lines += ["", "compare: " + doc["compare"]["conclusion"]]
     lines += ["", "assumptions:"] + [f"  - {a}" for a in doc["assumptions"]]
@@ -64,10 +117,22 @@ def _what_if_table(rows: list[dict]) -> str:
     def chg(w):
         d = w.get("delta_pct_range")
         return f"{d['low']:+.0f}..{d['high']:+.0f}%" if d else "-"
-    return render(["scenario", "tok/s", "range", "change", "change range", "description"],
-                  [[w["name"], "-" if w["tok_per_s"] is None else f"{w['tok_per_s']:.1f}",
-                    _r(w["tok_per_s_range"]) if w.get("tok_per_s_range") else "-",
-                    "-" if w["delta_pct"] is None else f"{w['delta_pct']:+.0f}%", chg(w), w["description"]] for w in rows], "lrrrrl")
+
+    return render(
+        ["scenario", "tok/s", "range", "change", "change range", "description"],
+        [
+            [
+                w["name"],
+                "-" if w["tok_per_s"] is None else f"{w['tok_per_s']:.1f}",
+                _r(w["tok_per_s_range"]) if w.get("tok_per_s_range") else "-",
+                "-" if w["delta_pct"] is None else f"{w['delta_pct']:+.0f}%",
+                chg(w),
+                w["description"],
+            ]
+            for w in rows
+        ],
+        "lrrrrl",
+    )
 
 
 def format_calibrated(doc: dict) -> str:
@@ -78,9 +143,17 @@ def format_calibrated(doc: dict) -> str:
         "",
         f"measured configuration: {ss['tok_per_s']:.1f} tok/s ({ss['ms_per_token']:.3f} ms/token), "
         f"{cal['reproduces_pct']:+.1f}% against the run's own per-token time ({cal['measured_from']}, {cal['measured_ms_per_token']:.3f} ms)",
-        render(["term", "ms/token", "share"], [[k, f"{v:.3f}", f"{100 * v / ss['ms_per_token']:.0f}%"] for k, v in ss["breakdown_ms"].items()], "lrr"),
+        render(
+            ["term", "ms/token", "share"],
+            [[k, f"{v:.3f}", f"{100 * v / ss['ms_per_token']:.0f}%"] for k, v in ss["breakdown_ms"].items()],
+            "lrr",
+        ),
     ]
     if doc.get("what_if"):
-        lines += ["", "what if (measured terms kept, the changed part modelled; range over the model's inputs):", _what_if_table(doc["what_if"])]
+        lines += [
+            "",
+            "what if (measured terms kept, the changed part modelled; range over the model's inputs):",
+            _what_if_table(doc["what_if"]),
+        ]
     lines += ["", "assumptions:"] + [f"  - {a}" for a in doc["assumptions"]]
     return "\n".join(lines)

@@ -19,7 +19,11 @@ LINK_TYPES = ("pcie", "nvlink", "shm")
 
 
 def profile_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("tpcomm.predict").joinpath("profiles").iterdir() if p.name.endswith(".json"))
+    return sorted(
+        p.name[:-5]
+        for p in resources.files("tpcomm.predict").joinpath("profiles").iterdir()
+        if p.name.endswith(".json")
+    )
 
 
 def _builtin(name: str) -> dict | None:
@@ -36,8 +40,11 @@ def load_profile(name_or_path: str) -> dict:
     if prof is None:
         p = Path(name_or_path).expanduser()
         if not p.is_file():
-            raise InputError(f"--gpu {name_or_path}", "is neither a built-in profile nor a profile file",
-                             "one of " + ", ".join(profile_names()) + ", or a JSON profile file")
+            raise InputError(
+                f"--gpu {name_or_path}",
+                "is neither a built-in profile nor a profile file",
+                "one of " + ", ".join(profile_names()) + ", or a JSON profile file",
+            )
         try:
             prof = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -49,14 +56,26 @@ def load_profile(name_or_path: str) -> dict:
         prof.setdefault("sources", {"*": f"user profile {p}"})
     missing = [k for k in REQUIRED if k not in prof]
     if missing:
-        raise InputError(f"hardware profile {prof.get('profile', name_or_path)}", "missing fields: " + ", ".join(missing),
-                         "memory_bandwidth_GBps, memory_GB, bf16_tflops and link {type, p2p, p2p_GBps}")
+        raise InputError(
+            f"hardware profile {prof.get('profile', name_or_path)}",
+            "missing fields: " + ", ".join(missing),
+            "memory_bandwidth_GBps, memory_GB, bf16_tflops and link {type, p2p, p2p_GBps}",
+        )
     for k in ("memory_bandwidth_GBps", "memory_GB", "bf16_tflops"):
         if not isinstance(prof[k], (int, float)) or prof[k] <= 0:
             raise InputError(f"hardware profile {prof['profile']}", f"{k} is {prof[k]!r}", "a positive number")
     link = prof["link"]
-    if not isinstance(link, dict) or link.get("type") not in LINK_TYPES or not isinstance(link.get("p2p_GBps"), (int, float)) or link["p2p_GBps"] <= 0:
-        raise InputError(f"hardware profile {prof['profile']}", f"link is {link!r}", "link {type: pcie|nvlink|shm, p2p: bool, p2p_GBps: > 0}")
+    if (
+        not isinstance(link, dict)
+        or link.get("type") not in LINK_TYPES
+        or not isinstance(link.get("p2p_GBps"), (int, float))
+        or link["p2p_GBps"] <= 0
+    ):
+        raise InputError(
+            f"hardware profile {prof['profile']}",
+            f"link is {link!r}",
+            "link {type: pcie|nvlink|shm, p2p: bool, p2p_GBps: > 0}",
+        )
     return prof
 
 
@@ -76,7 +95,9 @@ def with_interconnect(prof: dict, interconnect: str | None) -> dict:
     elif interconnect in presets:
         p["link"] = presets[interconnect]
     else:
-        raise InputError(f"--interconnect {interconnect}", "is not known", "nvlink4, nvlink5, pcie4, pcie5 or pcie-no-p2p")
+        raise InputError(
+            f"--interconnect {interconnect}", "is not known", "nvlink4, nvlink5, pcie4, pcie5 or pcie-no-p2p"
+        )
     p["interconnect_override"] = interconnect
     return p
 

@@ -4,7 +4,7 @@ the user gives, NCCL's own tuning model (src/graph/tuning.cc) for the link.
 Units: time_us (microseconds), bytes per rank per call (plan convention),
 bandwidths in GB/s (1e9 B/s).
 
-NCCL model (../shared/REFERENCE.md s4): time = lat + nBytes / (1000 * algbw);
+NCCL model (NCCL's src/graph/tuning.cc; constants in `latency.py` below): time = lat + nBytes / (1000 * algbw);
 ring all-reduce lat = base + 2(n-1) * hwLat; all-gather/reduce-scatter
 n-1 steps. LL128 only over NVLink; NCCL picks the fastest protocol. Protocol
 bandwidth efficiency LL 0.5 (8 of 16 bytes carry data), LL128 120/128,
@@ -36,7 +36,7 @@ def nccl_model_us(op: str, nbytes: float, n: int, link: dict) -> tuple[float, st
     busbw = float(link.get("nvlink_GBps") or link["p2p_GBps"]) if ltype == "nvlink" else float(link["p2p_GBps"])
     protos = ["LL", "LL128", "Simple"] if ltype == "nvlink" else ["LL", "Simple"]
     best = None
-    for algo in (["ring", "tree"] if op == "all_reduce" else ["ring"]):
+    for algo in ["ring", "tree"] if op == "all_reduce" else ["ring"]:
         for proto in protos:
             hop = HW_LAT_US[ltype][algo][proto]
             if not link.get("p2p", True):
@@ -73,7 +73,7 @@ def oneshot_allreduce_us(nbytes: float, n: int, link: dict) -> float:
 class LatencySource:
     """How collective latencies are obtained, and the function that gives them."""
 
-    kind: str          # probe | user | nccl-model
+    kind: str  # probe | user | nccl-model
     description: str
     fn: Callable[[str, float, int], float]
 
@@ -88,16 +88,28 @@ def make_source(link: dict, allreduce_us: float | None = None, probe_dir: str | 
         fn, desc = probe_latency(probe_dir, link)
         return LatencySource("probe", desc, fn)
     if allreduce_us is not None:
+
         def user(op, nbytes, n):
             if op == "all_reduce":
                 return allreduce_us if n > 1 else 0.0
             return nccl_model_us(op, nbytes, n, link)[0]
-        return LatencySource("user", f"all-reduce {allreduce_us:g} us per call as given (--allreduce-us); other ops from the NCCL model", user)
+
+        return LatencySource(
+            "user",
+            f"all-reduce {allreduce_us:g} us per call as given (--allreduce-us); other ops from the NCCL model",
+            user,
+        )
     if link["type"] == "shm":
         from tpcomm.errors import InputError
 
-        raise InputError("--gpu cpu", "has no NCCL latency model for shared-memory collectives",
-                         "--probe RUN_DIR (a tpcomm probe run) or --allreduce-us X")
+        raise InputError(
+            "--gpu cpu",
+            "has no NCCL latency model for shared-memory collectives",
+            "--probe RUN_DIR (a tpcomm probe run) or --allreduce-us X",
+        )
     hopdesc = "P2P off: host-staged hops" if not link.get("p2p", True) else "P2P on"
-    return LatencySource("nccl-model", f"NCCL tuning model (tuning.cc) for {link['type'].upper()}, {hopdesc}, busbw {link.get('nvlink_GBps') or link['p2p_GBps']} GB/s",
-                         lambda op, nbytes, n: nccl_model_us(op, nbytes, n, link)[0])
+    return LatencySource(
+        "nccl-model",
+        f"NCCL tuning model (tuning.cc) for {link['type'].upper()}, {hopdesc}, busbw {link.get('nvlink_GBps') or link['p2p_GBps']} GB/s",
+        lambda op, nbytes, n: nccl_model_us(op, nbytes, n, link)[0],
+    )

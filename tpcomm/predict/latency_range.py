@@ -31,8 +31,8 @@ class LatencyRange:
     low: LatencySource
     central: LatencySource
     high: LatencySource
-    kind: str                   # probe | user | table | nccl-model
-    descriptions: dict          # level -> where its value comes from
+    kind: str  # probe | user | table | nccl-model
+    descriptions: dict  # level -> where its value comes from
 
     def level(self, name: str) -> LatencySource:
         return {"low": self.low, "central": self.central, "high": self.high}[name]
@@ -42,8 +42,9 @@ class LatencyRange:
         return self.kind in ("probe", "user")
 
 
-def make_range(hw: dict, allreduce_us: float | None = None, probe_dir: str | Path | None = None, n: int = 8,
-               nbytes: float = 14336) -> LatencyRange:
+def make_range(
+    hw: dict, allreduce_us: float | None = None, probe_dir: str | Path | None = None, n: int = 8, nbytes: float = 14336
+) -> LatencyRange:
     """The range for hardware profile `hw`; `n` and `nbytes` (the main all-reduce) only shape the descriptions."""
     link = hw["link"]
     if probe_dir is not None or allreduce_us is not None or link["type"] == "shm":
@@ -77,21 +78,35 @@ def make_range(hw: dict, allreduce_us: float | None = None, probe_dir: str | Pat
                 return ar(b, m)
             base = nccl_model_us("all_reduce", b, m, link)[0]
             return nccl_model_us(op, b, m, link)[0] * (ar(b, m) / base if base > 0 else 1.0)
+
         return fn
 
     t = tables.find(system, n)
-    nccl_desc = (f"NCCL tuning model (tuning.cc) for {ltype.upper()}, {'P2P on' if p2p else 'P2P off: host-staged hops'}, "
-                 f"busbw {link.get('nvlink_GBps') or link['p2p_GBps']} GB/s")
-    central_desc = (tables.describe(t) + ", linear in bytes between its sizes, NCCL-model growth beyond 128 KiB") if t else f"{nccl_desc} (no measured table for this hardware and world size)"
+    nccl_desc = (
+        f"NCCL tuning model (tuning.cc) for {ltype.upper()}, {'P2P on' if p2p else 'P2P off: host-staged hops'}, "
+        f"busbw {link.get('nvlink_GBps') or link['p2p_GBps']} GB/s"
+    )
+    central_desc = (
+        (tables.describe(t) + ", linear in bytes between its sizes, NCCL-model growth beyond 128 KiB")
+        if t
+        else f"{nccl_desc} (no measured table for this hardware and world size)"
+    )
     pub = tables.public_high_us(ltype, n, nbytes) if p2p else None
     desc = {
         "low": f"lower bound: {nccl_desc}" + (" (or the measured table where that is lower)" if t else ""),
         "central": central_desc,
-        "high": (f"highest public measurement for {ltype.upper()} x{n} at each size (at {nbytes:.0f} B: {pub[0]:.1f} us, {pub[1]})" if pub
-                 else "no public measurement for this link and world size: high = central"),
+        "high": (
+            f"highest public measurement for {ltype.upper()} x{n} at each size (at {nbytes:.0f} B: {pub[0]:.1f} us, {pub[1]})"
+            if pub
+            else "no public measurement for this link and world size: high = central"
+        ),
     }
     desc["short"] = f"measured table {system} x{n} ({t['kind']})" if t else "NCCL model (no measured table)"
     kind = "table" if t else "nccl-model"
-    return LatencyRange(LatencySource("nccl-model", desc["low"], level_fn(ar_low)),
-                        LatencySource(kind, desc["central"], level_fn(ar_central)),
-                        LatencySource("public-high", desc["high"], level_fn(ar_high)), kind, desc)
+    return LatencyRange(
+        LatencySource("nccl-model", desc["low"], level_fn(ar_low)),
+        LatencySource(kind, desc["central"], level_fn(ar_central)),
+        LatencySource("public-high", desc["high"], level_fn(ar_high)),
+        kind,
+        desc,
+    )

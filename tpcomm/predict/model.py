@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from tpcomm.models.spec import ModelSpec
 from tpcomm.plan import Plan
+from tpcomm.plan.layout import Layout
 from tpcomm.plan.weights import kv_bytes_per_token, weight_components
 from tpcomm.predict.latency import LatencySource
 
@@ -37,10 +38,10 @@ DEFAULT_CONTEXT = 1024
 # Kernels per decode step by site (vLLM 0.32 decode path, fused ops counted once; collectives excluded).
 KERNELS = {
     "mla_attention": 14,  # fused add+norm, fused_qkv_a GEMM, q_a/kv_a norms (2), q_b GEMM, rope, W_UK bmm, concat, MLA decode (2), W_UV bmm, o_proj GEMM, cache write, residual
-    "gqa_attention": 8,   # fused add+norm, qkv GEMM, (q/k norm), rope, cache write, attention decode, o_proj GEMM, residual
-    "dense_mlp": 4,       # fused add+norm, gate_up GEMM, act_and_mul, down GEMM
-    "moe": 10,            # router GEMM, grouped top-k, shared gate_up/act/down (3), align, fused_moe w13, act, w2, sum
-    "head": 5,            # final norm, lm_head GEMM, gather/slice, sampler (2)
+    "gqa_attention": 8,  # fused add+norm, qkv GEMM, (q/k norm), rope, cache write, attention decode, o_proj GEMM, residual
+    "dense_mlp": 4,  # fused add+norm, gate_up GEMM, act_and_mul, down GEMM
+    "moe": 10,  # router GEMM, grouped top-k, shared gate_up/act/down (3), align, fused_moe w13, act, w2, sum
+    "head": 5,  # final norm, lm_head GEMM, gather/slice, sampler (2)
 }
 
 
@@ -51,13 +52,18 @@ class Knobs:
     kernel_overhead_us: float | None = None
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
     context: int = DEFAULT_CONTEXT
-    moe_penalty_us: float = 0.0      # per MoE layer per step (user-given extra term)
-    moe_bw_factor: float = 1.0       # routed-expert streaming takes this many times its roofline time
+    moe_penalty_us: float = 0.0  # per MoE layer per step (user-given extra term)
+    moe_bw_factor: float = 1.0  # routed-expert streaming takes this many times its roofline time
 
 
 def kernels_per_step(m: ModelSpec) -> float:
     attn = KERNELS["mla_attention"] if m.attention == "mla" else KERNELS["gqa_attention"]
-    n = m.num_layers * attn + len(m.dense_layers) * KERNELS["dense_mlp"] + len(m.moe_layers) * KERNELS["moe"] + KERNELS["head"]
+    n = (
+        m.num_layers * attn
+        + len(m.dense_layers) * KERNELS["dense_mlp"]
+        + len(m.moe_layers) * KERNELS["moe"]
+        + KERNELS["head"]
+    )
     return n  # with PP the stages run in sequence for one token: all kernels are on the path
 
 
@@ -80,7 +86,9 @@ def step_time(plan: Plan, batch: int, hw: dict, lat: LatencySource, k: Knobs) ->
     for c in plan.for_batch(batch):
         t = lat(c.op, c.bytes, c.group_size)
         coll_us += c.count * t
-        per_site.append({"op": c.op, "site": c.site, "bytes": c.bytes, "count": c.count, "latency_us": t, "time_us": c.count * t})
+        per_site.append(
+            {"op": c.op, "site": c.site, "bytes": c.bytes, "count": c.count, "latency_us": t, "time_us": c.count * t}
+        )
     overhead_ms = kernels_per_step(m) * k.kernel_overhead_us / 1e3
     extra = {}
     if k.moe_penalty_us:
@@ -89,21 +97,32 @@ def step_time(plan: Plan, batch: int, hw: dict, lat: LatencySource, k: Knobs) ->
         extra["moe_kernel_bandwidth"] = (k.moe_bw_factor - 1.0) * routed / bw * 1e3
     mem_ms = weights_ms + kv_ms
     bound = "memory" if mem_ms >= compute_ms else "compute"
-    breakdown = {"weights": max(weights_ms, compute_ms - kv_ms) if bound == "compute" else weights_ms,
-                 "kv_cache": kv_ms, "collectives": coll_us / 1e3, "overhead": overhead_ms, **extra}
+    breakdown = {
+        "weights": max(weights_ms, compute_ms - kv_ms) if bound == "compute" else weights_ms,
+        "kv_cache": kv_ms,
+        "collectives": coll_us / 1e3,
+        "overhead": overhead_ms,
+        **extra,
+    }
     total = sum(breakdown.values())
-    return {"batch": batch, "step_ms": total, "tok_per_s": batch * 1e3 / total, "ms_per_token": total,
-            "bound": bound, "compute_ms": compute_ms, "breakdown_ms": breakdown,
-            "collectives": sorted(per_site, key=lambda r: -r["time_us"])}
+    return {
+        "batch": batch,
+        "step_ms": total,
+        "tok_per_s": batch * 1e3 / total,
+        "ms_per_token": total,
+        "bound": bound,
+        "compute_ms": compute_ms,
+        "breakdown_ms": breakdown,
+        "collectives": sorted(per_site, key=lambda r: -r["time_us"]),
+    }
 
 
-def fits_memory(m: ModelSpec, tp: int, hw: dict, ep: bool = False) -> tuple[bool, float]:
+def fits_memory(m: ModelSpec, layout: Layout, hw: dict) -> tuple[bool, float]:
     """Weights stored per GPU (all experts) against 90% of its memory."""
-    from tpcomm.plan.layout import Layout
-
+    # Only TP and EP shard the weights here (as before: dp/pp/dcp left at 1, every layer counted).
+    lay = Layout(tp=layout.tp, ep=layout.ep)
     # A batch large enough that every expert is touched: the components then cover every stored weight,
     # plus the full embedding shard (not counted by the per-step reads).
-    lay = Layout(tp=tp, ep=ep)
     comps = weight_components(m, lay, batch=10**7)
     stored = sum(c.bytes_per_gpu for c in comps)
     return stored <= 0.9 * hw["memory_GB"] * 1e9, stored

@@ -27,24 +27,33 @@ def probe_latency(run_dir: str | Path, link: dict):
     backends = sorted({m["backend"] for m in fits})
     cpu_probe = set(backends) <= {"gloo", "shm"}
     if cpu_probe != (link["type"] == "shm"):
-        raise InputError(f"--probe {run_dir}", f"measured {', '.join(backends)}, which does not match the {link['type']} link of the hardware profile",
-                         "a probe run on the hardware being predicted (GPU backends for a GPU profile, gloo/shm for --gpu cpu)")
+        raise InputError(
+            f"--probe {run_dir}",
+            f"measured {', '.join(backends)}, which does not match the {link['type']} link of the hardware profile",
+            "a probe run on the hardware being predicted (GPU backends for a GPU profile, gloo/shm for --gpu cpu)",
+        )
     desc = f"probe fit from {run_dir} (backends {', '.join(backends)}; world size {', '.join(map(str, sizes))}; isolated p50 per call)"
 
     def fn(op: str, nbytes: float, n: int) -> float:
         if n <= 1:
             return 0.0
         if n not in sizes:
-            raise InputError(f"--probe {run_dir}", f"was measured with world size {', '.join(map(str, sizes))}; the layout needs {n}",
-                             f"a probe run with --gpus {n}, or drop --probe")
+            raise InputError(
+                f"--probe {run_dir}",
+                f"was measured with world size {', '.join(map(str, sizes))}; the layout needs {n}",
+                f"a probe run with --gpus {n}, or drop --probe",
+            )
         if any(m["op"] == op and m["world_size"] == n for m in fits):
             return float(model.latency_us(op, nbytes))
         if link["type"] == "shm":
-            raise InputError(f"--probe {run_dir}", f"has no measurement of {op}", f"a probe run that includes {op} (--ops)")
+            raise InputError(
+                f"--probe {run_dir}", f"has no measurement of {op}", f"a probe run that includes {op} (--ops)"
+            )
         return nccl_model_us(op, nbytes, n, link)[0]
 
     if not replayed:
         return fn, desc
+
     # The replay's in-step latency (collectives between layer-sized work) wins at the sizes it replayed.
     def in_context(op: str, nbytes: float, n: int) -> float:
         hit = replayed.get((op, int(nbytes), n))
@@ -62,7 +71,9 @@ def _replayed(run_dir) -> dict:
 
 
 def _replay_desc(run_dir, replayed: dict) -> str:
-    sizes = ", ".join(f"{op} {b} B ({v['backend']}, {v['mode']}, world {n})" for (op, b, n), v in sorted(replayed.items()))
+    sizes = ", ".join(
+        f"{op} {b} B ({v['backend']}, {v['mode']}, world {n})" for (op, b, n), v in sorted(replayed.items())
+    )
     return f"in-step p50 from the decode-step replay in {run_dir}/probe/replay.json for {sizes}"
 
 
@@ -70,8 +81,11 @@ def _replay_only(run_dir, link: dict, replayed: dict):
     """A run directory with a replay and no probe fit: the replayed sizes only."""
     backends = {v["backend"] for v in replayed.values()}
     if (backends <= {"gloo", "shm"}) != (link["type"] == "shm"):
-        raise InputError(f"--probe {run_dir}", f"replayed on {', '.join(sorted(backends))}, which does not match the {link['type']} link of the hardware profile",
-                         "a replay run on the hardware being predicted")
+        raise InputError(
+            f"--probe {run_dir}",
+            f"replayed on {', '.join(sorted(backends))}, which does not match the {link['type']} link of the hardware profile",
+            "a replay run on the hardware being predicted",
+        )
 
     def fn(op: str, nbytes: float, n: int) -> float:
         if n <= 1:
@@ -79,8 +93,11 @@ def _replay_only(run_dir, link: dict, replayed: dict):
         hit = replayed.get((op, int(nbytes), n))
         if hit is None:
             have = ", ".join(f"{o} {b} B at world {w}" for o, b, w in sorted(replayed))
-            raise InputError(f"--probe {run_dir}", f"has a replay ({have}) but no {op} of {int(nbytes)} B at world size {n} and no probe/fit.json",
-                             "a replay of the same model, TP and batch, or a `tpcomm probe` run in the same directory")
+            raise InputError(
+                f"--probe {run_dir}",
+                f"has a replay ({have}) but no {op} of {int(nbytes)} B at world size {n} and no probe/fit.json",
+                "a replay of the same model, TP and batch, or a `tpcomm probe` run in the same directory",
+            )
         return hit["us"]
 
     return fn, _replay_desc(run_dir, replayed)

@@ -24,17 +24,23 @@ from tpcomm.predict.model import DEFAULT_KERNEL_OVERHEAD_US, DEFAULT_MEMORY_EFFI
 
 # Defaults for GPU profiles without their own ranges (assumptions, stated in every output).
 KERNEL_OVERHEAD_RANGE_US = (1.0, DEFAULT_KERNEL_OVERHEAD_US, 5.0)
-KERNEL_OVERHEAD_SOURCE = ("assumption: 1 us = back-to-back kernels replayed from a CUDA graph (launch gap only); 5 us = "
-                          "decode kernels too small to reach the bandwidth roofline (ramp and tail); not measured for this "
-                          "hardware: tpcomm attribute measures it")
+KERNEL_OVERHEAD_SOURCE = (
+    "assumption: 1 us = back-to-back kernels replayed from a CUDA graph (launch gap only); 5 us = "
+    "decode kernels too small to reach the bandwidth roofline (ramp and tail); not measured for this "
+    "hardware: tpcomm attribute measures it"
+)
 MEMORY_EFFICIENCY_RANGE = (0.7, DEFAULT_MEMORY_EFFICIENCY, 0.85)
 MEMORY_EFFICIENCY_SOURCE = "assumption: typical achieved fraction of datasheet bandwidth for large streaming reads"
 # Same thresholds as tpcomm/report/verdict.py (a test holds them equal).
 BOTTLENECK_SHARE = 0.5
 MAJOR_SHARE = 0.25
-NAMES = {"weights": "weight streaming from memory", "overhead": "per-kernel launch and host overhead",
-         "kv_cache": "KV-cache reads", "moe_kernel_penalty": "the MoE-kernel penalty (fitted extra term)",
-         "moe_kernel_bandwidth": "the MoE-kernel bandwidth penalty (fitted extra term)"}
+NAMES = {
+    "weights": "weight streaming from memory",
+    "overhead": "per-kernel launch and host overhead",
+    "kv_cache": "KV-cache reads",
+    "moe_kernel_penalty": "the MoE-kernel penalty (fitted extra term)",
+    "moe_kernel_bandwidth": "the MoE-kernel bandwidth penalty (fitted extra term)",
+}
 LAT_SAMPLES = 9  # latencies tried between low and high to see whether measuring latency alone decides
 
 
@@ -59,25 +65,54 @@ class RangeInputs:
     latency: LatencyRange
 
     def as_dict(self) -> dict:
-        return {"memory_efficiency": self.memory_efficiency.as_dict(), "kernel_overhead_us": self.kernel_overhead_us.as_dict(),
-                "collective_latency": {"kind": self.latency.kind, **self.latency.descriptions}}
+        return {
+            "memory_efficiency": self.memory_efficiency.as_dict(),
+            "kernel_overhead_us": self.kernel_overhead_us.as_dict(),
+            "collective_latency": {"kind": self.latency.kind, **self.latency.descriptions},
+        }
 
 
-def range_inputs(hw: dict, memory_efficiency: float | None, kernel_overhead_us: float | None, lat: LatencyRange) -> RangeInputs:
+def range_inputs(
+    hw: dict, memory_efficiency: float | None, kernel_overhead_us: float | None, lat: LatencyRange
+) -> RangeInputs:
     """Given values are fixed; otherwise the profile's range (`*_range` keys), else the defaults above."""
+
     def pick(given, key, default, source, flag):
         if given is not None:
             return Input(given, given, given, f"given ({flag} {given:g}): fixed")
         if f"{key}_range" in hw:
             lo, hi = hw[f"{key}_range"]
-            return Input(lo, hw.get(key, (lo + hi) / 2), hi, hw.get("sources", {}).get(key, f"hardware profile {hw['profile']}"))
+            return Input(
+                lo, hw.get(key, (lo + hi) / 2), hi, hw.get("sources", {}).get(key, f"hardware profile {hw['profile']}")
+            )
         if key in hw:  # a profile's single value is taken as given
             v = hw[key]
-            return Input(v, v, v, hw.get("sources", {}).get(key, f"hardware profile {hw['profile']}") + " (fixed: no range in the profile)")
+            return Input(
+                v,
+                v,
+                v,
+                hw.get("sources", {}).get(key, f"hardware profile {hw['profile']}")
+                + " (fixed: no range in the profile)",
+            )
         return Input(*default, source)
-    return RangeInputs(pick(memory_efficiency, "memory_efficiency", MEMORY_EFFICIENCY_RANGE, MEMORY_EFFICIENCY_SOURCE, "--memory-efficiency"),
-                       pick(kernel_overhead_us, "kernel_overhead_us", KERNEL_OVERHEAD_RANGE_US, KERNEL_OVERHEAD_SOURCE, "--kernel-overhead-us"),
-                       lat)
+
+    return RangeInputs(
+        pick(
+            memory_efficiency,
+            "memory_efficiency",
+            MEMORY_EFFICIENCY_RANGE,
+            MEMORY_EFFICIENCY_SOURCE,
+            "--memory-efficiency",
+        ),
+        pick(
+            kernel_overhead_us,
+            "kernel_overhead_us",
+            KERNEL_OVERHEAD_RANGE_US,
+            KERNEL_OVERHEAD_SOURCE,
+            "--kernel-overhead-us",
+        ),
+        lat,
+    )
 
 
 def corners():
@@ -89,7 +124,9 @@ def central_knobs(ri: RangeInputs, k):
     return replace(k, memory_efficiency=ri.memory_efficiency.central, kernel_overhead_us=ri.kernel_overhead_us.central)
 
 
-def evaluate(plan, batch: int, hw: dict, ri: RangeInputs, k, lat_override: LatencyRange | None = None) -> tuple[dict, list[dict]]:
+def evaluate(
+    plan, batch: int, hw: dict, ri: RangeInputs, k, lat_override: LatencyRange | None = None
+) -> tuple[dict, list[dict]]:
     """The central step and the step at each corner of the input box."""
     lat = lat_override or ri.latency
     central = step_time(plan, batch, hw, lat.central, central_knobs(ri, k))
@@ -97,8 +134,14 @@ def evaluate(plan, batch: int, hw: dict, ri: RangeInputs, k, lat_override: Laten
     for lv, ov, ef in corners():
         kk = replace(k, memory_efficiency=ri.memory_efficiency.at(ef), kernel_overhead_us=ri.kernel_overhead_us.at(ov))
         st = step_time(plan, batch, hw, lat.level(lv), kk)
-        out.append({"inputs": {"collective_latency": lv, "kernel_overhead_us": ov, "memory_efficiency": ef},
-                    "tok_per_s": st["tok_per_s"], "ms_per_token": st["step_ms"], "breakdown_ms": st["breakdown_ms"]})
+        out.append(
+            {
+                "inputs": {"collective_latency": lv, "kernel_overhead_us": ov, "memory_efficiency": ef},
+                "tok_per_s": st["tok_per_s"],
+                "ms_per_token": st["step_ms"],
+                "breakdown_ms": st["breakdown_ms"],
+            }
+        )
     return central, out
 
 
@@ -110,10 +153,14 @@ def summarize(central: dict, cs: list[dict]) -> dict:
     """tok/s, ms per token, each term (ms) and each term's share: low / central / high over the corners."""
     terms = list(central["breakdown_ms"])
     share = lambda bd, t: bd.get(t, 0.0) / sum(bd.values())
-    return {"tok_per_s": span(central["tok_per_s"], [c["tok_per_s"] for c in cs]),
-            "ms_per_token": span(central["step_ms"], [c["ms_per_token"] for c in cs]),
-            "breakdown_ms": {t: span(central["breakdown_ms"][t], [c["breakdown_ms"].get(t, 0.0) for c in cs]) for t in terms},
-            "share": {t: span(share(central["breakdown_ms"], t), [share(c["breakdown_ms"], t) for c in cs]) for t in terms}}
+    return {
+        "tok_per_s": span(central["tok_per_s"], [c["tok_per_s"] for c in cs]),
+        "ms_per_token": span(central["step_ms"], [c["ms_per_token"] for c in cs]),
+        "breakdown_ms": {
+            t: span(central["breakdown_ms"][t], [c["breakdown_ms"].get(t, 0.0) for c in cs]) for t in terms
+        },
+        "share": {t: span(share(central["breakdown_ms"], t), [share(c["breakdown_ms"], t) for c in cs]) for t in terms},
+    }
 
 
 def classify(bd: dict) -> dict:
@@ -121,8 +168,12 @@ def classify(bd: dict) -> dict:
     total = sum(bd.values())
     share = bd.get("collectives", 0.0) / total if total else 0.0
     others = {k: v for k, v in bd.items() if k != "collectives" and v > 0}
-    return {"share": share, "bottleneck": share >= BOTTLENECK_SHARE, "major": share >= MAJOR_SHARE,
-            "main_other": max(others, key=others.get) if others else None}
+    return {
+        "share": share,
+        "bottleneck": share >= BOTTLENECK_SHARE,
+        "major": share >= MAJOR_SHARE,
+        "main_other": max(others, key=others.get) if others else None,
+    }
 
 
 def latency_decides(plan, hw: dict, ri: RangeInputs, k) -> bool:
@@ -132,9 +183,22 @@ def latency_decides(plan, hw: dict, ri: RangeInputs, k) -> bool:
     for i in range(LAT_SAMPLES):
         t = i / (LAT_SAMPLES - 1)
         src = LatencySource("mix", "", lambda op, b, n, t=t: (1 - t) * lo(op, b, n) + t * hi(op, b, n))
-        verdicts = {classify(step_time(plan, 1, hw, src, replace(k, memory_efficiency=ri.memory_efficiency.at(ef),
-                                                                   kernel_overhead_us=ri.kernel_overhead_us.at(ov)))["breakdown_ms"])["bottleneck"]
-                    for ov, ef in product(("low", "high"), repeat=2)}
+        verdicts = {
+            classify(
+                step_time(
+                    plan,
+                    1,
+                    hw,
+                    src,
+                    replace(
+                        k,
+                        memory_efficiency=ri.memory_efficiency.at(ef),
+                        kernel_overhead_us=ri.kernel_overhead_us.at(ov),
+                    ),
+                )["breakdown_ms"]
+            )["bottleneck"]
+            for ov, ef in product(("low", "high"), repeat=2)
+        }
         if len(verdicts) > 1:
             return False
     return True
@@ -152,51 +216,76 @@ def verdict(central: dict, cs: list[dict], commands: dict, latency_alone_decides
     c = classify(central["breakdown_ms"])
     at = [classify(x["breakdown_ms"]) for x in cs]
     lo, hi = min(a["share"] for a in at + [c]), max(a["share"] for a in at + [c])
-    shares = (f"{pct(lo)}-{pct(hi)}% of each token over the stated ranges (central {pct(c['share'])}%)" if pct(lo) != pct(hi)
-              else f"{pct(c['share'])}% of each token (every input fixed as given)")
+    shares = (
+        f"{pct(lo)}-{pct(hi)}% of each token over the stated ranges (central {pct(c['share'])}%)"
+        if pct(lo) != pct(hi)
+        else f"{pct(c['share'])}% of each token (every input fixed as given)"
+    )
     bn = {a["bottleneck"] for a in at}
-    out = {"share": {"low": lo, "central": c["share"], "high": hi}, "decided": len(bn) == 1,
-           "interconnect_is_bottleneck": bn.pop() if len(bn) == 1 else None, "main_other": None, "decides": None}
+    out = {
+        "share": {"low": lo, "central": c["share"], "high": hi},
+        "decided": len(bn) == 1,
+        "interconnect_is_bottleneck": bn.pop() if len(bn) == 1 else None,
+        "main_other": None,
+        "decides": None,
+    }
     if not out["decided"]:
         cmd = commands["probe"] if latency_alone_decides else commands["attribute"]
         out["decides"] = cmd
-        out["statement"] = (f"The model cannot decide whether the interconnect is the bottleneck: it takes {shares}. "
-                            f"The measurement that decides it: `{cmd}`.")
+        out["statement"] = (
+            f"The model cannot decide whether the interconnect is the bottleneck: it takes {shares}. "
+            f"The measurement that decides it: `{cmd}`."
+        )
         return out
     if out["interconnect_is_bottleneck"]:
         out["statement"] = f"The interconnect is the bottleneck over the whole range of the model's inputs: {shares}."
         return out
     major = all(a["major"] for a in at)
-    out["statement"] = (f"The interconnect is {'a major part but ' if major else ''}not the bottleneck over the whole range of "
-                        f"the model's inputs: {shares}.")
+    out["statement"] = (
+        f"The interconnect is {'a major part but ' if major else ''}not the bottleneck over the whole range of "
+        f"the model's inputs: {shares}."
+    )
     mains = {a["main_other"] for a in at}
     if len(mains) == 1:
         out["main_other"] = mains.pop()
-        out["statement"] += f" The largest term is {NAMES.get(out['main_other'], out['main_other'])} at every corner of the range."
+        out["statement"] += (
+            f" The largest term is {NAMES.get(out['main_other'], out['main_other'])} at every corner of the range."
+        )
     else:
         names = " or ".join(NAMES.get(m, m) for m in sorted(mains, key=str))
         out["cause_decides"] = commands["attribute"]
-        out["statement"] += (f" Which term is largest ({names}) the model cannot decide: it turns on the assumed per-kernel "
-                             f"overhead and memory efficiency. The measurement that decides it: `{commands['attribute']}`.")
+        out["statement"] += (
+            f" Which term is largest ({names}) the model cannot decide: it turns on the assumed per-kernel "
+            f"overhead and memory efficiency. The measurement that decides it: `{commands['attribute']}`."
+        )
     return out
 
 
 def bounds(central: dict, cs: list[dict], summary: dict) -> dict:
     """Ceilings that hold at every corner (the highest value over the range), as plain sentences' numbers."""
+
     def ceil(bd, keep):
         rest = sum(v for k, v in bd.items() if keep(k))
         return 1e3 / rest if rest > 0 else None
+
     all_bd = [central["breakdown_ms"]] + [c["breakdown_ms"] for c in cs]
     comp = [ceil(bd, lambda k: k != "collectives") for bd in all_bd]
     comm = [ceil(bd, lambda k: k == "collectives") for bd in all_bd]
     t = summary["tok_per_s"]
-    out = {"tok_per_s": t, "compute_only_tok_per_s_max": max(comp) if None not in comp else None,
-           "comm_only_tok_per_s_max": max(comm) if None not in comm else None}
-    text = (f"Bounds over the whole range of the model's inputs: {t['low']:.1f}-{t['high']:.1f} tok/s single stream "
-            f"(central {t['central']:.1f})")
+    out = {
+        "tok_per_s": t,
+        "compute_only_tok_per_s_max": max(comp) if None not in comp else None,
+        "comm_only_tok_per_s_max": max(comm) if None not in comm else None,
+    }
+    text = (
+        f"Bounds over the whole range of the model's inputs: {t['low']:.1f}-{t['high']:.1f} tok/s single stream "
+        f"(central {t['central']:.1f})"
+    )
     if out["compute_only_tok_per_s_max"]:
         text += f"; even with a free interconnect, at most {out['compute_only_tok_per_s_max']:.0f} tok/s"
     if out["comm_only_tok_per_s_max"]:
-        text += f"; even if everything but the collectives were free, at most {out['comm_only_tok_per_s_max']:.0f} tok/s"
+        text += (
+            f"; even if everything but the collectives were free, at most {out['comm_only_tok_per_s_max']:.0f} tok/s"
+        )
     out["statement"] = text + "."
     return out

@@ -1,8 +1,9 @@
 """Measured all-reduce latency tables shipped as data (data/collective_tables.json).
 
-The tables are ../shared/REFERENCE.md s7: nccl-tests and vLLM's own all-reduce
-inside a CUDA graph, per system and world size, from NVIDIA's AIConfigurator,
-plus single public measurements (REFERENCE s5, s7). They give the central
+The tables (each entry names its source in data/collective_tables.json):
+nccl-tests and vLLM's own all-reduce inside a CUDA graph, per system and world
+size, from NVIDIA's AIConfigurator (ai-dynamo/aiconfigurator, Apache-2.0),
+plus single public measurements (nccl-tests issues, sglang and vLLM PRs). They give the central
 collective latency of a hardware profile that names a system
 (`collective_tables` in the profile) and the high end for its link type and
 world size.
@@ -49,7 +50,7 @@ def find(system: str | None, world_size: int, kind: str | None = None) -> dict |
     if not system:
         return None
     tabs = [t for t in data()["tables"] if t["system"] == system and t["world_size"] == world_size]
-    for k in ([kind] if kind else KIND_PREFERENCE):
+    for k in [kind] if kind else KIND_PREFERENCE:
         for t in tabs:
             if t["kind"] == k:
                 return t
@@ -64,7 +65,9 @@ def table_us(table: dict, nbytes: float, beyond=None) -> float:
 
 
 def describe(table: dict) -> str:
-    what = {"vllm-graph": "vLLM all-reduce inside a CUDA graph", "nccl-tests": "nccl-tests all_reduce_perf"}[table["kind"]]
+    what = {"vllm-graph": "vLLM all-reduce inside a CUDA graph", "nccl-tests": "nccl-tests all_reduce_perf"}[
+        table["kind"]
+    ]
     return f"measured table {table['system']} x{table['world_size']}: {what}, {table['version']} (AIConfigurator, REFERENCE s7)"
 
 
@@ -82,7 +85,11 @@ def public_high_us(link_type: str, world_size: int, nbytes: float, beyond=None) 
                 best = (v, f"{t['system']} x{t['world_size']} {t['kind']} ({t['version']})")
     span = d["point_span"]
     for p in d["public_points"]:
-        if p["link"] == link_type and p["world_size"] == world_size and p["bytes"] / span <= nbytes <= p["bytes"] * span:
+        if (
+            p["link"] == link_type
+            and p["world_size"] == world_size
+            and p["bytes"] / span <= nbytes <= p["bytes"] * span
+        ):
             if best is None or p["time_us"] > best[0]:
                 best = (p["time_us"], f"{p['source']}: {p['time_us']:g} us at {p['bytes']} B")
     return best

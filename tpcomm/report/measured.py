@@ -144,16 +144,25 @@ def sentences(m: dict[str, Any], num: dict[str, str], fmt) -> list[str]:
     if m.get("client_tpot_ms_p50"):
         num["client_tpot_ms_p50"] = fmt(m["client_tpot_ms_p50"])
         txt = f"Beside it, the client saw a TPOT p50 of {num['client_tpot_ms_p50']} ms"
+        if c.get("client_tpot_ms_p50") is not None:
+            num["client_held_tpot_ms_p50"] = fmt(c["client_tpot_ms_p50"])
+            txt += (
+                f" and a held TPOT p50 of {num['client_held_tpot_ms_p50']} ms (E2E minus the level's fastest "
+                "TTFT, per token: what bursty delivery cannot shrink)"
+            )
         if m.get("delivery_ms") is not None:
             num["delivery_ms"] = fmt(m["delivery_ms"])
             txt += f" (delivery, the difference: API server, network and client: {num['delivery_ms']} ms)"
         if c.get("diff_pct") is not None and c.get("judged"):
             num["closure_diff_pct"] = f"{c['diff_pct']:+.1f}"
-            txt += f"; closure: engine vs client {num['closure_diff_pct']}% (tolerance {c['tolerance_pct']:g}%): " + (
-                "the split accounts for what the client saw."
-                if c.get("ok")
-                else "CLOSURE CHECK FAILED: the split explains the engine's time, not the client's; "
-                "cause not determined."
+            txt += (
+                f"; closure: engine vs client held TPOT {num['closure_diff_pct']}% (tolerance {c['tolerance_pct']:g}%): "
+                + (
+                    "the split accounts for what the client saw."
+                    if c.get("ok")
+                    else "CLOSURE CHECK FAILED: the split explains the engine's time, not the client's; "
+                    "cause not determined."
+                )
             )
         else:
             txt += "."

@@ -64,8 +64,9 @@ def build_verdict(inp: readers.Inputs, cmds: dict[str, str], s):
     sent = d["sentences"]
     if stopped := readers.incomplete_stages(inp):
         num["incomplete"] = ", ".join(stopped)
-        sent.append(f"This run is INCOMPLETE: {num['incomplete']} (status.json); what follows is what was measured "
-                    "before that.")
+        sent.append(
+            f"This run is INCOMPLETE: {num['incomplete']} (status.json); what follows is what was measured before that."
+        )
     sent.append(
         f"Single-stream decode is capped at {num['cap_tok_per_s']} tok/s ({num['ms_per_token']} ms per token), "
         + (
