@@ -236,3 +236,17 @@ def test_held_tpot_is_not_shrunk_by_a_burst_that_holds_the_first_tokens():
     # Unstarved: the same as TPOT within the TTFT spread / (tokens - 1).
     calm = pd.DataFrame({"ttft_ms": [10.0, 10.5, 11.0], "e2e_ms": [165.0, 165.5, 166.0], "output_tokens": [32] * 3})
     assert held_tpot_ms(calm) == pytest.approx(((calm["e2e_ms"] - calm["ttft_ms"]) / 31).to_numpy(), abs=0.04)
+
+
+def test_closure_puts_the_engine_on_tpot_footing():
+    """A client's TPOT spans the prefill-to-first-decode interval once per request; the engine's per-token time
+    (decode-to-decode periods) does not. The closure adds it on the engine's side, from the engine's clock."""
+    from tpcomm.attribute.closure import closure, engine_tpot_ms
+
+    # 32 tokens: a 20 ms first interval, then 3.6 ms per token; the client's TPOT is (20 + 30 x 3.6) / 31.
+    tpot = (20 + 30 * 3.6) / 31
+    assert engine_tpot_ms(3.6, 20.0, 32) == pytest.approx(tpot)
+    assert closure(3.6, tpot, 1)["ok"] is False  # the bare per-token time is 12.8% short ...
+    c = closure(3.6, tpot, 1, engine_tpot_ms(3.6, 20.0, 32))  # ... on TPOT's footing it closes
+    assert c["ok"] is True and c["diff_pct"] == pytest.approx(0) and c["engine_ms_per_token"] == 3.6
+    assert engine_tpot_ms(3.6, None, 32) == 3.6 and engine_tpot_ms(3.6, 15.0, 2) == 3.6

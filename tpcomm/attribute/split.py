@@ -215,3 +215,16 @@ def top_sites(aligned_level: pd.DataFrame, step_rows: pd.DataFrame, n: int = 8) 
         "wait_us_per_step",
     ]
     return [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in g[cols].to_dict("records")]
+
+
+def first_interval_ms(rank_rows: pd.DataFrame) -> float | None:
+    """Mean over the level's requests of the interval from a prefill step's end to the next decode step's end
+    (the engine's time between a stream's first and second token), rank-averaged; None without such a pair."""
+    if rank_rows.empty:
+        return None
+    s = rank_rows.groupby("step", sort=True).agg(kind=("kind", "first"), t_end_ns=("t_end_ns", "mean")).reset_index()
+    kinds, ends = s["kind"].to_numpy(), s["t_end_ns"].to_numpy()
+    gaps = [
+        (ends[i + 1] - ends[i]) / 1e6 for i in range(len(s) - 1) if kinds[i] == "prefill" and kinds[i + 1] == "decode"
+    ]
+    return float(np.mean(gaps)) if gaps else None
