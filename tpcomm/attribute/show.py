@@ -152,8 +152,8 @@ def render(res: dict, console: Console | None = None) -> None:
         con.print(
             "[dim]per-token ms on the server's step clock: mean start-to-start period of consecutive decode steps "
             "in the level's steady window = compute + transfer + wait + host gap (mean over ranks); collective time "
-            "= transfer + wait, wait = rank skew. Client TPOT p50 beside it, and the held TPOT p50 (E2E minus the "
-            "level's fastest TTFT, per token: what bursty delivery cannot shrink); delivery = held TPOT - engine; stalls "
+            "= transfer + wait, wait = rank skew. Client TPOT p50 beside it, and the held TPOT p50 (a stream held back "
+            "whole counts by its end-to-end time); delivery = held TPOT - engine; stalls "
             "(token gaps > 20 periods) enter no term"
         )
         top = next((a["top_sites"] for a in att["levels"] if a.get("top_sites")), [])

@@ -147,8 +147,8 @@ def sentences(m: dict[str, Any], num: dict[str, str], fmt) -> list[str]:
         if c.get("client_tpot_ms_p50") is not None:
             num["client_held_tpot_ms_p50"] = fmt(c["client_tpot_ms_p50"])
             txt += (
-                f" and a held TPOT p50 of {num['client_held_tpot_ms_p50']} ms (E2E minus the level's fastest "
-                "TTFT, per token: what bursty delivery cannot shrink)"
+                f" and a held TPOT p50 of {num['client_held_tpot_ms_p50']} ms (the same, with any stream the API "
+                "server held back whole counted from the unheld streams' fastest TTFT to its last token)"
             )
         if m.get("delivery_ms") is not None:
             num["delivery_ms"] = fmt(m["delivery_ms"])
