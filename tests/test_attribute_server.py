@@ -429,9 +429,9 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(baseline_run, plugi
     lv = res["attribution"]["levels"][0]
     st = lv["stalls"]
     # The injected pause is found where it was made (this host also stalls on its own now and then: those count too).
-    injected = [g for g in st["gaps"] if g["request_id"] == 3]
+    injected = [g for g in st["gaps"] if g["request_id"] == 3 and g["token_idx"] == 10]
     # 1 s injected; the server's own ~1 s hiccups on this 2-core box can coincide with it, hence the upper bound.
-    assert len(injected) == 1 and injected[0]["token_idx"] == 10 and 1000 <= injected[0]["gap_ms"] <= 2500, st
+    assert len(injected) == 1 and 1000 <= injected[0]["gap_ms"] <= 2500, st
     assert 3 in st["requests"] and st["total_ms"] >= injected[0]["gap_ms"]
     # Closure is judged by the baseline and Llama tests; here the client's TPOT carries this test's own 1 s
     # pause (and any server hiccup that coincides), so only the engine-side terms are held to the baseline.
