@@ -228,9 +228,10 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
     return [{"kind": "result", **base, **rows[t]} for t in ("isolated", "pipelined") if t in rows]
 
 
-def run(spec: dict, sink=None) -> int:
-    """Run every measurement of `spec` on this rank. Rank 0 hands each record to
-    `sink` (default: append to spec['out_jsonl']). Returns the exit code."""
+def start_rank(spec: dict, sink=None, n_items: int = 0):
+    """What every rank-side run does first (probe and replay alike): rank and node from the launcher's
+    environment, the watchdog, the gloo process groups, and the record sink (rank 0 only; default: append to
+    spec['out_jsonl']). Emits the "start" record. Returns (local_rank, state, ctrl, emit, common)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -247,14 +248,21 @@ def run(spec: dict, sink=None) -> int:
         fh = open(path, "a", buffering=1)
         sink = lambda rec: fh.write(json.dumps(rec) + "\n")  # noqa: E731
     emit = sink if rank == 0 and sink else (lambda rec: None)
-    items = spec["items"]
     common = {
         "world_size": world,
         "nodes": max(1, world // max(1, local_world)),
         "host": socket.gethostname(),
         "torch": torch.__version__,
     }
-    emit({"kind": "start", "items": len(items), **common})
+    emit({"kind": "start", "items": n_items, **common})
+    return local_rank, state, ctrl, emit, common
+
+
+def run(spec: dict, sink=None) -> int:
+    """Run every measurement of `spec` on this rank. Rank 0 hands each record to
+    `sink` (default: append to spec['out_jsonl']). Returns the exit code."""
+    items = spec["items"]
+    local_rank, state, ctrl, emit, common = start_rank(spec, sink, len(items))
     by_backend: dict[str, list[dict]] = {}
     for it in items:
         by_backend.setdefault(it["backend"], []).append(it)

@@ -18,12 +18,9 @@ step_t0_ns, step_us, coll_t0_ns, coll_us (steps x slots, row-major)]}.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import sys
-import threading
 
 if __package__ in (None, ""):  # run as a script: make `probes` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from probes.backends import Ineligible, make_backend
-from probes.collectives import RankState, _hardware, _maybe_fault, _watchdog
+from probes.collectives import RankState, _hardware, _maybe_fault, start_rank
 from probes.ops import COLLECTIVES, count_wrong
 from probes.replay_kernels import CudaClock, HostClock, Skew, Work
 
@@ -189,28 +186,7 @@ def replay_item(primary, fallback, item: dict, spec: dict, ctrl, state: RankStat
 
 
 def run(spec: dict, sink=None) -> int:
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    timeout = float(spec.get("timeout", 60))
-    state = RankState(spec.get("status_dir"), rank)
-    if not os.environ.get("TPCOMM_PROBE_SUPERVISED"):
-        threading.Thread(target=_watchdog, args=(state, timeout), daemon=True).start()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout + 30))
-    ctrl = dist.new_group(backend="gloo")
-    if sink is None and rank == 0 and spec.get("out_jsonl"):
-        os.makedirs(os.path.dirname(os.path.abspath(spec["out_jsonl"])), exist_ok=True)
-        fh = open(spec["out_jsonl"], "a", buffering=1)
-        sink = lambda rec: fh.write(json.dumps(rec) + "\n")  # noqa: E731
-    emit = sink if rank == 0 and sink else (lambda rec: None)
-    common = {
-        "world_size": world,
-        "nodes": max(1, world // max(1, local_world)),
-        "host": socket.gethostname(),
-        "torch": torch.__version__,
-    }
-    emit({"kind": "start", "items": len(spec["items"]), **common})
+    local_rank, state, ctrl, emit, common = start_rank(spec, sink, len(spec["items"]))
     for item in spec["items"]:
         state.set("setup", None)
         name = item["backend"]
