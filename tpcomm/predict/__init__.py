@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tpcomm.errors import InputError
 from tpcomm.plan import Plan, build_plan
+from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED
 from tpcomm.plan.layout import Layout
 from tpcomm.predict.hardware import load_profile, with_interconnect
 from tpcomm.predict.latency_range import make_range
@@ -144,7 +145,7 @@ def predict(
             "kernels_per_step": kernels_per_step(plan.model),
             "kernels_per_site": KERNELS,
             "model": "analytic (tpcomm predict): not a measurement",
-            "vllm_version_followed": "0.32.0",
+            "vllm_version_followed": VLLM_VERSION_FOLLOWED,
         },
         "assumptions": _assumptions(ri, kc, plan, fitted),
     }

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tpcomm import contract as C
 from tpcomm.errors import InputError
+from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED
 from tpcomm.plan.layout import Layout
 from tpcomm.predict import plan_for
 from tpcomm.predict.hardware import load_profile, with_interconnect
@@ -299,7 +300,7 @@ def predict_calibrated(
             "phase": "decode",
             "context_tokens": kc.context,
             "model": "measured terms + analytic what-ifs",
-            "vllm_version_followed": "0.32.0",
+            "vllm_version_followed": VLLM_VERSION_FOLLOWED,
         },
         "assumptions": [
             f"measured per-token terms from {run_dir} at concurrency {att['concurrency']} (kept as measured)",
