@@ -113,3 +113,61 @@ def test_columnar_round_trip_and_malformed_records():
     doc["collectives"]["rank"] = doc["collectives"]["rank"][:5]
     with pytest.raises(records.HookError, match="differ in length"):
         records.from_columnar(doc)
+
+
+def _with_server_config(run_dir: Path, **change) -> dict:
+    """hook/status.json as a current hook writes it: with the served model's config (here the saved run's)."""
+    cfg = {**json.loads((run_dir / "model_config.json").read_text()), **change}
+    st = json.loads((run_dir / "hook/status.json").read_text())
+    st["model_config"] = cfg
+    (run_dir / "hook/status.json").write_text(json.dumps(st))
+    return cfg
+
+
+def test_the_server_reported_config_is_planned_from(run_dir, monkeypatch, tmp_path):
+    """No --model-config: the config in the hook's status is used, whatever folders the client's cwd holds."""
+    _with_server_config(run_dir)
+    decoy = tmp_path / "cwd"
+    (decoy / "model").mkdir(parents=True)
+    (decoy / "model/config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    monkeypatch.chdir(decoy)
+    summ = analyse_run_dir(run_dir)
+    assert summ["plan_config"]["source"] == "server-reported"
+    cc = summ["levels"][0]["collectives_per_step"]
+    assert cc["match"] is True and "server-reported" in cc["detail"], cc["detail"]
+
+
+def test_model_config_option_overrides_the_server_reported_one(run_dir):
+    _with_server_config(run_dir)
+    cfg = json.loads((run_dir / "model_config.json").read_text())
+    cfg["num_hidden_layers"] = 5
+    (run_dir / "other.json").write_text(json.dumps(cfg))
+    summ = analyse_run_dir(run_dir, model_source=str(run_dir / "other.json"))
+    assert summ["plan_config"] == {
+        "source": "--model-config",
+        "path": str(run_dir / "other.json"),
+        "text": f"plan from --model-config {run_dir / 'other.json'}",
+    }
+    cc = summ["levels"][0]["collectives_per_step"]
+    assert cc["match"] is False and "observed 9/step, planned 11/step" in cc["detail"]
+
+
+def test_neither_config_names_the_option(run_dir):
+    summ = analyse_run_dir(run_dir)  # the saved status predates the reported config
+    assert summ["plan_config"]["source"] is None and "--model-config" in summ["plan_config"]["text"]
+    cc = summ["levels"][0]["collectives_per_step"]
+    assert cc["match"] is None and "pass --model-config" in cc["detail"]
+
+
+def test_a_level_whose_rank_died_is_not_cross_checked(run_dir):
+    """A level marked with a dead rank (as attribute writes it) gets no split and no plan verdict, though its
+    records would match: they do not cover the level."""
+    _with_server_config(run_dir)
+    why = "TP rank 1 (pid 4242) died during C=1 at 03:36:40 UTC"
+    levels = json.loads((run_dir / "load/levels.json").read_text())
+    levels[0].update(hook_problem=why, rank_died={"rank": 1, "pid": 4242})
+    (run_dir / "load/levels.json").write_text(json.dumps(levels))
+    lv = analyse_run_dir(run_dir)["levels"][0]
+    assert lv["engine_ms_per_token"] is None and why in lv["note"]
+    cc = lv["collectives_per_step"]
+    assert cc["match"] is None and cc["detail"].startswith("not compared: " + why)

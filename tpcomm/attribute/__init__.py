@@ -7,6 +7,7 @@ Data flow (one module per step):
     load.py        the streaming load generator (client-side timings per request and token)
     levels.py      per level: throughput, percentiles, steadiness, repeat spread, bursty delivery
     records.py     the hook's /tpcomm/v1 routes -> hook/*.parquet tables
+    ranks.py       watch the TP workers during a level: a worker that dies is named (rank, pid, when)
     align.py       hook records -> collective instances (same step and call_idx across a group)
     split.py       per decode step and per level: compute / transfer / wait / host overhead
     crosscheck.py  observed collectives per decode step versus `tpcomm plan`

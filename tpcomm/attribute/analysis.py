@@ -21,7 +21,14 @@ import pandas as pd
 from tpcomm import contract as C
 from tpcomm.attribute.align import align, alignment_quality
 from tpcomm.attribute.closure import client_side, closure_text
-from tpcomm.attribute.crosscheck import compare, observed_per_step, planned_per_step, tp_from_records
+from tpcomm.attribute.crosscheck import (
+    SERVER,
+    compare,
+    observed_per_step,
+    plan_config,
+    planned_per_step,
+    tp_from_records,
+)
 from tpcomm.attribute.server import ENABLE_HINT
 from tpcomm.attribute.split import (
     assign_levels,
@@ -83,7 +90,7 @@ def windows_from_requests(req: pd.DataFrame) -> list[dict]:
 
 def analyse_run_dir(
     path: str | RunDir,
-    model_source: str | None = None,
+    model_source: str | dict | None = None,
     hook_status: dict | None = None,
     notes: list[str] | None = None,
     conditions: dict | None = None,
@@ -98,17 +105,28 @@ def analyse_run_dir(
         req = req[req["in_stats"]]
         tokens = tokens[tokens["request_id"].isin(req["request_id"])]
     windows = windows_from_requests(req) if req is not None else []
+    # The plan is made from --model-config when given, else from the config the server's hook reported.
+    plan_src, plan_prov = plan_config(model_source, hook_status)
+    plan_label = (
+        f"the {SERVER} model config" if plan_prov["source"] == SERVER else plan_prov.get("path") or "the config given"
+    )
+    plugin_on = bool(hook_status and hook_status.get("enabled", True))
+    has_records = coll is not None and steps is not None and not coll.empty and not steps.empty
     summary = {
         "levels": [],
-        "plugin": coll is not None and steps is not None,
+        "plugin": has_records or plugin_on,
+        "plan_config": plan_prov,
         "method": METHOD,
         "split_format": SPLIT_FORMAT,
         "windows": windows,
         "conditions": dict(conditions or (levels[0].get("conditions", {}) if levels else {})),
         "notes": list(notes or []),
     }
-    if coll is None or steps is None or coll.empty or steps.empty:
-        summary["plugin_note"] = ENABLE_HINT.format(model=summary["conditions"].get("model_root") or "MODEL", tp="N")
+    if not has_records:
+        if not plugin_on:
+            summary["plugin_note"] = ENABLE_HINT.format(
+                model=summary["conditions"].get("model_root") or "MODEL", tp="N"
+            )
         for lv in levels:
             summary["levels"].append(
                 {
@@ -117,7 +135,8 @@ def analyse_run_dir(
                     "itl_ms_p50": lv.get("itl_ms_p50"),
                     "per_token_ms": None,
                     "engine_ms_per_token": None,
-                    "note": "not measured: no hook records (plugin off)",
+                    "note": ("not attributed: " if lv.get("hook_problem") else "not measured: ")
+                    + _no_records_reason(lv, plugin_on),
                 }
             )
         rd.write_json(C.ATTR_SUMMARY, summary)
@@ -155,9 +174,14 @@ def analyse_run_dir(
         cs = client_side(lreq, tok, sp["engine_ms_per_token"], c, first_interval_ms(rows))
         obs = observed_per_step(al, st)
         if obs["batch"] not in plans:
-            plans[obs["batch"]] = planned_per_step(model_source, tp, obs["batch"])
+            plans[obs["batch"]] = planned_per_step(plan_src, tp, obs["batch"], plan_label)
         planned, plan_note, sites = plans[obs["batch"]]
-        cc = compare(obs, planned, plan_note)
+        if skip := _no_crosscheck_reason(lv, obs):
+            # No verdict from records that do not cover the level: "observed 0/step" is not a MISMATCH.
+            cc = compare(obs, None, skip)
+        else:
+            cc = compare(obs, planned, plan_note)
+        cc["plan_config"] = plan_prov["source"]
         for site in sp.get("top_sites") or []:
             site["plan_sites"] = sites.get((site["group"], site["op"], int(site["bytes"])), [])
         win = next((w for w in windows if (w["concurrency"], w["repeat"]) == (c, rep)), None)
@@ -178,14 +202,15 @@ def analyse_run_dir(
                 f"the client received {lv['itl_burst_pct']:.0f}% of tokens in bursts: its ITL p50 is not a "
                 "per-token time at this level"
             )
-        if lv.get("hook_problem"):
-            # Another client started or stopped recording mid-level: the records do not cover the window.
+        if lv.get("hook_problem") or not obs["steps"]:
+            # Another client started or stopped recording mid-level, a TP worker died, or the run ended before
+            # the level's records were pulled: the records do not cover the window.
             doc.update(
                 per_token_ms=None,
                 engine_ms_per_token=None,
                 delivery_ms=None,
                 closure={**doc.get("closure", {}), "judged": False, "ok": None},
-                note=f"not attributed: {lv['hook_problem']}",
+                note=f"not attributed: {_no_records_reason(lv, True)}",
             )
         summary["levels"].append(doc)
         if text := closure_text(doc):
@@ -194,3 +219,20 @@ def analyse_run_dir(
             summary["notes"].append(f"C={c}: collectives per decode step differ from the plan: {cc['detail']}")
     rd.write_json(C.ATTR_SUMMARY, summary)
     return summary
+
+
+def _no_records_reason(lv: dict, plugin_on: bool) -> str:
+    if lv.get("hook_problem"):
+        return lv["hook_problem"]
+    if plugin_on:
+        return "no hook records for this level (the run ended before they were pulled)"
+    return "no hook records (plugin off)"
+
+
+def _no_crosscheck_reason(lv: dict, obs: dict) -> str | None:
+    """Why this level's collectives are not compared with the plan, or None to compare them."""
+    if lv.get("rank_died"):
+        return f"{lv.get('hook_problem') or 'a TP rank died during this level'}: this level's records are incomplete"
+    if not obs["steps"]:
+        return "no hook records of decode steps for this level (the run ended before they were pulled)"
+    return None

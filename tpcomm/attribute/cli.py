@@ -109,7 +109,7 @@ class _UserError(click.ClickException):
     "--model-config",
     type=click.Path(exists=True),
     default=None,
-    help="The model's config.json or folder, for the plan cross-check when the server's is not local.",
+    help="The model's config.json or folder for the plan cross-check, instead of the config the server reports.",
 )
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Per-request timeout (s).")
 @click.option(
@@ -191,6 +191,5 @@ def attribute(
     else:
         render(res)
     if not res["complete"]:
-        raise click.ClickException(
-            f"the run is incomplete ({'; '.join(res['notes'][-1:])}); what was measured is in {res['run_dir']}"
-        )
+        why = res.get("incomplete_reason") or "; ".join(res["notes"][-1:])
+        raise click.ClickException(f"{why}: the run is incomplete; what was measured is in {res['run_dir']}")

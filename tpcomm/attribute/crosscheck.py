@@ -3,9 +3,11 @@ model and layout. A mismatch is reported with its detail, never hidden: it
 means either the plan misses something vLLM does or the server runs a
 different layout or code path than assumed.
 
-The model's config comes from the server's /v1/models `root` when that is a
-local folder (the client runs beside the server) or from --model-config; TP
-from the hook's records (group_size of the tp group).
+The model's config is the one the server reports (the hook's status carries
+the workers' vllm_config.model_config.hf_config), or --model-config when the
+user gives one; never a path resolved on the client, where a folder of the
+same name may hold another model. TP from the hook's records (group_size of
+the tp group).
 
 Units: bytes per rank per call; counts per decode step per rank.
 """
@@ -46,27 +48,54 @@ def observed_per_step(aligned: pd.DataFrame, decode_steps: pd.DataFrame) -> dict
     }
 
 
+SERVER = "server-reported"
+OPTION = "--model-config"
+
+
+def plan_config(model_source: str | Path | dict | None, hook_status: dict | None) -> tuple[str | dict | None, dict]:
+    """(what to plan from, where it came from {source, path, text}): an explicit config (--model-config) first,
+    else the config the server's hook reported; source None and the reason when neither exists."""
+    if isinstance(model_source, dict):
+        return model_source, {"source": "dict", "path": None, "text": "plan from a config given as a dict"}
+    if model_source:
+        return str(model_source), {
+            "source": OPTION,
+            "path": str(model_source),
+            "text": f"plan from {OPTION} {model_source}",
+        }
+    cfg = (hook_status or {}).get("model_config")
+    if isinstance(cfg, dict) and cfg:
+        arch = (cfg.get("architectures") or ["?"])[0]
+        return cfg, {
+            "source": SERVER,
+            "path": None,
+            "text": f"plan from the config the server reported ({arch}, {cfg.get('dtype', '?')})",
+        }
+    why = (
+        "the server's hook reported no model config (a tpcomm hook that predates it, or the plugin off)"
+        if hook_status
+        else "no hook status in this run"
+    )
+    return None, {"source": None, "path": None, "text": f"no model config to plan from: {why}; pass {OPTION} PATH"}
+
+
 def planned_per_step(
-    model_source: str | Path | None, tp: int | None, batch: int | None
+    model_source: str | Path | dict | None, tp: int | None, batch: int | None, label: str | None = None
 ) -> tuple[dict | None, str, dict]:
-    """({(group, op, bytes): count} from tpcomm.plan or None, how it was made or why not, {(group, op, bytes): [sites]})."""
+    """({(group, op, bytes): count} from tpcomm.plan or None, how it was made or why not, {(group, op, bytes): [sites]}).
+    `model_source`: a config path or dict (see plan_config); `label` names it in the note."""
+    label = label or (f"the {SERVER} model config" if isinstance(model_source, dict) else str(model_source))
     if model_source is None:
-        return (
-            None,
-            (
-                "model config not readable from here (the server's model root is not a local folder); "
-                "pass --model-config"
-            ),
-            {},
-        )
+        return None, f"no model config to plan from; pass {OPTION} PATH", {}
     if not tp:
         return None, "tensor-parallel size unknown (no tp group in the hook records)", {}
     try:
         from tpcomm.plan import build_plan
 
-        doc = build_plan(str(model_source), tp=tp, batches=[batch or 1]).to_dict()
+        src = model_source if isinstance(model_source, dict) else str(model_source)
+        doc = build_plan(src, tp=tp, batches=[batch or 1]).to_dict()
     except Exception as e:  # the plan is a separate component: its failure is reported, not fatal
-        return None, f"tpcomm plan failed for {model_source} tp={tp}: {type(e).__name__}: {e}", {}
+        return None, f"tpcomm plan failed for {label} tp={tp}: {type(e).__name__}: {e}", {}
     out: Counter = Counter()
     sites: dict = {}
     for c in doc.get("collectives", []):
@@ -75,7 +104,7 @@ def planned_per_step(
         key = (c.get("group", "tp"), c["op"], int(c["bytes"]))
         out[key] += int(c["count"])
         sites.setdefault(key, []).append(f"{c.get('site', '?')} x{c['count']}")
-    return dict(out), f"tpcomm plan {model_source} tp={tp} batch={batch or 1}", sites
+    return dict(out), f"tpcomm plan of {label} tp={tp} batch={batch or 1}", sites
 
 
 def compare(observed: dict, planned: dict | None, plan_note: str) -> dict:

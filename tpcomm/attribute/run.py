@@ -18,6 +18,7 @@ Run-directory files written here (extending rundir.py's layout):
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -26,6 +27,7 @@ import pandas as pd
 from tpcomm import contract as C
 from tpcomm.attribute import load, records
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
+from tpcomm.attribute.ranks import RankDied, RankWatch
 from tpcomm.attribute.server import ServerInfo, check_server, is_alive
 from tpcomm.rundir import RunDir
 
@@ -111,6 +113,10 @@ class Attribute:
                 f"server's max_model_len {self.info.max_model_len}",
                 "a shorter request",
             )
+        if self.cfg.model_config:  # checked before anything is measured: a bad config is the user's to fix
+            from tpcomm.models import load_model
+
+            load_model(self.cfg.model_config)
         self.rd = RunDir(self.cfg.out)
         self.rd.record_command("attribute", argv)
         self.rd.mark("attribute", "running", server_url=self.info.url, model=self.info.model)
@@ -147,22 +153,30 @@ class Attribute:
             for rep in range(self.cfg.repeat):
                 for c in self.cfg.concurrency:
                     self._level(c, rep, prompts)
-        except load.ServerGone:
+        except load.ServerGone as e:
+            # A named cause (a TP worker that died, see ranks.py) or just a server that no longer answers.
+            reason = getattr(e, "reason", None) or "server stopped answering"
+            death = getattr(e, "death", None)
             self._write_load()
             if self.levels:
                 try:  # attribute what was measured before the server went away
                     self._analyse()
                 except Exception as e:
                     self.notes.append(f"attribution of the partial run failed: {type(e).__name__}: {e}")
-            self.notes.append("the server stopped answering mid-run: results up to that point are kept")
+            self.notes.append(
+                f"{reason}: results up to that point are kept"
+                if death
+                else "the server stopped answering mid-run: results up to that point are kept"
+            )
             self.rd.mark(
                 "attribute",
                 "incomplete",
-                reason="server stopped answering",
+                reason=reason,
                 levels_done=len(self.levels),
                 requests=len(self.requests),
+                **({"dead_rank": death.to_dict()} if death else {}),
             )
-            return self.result(complete=False)
+            return self.result(complete=False, reason=reason)
         self._analyse()
         if self.cfg.profile:
             self._profile(prompts)
@@ -177,6 +191,12 @@ class Attribute:
         # Our own recording session: a start or stop from another client during the level is detected below.
         session = f"attribute-{self._run_id}-c{c}-r{rep}"
         hook_ok = self.plugin_on and self._hook(lambda info: records.start(info, session))
+        # Watch the TP workers while the level runs: a worker that dies takes the server down with it, and
+        # only the order of the deaths tells which one failed.
+        watch = RankWatch(self.info, c).start() if hook_ok else None
+        if watch is not None and watch.note:
+            self.notes.append(f"C={c}: {watch.note}")
+        t_level = time.time_ns()
         for rnd in range(spec.max_rounds):
             self.progress.level_start(c, rep, rnd, spec.requests)
             offset = self._next_id
@@ -195,20 +215,17 @@ class Attribute:
                 )
             except load.ServerGone as e:
                 req, tok = self._add_rows(e.args[0] if e.args else [], (c, rep), rnd, True)
+                death = watch.stop() if watch is not None else None
+                why = death.message(t_level) if death else "server stopped answering"
                 if len(req):
-                    self.levels.append(
-                        self._level_doc(
-                            c,
-                            rep,
-                            rnd,
-                            req,
-                            tok,
-                            None,
-                            "server stopped answering",
-                            ["incomplete: the server stopped answering during this level"],
-                        )
+                    flag = (
+                        f"incomplete: {why}" if death else "incomplete: the server stopped answering during this level"
                     )
-                raise load.ServerGone([]) from None
+                    lv = self._level_doc(c, rep, rnd, req, tok, None, why, [flag])
+                    if death:
+                        lv.update(hook_problem=why, rank_died=death.to_dict())
+                    self.levels.append(lv)
+                raise (RankDied(death, why) if death else load.ServerGone([])) from None
             req, tok = self._add_rows(rows, (c, rep), rnd, True)
             steady, note = steadiness(req, tok, c, spec.steady_pct)
             if steady is not False or rnd == spec.max_rounds - 1:
@@ -216,9 +233,15 @@ class Attribute:
             # Not steady: keep the round's rows out of the figures and run another.
             for r in self.requests[-len(rows) :]:
                 r["in_stats"] = False
+        death = watch.stop() if watch is not None else None
         flags = [f"C={c} not steady after {rnd + 1} round(s): {note}"] if steady is False else []
         lv = self._level_doc(c, rep, rnd, req, tok, steady, note, flags)
         self.levels.append(lv)
+        if death:  # the requests ended (failed) before the server went away: the hook cannot be asked any more
+            why = death.message(t_level)
+            lv.update(hook_problem=why, rank_died=death.to_dict())
+            lv["flags"].append(f"incomplete: {why}")
+            raise RankDied(death, why)
         repeat_spread(self.levels, spec.spread_pct)
         self.windows.append(
             {
@@ -332,17 +355,11 @@ class Attribute:
             self.rd.write_json(C.HOOK_STATUS, self.info.plugin)
         self.summary = analyse_run_dir(
             self.rd,
-            model_source=self._model_source(),
+            model_source=self.cfg.model_config,
             hook_status=self.info.plugin,
             notes=self.notes,
             conditions=self.conditions(),
         )
-
-    def _model_source(self) -> str | None:
-        if self.cfg.model_config:
-            return self.cfg.model_config
-        d = self.info.local_model_dir
-        return str(d) if d else None
 
     def _profile(self, prompts: load.Prompts) -> None:
         from tpcomm.attribute.profile import profile_run
@@ -379,9 +396,10 @@ class Attribute:
             "plugin": self.plugin_on,
         }
 
-    def result(self, complete: bool) -> dict:
+    def result(self, complete: bool, reason: str | None = None) -> dict:
         return {
             "complete": complete,
+            "incomplete_reason": reason,
             "run_dir": str(self.rd.path),
             "plugin": self.plugin_on,
             "levels": self.levels,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,12 +32,6 @@ class ServerInfo:
     @property
     def headers(self) -> dict[str, str]:
         return auth_headers(self.api_key)
-
-    @property
-    def local_model_dir(self) -> Path | None:
-        if self.root and Path(self.root, "config.json").is_file():
-            return Path(self.root)
-        return None
 
     def enable_hint(self, tp: int | str = "N") -> str:
         return enable_hint(self.root or self.model, tp)

@@ -108,6 +108,11 @@ class HookClient:
     def stop(self) -> dict:
         return self._request("POST", "/tpcomm/v1/stop").json()
 
+    def workers(self) -> list[dict]:
+        """[{rank, pid, alive}]: checked in the API server, no engine round trip (answers while a worker is dead)."""
+        doc = self._request("GET", "/tpcomm/v1/workers").json()
+        return list(doc.get("workers") or []) if isinstance(doc, dict) else []
+
     def records(self) -> dict:
         """The raw columnar document {"meta", "collectives", "steps"}, pulled page by page."""
         doc = self._request("GET", "/tpcomm/v1/records", {"page": 0}).json()

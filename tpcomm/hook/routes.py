@@ -11,6 +11,7 @@ plugin.py adds to the workers) and returns the per-rank answers together.
     GET  /tpcomm/v1/records   columnar JSON {"meta", "collectives", "steps"}; ?page=N for PAGE_ROWS rows of
                               each table per rank (meta.pages says how many); one answer at a time, others 429
     GET  /tpcomm/v1/metrics   Prometheus text (histograms kept on the workers, see metrics.py)
+    GET  /tpcomm/v1/workers   is each worker (rank, pid last seen) still alive: checked here, no engine round trip
 
 vLLM's API-key middleware guards only /v1, /v2, /inference and /cohere, so
 these routes check ``Authorization: Bearer KEY`` against the server's
@@ -86,7 +87,9 @@ def _check(request: Request) -> Any:
 async def _rpc(request: Request, method: str, **kwargs: Any) -> list[dict]:
     engine = _check(request)
     try:
-        return await engine.collective_rpc(method, timeout=RPC_TIMEOUT_S, kwargs=kwargs or None)
+        answers = await engine.collective_rpc(method, timeout=RPC_TIMEOUT_S, kwargs=kwargs or None)
+        _remember_workers(request, answers)
+        return answers
     except NotImplementedError as e:
         raise _HTTPError(
             503, f"the tpcomm hook is not installed in the workers ({e}); start the server with VLLM_PLUGINS=tpcomm"
@@ -122,7 +125,9 @@ def _summary(per_rank: list[dict]) -> dict:
         "session": per_rank[0].get("session") if len({r.get("session") for r in per_rank}) == 1 and per_rank else None,
         "started_ns": max((r.get("started_ns") or 0 for r in per_rank), default=0),
         "stopped_ns": max((r.get("stopped_ns") or 0 for r in per_rank), default=0),
-        "per_rank": per_rank,
+        # The served model's config (the same on every rank): what `attribute` plans its cross-check from.
+        "model_config": per_rank[0].get("model_config") if per_rank else None,
+        "per_rank": [{k: v for k, v in r.items() if k != "model_config"} for r in per_rank],
     }
 
 
@@ -251,3 +256,44 @@ async def metrics(request: Request) -> Response:
     except _HTTPError as e:
         return _error(e)
     return PlainTextResponse(prometheus_text(per_rank, source), media_type="text/plain; version=0.0.4")
+
+
+def _remember_workers(request: Request, answers: Any) -> None:
+    """(rank, pid) of every worker from its last answer, for /workers to check without the engine."""
+    try:
+        seen = {int(a["rank"]): int(a["pid"]) for a in answers if isinstance(a, dict) and "pid" in a}
+    except (TypeError, KeyError, ValueError):
+        return
+    if seen:
+        request.app.state.tpcomm_workers = seen
+
+
+def _pid_alive(pid: int) -> bool:
+    try:  # a killed worker stays a zombie until its parent reaps it: dead all the same
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+@router.get("/workers")
+async def workers(request: Request) -> Response:
+    """Liveness of the workers last seen by /status, /start or /stop (vLLM's multiprocessing executor runs them on
+    this host). Cheap enough to poll during load: it never reaches the engine, which a dead worker blocks."""
+    try:
+        _check(request)
+    except _HTTPError as e:
+        return _error(e)
+    import time
+
+    seen = getattr(request.app.state, "tpcomm_workers", None) or {}
+    ranks = [{"rank": r, "pid": p, "alive": _pid_alive(p)} for r, p in sorted(seen.items())]
+    return JSONResponse({"workers": ranks, "checked_ns": time.time_ns()})

@@ -244,6 +244,9 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     if summ.get("plugin") is False:
         s.missing("transfer vs wait split (the server ran without the tpcomm plugin)", cmds["attribute_plugin"])
     s.conditions = readers.conditions_text(summ.get("conditions"))
+    s.data["plan_config"] = readers.plan_config_text(summ)
+    if s.data["plan_config"]:
+        s.conditions += "; plan cross-check: " + s.data["plan_config"]
     return s
 
 

@@ -120,6 +120,18 @@ def no_split_reason(inp: Inputs) -> str:
     return why
 
 
+def plan_config_text(summ: dict | None) -> str | None:
+    """Which model config the cross-check planned from, as attribution/summary.json records it."""
+    pc = (summ or {}).get("plan_config")
+    if not isinstance(pc, dict):
+        return None
+    if pc.get("source") == "server-reported":
+        return "plan from the config the server reported (server-reported)"
+    if pc.get("source") == "--model-config":
+        return f"plan from --model-config {pc.get('path')}"
+    return f"not made ({pc['text']})" if pc.get("text") else None
+
+
 def commands_for(inp: Inputs) -> dict[str, str]:
     """The command that fills each missing piece, with this run's model and layout filled in."""
     out = str(inp.rd.path)

@@ -1,0 +1,151 @@
+"""`tpcomm attribute` on a real vLLM-CPU server (TP 2, the tiny model) started
+with a relative --model path, as an operator often does (issue 12, items 7-8):
+
+- the plan cross-check uses the model config the server reports, not the
+  client's folder of the same name (which here holds another model's config);
+- a TP worker killed mid-run is named (rank and pid) in the exit line, in
+  status.json and on the report's page 1, and its level's cross-check is not
+  a MISMATCH. Last: it kills the server.
+
+One server of our own (the pooled one is stopped while it runs): the kill
+test takes it down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tpcomm.vllm_server import VllmServer
+
+TPCOMM = [sys.executable, "-m", "tpcomm.cli"]
+FAST = ["--input-len", "16", "--warmup", "1", "--max-rounds", "1"]
+
+
+def _env() -> dict:
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("OPENAI_API_KEY", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def relative_server(request, tiny_model_dir, tmp_path_factory):
+    """A plugin-on server started from the tiny model's parent folder as `--model model` (a relative root)."""
+    factory = request.getfixturevalue("vllm_server_factory")
+    pool = getattr(factory, "__self__", None)
+    if pool is not None:
+        pool.close()  # two TP-2 servers would fight over the cores
+    log = tmp_path_factory.mktemp("logs") / "relative_server.log"
+    env = {"VLLM_CACHE_ROOT": str(pool.cache_root)} if pool is not None else {}
+    srv = VllmServer(model=tiny_model_dir.name, tp=2, plugin=True, log_path=str(log), extra_env=env)
+    here = os.getcwd()
+    os.chdir(tiny_model_dir.parent)  # the server's cwd: its /v1/models root is the relative "model"
+    try:
+        srv.command()  # resolves the served name while the relative path points at the model
+        srv.start()
+    finally:
+        os.chdir(here)
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.vllm
+def test_crosscheck_plans_from_the_config_the_server_reports(relative_server, tiny_model_dir, tmp_path):
+    """The client's cwd holds a folder named like the server's model root with a 6-layer config: planning from
+    it would expect 4 more all-reduces per step. The cross-check must match, from the server-reported config."""
+    import httpx
+
+    root = httpx.get(relative_server.url + "/v1/models", timeout=10).json()["data"][0]["root"]
+    assert root == tiny_model_dir.name and not Path(root).is_absolute()
+    client = tmp_path / "client"
+    (client / root).mkdir(parents=True)
+    wrong = json.loads((tiny_model_dir / "config.json").read_text())
+    wrong["num_hidden_layers"] = 6
+    (client / root / "config.json").write_text(json.dumps(wrong))
+    out = tmp_path / "run"
+    r = subprocess.run(
+        TPCOMM
+        + ["attribute", "--server-url", relative_server.url, "--concurrency", "1", "--requests", "4"]
+        + ["--output-len", "24", "--out", str(out), "--json"]
+        + FAST,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+        cwd=client,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    status = json.loads((out / "hook/status.json").read_text())
+    assert status["model_config"]["num_hidden_layers"] == 4  # what vLLM loaded, from the workers
+    assert status["model_config"]["architectures"] == ["DeepseekV3ForCausalLM"]
+    summ = json.loads((out / "attribution/summary.json").read_text())
+    assert summ["plan_config"]["source"] == "server-reported", summ["plan_config"]
+    cc = summ["levels"][0]["collectives_per_step"]
+    assert cc["match"] is True, cc["detail"]
+    assert "server-reported" in cc["detail"] and cc["planned_total"] == cc["observed_total"] == 10
+    rep = subprocess.run(
+        TPCOMM + ["report", str(out)], capture_output=True, text=True, timeout=300, env=_env(), cwd=client
+    )
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    md = " ".join((out / "report.md").read_text().split())
+    assert "plan from the config the server reported" in md and "MISMATCH" not in md
+
+
+@pytest.mark.vllm
+def test_a_killed_tp_worker_is_named_not_a_plan_mismatch(relative_server, tmp_path):
+    """Kill TP rank 1 (its pid from the hook's status) during C=2 of a C=1,2 run: vLLM then shuts the whole
+    server down. The exit line, status.json and page 1 of the report name the rank and pid; C=1 keeps its
+    split; C=2 is not attributed and its cross-check is not compared (no MISMATCH anywhere)."""
+    from tpcomm.hook.client import HookClient
+
+    hook = HookClient(relative_server.url, timeout_s=10)
+    pid = {r["rank"]: r["pid"] for r in hook.status()["per_rank"]}[1]
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        TPCOMM
+        + ["attribute", "--server-url", relative_server.url, "--concurrency", "1,2", "--requests", "8"]
+        + ["--output-len", "48", "--out", str(out)]
+        + FAST,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not str(hook.status().get("session") or "").endswith("-c2-r0") and time.monotonic() < deadline:
+            assert p.poll() is None, p.communicate()
+            time.sleep(0.2)
+        time.sleep(1.0)  # a few C=2 requests under way
+        os.kill(pid, signal.SIGKILL)
+        stdout, stderr = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        relative_server.stop()
+    assert p.returncode == 1, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: TP rank 1 (pid {pid}) died during C=2 at "), stderr[-3000:]
+    assert "the run is incomplete" in last and str(out) in last
+    st = json.loads((out / "status.json").read_text())["attribute"]
+    assert st["state"] == "incomplete" and st["reason"].startswith(f"TP rank 1 (pid {pid}) died during C=2")
+    assert st["dead_rank"]["rank"] == 1 and st["dead_rank"]["pid"] == pid
+    summ = json.loads((out / "attribution/summary.json").read_text())
+    c1, c2 = summ["levels"]
+    assert c1["engine_ms_per_token"] > 0 and c1["collectives_per_step"]["match"] is True  # measured, kept
+    assert c2["engine_ms_per_token"] is None and f"TP rank 1 (pid {pid}) died" in c2["note"]
+    cc = c2["collectives_per_step"]
+    assert cc["match"] is None and cc["detail"].startswith("not compared: TP rank 1"), cc
+    rep = subprocess.run(TPCOMM + ["report", str(out)], capture_output=True, text=True, timeout=300, env=_env())
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    md = (out / "report.md").read_text()
+    page1 = " ".join(md.split("\n## ")[1].split()) if "\n## " in md else " ".join(md.split())
+    assert "INCOMPLETE" in page1 and f"TP rank 1 (pid {pid}) died during C=2" in page1, page1[:2000]
+    assert "MISMATCH" not in md and "(mismatch)" not in md
