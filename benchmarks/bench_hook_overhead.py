@@ -11,6 +11,15 @@ ratio of the median ITL <= 1.02 on the CPU TP-2 tiny model.
     .venv/bin/python benchmarks/bench_hook_overhead.py --server-url http://127.0.0.1:8000 [--api-key K]
 
 Also prints the record buffer's bytes per worker (the hook's memory bound).
+
+    .venv/bin/python benchmarks/bench_hook_overhead.py --graph-events   # GPU only, no server
+
+measures what the hook's timing events cost inside CUDA graphs, where they are captured
+whether recording is on or off (graphs are captured once at start-up, before anyone arms
+the hook, so leaving them out while disarmed would leave graph replays untimed for good):
+a graph of 200 tiny kernels, captured without events and with an event pair around each
+of N of them (one pair per collective as the hook captures), replay time per replay and
+per event pair. Skips with a message (exit 0) without CUDA.
 """
 
 from __future__ import annotations
@@ -139,7 +148,79 @@ def run(url: str, key: str | None, model: str, rounds: int, per_batch: int, outp
     }
 
 
+def graph_event_cost(kernels: int = 200, pairs: int = 64, replays: int = 2000) -> dict | None:
+    """Replay time of a graph of `kernels` tiny kernels, without and with `pairs` timing-event pairs
+    captured the way the hook captures them (timing.CudaEventTimer.graph_begin/graph_end). None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from tpcomm.hook.timing import CudaEventTimer
+
+    x = torch.zeros(256, device="cuda")
+    every = max(1, kernels // max(pairs, 1))
+
+    def capture(with_events: bool):
+        timer = CudaEventTimer()
+        timer.on_capture_begin()
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            x.add_(1)  # warm-up outside the graph
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            for i in range(kernels):
+                ev = timer.graph_begin() if with_events and i % every == 0 else None
+                x.add_(1)
+                if ev is not None:
+                    timer.graph_end(ev, i)
+        n = len(timer._capturing or [])
+        timer.on_capture_end(g)
+        return g, n
+
+    def per_replay_us(g) -> float:
+        for _ in range(50):
+            g.replay()
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(replays):
+            g.replay()
+        e1.record()
+        e1.synchronize()
+        return 1e3 * e0.elapsed_time(e1) / replays
+
+    plain, _ = capture(False)
+    timed, n = capture(True)
+    a = [per_replay_us(plain), per_replay_us(timed), per_replay_us(plain), per_replay_us(timed)]
+    off, on = min(a[0], a[2]), min(a[1], a[3])
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "kernels": kernels,
+        "event_pairs": n,
+        "replay_us_without": off,
+        "replay_us_with": on,
+        "us_per_event_pair": (on - off) / max(n, 1),
+    }
+
+
 def main() -> None:
+    if "--graph-events" in sys.argv:
+        r = graph_event_cost()
+        if r is None:
+            print("graph-event cost: skipped (no CUDA device)")
+            return
+        print(
+            f"conditions: {r['gpu']}, one graph of {r['kernels']} tiny kernels, replayed back to back, "
+            f"GPU time per replay (CUDA events around 2000 replays), best of 2"
+        )
+        print(
+            f"without events {r['replay_us_without']:.2f} us, with {r['event_pairs']} event pairs "
+            f"{r['replay_us_with']:.2f} us: {r['us_per_event_pair']:.3f} us per captured pair "
+            "(paid on every replay, recording on or off)"
+        )
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server-url", help="use this running server (plugin on) instead of starting one")
     ap.add_argument("--api-key", default=None, help="the server's --api-key, if any")
@@ -147,6 +228,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8, help="off/on rounds (each round runs both modes)")
     ap.add_argument("--per-batch", type=int, default=3, help="requests per mode per round")
     ap.add_argument("--output-len", type=int, default=64, help="output tokens per request")
+    ap.add_argument("--graph-events", action="store_true", help="GPU only: cost of the timing events in CUDA graphs")
     a = ap.parse_args()
 
     server = None

@@ -85,3 +85,42 @@ def test_eager_event_pairs_are_read_later_without_blocking_the_call():
     timer.poll(lambda row, t_end: got.__setitem__(row, t_end), block=True)
     assert set(got) == {0, 1} and all(t > 1_000 for t in got.values())
     assert len(timer._free) == 2
+
+
+def test_graph_rows_start_when_the_gpu_ran_them_not_when_the_host_enqueued(patched_timer):
+    """Queue lag: a replay enqueued behind ~tens of ms of work starts that much later on the GPU. Rows must
+    say so (anchored on a host-synced reference event), not the host time of the replay call."""
+    from tpcomm.hook.timing import ClockAnchor
+
+    timer, replays = patched_timer
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ev = timer.graph_begin()
+        y = x[:64] + 1
+        timer.graph_end(ev, "small")
+    mm_ms = _eager_ms(lambda: x @ x)
+    n = max(4, int(40 / max(mm_ms, 1e-3)))  # ~40 ms of work queued ahead of the replay
+    torch.cuda.synchronize()
+    t_queue = time.time_ns()
+    for _ in range(n):
+        x @ x
+    g.replay()
+    graph, t_host = replays[-1]
+    anchor, rows = ClockAnchor(), []
+    timer.read_replay(graph, t_host, lambda meta, t0, t1: rows.append((t0, t1)), anchor)
+    lag_ns = n * mm_ms * 1e6
+    ((t0, t1),) = rows
+    assert t0 - t_host > 0.5 * lag_ns, (t0 - t_host, lag_ns)  # enqueue time would be ~0 after t_host
+    assert t0 - t_queue < 1.5 * lag_ns + 5e6 and t1 >= t0 and torch.isfinite(y).all()
+    # The anchor also places eager pairs: a pair enqueued behind the same kind of queue.
+    for _ in range(n):
+        x @ x
+    t_enq = time.time_ns()
+    pair = timer.eager_begin()
+    x[:64] + 1
+    timer.eager_end(pair, 7, t_enq)
+    timer.anchor = anchor
+    got = {}
+    timer.poll(lambda row, t: None, block=True, fill_span=lambda row, a, b: got.__setitem__(row, (a, b)))
+    assert got[7][0] - t_enq > 0.5 * lag_ns, (got[7][0] - t_enq, lag_ns)

@@ -52,8 +52,8 @@ def test_buffer_is_bounded_counts_drops_and_never_grows():
 
 def test_default_bound_per_worker_is_stated():
     rec = Recorder()
-    # 262,144 collective rows x 42 B + 65,536 step rows x 33 B (recorder.py docstring)
-    assert rec.nbytes == 262_144 * 42 + 65_536 * 33
+    # 262,144 collective rows x 43 B + 65,536 step rows x 33 B (recorder.py docstring)
+    assert rec.nbytes == 262_144 * 43 + 65_536 * 33
     assert rec.nbytes < 13 * 2**20
 
 
@@ -83,7 +83,9 @@ def test_columns_roundtrip_through_rpc_packing_routes_and_client(tmp_path):
     assert doc["collectives"]["rank"] == [0] * 6 + [1] * 6
     assert doc["collectives"]["duration_us"][0] == pytest.approx(40.0)
     coll, steps, meta = records_to_frames(doc)
-    assert list(coll.columns) == list(COLLECTIVE_DTYPES) and list(steps.columns) == list(STEP_DTYPES)
+    # `path` is an optional contract column (records from before it existed still load): it rides along.
+    assert list(coll.columns) == list(COLLECTIVE_DTYPES) + ["path"] and list(steps.columns) == list(STEP_DTYPES)
+    assert coll["path"].eq("group_coordinator").all()
     assert set(coll["group_rank"]) == {0, 1} and set(coll["group"]) == {"tp"}
     assert (coll.groupby(["rank", "step"]).size() == 2).all()
     assert steps["kind"].eq("decode").all() and steps["duration_us"].eq(90.0).all()
@@ -91,7 +93,7 @@ def test_columns_roundtrip_through_rpc_packing_routes_and_client(tmp_path):
     import pandas as pd
 
     back = pd.read_parquet(paths["collectives"])
-    assert len(back) == 12 and back["bytes"].eq(512).all()
+    assert len(back) == 12 and back["bytes"].eq(512).all() and back["path"].eq("group_coordinator").all()
     assert json.loads(paths["meta"].read_text())["ranks"] == [0, 1]
 
 
@@ -256,3 +258,77 @@ def test_worker_publishes_its_metrics_to_a_file_a_scrape_reads(tmp_path, monkeyp
     wait_for(lambda d: not d["histograms"]["collectives"])
     # A snapshot whose process is gone (a worker that died) is not served: the route falls back to the RPC.
     assert publish.read_published([{"pid": 2**22 + 7, "metrics_file": h.metrics_file}]) is None
+
+
+def test_a_sampled_step_reads_all_its_graph_replays_with_one_wait():
+    """vLLM's piecewise CUDA graphs replay one graph per piece: a sampled step waits once, at its end, not
+    once per piece (issue 13 item 7), and the rows keep the step and the order the collectives ran in. The
+    graphs and events here are stand-ins with CUDA events' interface (no CUDA on this machine); the GPU
+    test in test_hook_timing_gpu.py runs the same code on real graphs."""
+    import torch
+
+    from tpcomm.hook import timing
+    from tpcomm.hook.core import Hook, Sized
+
+    waits = []
+
+    class Event:  # a CUDA event already recorded at `ms` on the GPU timer
+        def __init__(self, ms):
+            self.ms = ms
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            waits.append("event")
+
+        def elapsed_time(self, other):
+            return other.ms - self.ms
+
+    class Anchor(timing.ClockAnchor):
+        def sync(self):
+            waits.append("anchor")
+            self.event, self.host_ns = Event(0.0), 1_000_000_000
+            return True
+
+    class Group:
+        unique_name, rank_in_group, world_size = "tp:0", 0, 2
+        device = torch.device("cpu")
+        _tpcomm_backends = {"all_reduce": "nccl", "all_gather": "nccl"}
+
+    g = Group()
+    x = torch.zeros(64, dtype=torch.bfloat16)
+    h = Hook()
+    h.cuda = timing.CudaEventTimer(sample_every=2)
+    h.cuda.anchor = Anchor()
+    meta = (g, "all_reduce", Sized(128, "bfloat16"))
+    pieces = []
+    for p in range(3):  # three pieces, two captured all-reduces each
+        graph = type("G", (), {})()
+        graph._tpcomm_slots = [
+            ((*meta, "nccl", "group_coordinator"), Event(p + 0.1 * k), Event(p + 0.1 * k + 0.05)) for k in range(2)
+        ]
+        pieces.append(graph)
+    sched = type(
+        "S", (), {"num_scheduled_tokens": {"r": 1}, "total_num_scheduled_tokens": 1, "scheduled_new_reqs": []}
+    )()
+    h.start()
+    waits.clear()
+    for _ in range(4):  # steps 0..3; sampled: 0 and 2
+        h.step_begin(sched)
+        before = len(waits)
+        for graph in pieces:
+            h.after_replay(graph, 0)
+        assert len(waits) == before  # nothing waited for while the step runs
+        h.timed(g, "all_gather", x, lambda u: u, x)  # the eager logits gather after the pieces (host clock here)
+        h.step_end(object())
+    assert waits == ["anchor", "anchor"]  # one wait per sampled step, none per piece
+    cols = h.rec.columns(0)["collectives"]
+    rows = list(zip(cols["step"].tolist(), cols["call_idx"].tolist(), cols["op"]))
+    graph_rows = [r for r in rows if r[2] == "all_reduce"]
+    assert [r[0] for r in graph_rows] == [0] * 6 + [2] * 6
+    assert [r[1] for r in graph_rows] == list(range(6)) * 2  # in replay order, before the eager gather
+    assert [r[1] for r in rows if r[2] == "all_gather" and r[0] in (0, 2)] == [6, 6]
+    dur = [d for d, op in zip(cols["duration_us"].tolist(), cols["op"]) if op == "all_reduce"]
+    assert dur == pytest.approx([50.0] * 12, abs=0.01)  # each event pair's own interval
+    assert h.disabled_reason is None

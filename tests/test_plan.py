@@ -215,3 +215,42 @@ def test_memory_fit_counts_every_expert_once():
     fits, stored = fits_memory(load_model("llama-3.1-70b"), Layout(tp=2), {"memory_GB": 80})
     # 70.6 B parameters in BF16 over 2 GPUs: ~70.6 GB each, not more
     assert 68e9 < stored < 73e9 and fits is True
+
+
+def test_allreduce_rms_fusion_on_hopper_and_blackwell_not_ada():
+    """SM 9.0/10.x with TP > 1 and FlashInfer: the TP all-reduces followed by an RMSNorm run fused up to
+    vLLM's size (0.5 MiB at TP 8 on SM 9.0, 1 MiB on 10.0) and move the same bytes; SM 8.9: none."""
+    kimi = "kimi-k2.5"
+
+    def fused_rows(sm, batch, **kw):
+        p = build_plan(kimi, tp=8, batches=[batch], sm=sm, **kw)
+        return p, [c for c in p.collectives if c.fused]
+
+    p, rows = fused_rows("9.0", 1)
+    ars = [c for c in p.collectives if c.op == "all_reduce"]
+    assert rows == ars and {c.path for c in rows} == {"flashinfer_fused_ar_rmsnorm"}
+    assert sum(c.count for c in rows) == 1 + 61 + 61  # embedding + o_proj per layer + one MLP/MoE per layer
+    assert [c.bytes for c in rows] == [
+        c.bytes for c in build_plan(kimi, tp=8, batches=[1]).collectives if c.op == "all_reduce"
+    ]
+    assert all(not c.fused for c in p.collectives if c.op == "all_gather")
+    d = p.to_dict()
+    assert d["allreduce_fusion"]["enabled"] and d["allreduce_fusion"]["max_bytes"] == 512 * 1024
+    assert d["allreduce_fusion"]["max_tokens"] == 512 * 1024 // (7168 * 2)  # 36 tokens
+    assert d["collectives"][0]["path"] == "flashinfer_fused_ar_rmsnorm" and d["collectives"][0]["fused"] is True
+    # Above the size (batch 64 = 896 KiB per all-reduce at hidden 7168): not fused on SM 9.0, fused on 10.0 (1 MiB).
+    assert fused_rows("9.0", 64)[1] == [] and len(fused_rows("10.0", 64)[1]) == 4
+    assert fused_rows("8.9", 1)[1] == [] and fused_rows("12.0", 1)[1] == []
+    assert fused_rows("9.0", 1, flashinfer=False)[1] == []
+    assert build_plan(kimi, tp=8, batches=[1]).to_dict()["allreduce_fusion"] is None  # no --sm: not judged
+
+
+def test_plan_cli_sm_option(tmp_path):
+    r = CliRunner().invoke(cli, ["plan", "--model", "kimi-k2.5", "--tp", "8", "--sm", "9.0", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["allreduce_fusion"]["enabled"] and doc["collectives"][0]["fused"]
+    r = CliRunner().invoke(cli, ["plan", "--model", "kimi-k2.5", "--tp", "8", "--sm", "9.0"])
+    assert "[fused AR+RMSNorm]" in r.output and "0.5 MiB" in r.output
+    r = CliRunner().invoke(cli, ["plan", "--model", "kimi-k2.5", "--tp", "8", "--sm", "hopper"])
+    assert r.exit_code == 2 and "--sm" in r.output

@@ -161,3 +161,64 @@ def test_nvml_p2p_off_diagonal_matches_cuda():
         for j in range(n):
             if i != j:
                 assert p2p[i][j] == torch.cuda.can_device_access_peer(i, j), (i, j, p2p)
+
+
+def test_rules_allreduce_rms_fusion_on_sm90_and_sm100_not_sm89():
+    """vLLM fuses all-reduce + RMSNorm (FlashInfer) only on SM 9.0 / 10.x, TP > 1, FlashInfer installed,
+    up to its per-SM, per-world-size size (0.5 MiB at TP 8 on H200, 1 MiB on B200)."""
+    t = vllm_tables()
+    h200 = _path(gpu_paths(_gpus(8, nvlink=True, cc="9.0"), 8, t, flashinfer=True), "flashinfer-fused-ar-rmsnorm")
+    assert h200["eligible"] and h200["max_bytes"] == 512 * 1024 and "0.5 MiB" in h200["why"]
+    b200 = _path(gpu_paths(_gpus(8, nvlink=True, cc="10.0"), 8, t, flashinfer=True), "flashinfer-fused-ar-rmsnorm")
+    assert b200["eligible"] and b200["max_bytes"] == 1024 * 1024
+    assert (
+        _path(gpu_paths(_gpus(4, nvlink=True, cc="10.0"), 4, t, flashinfer=True), "flashinfer-fused-ar-rmsnorm")[
+            "max_bytes"
+        ]
+        == 32 * 1024 * 1024
+    )
+    l40s = _path(gpu_paths(_gpus(8, nvlink=False, cc="8.9"), 8, t, flashinfer=True), "flashinfer-fused-ar-rmsnorm")
+    assert not l40s["eligible"] and "SM 8.9" in l40s["why"]
+    no_fi = _path(gpu_paths(_gpus(8, nvlink=True, cc="9.0"), 8, t, flashinfer=False), "flashinfer-fused-ar-rmsnorm")
+    assert not no_fi["eligible"] and "FlashInfer" in no_fi["why"]
+    odd = _path(gpu_paths(_gpus(6, nvlink=True, cc="9.0"), 6, t, flashinfer=True), "flashinfer-fused-ar-rmsnorm")
+    assert not odd["eligible"] and "world size 6" in odd["why"]
+
+
+@pytest.mark.parametrize(
+    "cc,tp,nvlink,want",
+    [
+        ("9.0", 8, True, 256 * 1024),  # CUSTOM_ALL_REDUCE_MAX_SIZES["9.0"][8] with symmetric memory on
+        ("9.0", 2, True, 8 * 1024 * 1024),  # 64 MiB in the table, capped by CustomAllreduce's 8 MiB default
+        ("10.0", 4, True, 2 * 1024 * 1024),
+        ("10.0", 8, True, 1024 * 1024),
+        ("8.9", 2, False, 8 * 1024 * 1024),  # no symmetric memory on SM 8.9: the default
+        ("12.0", 2, False, 8 * 1024 * 1024),
+    ],
+)
+def test_custom_ar_size_limit_per_sm_and_world_size(cc, tp, nvlink, want):
+    t = vllm_tables()
+    ca = _path(gpu_paths(_gpus(tp, nvlink=nvlink, cc=cc), tp, t, flashinfer=True), "custom-ar")
+    assert ca["eligible"] and ca["max_bytes"] == want
+
+
+def test_custom_ar_size_limit_without_symmetric_memory(monkeypatch):
+    monkeypatch.setenv("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
+    ca = _path(gpu_paths(_gpus(8, nvlink=True, cc="9.0"), 8, vllm_tables(), flashinfer=True), "custom-ar")
+    assert ca["max_bytes"] == 8 * 1024 * 1024
+
+
+def test_cuda_visible_devices_maps_to_nvml_indices_as_cuda_does():
+    from tpcomm.topo.nvml import visible_indices
+
+    u = ["GPU-aaaa-0", "GPU-bbbb-1", "GPU-abcd-2", "GPU-cccc-3"]
+    assert visible_indices(None, u) == ([0, 1, 2, 3], None)
+    assert visible_indices("2,0", u) == ([2, 0], None)
+    assert visible_indices("GPU-bbbb,3", u) == ([1, 3], None)  # a unique UUID prefix
+    assert visible_indices("", u)[0] == []
+    for cvd, want in (("0,7,1", [0]), ("GPU-a,1", []), ("1,1,2", [1]), ("bbbb,0", [])):
+        got, note = visible_indices(cvd, u)  # CUDA stops at the first entry naming no single GPU
+        assert got == want and note, cvd
+    # MIG instances: mapped to their parent GPU when NVML can tell, never a crash
+    assert visible_indices("MIG-x,MIG-y,2", u, lambda s: 1) == ([1, 2], None)
+    assert visible_indices("MIG-x,1", u)[0] == []

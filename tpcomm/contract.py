@@ -43,6 +43,7 @@ class FileSpec:
     writer: str  # the command that writes it
     doc: str
     columns: tuple[Col, ...] = ()  # tables: required columns
+    optional: tuple[Col, ...] = ()  # tables: columns added later; checked when present, absent in older files
     keys: tuple[str, ...] = ()  # JSON documents: required top-level keys (of each element, for a list)
     list_doc: bool = False  # JSON document that is a list of objects
 
@@ -141,12 +142,17 @@ _HOOK_COLL = (
     "t_start_ns:i t_end_ns:i duration_us:f timing:s"
 )
 _HOOK_STEP = "rank:i step:i t_start_ns:i t_end_ns:i duration_us:f num_seqs:i num_tokens:i kind:s"
+# `path` (added after tpcomm 0.1.0, schema 1 still): the vLLM code path that issued the call, "group_coordinator"
+# or a fused kernel that bypasses it ("flashinfer_fused_ar_rmsnorm*", hook/fused.py). Older records lack
+# it: read them as "group_coordinator".
+_HOOK_COLL_OPTIONAL = _cols("path:s")
 HOOK_COLLECTIVES = FileSpec(
     "hook/collectives.parquet",
     "table",
     ATTRIBUTE,
     "one row per collective call per rank (hook records, wall clock)",
     columns=_cols(_HOOK_COLL),
+    optional=_HOOK_COLL_OPTIONAL,
 )
 HOOK_STEPS = FileSpec(
     "hook/steps.parquet", "table", ATTRIBUTE, "one row per engine step per rank", columns=_cols(_HOOK_STEP)
@@ -302,6 +308,11 @@ def check_table(spec: FileSpec, df, version=None) -> None:
         if col.name not in df.columns:
             raise SchemaError(spec, f"lacks the column (has: {', '.join(map(str, df.columns))})", col.name)
         if not _kind_ok(df[col.name], col.kind):
+            raise SchemaError(
+                spec, f"column holds {df[col.name].dtype} values, expected {_KIND_NAMES[col.kind]}", col.name
+            )
+    for col in spec.optional:
+        if col.name in df.columns and not _kind_ok(df[col.name], col.kind):
             raise SchemaError(
                 spec, f"column holds {df[col.name].dtype} values, expected {_KIND_NAMES[col.kind]}", col.name
             )

@@ -9,6 +9,7 @@ the collective itself always runs, and its own exceptions pass through untouched
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -22,6 +23,9 @@ logger = logging.getLogger("vllm.tpcomm.hook")  # a child of vLLM's logger: same
 
 # Set by the backend tags (plugin.py) during a CUDA collective: which path ran.
 LAST_BACKEND: list[str | None] = [None]
+# The `path` column: which vLLM code path issued the collective (GroupCoordinator's methods, or a
+# fused kernel that never reaches it, see fused.py).
+GROUP_COORDINATOR = "group_coordinator"
 
 
 class Sized(NamedTuple):
@@ -89,6 +93,9 @@ class Hook:
         self.session: str | None = None
         self.depth = 0  # 1 while inside a timed collective: nested collectives are part of the outer one
         self.metrics_file: str | None = None  # where this worker publishes its metrics (publish.py)
+        # Sampled CUDA graph replays of the current step, read together at its end (one wait per step):
+        # (graph, host time of the replay call, step, first call index of its collectives).
+        self._replays: list[tuple[Any, int, int, int]] = []
 
     # ---- arming -------------------------------------------------------
     def recorder(self) -> Recorder:
@@ -101,6 +108,11 @@ class Hook:
             return
         self.session = session
         self.poll(block=True)
+        if self.cuda is not None:
+            try:
+                self.cuda.anchor.sync()  # the host clock <-> GPU timer anchor for eager rows (timing.py)
+            except Exception as e:  # noqa: BLE001
+                self.fail("anchoring CUDA events", e)
         if self.rec is not None:  # allocated on the first record, so processes that never record never pay
             self.rec.clear()
         self.n_added = 0
@@ -109,6 +121,7 @@ class Hook:
         self.armed = True
 
     def stop(self) -> None:
+        self.read_replays()
         self.armed = False
         self.stopped_ns = time.time_ns()
         self.poll(block=True)
@@ -128,7 +141,12 @@ class Hook:
         if self.cuda is not None and self.rec is not None:
             try:
                 code = self.rec.timings.code(timing.CUDA_EVENT_EAGER)
-                self.cuda.poll(lambda row, t1: self.rec.update_duration(row, t1, code), block=block)
+                rec = self.rec
+                self.cuda.poll(
+                    lambda row, t1: rec.update_duration(row, t1, code),
+                    block=block,
+                    fill_span=lambda row, t0, t1: rec.update_span(row, t0, t1, code),
+                )
             except Exception as e:  # noqa: BLE001 - the hook must never take serving down
                 self.fail("reading CUDA events", e)
 
@@ -138,6 +156,10 @@ class Hook:
 
         Only the outermost timed call is recorded: `dispatch`/`combine` and the dict/list collectives
         (`broadcast_tensor_dict`, ...) call other timed collectives inside, and one transfer must be one row."""
+        return self.timed_path(GROUP_COORDINATOR, group, op, probe, fn, *args, **kwargs)
+
+    def timed_path(self, path: str, group: Any, op: str, probe: Any, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """`timed` for a collective issued outside GroupCoordinator (e.g. a fused kernel): rows carry `path`."""
         if self.depth or self.disabled_reason is not None or not (self.armed or self.gpu):
             return fn(*args, **kwargs)
         self.depth = 1
@@ -149,7 +171,7 @@ class Hook:
                 else getattr(getattr(group, "device", None), "type", "") == "cuda"
             )
             if on_cuda:
-                return self._timed_cuda(group, op, probe, fn, args, kwargs)
+                return self._timed_cuda(group, op, probe, fn, args, kwargs, path)
             if not self.armed:
                 return fn(*args, **kwargs)
             t0 = time.time_ns()
@@ -158,12 +180,12 @@ class Hook:
         finally:
             self.depth = 0
         try:
-            self._add(group, op, probe if probe is not None else out, None, t0, t1, timing.HOST_SYNC)
+            self._add(group, op, probe if probe is not None else out, None, t0, t1, timing.HOST_SYNC, path)
         except Exception as e:  # noqa: BLE001
             self.fail(f"recording {op}", e)
         return out
 
-    def _timed_cuda(self, group, op, probe, fn, args, kwargs):
+    def _timed_cuda(self, group, op, probe, fn, args, kwargs, path=GROUP_COORDINATOR):
         import torch
 
         try:
@@ -186,11 +208,11 @@ class Hook:
             if probe is None:  # recv: the size is that of what arrived
                 probe = out
             if capturing:
-                timer.graph_end(ev, (group, op, Sized(*tensor_bytes(probe)), backend))
+                timer.graph_end(ev, (group, op, Sized(*tensor_bytes(probe)), backend, path))
             elif ev is None:
-                self._add(group, op, probe, backend, t0, time.time_ns(), timing.HOST_ENQUEUE)
+                self._add(group, op, probe, backend, t0, time.time_ns(), timing.HOST_ENQUEUE, path)
             else:
-                row = self._add(group, op, probe, backend, t0, t0, timing.CUDA_EVENT_EAGER)
+                row = self._add(group, op, probe, backend, t0, t0, timing.CUDA_EVENT_EAGER, path)
                 if row >= 0:
                     timer.eager_end(ev, row, t0)
                 else:
@@ -200,20 +222,43 @@ class Hook:
         return out
 
     def after_replay(self, graph: Any, t_replay_ns: int) -> None:
-        """Called after every CUDA graph replay that holds captured collectives."""
+        """Called after every CUDA graph replay that holds captured collectives. In a sampled step the
+        replay is noted with the step and call indices its collectives take (their order in the step);
+        its events are read at the step's end with the step's other replays (read_replays)."""
         if not self.armed or self.cuda is None or not self.cuda.due(self.step):
             return
         try:
+            if any(g is graph for g, *_ in self._replays):  # replayed again before the step ended
+                self.read_replays()
+            self._replays.append((graph, t_replay_ns, self.step if self.in_step else -1, self.call_idx))
+            self.call_idx += len(graph._tpcomm_slots)
+        except Exception as e:  # noqa: BLE001
+            self.fail("noting a CUDA graph replay", e)
 
-            def emit(meta, t0, t1):
-                group, op, sized, backend = meta
-                self._add(group, op, sized, backend, t0, t1, timing.CUDA_EVENT_GRAPH)
+    def read_replays(self) -> None:
+        """Read the noted replays' events: one wait for all of them (timing.CudaEventTimer.read_replays)."""
+        if not self._replays:
+            return
+        replays, self._replays = self._replays, []
+        if self.cuda is None or self.disabled_reason:
+            return
+        try:
 
-            self.cuda.read_replay(graph, t_replay_ns, emit)
+            def emitter(step: int, first_idx: int):
+                idx = itertools.count(first_idx)
+
+                def emit(meta, t0, t1):
+                    group, op, sized, backend, path = meta
+                    self._add(group, op, sized, backend, t0, t1, timing.CUDA_EVENT_GRAPH, path, at=(step, next(idx)))
+
+                return emit
+
+            self.cuda.read_replays([(g, t, emitter(step, i0)) for g, t, step, i0 in replays], self.cuda.anchor)
         except Exception as e:  # noqa: BLE001
             self.fail("reading CUDA graph events", e)
 
-    def _add(self, group, op, probe, backend, t0, t1, how) -> int:
+    def _add(self, group, op, probe, backend, t0, t1, how, path=GROUP_COORDINATOR, at=None) -> int:
+        """One row; `at` = (step, call index) when the row is emitted after its step (graph replays)."""
         rec = self.rec if self.rec is not None else self.recorder()
         if self.fault_after is not None and self.n_added >= self.fault_after:
             raise RuntimeError("injected test fault (TPCOMM_HOOK_TEST_FAULTS)")
@@ -222,9 +267,9 @@ class Hook:
         codes = group.__dict__.get("_tpcomm_codes")
         if codes is None:
             codes = group._tpcomm_codes = {}
-        c = codes.get((op, backend, how))
+        c = codes.get((op, backend, how, path))
         if c is None or c[0] is not rec:
-            c = codes[(op, backend, how)] = self._codes(rec, group, op, backend, how)
+            c = codes[(op, backend, how, path)] = self._codes(rec, group, op, backend, how, path)
         if type(probe) is _Tensor():
             nbytes = probe.nbytes
             dc = rec.dtype_codes.get(probe.dtype)
@@ -233,19 +278,24 @@ class Hook:
         else:
             nbytes, dtype = (probe.nbytes, probe.dtype) if isinstance(probe, Sized) else tensor_bytes(probe)
             dc = rec.dtypes.code(dtype)
-        idx = self.call_idx
-        self.call_idx = idx + 1
-        return rec.add(c[1], c[2], nbytes, dc, c[3], self.step if self.in_step else -1, idx, t0, t1, c[4])
+        if at is None:
+            step, idx = self.step if self.in_step else -1, self.call_idx
+            self.call_idx = idx + 1
+        else:
+            step, idx = at
+        return rec.add(c[1], c[2], nbytes, dc, c[3], step, idx, t0, t1, c[4], c[5])
 
     @staticmethod
-    def _codes(rec: Recorder, group: Any, op: str, backend: str | None, how: str) -> tuple:
+    def _codes(rec: Recorder, group: Any, op: str, backend: str | None, how: str, path: str) -> tuple:
         kind = group.unique_name.split(":")[0]
         gi = rec.group_code(kind, group.unique_name, group.rank_in_group, group.world_size)
         b = backend if backend is not None else group_backend(group, op)
-        return rec, gi, rec.ops.code(op), rec.backends.code(b), rec.timings.code(how)
+        return rec, gi, rec.ops.code(op), rec.backends.code(b), rec.timings.code(how), rec.paths.code(path)
 
     # ---- engine steps ---------------------------------------------------
     def step_begin(self, scheduler_output: Any) -> None:
+        if self._replays:  # a step that ended without step_end (or replays after it): read them now
+            self.read_replays()
         self.step += 1
         self.in_step = True
         self.call_idx = 0
@@ -255,6 +305,7 @@ class Hook:
             return
         try:
             if self.cuda is not None:
+                self.cuda.maybe_refresh_anchor()
                 self.poll()
             per_req = scheduler_output.num_scheduled_tokens
             tokens = int(scheduler_output.total_num_scheduled_tokens)
@@ -269,11 +320,14 @@ class Hook:
     def step_end(self, output: Any) -> None:
         # None means sample_tokens follows and belongs to this step.
         self.in_step = output is None
+        t_end = time.time_ns()  # before the sampled step's one wait for its graphs
+        if self._replays:
+            self.read_replays()
         if self._step_meta is None or not self.armed:
             return
         try:
             t0, seqs, toks, kind = self._step_meta
-            self.step_row = self.recorder().add_step(self.step, t0, time.time_ns(), seqs, toks, kind)
+            self.step_row = self.recorder().add_step(self.step, t0, t_end, seqs, toks, kind)
         except Exception as e:  # noqa: BLE001
             self.fail("step end", e)
 

@@ -19,7 +19,9 @@ names tpcomm (or is unset). It patches classes, not objects:
   the API server or EngineCore, which fork the workers later):
   `torch.cuda.CUDAGraph` capture/replay (events inside graphs, see
   timing.py) and the backends behind `CudaCommunicator.all_reduce`, so each
-  record names the path that ran (custom_ar, pynccl, symm_mem, ...).
+  record names the path that ran (custom_ar, pynccl, symm_mem, ...); and
+  `flashinfer.comm.allreduce_fusion`, which vLLM's fused all-reduce + RMSNorm
+  op calls without going through GroupCoordinator (fused.py).
 
 Durations: the transfer itself for the blocking ops; for `isend_tensor_dict` /
 `irecv_tensor_dict` on torch.distributed (async) only the time to post them
@@ -141,6 +143,9 @@ def _install_cuda_timing() -> None:
     if timing.patch_cuda_graphs(HOOK.cuda, HOOK.after_replay):
         HOOK.patched.append("torch.cuda.CUDAGraph.capture_begin/capture_end/replay")
     _tag_cuda_backends()
+    from tpcomm.hook import fused
+
+    fused.install()  # never raises; a failure is logged and shown in status
 
 
 def _patch(cls: type, name: str, new: Callable) -> None:

@@ -6,8 +6,8 @@ columns allocated once; when a buffer is full the row is counted in
 Strings (group, op, dtype, backend, timing) are stored as small integer codes
 into per-recorder vocabularies and decoded only when records are read.
 
-Memory bound per worker (defaults): collectives 262,144 rows x 42 B = 10.5 MiB,
-steps 65,536 rows x 33 B = 2.1 MiB, so 12.6 MiB in all (`Recorder.nbytes`). Change the row
+Memory bound per worker (defaults): collectives 262,144 rows x 43 B = 10.8 MiB,
+steps 65,536 rows x 33 B = 2.1 MiB, so 12.8 MiB in all (`Recorder.nbytes`). Change the row
 counts with TPCOMM_HOOK_MAX_RECORDS and TPCOMM_HOOK_MAX_STEPS (read at start-up).
 
 Units: bytes, ns (wall clock `time.time_ns()`), us for durations.
@@ -37,6 +37,7 @@ COLLECTIVE_COLUMNS = {
     "t_start_ns": np.int64,
     "t_end_ns": np.int64,
     "timing": np.int8,
+    "path": np.int8,
 }
 STEP_COLUMNS = {
     "step": np.int64,
@@ -82,6 +83,8 @@ class Recorder:
         self._arrays = tuple(self._c.values())  # row order of `add`, unpacked in one go on the serving path
         self.dtype_codes: dict = {}  # torch.dtype -> code, filled by the hook
         self.ops, self.dtypes, self.backends, self.timings = _Vocab(), _Vocab(), _Vocab(), _Vocab()
+        self.paths = _Vocab()
+        self.paths.code("group_coordinator")  # code 0: the default of `add` (core.GROUP_COORDINATOR)
         # group_idx -> (group kind, unique name, group_rank, group_size)
         self.groups: list[tuple[str, str, int, int]] = []
         self._group_codes: dict[str, int] = {}
@@ -123,13 +126,14 @@ class Recorder:
         t_start_ns: int,
         t_end_ns: int,
         timing: int,
+        path: int = 0,
     ) -> int:
         """Append a row; returns its index, or -1 when the buffer is full (the row is counted as dropped)."""
         i = self.n
         if i >= self.capacity:
             self.dropped += 1
             return -1
-        g, o, b, d, k, s, c, t0, t1, tm = self._arrays
+        g, o, b, d, k, s, c, t0, t1, tm, pa = self._arrays
         g[i] = group_idx
         o[i] = op
         b[i] = nbytes
@@ -140,6 +144,7 @@ class Recorder:
         t0[i] = t_start_ns
         t1[i] = t_end_ns
         tm[i] = timing  # noqa: E702
+        pa[i] = path
         self.n = i + 1
         return i
 
@@ -166,6 +171,13 @@ class Recorder:
     def update_duration(self, idx: int, t_end_ns: int, timing: int) -> None:
         """Late fill-in of a row's end (CUDA events are read after the call returned)."""
         if 0 <= idx < self.n:
+            self._c["t_end_ns"][idx] = t_end_ns
+            self._c["timing"][idx] = timing
+
+    def update_span(self, idx: int, t_start_ns: int, t_end_ns: int, timing: int) -> None:
+        """Late fill-in of both ends (CUDA event rows placed on the host clock, see timing.ClockAnchor)."""
+        if 0 <= idx < self.n:
+            self._c["t_start_ns"][idx] = t_start_ns
             self._c["t_end_ns"][idx] = t_end_ns
             self._c["timing"][idx] = timing
 
@@ -198,6 +210,7 @@ class Recorder:
             "t_end_ns": t1,
             "duration_us": (t1 - t0) / 1e3,
             "timing": lut(self.timings)[c["timing"][:n]].tolist(),
+            "path": lut(self.paths)[c["path"][:n]].tolist(),
         }
         m, s = max(hi(self.n_steps) - lo, 0), {k: v[lo:] for k, v in self._s.items()}
         st0, st1 = s["t_start_ns"][:m].copy(), s["t_end_ns"][:m].copy()

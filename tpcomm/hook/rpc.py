@@ -28,6 +28,10 @@ METHODS = ("tpcomm_status", "tpcomm_start", "tpcomm_stop", "tpcomm_records", "tp
 PAGE_ROWS = 65_536
 
 _versions: dict | None = None
+_served_config: dict | None = None
+# Keys of a Hugging Face config that no plan reads and that can be large (label maps, chat templates).
+_CONFIG_DROP = ("id2label", "label2id", "chat_template", "auto_map")
+_CONFIG_MAX_BYTES = 64_000
 
 
 def _rank(worker: Any) -> int:
@@ -64,6 +68,26 @@ def _compile_counters() -> dict:
         return {}
 
 
+def served_model_config(worker: Any) -> dict | None:
+    """The served model's Hugging Face config as vLLM loaded it (vllm_config.model_config.hf_config, with the
+    dtype the server runs in): what `attribute` plans from, never a path resolved on the client."""
+    global _served_config
+    if _served_config is None:
+        try:
+            import json
+
+            mc = worker.vllm_config.model_config
+            cfg = json.loads(mc.hf_config.to_json_string(use_diff=False))
+            cfg = {k: v for k, v in cfg.items() if k not in _CONFIG_DROP}
+            cfg["dtype"] = str(mc.dtype).removeprefix("torch.")
+            if len(json.dumps(cfg)) > _CONFIG_MAX_BYTES:  # keep the status small: scalars only
+                cfg = {k: v for k, v in cfg.items() if not isinstance(v, (dict, list))}
+            _served_config = cfg
+        except Exception:  # noqa: BLE001 - the status must answer even if the config cannot be read
+            return None
+    return _served_config
+
+
 def tpcomm_status(self: Any) -> dict:
     global _versions
     if _versions is None:
@@ -96,6 +120,7 @@ def tpcomm_status(self: Any) -> dict:
         "graph_breaks": _graph_breaks(),
         "compile": _compile_counters(),
         "compiled_op_calls": HOOK.compiled_op_calls,
+        "allreduce_fusion": _fusion_status(self),
         "patched": list(HOOK.patched),
         "groups": [
             {"group": g[0], "name": g[1], "group_rank": g[2], "group_size": g[3]} for g in (rec.groups if rec else [])
@@ -105,7 +130,15 @@ def tpcomm_status(self: Any) -> dict:
         "session": HOOK.session,
         "metrics_file": HOOK.metrics_file,
         "versions": _versions,
+        "model_config": served_model_config(self),
     }
+
+
+def _fusion_status(worker: Any) -> dict:
+    """Which all-reduce paths are active: FlashInfer's fused all-reduce + RMSNorm or not (hook/fused.py)."""
+    from tpcomm.hook import fused
+
+    return fused.status(worker)
 
 
 def _timing_modes() -> list[str]:

@@ -9,7 +9,7 @@ GPU reads per token, for a model config and a parallel layout.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tpcomm.errors import InputError
@@ -27,6 +27,7 @@ class Plan:
     layout: Layout
     batches: list[int]
     collectives: list[Collective] = field(default_factory=list)
+    fusion: dict | None = None  # vLLM's all-reduce + RMSNorm fusion on the target GPU (topo/fusion.py)
 
     def for_batch(self, batch: int) -> list[Collective]:
         return [c for c in self.collectives if c.batch == batch]
@@ -82,6 +83,7 @@ class Plan:
             "batches": self.batches,
             "vllm_version_followed": VLLM_VERSION_FOLLOWED,
             "collectives": [c.to_dict() for c in self.collectives],
+            "allreduce_fusion": self.fusion,
             "totals": {str(b): self.totals(b) for b in self.batches},
             "weights": {
                 str(b): {
@@ -97,6 +99,8 @@ class Plan:
                 "bytes_means": "per rank per call (input buffer); all_gather output = bytes x group_size",
                 "count_means": "calls per decode step on one rank of the stage (pp_stage)",
                 "derived_from": f"vLLM {VLLM_VERSION_FOLLOWED} model code, eager semantics (CUDA graphs replay the same collectives)",
+                "path_means": "group_coordinator, or flashinfer_fused_ar_rmsnorm: the all-reduce runs fused with the "
+                "RMSNorm after it in one FlashInfer kernel (same bytes), only with --sm 9.0/10.x",
             },
         }
 
@@ -109,7 +113,11 @@ def build_plan(
     pp: int = 1,
     dcp: int = 1,
     batches: list[int] | tuple[int, ...] = (1,),
+    sm: str | None = None,
+    flashinfer: bool = True,
 ) -> Plan:
+    """`sm` (compute capability of the target GPU, e.g. "9.0") and `flashinfer` (installed in the server)
+    decide vLLM's FlashInfer all-reduce + RMSNorm fusion; without `sm` every row stays group_coordinator."""
     m = model if isinstance(model, ModelSpec) else load_model(model)
     lay = Layout(tp=tp, ep=ep, dp=dp, pp=pp, dcp=dcp)
     lay.validate(m)
@@ -120,4 +128,20 @@ def build_plan(
     plan = Plan(m, lay, batches)
     for b in batches:
         plan.collectives.extend(decode_collectives(m, lay, b))
+    if sm is not None:
+        _apply_fusion(plan, sm, flashinfer)
     return plan
+
+
+def _apply_fusion(plan: Plan, sm: str, flashinfer: bool) -> None:
+    from tpcomm.topo.fusion import PATH, allreduce_fusion, is_fused
+    from tpcomm.topo.rules import vllm_tables
+
+    m = plan.model
+    tables = vllm_tables()
+    rule = allreduce_fusion(sm, plan.layout.tp, flashinfer, tables, m.hidden_size, m.dtype_bytes)
+    plan.fusion = {**rule, "sm": sm, "flashinfer": flashinfer, "tables_source": tables["source"]}
+    plan.collectives = [
+        replace(c, path=PATH, fused=True) if is_fused(c.site, c.op, c.group, c.bytes, rule) else c
+        for c in plan.collectives
+    ]

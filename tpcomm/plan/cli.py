@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import click
 
@@ -14,16 +15,30 @@ from tpcomm.cli_common import batch_option, layout_options, model_option, out_op
 @model_option
 @layout_options
 @batch_option
+@click.option(
+    "--sm",
+    default=None,
+    metavar="X.Y",
+    help="Compute capability of the target GPU (9.0 H100/H200, 10.0 B200, 12.0 RTX PRO 6000): judges vLLM's "
+    "FlashInfer all-reduce + RMSNorm fusion (SM 9.0/10.x). Omitted: not judged.",
+)
+@click.option(
+    "--flashinfer/--no-flashinfer",
+    default=True,
+    help="Whether FlashInfer is installed in the server (vLLM's CUDA builds pin it; the fusion needs it).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 @out_option
-def plan(model, tp, ep, dp, pp, dcp, batch, as_json, out):
+def plan(model, tp, ep, dp, pp, dcp, batch, sm, flashinfer, as_json, out):
     """The exact collectives vLLM issues per decode step (op, group, bytes at
     batch B, count, site), the weight bytes each GPU reads per token, and the
     KV-cache bytes per context token. Derived from vLLM 0.32's model code."""
     from tpcomm.plan import build_plan
     from tpcomm.plan.format import format_plan
 
-    p = build_plan(model, tp=tp, ep=ep, dp=dp, pp=pp, dcp=dcp, batches=list(batch))
+    if sm is not None and not re.fullmatch(r"\d{1,2}\.\d", sm):
+        raise click.UsageError(f"--sm {sm!r} is not a compute capability such as 9.0 or 12.0")
+    p = build_plan(model, tp=tp, ep=ep, dp=dp, pp=pp, dcp=dcp, batches=list(batch), sm=sm, flashinfer=flashinfer)
     doc = p.to_dict()
     if out:
         from tpcomm.rundir import RunDir

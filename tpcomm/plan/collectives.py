@@ -52,6 +52,10 @@ class Collective:
     site: str  # e.g. model.layers.*.self_attn.o_proj
     pp_stage: int | None = None
     note: str = ""
+    # Which vLLM code path issues it: GroupCoordinator, or FlashInfer's fused all-reduce + RMSNorm kernel
+    # (SM 9.0/10.x, see tpcomm/topo/fusion.py); the bytes moved are the same either way.
+    path: str = "group_coordinator"
+    fused: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -14,6 +14,10 @@ def format_plan(doc: dict) -> str:
         f"PP={lay['pp']} DCP={lay['dcp']} | collectives per decode step as issued by vLLM {doc['vllm_version_followed']} (derived from its model code)"
     )
     parts = [head]
+    fu = doc.get("allreduce_fusion")
+    if fu:
+        state = {True: "on", False: "off", None: "unknown"}[fu["enabled"]]
+        parts.append(f"all-reduce + RMSNorm fusion (SM {fu['sm']}, FlashInfer): {state}: {fu['why']}")
     for b in doc["batches"]:
         rows = [
             [
@@ -24,7 +28,7 @@ def format_plan(doc: dict) -> str:
                 c["count"],
                 c["dtype"],
                 "-" if c["pp_stage"] is None else c["pp_stage"],
-                c["site"],
+                c["site"] + (" [fused AR+RMSNorm]" if c.get("fused") else ""),
             ]
             for c in doc["collectives"]
             if c["batch"] == b

@@ -84,6 +84,11 @@ def _cpus(c: list[int] | None) -> str:
     return ",".join(runs)
 
 
+def _nvml_tag(g: dict) -> str:
+    n = g.get("nvml_index", g["index"])
+    return "" if n == g["index"] else f" [{n}]"
+
+
 def format_topology(doc: dict) -> str:
     out = [f"# {doc['summary']}"]
     cpu = doc["cpu"]
@@ -101,10 +106,17 @@ def format_topology(doc: dict) -> str:
     gpu = doc["gpu"]
     if gpu:
         out.append(f"GPUs (driver {gpu['driver']}):")
+        if gpu.get("cuda_visible_devices") is not None:
+            out.append(
+                f"  CUDA_VISIBLE_DEVICES={gpu['cuda_visible_devices']}: {len(gpu['gpus'])} of "
+                f"{gpu.get('nvml_gpu_count')} GPUs, numbered as CUDA numbers them (NVML index in brackets)"
+            )
+        if gpu.get("visible_note"):
+            out.append(f"  ! {gpu['visible_note']}")
         for g in gpu["gpus"]:
             p = g["pcie"]
             out.append(
-                f"  GPU{g['index']} {g['name']} SM {g['compute_capability']} {g['memory_GiB']} GiB  {g['pci_bus_id']}  "
+                f"  GPU{g['index']}{_nvml_tag(g)} {g['name']} SM {g['compute_capability']} {g['memory_GiB']} GiB  {g['pci_bus_id']}  "
                 f"PCIe Gen{p['gen_current']}/{p['gen_max']} x{p['width_current']}/{p['width_max']} (now/max)  "
                 f"NVLinks up {g['nvlinks_up']}  NUMA {g['numa_node']}  CPUs {_cpus(g['cpu_affinity'])}"
             )

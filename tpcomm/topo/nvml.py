@@ -6,6 +6,9 @@ PCIe bandwidth per direction for x16 (GB/s): Gen3 ~15.8, Gen4 ~31.5, Gen5 ~63.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 # nvmlDeviceGetTopologyCommonAncestor levels, as `nvidia-smi topo -m` names them
 _TOPO_NAMES = {
     0: "internal",
@@ -38,6 +41,52 @@ def caps_index(name: str) -> int:
     return int(v[0] if isinstance(v, tuple) else v)
 
 
+def visible_indices(
+    cvd: str | None, uuids: list[str | None], mig_parent: Callable[[str], int | None] | None = None
+) -> tuple[list[int], str | None]:
+    """NVML indices of the GPUs CUDA shows under CUDA_VISIBLE_DEVICES `cvd`, in CUDA's order, and a note.
+
+    As CUDA parses it: a comma-separated list of ordinals or UUIDs ("GPU-..." in full or a unique
+    prefix); parsing stops at the first entry that matches no GPU (or repeats one), and the rest is
+    ignored; an empty value hides every GPU; unset shows all. Ordinals are taken in NVML's (PCI bus)
+    order, which is CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID or identical GPUs. A "MIG-..." entry is
+    mapped to its parent GPU through `mig_parent` (NVML), else it ends the list like CUDA's unknown UUID."""
+    n = len(uuids)
+    if cvd is None:
+        return list(range(n)), None
+    if not cvd.strip():
+        return [], "CUDA_VISIBLE_DEVICES is empty: CUDA sees no GPU"
+    out: list[int] = []
+    for raw in cvd.split(","):
+        e = raw.strip()
+        mig = e.upper().startswith("MIG-")
+        if e.isdigit():
+            idx = int(e) if int(e) < n else None
+        elif mig:
+            idx = mig_parent(e) if mig_parent is not None else None
+        elif e.upper().startswith("GPU-"):
+            hits = [i for i, u in enumerate(uuids) if u and u.lower().startswith(e.lower())]
+            idx = hits[0] if len(hits) == 1 else None
+        else:
+            idx = None
+        if idx is None or (idx in out and not mig):
+            return (
+                out,
+                f"CUDA_VISIBLE_DEVICES={cvd!r}: {e!r} names no single GPU (or repeats one); CUDA ignores it and the rest",
+            )
+        if idx not in out:  # several MIG instances of one GPU: the GPU once
+            out.append(idx)
+    return out, None
+
+
+def _mig_parent(nv, uuid: str) -> int | None:
+    try:
+        h = nv.nvmlDeviceGetHandleByUUID(uuid)
+        return int(nv.nvmlDeviceGetIndex(nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h)))
+    except Exception:  # noqa: BLE001 - no MIG support in this driver/binding: like an unknown UUID
+        return None
+
+
 def _affinity_cpus(nv, h, ncpus: int) -> list[int] | None:
     words = (ncpus + 63) // 64
     masks = _safe(nv.nvmlDeviceGetCpuAffinity, h, words)
@@ -59,12 +108,20 @@ def read_gpus(ncpus: int = 1) -> tuple[dict | None, str | None]:
     # Everything below touches only NVML (driver-level): no CUDA context, safe before vLLM forks.
     try:
         n = nv.nvmlDeviceGetCount()
-        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        all_handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        # The GPUs vLLM would get: those CUDA_VISIBLE_DEVICES names, in its order (`index` = CUDA ordinal).
+        order, visible_note = visible_indices(
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+            [_safe(nv.nvmlDeviceGetUUID, h) for h in all_handles],
+            lambda u: _mig_parent(nv, u),
+        )
+        handles = [all_handles[i] for i in order]
         gpus = []
         for i, h in enumerate(handles):
             cc = _safe(nv.nvmlDeviceGetCudaComputeCapability, h)
             g = {
                 "index": i,
+                "nvml_index": order[i],
                 "name": _safe(nv.nvmlDeviceGetName, h),
                 "uuid": _safe(nv.nvmlDeviceGetUUID, h),
                 "pci_bus_id": _safe(lambda x: nv.nvmlDeviceGetPciInfo(x).busId, h),
@@ -118,6 +175,9 @@ def read_gpus(ncpus: int = 1) -> tuple[dict | None, str | None]:
             "p2p_read": p2p,
             "nvlink_p2p": nvl,
             "topology": topo,
+            "nvml_gpu_count": n,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "visible_note": visible_note,
         }, None
     finally:
         _safe(nv.nvmlShutdown)

@@ -4,25 +4,20 @@ The conditions are those of vLLM's own code (0.32): CustomAllreduce.__init__ and
 should_custom_ar (custom_all_reduce.py), SymmMemCommunicator (symm_mem.py),
 should_nccl_symm_mem_allreduce (all_reduce_utils.py), FlashInferPcieIpcAllReduce
 (flashinfer_pcie_ipc_all_reduce.py), CpuCommunicator (cpu_communicator.py).
-The tables are read from the installed vLLM when it imports; else the 0.32 values.
+The tables are read from the installed vLLM when it imports; else the 0.32 values
+(vllm_tables.py). The FlashInfer all-reduce + RMSNorm fusion, a compile-time rewrite
+that takes all-reduces before CudaCommunicator sees them, is judged in fusion.py.
 """
 
 from __future__ import annotations
 
 import os
 
+from tpcomm.topo.fusion import allreduce_fusion
+from tpcomm.topo.vllm_tables import TABLES, VLLM_VERSION
+
 MiB = 1024 * 1024
-_FALLBACK = {
-    "source": "vLLM 0.32 values recorded in tpcomm (vLLM not importable here)",
-    "custom_ar_world_sizes": [2, 4, 6, 8, 16],
-    "custom_ar_max_bytes": 8 * MiB,
-    "symm_mem_max_sizes": {
-        "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
-        "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB},
-    },
-    "nccl_symm_min_world": 4,
-    "flashinfer_pcie_world_sizes": [2, 4, 8],
-}
+_FALLBACK = {**TABLES, "source": f"vLLM {VLLM_VERSION} values recorded in tpcomm (vLLM not importable here)"}
 
 
 def vllm_tables() -> dict:
@@ -36,22 +31,63 @@ def vllm_tables() -> dict:
     import inspect
 
     max_size = inspect.signature(car.CustomAllreduce.__init__).parameters["max_size"].default
+    fi_sizes, fi_source = fi_fusion_sizes()
     return {
-        "source": f"read from installed vLLM {v}",
+        "source": f"read from installed vLLM {v}"
+        + ("" if fi_source else f" (fusion sizes: tpcomm's {VLLM_VERSION} copy)"),
         "custom_ar_world_sizes": list(car.CustomAllreduce._SUPPORTED_WORLD_SIZES),
         "custom_ar_max_bytes": max_size,
+        "custom_ar_max_sizes": {k: dict(val) for k, val in aru.CUSTOM_ALL_REDUCE_MAX_SIZES.items()},
         "symm_mem_max_sizes": {k: dict(val) for k, val in aru.SYMM_MEM_ALL_REDUCE_MAX_SIZES.items()},
         "nccl_symm_min_world": aru.NCCL_SYMM_MEM_ALL_REDUCE_CONFIG["min_world_size"],
         "flashinfer_pcie_world_sizes": list(fpi._SUPPORTED_WORLD_SIZES),
+        "fi_fusion_max_size_mb": fi_sizes,
+        "fi_fusion_world_sizes": list(TABLES["fi_fusion_world_sizes"]),
     }
+
+
+def fi_fusion_sizes() -> tuple[dict, str | None]:
+    """FI_ALLREDUCE_FUSION_MAX_SIZE_MB of the installed vLLM, and where it came from (None: tpcomm's copy).
+
+    The module that holds it imports only on CUDA builds (it needs CUDA custom ops), so its literal is
+    read from the installed source file when the import fails."""
+    import ast
+    import importlib.util
+
+    name = "vllm.compilation.passes.fusion.allreduce_rms_fusion"
+    try:
+        import importlib
+
+        return dict(importlib.import_module(name).FI_ALLREDUCE_FUSION_MAX_SIZE_MB), "import"
+    except Exception:  # noqa: BLE001 - CPU builds: read the literal instead
+        pass
+    try:
+        spec = importlib.util.find_spec(name)
+        tree = ast.parse(open(spec.origin, encoding="utf-8").read())
+        for node in tree.body:
+            target = getattr(node, "target", None) or (node.targets[0] if isinstance(node, ast.Assign) else None)
+            if getattr(target, "id", None) == "FI_ALLREDUCE_FUSION_MAX_SIZE_MB" and node.value is not None:
+                return ast.literal_eval(node.value), "source"
+    except Exception:  # noqa: BLE001 - no vLLM source: the copy
+        pass
+    return dict(TABLES["fi_fusion_max_size_mb"]), None
+
+
+def custom_ar_max_bytes(t: dict, cc: str | None, tp: int, symm_mem: bool) -> int:
+    """CustomAllreduce's size limit: its default (8 MiB), capped by CUSTOM_ALL_REDUCE_MAX_SIZES[sm][tp]
+    when torch symmetric memory is enabled (CustomAllreduce.__init__, symm_mem_enabled)."""
+    cap = t.get("custom_ar_max_sizes", {}).get(cc or "", {}).get(tp) if symm_mem else None
+    return min(cap, t["custom_ar_max_bytes"]) if cap is not None else t["custom_ar_max_bytes"]
 
 
 def _env_on(name: str, default: str) -> bool:
     return os.environ.get(name, default) not in ("0", "", "false", "False")
 
 
-def gpu_paths(gpu: dict, tp: int, t: dict) -> list[dict]:
-    """Each all-reduce path vLLM tries, in its order, with eligible True/False and why."""
+def gpu_paths(gpu: dict, tp: int, t: dict, flashinfer: bool | None = None) -> list[dict]:
+    """Each all-reduce path vLLM tries, in its order, with eligible True/False and why. First the
+    FlashInfer all-reduce + RMSNorm fusion (decided at compile time, before any dispatch);
+    `flashinfer`: installed in the server's environment (None: look here)."""
     gpus = gpu["gpus"][:tp]
     idx = range(len(gpus))
     nvlink_all = all(gpu["nvlink_p2p"][i][j] for i in idx for j in idx)
@@ -59,12 +95,36 @@ def gpu_paths(gpu: dict, tp: int, t: dict) -> list[dict]:
     cc = gpus[0]["compute_capability"] if gpus else None
     out = []
 
-    def add(name, ok, why, lever=None):
-        out.append({"path": name, "eligible": ok, "why": why, "lever": lever})
+    def add(name, ok, why, lever=None, **extra):
+        out.append({"path": name, "eligible": ok, "why": why, "lever": lever, **extra})
 
     if len(gpus) < tp:
         add("all", False, f"TP={tp} but only {len(gpus)} GPU(s) visible on this node")
         return out
+    if flashinfer is None:
+        import importlib.util
+
+        flashinfer = importlib.util.find_spec("flashinfer") is not None
+    fu = allreduce_fusion(cc, tp, flashinfer, t)
+    add(
+        "flashinfer-fused-ar-rmsnorm",
+        bool(fu["enabled"]),
+        fu["why"],
+        fu["lever"],
+        max_bytes=fu["max_bytes"],
+    )
+    # torch symmetric memory: judged first because it also caps custom all-reduce's size
+    sizes = t["symm_mem_max_sizes"].get(cc or "", {})
+    if not _env_on("VLLM_ALLREDUCE_USE_SYMM_MEM", "1"):
+        symm = (False, "switched off by VLLM_ALLREDUCE_USE_SYMM_MEM=0")
+    elif not sizes:
+        symm = (False, f"compute capability {cc} not in {sorted(t['symm_mem_max_sizes'])}")
+    elif tp not in sizes:
+        symm = (False, f"world size {tp} not in {sorted(sizes)} for SM {cc}")
+    elif not nvlink_all:
+        symm = (False, "needs NVSwitch multicast; these GPUs are not NVLink-connected")
+    else:
+        symm = (True, f"eligible if NVSwitch multicast works (NVML cannot confirm), up to {sizes[tp] // MiB} MiB")
     # NCCL symmetric memory (opt-in)
     if not _env_on("VLLM_USE_NCCL_SYMM_MEM", "0"):
         add("nccl-symm-mem", False, "opt-in, off", "VLLM_USE_NCCL_SYMM_MEM=1")
@@ -110,25 +170,16 @@ def gpu_paths(gpu: dict, tp: int, t: dict) -> list[dict]:
             "enable P2P (IOMMU/ACS settings, driver); check NCCL_P2P_DISABLE",
         )
     else:
-        add("custom-ar", True, f"eligible for messages < {t['custom_ar_max_bytes'] // MiB} MiB (multiple of 16 B)")
-    # torch symmetric memory
-    sizes = t["symm_mem_max_sizes"].get(cc or "", {})
-    if not _env_on("VLLM_ALLREDUCE_USE_SYMM_MEM", "1"):
-        add("torch-symm-mem", False, "switched off by VLLM_ALLREDUCE_USE_SYMM_MEM=0")
-    elif not sizes:
-        add("torch-symm-mem", False, f"compute capability {cc} not in {sorted(t['symm_mem_max_sizes'])}")
-    elif tp not in sizes:
-        add("torch-symm-mem", False, f"world size {tp} not in {sorted(sizes)} for SM {cc}")
-    elif not nvlink_all:
-        add("torch-symm-mem", False, "needs NVSwitch multicast; these GPUs are not NVLink-connected")
-    else:
-        add(
-            "torch-symm-mem",
-            True,
-            f"eligible if NVSwitch multicast works (NVML cannot confirm), up to {sizes[tp] // MiB} MiB",
-        )
+        mx = custom_ar_max_bytes(t, cc, tp, symm[0])
+        capped = " (vLLM's CUSTOM_ALL_REDUCE_MAX_SIZES cap with symmetric memory on)" if symm[0] else ""
+        add("custom-ar", True, f"eligible for messages < {_human(mx)}{capped} (multiple of 16 B)", max_bytes=mx)
+    add("torch-symm-mem", *symm, max_bytes=sizes.get(tp) if symm[0] else None)
     add("pynccl", True, "always available: vLLM's NCCL binding, captured in CUDA graphs")
     return out
+
+
+def _human(n: int) -> str:
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n // 1024} KiB"
 
 
 def cpu_paths(tp: int, vllm_installed: bool) -> list[dict]:

@@ -1,0 +1,93 @@
+"""vLLM's FlashInfer all-reduce + RMSNorm fusion: when it is on and which all-reduces it takes.
+
+vLLM 0.32 (vllm/config/vllm.py `enable_allreduce_rms_fusion`, the default of
+`PassConfig.fuse_allreduce_rms` at -O2/-O3) enables it when TP > 1, the platform is
+CUDA, FlashInfer is installed, the GPU is SM 9.0 exactly or any SM 10.x, and
+VLLM_BATCH_INVARIANT is off. `AllReduceFusionPass` then needs a size:
+`PassConfig.flashinfer_max_size(tp)` = `fi_allreduce_fusion_max_size_mb` or
+FI_ALLREDUCE_FUSION_MAX_SIZE_MB[sm][tp] (world sizes 2/4/8/16), and fuses in compile
+ranges of at most max_token_num = min(max_size // (hidden * dtype bytes),
+max_num_batched_tokens) tokens. Every TP all-reduce of [tokens, hidden] followed by
+an RMSNorm (embedding -> first input_layernorm, o_proj -> post_attention_layernorm,
+MLP/MoE -> next input_layernorm or the final norm) becomes one FlashInfer kernel
+that all-reduces the same bytes and never reaches GroupCoordinator/CudaCommunicator.
+It needs torch.compile (not --enforce-eager, not -O0/-O1).
+
+Units: bytes, MiB = 2**20 (vLLM's "MB" in that table).
+"""
+
+from __future__ import annotations
+
+import os
+
+MiB = 1024 * 1024
+PATH = "flashinfer_fused_ar_rmsnorm"
+FUSED_SITES = ("model.embed_tokens", "self_attn.o_proj", "mlp.down_proj", "mlp.experts")
+
+
+def sm_int(sm: str) -> int:
+    """'9.0' -> 90, '10.3' -> 103 (vLLM's DeviceCapability.to_int)."""
+    major, minor = str(sm).split(".")
+    return int(major) * 10 + int(minor)
+
+
+def allreduce_fusion(
+    sm: str | None,
+    tp: int,
+    flashinfer: bool | None,
+    tables: dict,
+    hidden: int | None = None,
+    dtype_bytes: int | None = None,
+    max_num_batched_tokens: int = 2048,
+) -> dict:
+    """{enabled: True/False/None (unknown), why, max_bytes, max_tokens, lever} for this GPU and TP."""
+    out = {"path": PATH, "enabled": False, "why": "", "max_bytes": None, "max_tokens": None, "lever": None}
+    if sm is None:
+        return {**out, "enabled": None, "why": "GPU unknown: give its compute capability (--sm) to judge the fusion"}
+    if tp <= 1:
+        return {**out, "why": "TP=1: no all-reduce"}
+    if os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("0", ""):
+        return {**out, "why": "VLLM_BATCH_INVARIANT is set: the fused path is not batch-invariant"}
+    cap = sm_int(sm)
+    if not (cap == 90 or cap // 10 == 10):
+        return {**out, "why": f"SM {sm}: vLLM fuses all-reduce + RMSNorm only on SM 9.0 and 10.x"}
+    if flashinfer is False:
+        return {
+            **out,
+            "why": "FlashInfer is not installed (vLLM's CUDA requirements pin it)",
+            "lever": "install flashinfer",
+        }
+    sizes = tables["fi_fusion_max_size_mb"].get(cap, {})
+    if tp not in tables["fi_fusion_world_sizes"] or tp not in sizes:
+        return {**out, "why": f"no FlashInfer fusion size for SM {sm} at world size {tp} (vLLM disables the pass)"}
+    max_bytes = int(sizes[tp] * MiB)
+    max_tokens = None
+    if hidden and dtype_bytes:
+        max_tokens = min(max_bytes // (hidden * dtype_bytes), max_num_batched_tokens)
+    maybe = "" if flashinfer else " if FlashInfer is installed in the server"
+    return {
+        **out,
+        "enabled": True,
+        "why": (
+            f"on by default at -O2{maybe}: all-reduce + RMSNorm run as one FlashInfer kernel for messages "
+            f"up to {max_bytes / MiB:g} MiB (SM {sm}, TP {tp}); they bypass GroupCoordinator and move the same bytes"
+        ),
+        "max_bytes": max_bytes,
+        "max_tokens": max_tokens,
+        "lever": (
+            """--compilation-config '{"pass_config": {"fuse_allreduce_rms": false}}' to compare; """
+            "pass_config.fi_allreduce_fusion_max_size_mb sets the size"
+        ),
+    }
+
+
+def is_fused(site: str, op: str, group: str, nbytes: int, rule: dict) -> bool:
+    """Whether a plan row's all-reduce is one that the fusion takes (see the module docstring)."""
+    return (
+        bool(rule.get("enabled"))
+        and op == "all_reduce"
+        and group == "tp"
+        and rule["max_bytes"] is not None
+        and nbytes <= rule["max_bytes"]
+        and any(s in site for s in FUSED_SITES)
+    )
