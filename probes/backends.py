@@ -11,6 +11,12 @@ the way vLLM drives it:
     custom-ar  vLLM's CustomAllreduce (one-shot/two-shot P2P kernels)
 
 A backend that cannot run raises Ineligible with vLLM's own reason.
+
+Before each isolated op the ranks line up on the op's own path (`lineup`): a tiny
+collective of the same backend on the same stream, so the op starts as close
+together on every rank as that backend can make it. A host barrier (gloo) releases
+ranks tens to hundreds of microseconds apart, which an isolated GPU sample would
+carry on top of a 5-15 us all-reduce.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from probes.devices import NoDevice, cuda_device
 from probes.ops import COLLECTIVES, ops_for
 
 
@@ -47,6 +54,9 @@ class Backend:
     def unsupported(self, op: str) -> str | None:
         if op not in self.ops:
             return f"{self.name} has no {op} (vLLM routes {op} elsewhere)"
+        if op == "send_recv" and self.world == 1:
+            # gloo raises on a send to itself; vLLM never issues one (PP needs 2+ stages)
+            return "send_recv needs 2+ ranks (at world size 1 a rank would send to itself)"
         return None
 
     def run(self, op: str, b) -> torch.Tensor | None:
@@ -58,8 +68,11 @@ class Backend:
     def sync(self) -> None:
         pass
 
-    def barrier(self, ctrl) -> None:
-        """Line the ranks up before an isolated op."""
+    # What `lineup` issues, stated with every isolated result.
+    lineup_name = "gloo barrier (host)"
+
+    def lineup(self, ctrl) -> None:
+        """Line the ranks up before an isolated op (this default: a host barrier on the control group)."""
         dist.barrier(group=ctrl)
 
     def capture(self):
@@ -78,6 +91,12 @@ class GlooBackend(Backend):
         super().__init__(cpu_group, local_rank)
         # A group of its own, so barriers on the control group never queue behind it.
         self.group = dist.new_group(backend="gloo")
+        self._token = torch.zeros(1, dtype=torch.float32)
+
+    lineup_name = "tiny gloo all_reduce"
+
+    def lineup(self, ctrl):
+        dist.all_reduce(self._token, group=self.group)
 
     def unsupported(self, op):
         if op == "reduce_scatter":
@@ -117,10 +136,12 @@ class ShmBackend(Backend):
                 "vLLM's CpuCommunicator fell back to torch.distributed (ranks disagree on the SHM group name)"
             )
 
-    def barrier(self, ctrl):
+    lineup_name = "tiny shm all_reduce"
+
+    def lineup(self, ctrl):
         # A gloo barrier releases ranks up to ~1 ms apart (TCP, a sleeping thread to
         # wake): that skew, not the shm op, would be timed. vLLM's ranks reach an
-        # all-reduce hot, spinning; a one-element shm all-reduce lines them up the same way.
+        # all-reduce hot, spinning; a tiny shm all-reduce lines them up the same way.
         if not hasattr(self, "_token"):
             self._token = torch.zeros(8, dtype=torch.float32)
         self.comm.all_reduce(self._token)
@@ -134,13 +155,22 @@ class NcclBackend(Backend):
 
     def __init__(self, cpu_group, local_rank):
         super().__init__(cpu_group, local_rank)
-        if not torch.cuda.is_available():
-            raise Ineligible("no CUDA device (torch.cuda.is_available() is False)")
+        self.device = _rank_device(cpu_group, local_rank)
         if not dist.is_nccl_available():
             raise Ineligible("this torch build has no NCCL")
-        self.device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(self.device)
         self.group = dist.new_group(backend="nccl")
+
+    lineup_name = "tiny nccl all_reduce (device stream)"
+
+    def lineup(self, ctrl):
+        # Enqueued on the current stream: the start event after it fires when this rank's
+        # copy of the tiny all-reduce is done, i.e. once every rank has arrived.
+        dist.all_reduce(self._tiny(), group=self.group)
+
+    def _tiny(self) -> torch.Tensor:
+        if not hasattr(self, "_token"):
+            self._token = torch.zeros(4, dtype=torch.float32, device=self.device)  # 16 B: custom AR's minimum unit
+        return self._token
 
     def sync(self):
         torch.cuda.synchronize(self.device)
@@ -157,6 +187,11 @@ class PyNcclBackend(NcclBackend):
         if self.comm.disabled:
             raise Ineligible("PyNcclCommunicator disabled itself (world size 1 or libnccl not found)")
 
+    lineup_name = "tiny pynccl all_reduce (device stream)"
+
+    def lineup(self, ctrl):
+        self.comm.all_reduce(self._tiny(), stream=torch.cuda.current_stream())
+
 
 class CustomArBackend(NcclBackend):
     name = "custom-ar"
@@ -170,6 +205,13 @@ class CustomArBackend(NcclBackend):
         self.comm = car.CustomAllreduce(group=self.group, device=self.device)
         if self.comm.disabled:
             raise Ineligible(custom_ar_reason(car, self.world, self.rank, self.group))
+
+    lineup_name = "tiny custom-ar all_reduce (device stream)"
+
+    def lineup(self, ctrl):
+        if self.comm.custom_all_reduce(self._tiny()) is None:  # never expected (16 B, fp32); say so if it is
+            self.lineup_name = "gloo barrier (host; custom-ar refused a 16 B all_reduce)"
+            dist.barrier(group=ctrl)
 
     def run(self, op, b):
         out = self.comm.custom_all_reduce(b.inp)
@@ -219,13 +261,21 @@ def _vllm_cuda_setup(backend: Backend, cpu_group, local_rank: int, module: str, 
     import importlib
 
     Backend.__init__(backend, cpu_group, local_rank)
-    if not torch.cuda.is_available():
-        raise Ineligible("no CUDA device (torch.cuda.is_available() is False)")
+    backend.device = _rank_device(cpu_group, local_rank)
     try:
         mod = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001
         raise Ineligible(f"vLLM's {what} is not importable ({type(e).__name__}: {e})") from None
-    backend.device = torch.device("cuda", local_rank)
-    torch.cuda.set_device(backend.device)
     backend.group = dist.new_group(backend="gloo")
     return mod
+
+
+def _rank_device(cpu_group, local_rank: int) -> torch.device:
+    """This rank's GPU, mapped by the visible count and checked against every other rank's
+    (probes/devices.py); made current, or Ineligible on every rank."""
+    try:
+        device = cuda_device(local_rank, cpu_group)
+    except NoDevice as e:
+        raise Ineligible(str(e)) from None
+    torch.cuda.set_device(device)
+    return device

@@ -9,7 +9,9 @@ Rank 0 appends one JSON record per line to OUT/results.jsonl as each measurement
 finishes ({"kind": "result" | "skipped" | "start" | "done", ...}).
 
 Test-only fault injection: TPCOMM_PROBE_FAULT="hang|die:RANK:OP|*:BYTES|*" makes
-that rank sleep forever (or exit 17) when it reaches that measurement.
+that rank sleep forever (or exit 17) when it reaches that measurement;
+"late:RANK:OP|*:BYTES|*:US" makes it start every isolated op US microseconds after
+the line-up (a known skew, read back as the result's skew_p50_us).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from probes.backends import Ineligible, make_backend
-from probes.measure import Timer, slowest_rank, summarize
+from probes.measure import Timer, rank_spread, slowest_rank, summarize
 from probes.ops import COLLECTIVES, count_wrong
 from probes.spec import BACKENDS, MODES, build_items, parse_sizes
 
@@ -77,13 +79,19 @@ class RankState:
             struct.pack_into("q", self._mm, 0, self.entered)
 
 
-def _maybe_fault(rank: int, item: dict) -> None:
+def _fault(rank: int, item: dict) -> tuple[str, str] | None:
+    """(kind, argument) of TPCOMM_PROBE_FAULT when it targets this rank and measurement."""
     spec = os.environ.get("TPCOMM_PROBE_FAULT")
     if not spec:
-        return
-    kind, r, op, nbytes = (spec.split(":") + ["*"] * 4)[:4]
+        return None
+    kind, r, op, nbytes, arg = (spec.split(":") + ["*"] * 5)[:5]
     if int(r) != rank or op not in ("*", item["op"]) or nbytes not in ("*", str(item["bytes"])):
-        return
+        return None
+    return kind, arg
+
+
+def _maybe_fault(rank: int, item: dict) -> None:
+    kind, _ = _fault(rank, item) or ("", "")
     if kind == "die":
         os._exit(17)
     while kind == "hang":
@@ -133,6 +141,14 @@ def _graph(backend, op, b, reps):
     return g, res
 
 
+def _late(rank: int, item: dict, device):
+    """The test-only delay after the line-up on this rank (TPCOMM_PROBE_FAULT=late:...), or a no-op."""
+    from probes.replay_kernels import Skew
+
+    kind, arg = _fault(rank, item) or ("", "0")
+    return Skew(float(arg) if kind == "late" else 0.0, device)
+
+
 def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
     op, n, rank = item["op"], backend.world, backend.rank
     coll = COLLECTIVES[op]
@@ -168,12 +184,17 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
         run1()
     backend.sync()
     state.set("isolated")
+    late = _late(rank, item, backend.device)
+
+    def lineup():
+        backend.lineup(ctrl)
+        late()
+
     iso = []
     for _ in range(iters):
         backend.sync()
-        backend.barrier(ctrl)
         state.tick()
-        iso.append(timer.time_us(run1))
+        iso.append(timer.time_us(run1, lineup))
     state.set("pipelined")
     nchunk = 0 if lone else max(1, min(10, iters))
     per = max(1, iters // max(1, nchunk))
@@ -192,7 +213,7 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
 
             pipe.append(timer.time_us(chunk) / per)
         backend.sync()
-    iso = slowest_rank(iso, ctrl)
+    iso, skew = rank_spread(iso, ctrl)
     pipe = slowest_rank(pipe, ctrl) if pipe else []
     esize = b.inp.element_size()
     nbytes = b.count * esize
@@ -210,6 +231,8 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * factor if algbw is not None else None,
         }
+    sk = summarize(skew)
+    rows["isolated"] |= {"lineup": backend.lineup_name, "skew_p50_us": sk["p50_us"], "skew_p99_us": sk["p99_us"]}
     base = {
         "backend": item["backend"],
         "op": op,

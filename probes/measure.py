@@ -2,10 +2,16 @@
 (buffers, correctness check and busbw factor per op: probes/ops.py).
 
 Units: times in microseconds (us), sizes in bytes, bandwidth in GB/s (1e9 B/s).
-Isolated: every rank waits on a barrier before each op, then times that op alone
-(what a decode step sees: the op starts cold, its latency includes rank skew).
+Isolated: before each op the ranks line up with a tiny collective of the op's own
+backend on the op's stream (probes/backends.py `lineup`), then each times the op
+alone (what a decode step sees: the op starts cold). On a GPU a short sleep kernel
+follows the line-up, so every rank's host has enqueued the op before its device
+reaches it; neither is inside the timed interval.
 Pipelined: ops back to back with no barrier, time / count (nccl-tests' default).
-A sample's time is the slowest rank's, as nccl-tests reports.
+A sample's time is the slowest rank's, as nccl-tests reports. The skew left after
+the line-up is measured per sample as the spread of the op's duration over ranks
+(slowest - fastest): a collective ends at about the same moment on every rank, so
+a rank that started late shows a shorter duration by the time it was late.
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ import time
 import torch
 import torch.distributed as dist
 
+# Device time between the line-up and the start event: more than a host needs to enqueue
+# one collective or a graph replay (~5-20 us), small against the run's wall time.
+LAUNCH_SLACK_US = 50.0
+
 
 class Timer:
     """Wall clock on CPU; CUDA events on GPU (the op is asynchronous there)."""
@@ -24,18 +34,32 @@ class Timer:
         self.backend = backend
         self.cuda = backend.device.type == "cuda"
         self.name = "cuda_event" if self.cuda else "perf_counter"
+        self._slack = None
 
-    def time_us(self, fn) -> float:
+    def time_us(self, fn, lineup=None) -> float:
+        """Time one call of `fn`; `lineup()` runs first, outside the timed interval."""
         if self.cuda:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if lineup is not None:
+                lineup()
+                self.slack()
             s.record()
             fn()
             e.record()
             e.synchronize()
             return s.elapsed_time(e) * 1000.0
+        if lineup is not None:
+            lineup()
         t0 = time.perf_counter_ns()
         fn()
         return (time.perf_counter_ns() - t0) / 1000.0
+
+    def slack(self) -> None:
+        if self._slack is None:
+            from probes.replay_kernels import Skew
+
+            self._slack = Skew(LAUNCH_SLACK_US, self.backend.device)
+        self._slack()
 
 
 def summarize(samples_us: list[float]) -> dict:
@@ -65,3 +89,12 @@ def slowest_rank(samples: list[float], ctrl_group) -> list[float]:
     t = torch.tensor(samples, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl_group)
     return t.tolist()
+
+
+def rank_spread(samples: list[float], ctrl_group) -> tuple[list[float], list[float]]:
+    """Per sample: (slowest rank's time, slowest - fastest), the latter the skew left after the line-up."""
+    hi = torch.tensor(samples, dtype=torch.float64)
+    lo = hi.clone()
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=ctrl_group)
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=ctrl_group)
+    return hi.tolist(), (hi - lo).tolist()

@@ -146,6 +146,7 @@ def replay_item(primary, fallback, item: dict, spec: dict, ctrl, state: RankStat
         for b in used:
             b.sync()
         dist.barrier(group=ctrl)
+        syncs0 = step.clock.host_syncs
         for i in range(spec["warmup"] + spec["steps"]):
             step.clock.step_begin()
             if g is not None:
@@ -176,6 +177,8 @@ def replay_item(primary, fallback, item: dict, spec: dict, ctrl, state: RankStat
                 "collectives_per_step": ncoll,
                 "wrong": int(wrong.item()),
                 "timer": step.clock.name,
+                # host waits on the device per replayed step (one: the step's end event; none on the host clock)
+                "host_syncs_per_step": (step.clock.host_syncs - syncs0) / (spec["warmup"] + spec["steps"]),
                 "work_footprint_bytes_per_rank": step.work.bytes,
                 "work_read_bytes_per_rank": step.work.read_bytes,
                 "backends_used": [b.name for b in used],

@@ -52,6 +52,7 @@ class Work:
 
 class HostClock:
     name = "perf_counter"
+    host_syncs = 0  # the host clock never waits for a device
 
     def __init__(self, ncoll: int, graph: bool = False):
         self.t0 = [0] * ncoll
@@ -85,7 +86,11 @@ class HostClock:
 
 class CudaClock:
     """Events around the step (outside any graph) and around each collective
-    (captured into the graph in graph mode, read after every replay)."""
+    (captured into the graph in graph mode, read after every replay).
+
+    One host wait per step, on the step's end event, after which every event of the
+    step is complete and read without waiting (vLLM too waits once per decode step,
+    for the sampled tokens); `host_syncs` counts the waits, stated in each record."""
 
     def __init__(self, ncoll: int, graph: bool = False):
         self.name = "cuda_event_graph" if graph else "cuda_event"
@@ -96,6 +101,7 @@ class CudaClock:
         self.graph = graph
         self.s0 = torch.cuda.Event(enable_timing=True)
         self.s1 = torch.cuda.Event(enable_timing=True)
+        self.host_syncs = 0
 
     def step_begin(self):
         self.host0 = time.perf_counter_ns()
@@ -119,6 +125,7 @@ class CudaClock:
 
     def read(self, ncoll_used: int):
         self.s1.synchronize()
+        self.host_syncs += 1
         step_us = self.s0.elapsed_time(self.s1) * 1e3
         n = ncoll_used
         t0 = [self.host0 + int(self.anchor.elapsed_time(e) * 1e6) for e in self.e0[:n]]

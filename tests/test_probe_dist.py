@@ -45,10 +45,29 @@ def _alive(pid: int) -> bool:
     return stat.split(")")[-1].split()[0] != "Z"
 
 
-def test_default_probe_on_two_cpu_ranks(tmp_path):
+def _cuda_gpus() -> int:
+    """CUDA GPUs here, asked the way `tpcomm probe` asks (its default backends follow the device present)."""
+    from tpcomm.probe.limits import visible_gpus
+    from tpcomm.probe.runner import _cuda
+
+    return visible_gpus(_cuda())
+
+
+def test_default_probe_on_two_ranks(tmp_path):
+    """Default backends: gloo + shm without CUDA; nccl, pynccl, custom-ar on CUDA (refused on fewer than 2 GPUs)."""
     run = tmp_path / "run"
+    gpus = _cuda_gpus()
     p, wall = _probe(["--gpus", "2", "--out", str(run), "--json"])
+    if gpus == 1:
+        assert p.returncode == 2 and "1 CUDA GPU is visible" in p.stderr and not run.exists(), p.stderr[-2000:]
+        return
     assert p.returncode == 0, p.stderr[-3000:]
+    if gpus >= 2:
+        entries = json.loads(p.stdout)
+        assert {e["backend"] for e in entries if e["op"] == "all_reduce"} >= {"nccl", "pynccl"}
+        assert all(e["wrong"] == 0 and e["world_size"] == 2 and e["timer"] == "cuda_event" for e in entries)
+        assert {e["mode"] for e in entries} == {"eager", "graph"}
+        return
     entries = json.loads(p.stdout)
     keys = {"backend", "op", "mode", "bytes", "world_size", "p50_us", "p99_us", "busbw_GBps", "wrong"}
     assert entries and all(keys <= set(e) for e in entries)
@@ -66,6 +85,29 @@ def test_default_probe_on_two_cpu_ranks(tmp_path):
     assert topo["cpu"]["logical_cpus"] >= 1
     assert json.loads((run / "status.json").read_text())["probe"]["state"] == "complete"
     print(f"default probe wall time: {wall:.1f} s")
+
+
+def test_isolated_skew_reads_back_a_known_late_start(tmp_path):
+    """Rank 1 starts every isolated op 20 ms after the line-up: the other rank waits that long inside it, so the
+    slowest rank's time holds the 20 ms and the measured skew is 20 ms; without the delay the skew is small.
+    (20 ms, not less: on a shared 2-core machine a rank may lose a scheduler slice of a few ms at the end of it.)"""
+    late_us = 20000.0
+    run = tmp_path / "run"
+    args = ["--gpus", "2", "--backend", "gloo,shm", "--sizes", "1K", "--iters", "30", "--mode", "eager", "--json"]
+    p, _ = _probe([*args, "--out", str(run)], env={"TPCOMM_PROBE_FAULT": f"late:1:*:*:{late_us:g}"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    iso = {e["backend"]: e for e in json.loads(p.stdout) if e["timing"] == "isolated"}
+    assert iso["shm"]["lineup"] == "tiny shm all_reduce" and iso["gloo"]["lineup"] == "tiny gloo all_reduce"
+    for e in iso.values():
+        assert 0.9 * late_us < e["skew_p50_us"] < 1.5 * late_us, e
+        assert e["p50_us"] >= late_us
+    p, _ = _probe([*args, "--out", str(tmp_path / "plain")])
+    assert p.returncode == 0, p.stderr[-3000:]
+    shm = next(e for e in json.loads(p.stdout) if e["timing"] == "isolated" and e["backend"] == "shm")
+    assert (
+        0 <= shm["skew_p50_us"] < 0.1 * late_us
+        and "skew" in (tmp_path / "plain" / "probe" / "results.json").read_text()
+    )
 
 
 def test_every_op_on_gloo_and_shm_with_skips_explained(tmp_path):

@@ -63,3 +63,36 @@ def test_nccl_eager_and_graph_on_one_gpu(tmp_path):
     measured = {r["backend"] for r in doc["results"]}
     explained = {s["backend"] for s in doc["skipped"] if s["reason"]}
     assert {"pynccl", "custom-ar"} <= measured | explained  # each measured or said why not
+
+
+def test_more_ranks_than_gpus_is_refused_before_launch(tmp_path):
+    """One rank more than the visible GPUs: one line naming --gpus and the limit, exit 2, no run directory
+    (before: "invalid device ordinal", or NCCL's duplicate-GPU error from the ranks)."""
+    n = _gpus() + 1
+    for extra in ([], ["--replay"]):
+        out = tmp_path / f"run{len(extra)}"
+        p = subprocess.run(
+            [sys.executable, "-m", "tpcomm.cli", "probe", *extra, "--gpus", str(n), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        line = p.stderr.strip()
+        assert p.returncode == 2 and "\n" not in line, p.stderr[-2000:]
+        assert f"--gpus {n}" in line and f"at most {n - 1}" in line and "CUDA GPU" in line
+        assert not out.exists()
+
+
+def test_isolated_rows_state_the_device_lineup(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "probe", "--gpus", "1", "--backend", "nccl", "--sizes", "1K"]
+        + ["--mode", "both", "--iters", "20", "--out", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    iso = [r for r in json.loads(p.stdout) if r["timing"] == "isolated"]
+    assert {r["mode"] for r in iso} == {"eager", "graph"}
+    # world size 1: nothing to wait for, so no skew is left
+    assert all(r["lineup"] == "tiny nccl all_reduce (device stream)" and r["skew_p50_us"] == 0 for r in iso)

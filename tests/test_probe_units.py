@@ -240,3 +240,76 @@ def test_plan_sizes_for_the_probe():
 def test_group_size_mismatch_is_an_input_error(tmp_path):
     r = CliRunner().invoke(cli, ["probe", "--gpus", "2", "--tp", "8", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "group" in r.output and not (tmp_path / "x").exists()
+
+
+# ---- ranks the machine can run (issue 12 item 10, issue 13 item 5) ----------------------------------------------
+
+
+def test_device_index_by_visible_count():
+    from probes.devices import NoDevice, device_index
+
+    assert [device_index(r, 4) for r in range(4)] == [0, 1, 2, 3]  # tpcomm's launcher, torchrun: all GPUs visible
+    assert device_index(5, 1) == 0  # srun --gpus-per-task=1: each rank's own GPU is its device 0
+    with pytest.raises(NoDevice, match="local rank 2 but only 2 CUDA devices"):
+        device_index(2, 2)
+    with pytest.raises(NoDevice, match="no CUDA device"):
+        device_index(0, 0)
+
+
+def test_shared_gpus_are_named_by_rank():
+    from probes.devices import shared_gpu_message, shared_gpus
+
+    assert shared_gpus(["GPU-a", "GPU-b", None, None]) == {}  # ranks without a GPU share nothing
+    assert shared_gpu_message(["GPU-a", "GPU-b"]) is None
+    assert shared_gpus(["GPU-a", "GPU-b", "GPU-a", "GPU-a"]) == {"GPU-a": [0, 2, 3]}
+    msg = shared_gpu_message(["GPU-a", "GPU-a", "GPU-b", "GPU-b"], ["n1", "n1", "n1", "n1"])
+    assert msg.startswith("ranks 0,1 share GPU GPU-a on n1; ranks 2,3 share GPU GPU-b on n1")
+    assert "one GPU per rank" in msg
+
+
+def test_local_rank_limits():
+    from tpcomm.probe.limits import check_local_ranks
+
+    check_local_ranks(2, ["nccl", "pynccl"], gpus=2, cpus=1)  # GPU ranks need GPUs, not cores
+    check_local_ranks(8, ["gloo"], gpus=0, cpus=2, oversubscribe=True)
+    with pytest.raises(InputError, match=r"--gpus 2: starts 2 ranks but 1 CUDA GPU is visible.*--gpus at most 1"):
+        check_local_ranks(2, ["nccl", "pynccl", "custom-ar"], gpus=1, cpus=16)
+    with pytest.raises(InputError, match="--gpus at most 2, or --oversubscribe"):
+        check_local_ranks(3, ["gloo", "shm"], gpus=0, cpus=2)
+    # GPU backends asked for on a machine without CUDA run as CPU processes (and report themselves ineligible)
+    with pytest.raises(InputError, match="CPU ranks on 2 CPU cores"):
+        check_local_ranks(3, ["nccl"], gpus=0, cpus=2)
+    # both kinds: each limit applies; --oversubscribe never lifts the GPU one
+    with pytest.raises(InputError, match="1 CUDA GPU"):
+        check_local_ranks(2, ["gloo", "nccl"], gpus=1, cpus=8, oversubscribe=True)
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "tpcomm.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_more_ranks_than_cores_is_refused_first(tmp_path):
+    from tpcomm.probe.limits import usable_cpus
+    from tpcomm.probe.runner import _cuda
+
+    if _cuda():
+        pytest.skip("the CPU-core limit applies to CPU ranks (GPU refusal: test_probe_gpu.py)")
+    n = usable_cpus() + 1
+    for extra in ([], ["--replay"], ["--replay", "--tp", "3", "--model", "deepseek-v3"]):
+        out = tmp_path / f"r{len(extra)}"
+        p = _cli("probe", *extra, "--gpus", str(n), "--out", str(out))
+        # one line naming --gpus, the limit and the flag; not the plan's complaint about TP or heads
+        assert p.returncode == 2, p.stderr
+        line = p.stderr.strip()
+        assert "\n" not in line and "Traceback" not in line
+        assert f"--gpus {n}" in line and f"at most {usable_cpus()}" in line and "--oversubscribe" in line
+        assert "--tp" not in line and "heads" not in line
+        assert not out.exists()
+    p = _cli("probe", "--gpus", "999", "--out", str(tmp_path / "big"))
+    assert p.returncode == 2 and "999 CPU ranks" in p.stderr and "--oversubscribe" in p.stderr
+    # with --oversubscribe the machine's limit is lifted and the next check speaks: the plan at TP 999
+    p = _cli("probe", "--gpus", "999", "--oversubscribe", "--out", str(tmp_path / "big2"))
+    assert p.returncode == 2 and "--oversubscribe" not in p.stderr and "--tp 999" in p.stderr

@@ -63,6 +63,8 @@ def test_world_size_one_eager_and_whole_step_graph(tmp_path):
     skipped = {s["backend"] for s in doc["skipped"]}
     assert {"pynccl", "custom-ar", "flashinfer-ipc"} <= skipped and all(s["reason"] for s in doc["skipped"])
     assert got[("nccl", "eager")]["timer"] == "cuda_event" and got[("nccl", "graph")]["timer"] == "cuda_event_graph"
+    # one host wait per replayed step (its end event), none per collective or per graph piece
+    assert got[("nccl", "eager")]["host_syncs_per_step"] == 1 and got[("nccl", "graph")]["host_syncs_per_step"] == 1
     coll = pd.read_parquet(tmp_path / "probe" / "replay_collectives.parquet")
     for mode in ("eager", "graph"):
         e = got[("nccl", mode)]

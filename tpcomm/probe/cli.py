@@ -28,8 +28,14 @@ class _ProbeGroup(click.Group):
     "-n",
     type=click.IntRange(min=1),
     default=None,
-    help="Ranks to start on this machine (default: every CUDA GPU, or 2 CPU ranks). Ignored under torchrun/srun, "
+    help="Ranks to start on this machine (default: every CUDA GPU, or 2 CPU ranks). At most one rank per visible "
+    "GPU for GPU backends, one per CPU core for CPU backends (see --oversubscribe). Ignored under torchrun/srun, "
     "where each rank runs `tpcomm probe` and RANK/WORLD_SIZE decide.",
+)
+@click.option(
+    "--oversubscribe",
+    is_flag=True,
+    help="Allow more CPU ranks than CPU cores (ranks then share cores: timings include the OS scheduler).",
 )
 @click.option(
     "--backend",
@@ -143,6 +149,7 @@ class _ProbeGroup(click.Group):
 def probe(
     ctx,
     gpus,
+    oversubscribe,
     backends,
     model,
     tp,
@@ -164,8 +171,9 @@ def probe(
     steps,
 ):
     """Time the model's collectives on the backends vLLM could use, at the
-    plan's message sizes: isolated latency (barrier before each op, as a decode
-    step sees it) and back-to-back pipelined average, p50/p90/p99, algbw/busbw
+    plan's message sizes: isolated latency (ranks lined up by a tiny collective of
+    the same backend before each op, as a decode step reaches it; the skew left is
+    measured and shown) and back-to-back pipelined average, p50/p90/p99, algbw/busbw
     as nccl-tests, a correctness check per measurement, and a fitted latency
     model for `tpcomm predict --probe RUN_DIR`.
 
@@ -176,13 +184,14 @@ def probe(
       tpcomm probe --gpus 2 --backend gloo --sizes 1K:16M:x4
       torchrun --nnodes 2 --nproc-per-node 8 ... -m tpcomm.cli probe --out runs/r2
       tpcomm probe import all_reduce_perf.txt --out runs/r3
-      tpcomm probe --replay --gpus 8 --model kimi-k2.5 --backend gloo --work-scale 1e-4 --out runs/r4
+      tpcomm probe --replay --gpus 8 --oversubscribe --model kimi-k2.5 --backend gloo --work-scale 1e-4 --out runs/r4
     """
     if ctx.invoked_subcommand is not None:
         return
     if replay:
         return _replay(
             gpus,
+            oversubscribe,
             backends,
             model,
             tp,
@@ -218,6 +227,7 @@ def probe(
         warmup=warmup,
         timeout=timeout,
         out=out,
+        oversubscribe=oversubscribe,
     )
     try:
         res = run_probe(cfg, argv=sys.argv)
@@ -238,6 +248,7 @@ def probe(
 
 def _replay(
     gpus,
+    oversubscribe,
     backends,
     model,
     tp,
@@ -283,6 +294,7 @@ def _replay(
         warmup=min(warmup, 10),
         timeout=timeout,
         out=out,
+        oversubscribe=oversubscribe,
     )
     try:
         res = run_replay(cfg, argv=sys.argv, progress=progress)

@@ -54,6 +54,7 @@ class ReplayConfig:
     warmup: int = 5
     timeout: float = 60.0
     out: str | None = None
+    oversubscribe: bool = False  # allow more CPU ranks than cores
 
 
 class ReplayResults:
@@ -79,7 +80,13 @@ class ReplayResults:
     def _stamp(self, e: dict) -> dict:
         """The timer and device each result was measured with (they differ between eager and graph)."""
         rec = next((r for r in self.records if (r["backend"], r["mode"]) == (e["backend"], e["mode"])), {})
-        return {**e, **{k: rec.get(k) for k in ("timer", "hardware", "device", "backends_used", "world_size")}}
+        return {
+            **e,
+            **{
+                k: rec.get(k)
+                for k in ("timer", "hardware", "device", "backends_used", "world_size", "host_syncs_per_step")
+            },
+        }
 
     def write(self) -> None:
         slots = self.schedule["slots"]
@@ -173,12 +180,16 @@ def build_replay_spec(cfg: ReplayConfig, world: int, cuda: bool) -> tuple[dict, 
 
 def run_replay(cfg: ReplayConfig, argv: list[str] | None = None, progress=None) -> ReplayResults:
     """Replay, save as timings finish. Raises ProbeFailed (finished timings are on disk)."""
+    from tpcomm.probe.limits import check_local_ranks, usable_cpus, visible_gpus
     from tpcomm.probe.runner import _cuda, _default_ranks, joined_launch
     from tpcomm.versions import stack_versions
 
     joined = joined_launch()
     world = int(os.environ["WORLD_SIZE"]) if joined else (cfg.gpus or _default_ranks())
     cuda = _cuda()
+    if not joined:  # the machine's limit first (tpcomm/probe/limits.py), then the plan's
+        backends = resolve_replay_backends(cfg.backends, cuda)
+        check_local_ranks(world, backends, visible_gpus(cuda), usable_cpus(), cfg.oversubscribe)
     spec, info = build_replay_spec(cfg, world, cuda)
     rank0 = not joined or os.environ.get("RANK") == "0"
     run = RunDir(cfg.out or Path("runs") / time.strftime("replay-%Y%m%d-%H%M%S")) if rank0 else None

@@ -6,7 +6,12 @@ Columns of probe/results.parquet (and the "results" list of probe/results.json):
     input), count (elements), dtype, nccl_size_bytes (size as nccl-tests prints
     it), world_size, nodes, p50_us, p90_us, p99_us, min_us, max_us, mean_us,
     samples, algbw_GBps, busbw_GBps (from p50, nccl-tests formulas, GB = 1e9),
-    wrong (#wrong elements), timer, hardware, device, host, source (probe|nccl-tests)
+    wrong (#wrong elements), timer, hardware, device, host, source (probe|nccl-tests),
+    lineup (isolated rows: what lined the ranks up before each op, e.g. "tiny nccl
+    all_reduce (device stream)"), skew_p50_us, skew_p99_us (isolated rows: the rank
+    skew left after the line-up, per sample the slowest rank's duration minus the
+    fastest's; for gather and send_recv, where ranks legitimately finish apart, an
+    upper bound)
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ COLUMNS = [
     "device",
     "host",
     "source",
+    "lineup",
+    "skew_p50_us",
+    "skew_p99_us",
 ]
 JSON_KEYS = [
     "backend",
@@ -137,7 +145,12 @@ def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str
         f"{cond.get('hardware', '?')}; torch {cond.get('torch', '?')}, vLLM {cond.get('vllm') or 'not installed'}"
     )
     out.append(
-        "# isolated: barrier before each op (as a decode step sees it); pipelined: back-to-back average (nccl-tests' time)"
+        "# isolated: ranks lined up before each op by a tiny collective of the same backend (as a decode step "
+        "reaches it); pipelined: back-to-back average (nccl-tests' time)"
+    )
+    out.append(
+        "# skew: rank skew left after the line-up, p50 over samples of slowest - fastest rank's duration "
+        "(included in the isolated time)"
     )
     out.append(
         "# algbw/busbw from p50, GB/s = 1e9 B/s; busbw as nccl-tests: all_reduce x2(n-1)/n, all_gather/reduce_scatter/all_to_all x(n-1)/n"
@@ -149,15 +162,19 @@ def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str
     for (backend, mode, op), by_size in groups.items():
         any_row = next(iter(next(iter(by_size.values())).values()))
         out.append("#")
+        iso_row = next((t["isolated"] for t in by_size.values() if "isolated" in t), {})
+        lineup = f"  lineup {iso_row['lineup']}" if iso_row.get("lineup") else ""
         out.append(
             f"# {op}  backend {backend}  mode {mode}  timer {any_row.get('timer')}  ranks {any_row.get('world_size')}"
+            + lineup
         )
         out.append(
-            f"# {'size(B)':>12} {'count':>10} {'type':>8} |{'isolated p50':>13} {'p99':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} |"
-            f"{'pipelined':>10} {'algbw':>7} {'busbw':>7}"
+            f"# {'size(B)':>12} {'count':>10} {'type':>8} |{'isolated p50':>13} {'p99':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
+            f"{'skew':>7} |{'pipelined':>10} {'algbw':>7} {'busbw':>7}"
         )
         out.append(
-            f"# {'':>12} {'(elements)':>10} {'':>8} |{'(us)':>13} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} |{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}"
+            f"# {'':>12} {'(elements)':>10} {'':>8} |{'(us)':>13} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} "
+            f"{'(us)':>7} |{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}"
         )
         for nbytes in sorted(by_size):
             iso, pipe = by_size[nbytes].get("isolated"), by_size[nbytes].get("pipelined")
@@ -165,9 +182,12 @@ def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str
             size = base.get("nccl_size_bytes") or nbytes
             cells = f"  {size:>12} {base.get('count') or 0:>10} {base.get('dtype') or '':>8} |"
             if iso:
-                cells += f"{_f(iso['p50_us']):>13} {_f(iso['p99_us']):>9} {_f(iso['algbw_GBps']):>7} {_f(iso['busbw_GBps']):>7} {iso['wrong']:>6} |"
+                cells += (
+                    f"{_f(iso['p50_us']):>13} {_f(iso['p99_us']):>9} {_f(iso['algbw_GBps']):>7} "
+                    f"{_f(iso['busbw_GBps']):>7} {iso['wrong']:>6} {_f(iso.get('skew_p50_us')):>7} |"
+                )
             else:
-                cells += f"{'-':>13} {'-':>9} {'-':>7} {'-':>7} {base.get('wrong', '-'):>6} |"
+                cells += f"{'-':>13} {'-':>9} {'-':>7} {'-':>7} {base.get('wrong', '-'):>6} {'-':>7} |"
             if pipe:
                 cells += f"{_f(pipe['p50_us']):>10} {_f(pipe['algbw_GBps']):>7} {_f(pipe['busbw_GBps']):>7}"
             else:

@@ -19,6 +19,7 @@ from probes.spec import BACKENDS, CPU_BACKENDS, GPU_BACKENDS, MODES, OPS, build_
 from tpcomm import contract as C
 from tpcomm.errors import InputError
 from tpcomm.probe.launcher import ProbeFailed, run_local
+from tpcomm.probe.limits import check_local_ranks, usable_cpus, visible_gpus
 from tpcomm.probe.results import ProbeResults
 from tpcomm.rundir import RunDir
 
@@ -40,6 +41,7 @@ class ProbeConfig:
     warmup: int = 10
     timeout: float = 60.0
     out: str | None = None
+    oversubscribe: bool = False  # allow more CPU ranks than cores
 
 
 def joined_launch() -> bool:
@@ -197,6 +199,10 @@ def run_probe(cfg: ProbeConfig, progress: bool = True, argv: list[str] | None = 
     if world < 1:
         raise InputError("--gpus", f"{world} ranks", "at least 1")
     cuda = _cuda()
+    # What the machine can run comes first: `--gpus 999` is about the machine, not about the plan at TP 999.
+    if not joined:
+        backends = resolve_backends(cfg.backends, cuda)
+        check_local_ranks(world, backends, visible_gpus(cuda), usable_cpus(), cfg.oversubscribe)
     spec, info = build_spec(cfg, world, cuda)
     rank0 = not joined or os.environ.get("RANK") == "0"
     run = RunDir(cfg.out or _default_out()) if rank0 else None
@@ -258,4 +264,4 @@ def _default_ranks() -> int:
         import torch
 
         return max(1, torch.cuda.device_count())
-    return 2
+    return min(2, usable_cpus())

@@ -1,0 +1,139 @@
+"""The hook's `timed` path (tpcomm/hook/core.py) on a stand-in group, driven the way
+vLLM's worker drives it: engine steps around collectives, eager calls, and a CUDA
+graph captured once and replayed every step. The "collective" is work of known
+length, so the recorded durations can be held against it.
+
+CUDA: rows only at the sampled steps (one in `sample_every`), durations near the
+kernel's. CPU: the host-sync path, one row per call, durations near the spin's.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from tpcomm.selfcheck.result import FAIL, PASS, Check, judge_ratio, judge_sampled_steps, sabotaged
+
+ID = "hook-timed"
+TOL = 0.15  # host clock on a shared CPU, or events around a 1 ms kernel: well inside 15%
+
+
+def _group(device):
+    # What Hook._add reads from vLLM's GroupCoordinator; no device communicator: backend from the group.
+    return SimpleNamespace(
+        unique_name="tp:0", rank_in_group=0, world_size=1, device=device, device_communicator=None, device_group=None
+    )
+
+
+def _sched():
+    return SimpleNamespace(num_scheduled_tokens={"req-0": 1}, total_num_scheduled_tokens=1, scheduled_new_reqs=[])
+
+
+def _spin(us: float) -> None:
+    end = time.perf_counter_ns() + int(us * 1e3)
+    while time.perf_counter_ns() < end:
+        pass
+
+
+def check_host(steps: int = 12, work_us: float = 2000.0) -> Check:
+    import numpy as np
+    import torch
+
+    from tpcomm.hook.core import Hook
+
+    hook = Hook()
+    hook.start()
+    group, x = _group(torch.device("cpu")), torch.zeros(8)
+    factor = sabotaged(ID)
+    for _ in range(steps):
+        hook.step_begin(_sched())
+        hook.timed(group, "all_reduce", x, lambda t: _spin(work_us * factor) or t, x)
+        hook.step_end(object())
+    hook.stop()
+    rows = hook.rec.columns(rank=0)["collectives"] if hook.rec is not None else {"step": [], "duration_us": []}
+    dur = np.asarray(rows["duration_us"], dtype=float)
+    med = float(np.median(dur)) if len(dur) else 0.0
+    ok = judge_sampled_steps(list(map(int, rows["step"])), steps, 1, 1) == PASS and len(dur) == steps
+    status = PASS if ok and judge_ratio(med, work_us, TOL) == PASS else FAIL
+    timings = sorted(set(rows.get("timing", [])))
+    return Check(
+        ID,
+        status,
+        f"host clock, {len(dur)} rows for {steps} calls in {steps} steps; median {med:.0f} us against a "
+        f"{work_us:.0f} us spin (tolerance {TOL:.0%}); timing {','.join(timings) or '-'}",
+        {"rows": len(dur), "median_us": med, "reference_us": work_us, "timing": timings, "clock": "host"},
+    )
+
+
+def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
+    """`kernel` (cuda.py's SleepKernel) gives a kernel of known length on the current stream."""
+    import numpy as np
+    import torch
+
+    from tpcomm.hook import timing
+    from tpcomm.hook.core import Hook
+
+    hook = Hook()
+    hook.gpu = True
+    hook.cuda = timing.CudaEventTimer(sample_every=sample_every)
+    if not timing.patch_cuda_graphs(hook.cuda, hook.after_replay):
+        return Check(ID, FAIL, "could not bracket torch.cuda.CUDAGraph capture/replay")
+    cls = torch.cuda.graphs.CUDAGraph
+    try:
+        group, x = _group(torch.device("cuda", torch.cuda.current_device())), torch.zeros(8, device="cuda")
+        factor = sabotaged(ID)
+        fn = lambda t: kernel.run(kernel.us * factor) or t  # noqa: E731
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn(x)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            hook.timed(group, "all_reduce", x, fn, x)
+        hook.start()
+        # eager: every call of an armed hook is a row
+        for _ in range(4):
+            hook.timed(group, "all_reduce", x, fn, x)
+        hook.poll(block=True)
+        eager = hook.rec.columns(rank=0)["collectives"]
+        hook.start()  # a fresh buffer for the graph part
+        replay = torch.cuda.Stream()
+        for _ in range(steps):
+            hook.step_begin(_sched())
+            with torch.cuda.stream(replay):
+                g.replay()
+            hook.step_end(object())
+        torch.cuda.synchronize()
+        hook.stop()
+        graph = hook.rec.columns(rank=0)["collectives"]
+    finally:
+        if getattr(cls, "_tpcomm_originals", None):
+            cls.capture_begin, cls.capture_end, cls.replay = cls._tpcomm_originals
+            cls._tpcomm_patched = False
+    e_med = float(np.median(eager["duration_us"])) if len(eager["duration_us"]) else 0.0
+    g_dur = np.asarray(graph["duration_us"], dtype=float)
+    g_med = float(np.median(g_dur)) if len(g_dur) else 0.0
+    sampled = judge_sampled_steps(list(map(int, graph["step"])), steps, sample_every, 1)
+    ok = (
+        len(eager["duration_us"]) == 4
+        and judge_ratio(e_med, kernel.us, TOL) == PASS
+        and sampled == PASS
+        and judge_ratio(g_med, kernel.us, TOL) == PASS
+    )
+    return Check(
+        ID,
+        PASS if ok else FAIL,
+        f"CUDA events on a {kernel.us:.0f} us kernel: eager {len(eager['duration_us'])} rows, median {e_med:.0f} us; "
+        f"graph replayed on another stream, 1 in {sample_every} of {steps} steps: {len(g_dur)} rows at steps "
+        f"{sorted(set(map(int, graph['step'])))} ({sampled}), median {g_med:.0f} us (tolerance {TOL:.0%})",
+        {
+            "eager_median_us": e_med,
+            "graph_median_us": g_med,
+            "graph_rows": len(g_dur),
+            "graph_steps": sorted(set(map(int, graph["step"]))),
+            "reference_us": kernel.us,
+            "sample_every": sample_every,
+            "clock": "cuda_event",
+        },
+    )
