@@ -171,3 +171,18 @@ def test_a_level_whose_rank_died_is_not_cross_checked(run_dir):
     assert lv["engine_ms_per_token"] is None and why in lv["note"]
     cc = lv["collectives_per_step"]
     assert cc["match"] is None and cc["detail"].startswith("not compared: " + why)
+
+
+def test_a_worker_on_another_host_is_not_reported_dead():
+    """/tpcomm/v1/workers checks pids on the API server's host only: a multi-node worker's pid means nothing
+    here, so it is 'not known' (None), and the rank watch does not name it dead."""
+    import os
+    import subprocess
+
+    from tpcomm.hook.routes import worker_liveness
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    ws = worker_liveness({0: (os.getpid(), "here"), 1: (gone.pid, "here"), 2: (gone.pid, "node-2")}, "here")
+    assert [w["alive"] for w in ws] == [True, False, None]
+    assert [w for w in ws if w["alive"] is False] == [ws[1]]  # what RankWatch counts as dead

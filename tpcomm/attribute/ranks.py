@@ -102,7 +102,7 @@ class RankWatch:
             ws = records.workers(self.info, timeout_s=5)
         except records.HookError:
             return False
-        dead = [w for w in ws if not w.get("alive", True)]
+        dead = [w for w in ws if w.get("alive") is False]  # None: on another node, not known from here
         if not dead:
             return True
         now = time.time_ns()

@@ -261,7 +261,7 @@ async def metrics(request: Request) -> Response:
 def _remember_workers(request: Request, answers: Any) -> None:
     """(rank, pid) of every worker from its last answer, for /workers to check without the engine."""
     try:
-        seen = {int(a["rank"]): int(a["pid"]) for a in answers if isinstance(a, dict) and "pid" in a}
+        seen = {int(a["rank"]): (int(a["pid"]), a.get("host")) for a in answers if isinstance(a, dict) and "pid" in a}
     except (TypeError, KeyError, ValueError):
         return
     if seen:
@@ -286,14 +286,23 @@ def _pid_alive(pid: int) -> bool:
 
 @router.get("/workers")
 async def workers(request: Request) -> Response:
-    """Liveness of the workers last seen by /status, /start or /stop (vLLM's multiprocessing executor runs them on
-    this host). Cheap enough to poll during load: it never reaches the engine, which a dead worker blocks."""
+    """Liveness of the workers last seen by /status, /start or /stop, for those on this host (vLLM's
+    multiprocessing executor runs them here; a worker on another node answers alive=null). Cheap enough to poll during load: it never reaches the engine, which a dead worker blocks."""
     try:
         _check(request)
     except _HTTPError as e:
         return _error(e)
+    import socket
     import time
 
     seen = getattr(request.app.state, "tpcomm_workers", None) or {}
-    ranks = [{"rank": r, "pid": p, "alive": _pid_alive(p)} for r, p in sorted(seen.items())]
-    return JSONResponse({"workers": ranks, "checked_ns": time.time_ns()})
+    return JSONResponse({"workers": worker_liveness(seen, socket.gethostname()), "checked_ns": time.time_ns()})
+
+
+def worker_liveness(seen: dict[int, tuple[int, str | None]], here: str) -> list[dict]:
+    """[{rank, pid, host, alive}] for {rank: (pid, host)}. A worker on another host (multi-node) cannot be
+    checked from here: alive is None ("not known"), never False."""
+    return [
+        {"rank": r, "pid": p, "host": h, "alive": _pid_alive(p) if h in (None, here) else None}
+        for r, (p, h) in sorted(seen.items())
+    ]

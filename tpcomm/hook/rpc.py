@@ -8,6 +8,7 @@ worker's own thread between engine steps, so they never race the recording.
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 import numpy as np
@@ -102,6 +103,7 @@ def tpcomm_status(self: Any) -> dict:
     return {
         "rank": _rank(self),
         "pid": os.getpid(),
+        "host": socket.gethostname(),  # /tpcomm/v1/workers checks the pids of workers on the API server's host only
         "enabled": HOOK.disabled_reason is None,
         "disabled_reason": HOOK.disabled_reason,
         "armed": HOOK.armed,
