@@ -20,6 +20,14 @@ the hook, so leaving them out while disarmed would leave graph replays untimed f
 a graph of 200 tiny kernels, captured without events and with an event pair around each
 of N of them (one pair per collective as the hook captures), replay time per replay and
 per event pair. Skips with a message (exit 0) without CUDA.
+
+It also measures what the events do to programmatic dependent launch (PDL): vLLM launches
+FlashInfer's fused all-reduce + RMSNorm with launch_with_pdl=True, and the hook captures an
+event pair around it (hook/fused.py; TPCOMM_FUSED_GRAPH_EVENTS=0 leaves them out). A graph of
+a chain of FlashInfer RMSNorm kernels launched with PDL (one GPU: the all-reduce itself needs
+several) is replayed with PDL and no events, with PDL and an event pair around each kernel,
+and without PDL: if "with events" is near "without PDL", the events cost the overlap. Skips
+with a message without CUDA or FlashInfer.
 """
 
 from __future__ import annotations
@@ -205,12 +213,79 @@ def graph_event_cost(kernels: int = 200, pairs: int = 64, replays: int = 2000) -
     }
 
 
+def pdl_event_cost(chain: int = 64, tokens: int = 16, hidden: int = 4096, replays: int = 1000) -> dict | str:
+    """Replay time of a graph of `chain` PDL-launched FlashInfer RMSNorm kernels: with PDL and no events,
+    with PDL and the hook's event pair around each kernel, and without PDL. A string (why not) without
+    CUDA or FlashInfer."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    try:
+        from flashinfer.norm import rmsnorm
+    except Exception as e:  # noqa: BLE001
+        return f"FlashInfer not importable ({type(e).__name__}: {e})"
+    from tpcomm.hook.timing import CudaEventTimer
+
+    bufs = [torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    w = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+
+    def body(pdl: bool, timer: CudaEventTimer | None):
+        for i in range(chain):
+            ev = timer.graph_begin() if timer is not None else None
+            rmsnorm(bufs[i % 2], w, out=bufs[(i + 1) % 2], enable_pdl=pdl)
+            if ev is not None:
+                timer.graph_end(ev, i)
+
+    def capture(pdl: bool, events: bool):
+        timer = CudaEventTimer() if events else None
+        if timer is not None:
+            timer.on_capture_begin()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            body(pdl, None)  # warm-up (and JIT) outside the graph
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body(pdl, timer)
+        if timer is not None:
+            timer.on_capture_end(g)
+        return g
+
+    def per_replay_us(g) -> float:
+        for _ in range(20):
+            g.replay()
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(replays):
+            g.replay()
+        e1.record()
+        e1.synchronize()
+        return 1e3 * e0.elapsed_time(e1) / replays
+
+    graphs = {"pdl": capture(True, False), "pdl_events": capture(True, True), "no_pdl": capture(False, False)}
+    best = {k: min(per_replay_us(g) for _ in range(2)) for k, g in graphs.items()}
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "chain": chain,
+        "shape": [tokens, hidden],
+        "replay_us_pdl": best["pdl"],
+        "replay_us_pdl_with_events": best["pdl_events"],
+        "replay_us_no_pdl": best["no_pdl"],
+        "us_per_kernel_events_cost": (best["pdl_events"] - best["pdl"]) / chain,
+        "us_per_kernel_pdl_gain": (best["no_pdl"] - best["pdl"]) / chain,
+    }
+
+
 def main() -> None:
     if "--graph-events" in sys.argv:
         r = graph_event_cost()
         if r is None:
             print("graph-event cost: skipped (no CUDA device)")
             return
+        pdl = pdl_event_cost()
         print(
             f"conditions: {r['gpu']}, one graph of {r['kernels']} tiny kernels, replayed back to back, "
             f"GPU time per replay (CUDA events around 2000 replays), best of 2"
@@ -219,6 +294,16 @@ def main() -> None:
             f"without events {r['replay_us_without']:.2f} us, with {r['event_pairs']} event pairs "
             f"{r['replay_us_with']:.2f} us: {r['us_per_event_pair']:.3f} us per captured pair "
             "(paid on every replay, recording on or off)"
+        )
+        if isinstance(pdl, str):
+            print(f"PDL with/without events: skipped ({pdl})")
+            return
+        print(
+            f"PDL: {pdl['chain']} FlashInfer RMSNorm kernels {pdl['shape']} bf16 in one graph, {pdl['gpu']}: "
+            f"PDL {pdl['replay_us_pdl']:.2f} us, PDL + an event pair per kernel {pdl['replay_us_pdl_with_events']:.2f} us, "
+            f"no PDL {pdl['replay_us_no_pdl']:.2f} us per replay; events cost {pdl['us_per_kernel_events_cost']:.3f} us "
+            f"per kernel against a PDL gain of {pdl['us_per_kernel_pdl_gain']:.3f} us per kernel "
+            "(TPCOMM_FUSED_GRAPH_EVENTS=0 leaves the events out of the fused all-reduce's graphs)"
         )
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -60,6 +60,7 @@ def test_patch_targets_exist_in_the_installed_vllm():
 def test_tpcomm_copy_of_the_vllm_tables_matches_the_installed_vllm():
     from vllm.distributed.device_communicators.all_reduce_utils import (
         CUSTOM_ALL_REDUCE_MAX_SIZES,
+        FI_MNNVL_ALLREDUCE_MAX_SIZE_MB,
         SYMM_MEM_ALL_REDUCE_MAX_SIZES,
     )
 
@@ -71,6 +72,7 @@ def test_tpcomm_copy_of_the_vllm_tables_matches_the_installed_vllm():
     assert sizes == TABLES["fi_fusion_max_size_mb"] and sizes[90][8] == 0.5
     assert CUSTOM_ALL_REDUCE_MAX_SIZES == TABLES["custom_ar_max_sizes"]
     assert SYMM_MEM_ALL_REDUCE_MAX_SIZES == TABLES["symm_mem_max_sizes"]
+    assert FI_MNNVL_ALLREDUCE_MAX_SIZE_MB == TABLES["fi_mnnvl_max_size_mb"]
 
 
 _STAND_IN = r"""
@@ -100,9 +102,9 @@ comm = types.ModuleType("flashinfer.comm")  # stand-in for the module vLLM's fus
 comm.AllReduceFusionPattern, comm.allreduce_fusion = AllReduceFusionPattern, allreduce_fusion
 orig = comm.allreduce_fusion
 
-def call(fn, x, r):
+def call(fn, x, r, workspace=None):
     n = torch.empty_like(x)
-    fn(input=x, workspace=None, pattern=AllReduceFusionPattern.kARResidualRMSNorm, launch_with_pdl=True,
+    fn(input=x, workspace=workspace, pattern=AllReduceFusionPattern.kARResidualRMSNorm, launch_with_pdl=True,
        output=None, residual_out=r, norm_out=n, quant_out=None, scale_out=None, residual_in=r,
        rms_gamma=torch.ones(x.shape[-1]), rms_eps=1e-6, use_oneshot=True)
     return n, r
@@ -113,7 +115,7 @@ want = call(orig, x.clone(), r.clone())
 ok = fused.install(comm)
 HOOK.start()
 HOOK.step_begin(types.SimpleNamespace(num_scheduled_tokens={"a": 1}, total_num_scheduled_tokens=1, scheduled_new_reqs=[]))
-got = call(comm.allreduce_fusion, x.clone(), r.clone())
+got = call(comm.allreduce_fusion, x.clone(), r.clone(), types.SimpleNamespace(backend="mnnvl"))
 # inside a timed GroupCoordinator collective (vLLM's standalone FlashInfer all-reduce): one row, not two
 g = get_tp_group()
 HOOK.timed(g, "all_reduce", x, lambda t: call(comm.allreduce_fusion, t.clone(), r.clone())[0], x)
@@ -144,15 +146,20 @@ def test_install_times_a_stand_in_fused_call_on_a_real_tp_group():
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["installed"] and out["same"] and out["wrapped_original"]
     rows = out["rows"]
-    assert [(x["path"], x["op"], x["group"], x["timing"]) for x in rows] == [
-        ("flashinfer_fused_ar_rmsnorm", "all_reduce", "tp", "host-sync"),
-        ("group_coordinator", "all_reduce", "tp", "host-sync"),
+    # backend: the FlashInfer workspace's (vLLM reads workspace.backend), "trtllm" when it does not say; the
+    # GroupCoordinator row of the standalone FlashInfer all-reduce gets it too (not the group's "gloo")
+    assert [(x["path"], x["op"], x["group"], x["timing"], x["backend"]) for x in rows] == [
+        ("flashinfer_fused_ar_rmsnorm", "all_reduce", "tp", "host-sync", "flashinfer_mnnvl"),
+        ("group_coordinator", "all_reduce", "tp", "host-sync", "flashinfer_trtllm"),
     ]
     assert rows[0]["bytes"] == out["nbytes"] and rows[0]["step"] == 0 and rows[0]["t_end_ns"] >= rows[0]["t_start_ns"]
     st = out["status"]
     assert st["fused_timed"] and st["fused_calls"] == 1  # the nested call is GroupCoordinator's, not counted
     assert st["allreduce_paths"] == ["group_coordinator", "flashinfer_fused_ar_rmsnorm"]
-    assert st["fusion_pass_enabled"] is False  # a CPU VllmConfig: the pass is off
+    assert st["fusion_pass_configured"] is False and st["fusion_pass_flag"] is False  # a CPU VllmConfig: off
+    assert st["fusion_seen_running"] and st["fused_backends"] == ["flashinfer_mnnvl"]
+    assert st["fused_graph_events"] and "PDL" in st["fused_graph_note"] and st["batch_invariant"] is False
+    assert len(st["not_covered"]) == len(fused.UNCOVERED)
     # A module without the function: install says no, the hook stays enabled, status says why.
     assert out["bad_install"] is False and out["hook_enabled"] and "AttributeError" in out["bad_error"]
 
@@ -171,9 +178,168 @@ def test_records_without_the_path_column_still_load(tmp_path):
         C.check_table(C.HOOK_COLLECTIVES, pd.DataFrame({**row, "path": [1.5]}))
 
 
+def _impl_from_installed_source(ns: dict):
+    """vLLM's own `call_trtllm_fused_allreduce_norm` (and the helper and tables it uses), compiled from the
+    installed file into namespace `ns`: its module imports only on CUDA builds with FlashInfer."""
+    tree = _source(fused.FUSION_MODULE)
+    want = {fused.FUSED_IMPL, "_select_flashinfer_allreduce_use_oneshot"}
+    consts = {"PDL_ADVANCE_LAUNCH_TOKENS", "MiB", "_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB"}
+    body = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in want]
+    body += [
+        n
+        for n in tree.body
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        and getattr(n.targets[0] if isinstance(n, ast.Assign) else n.target, "id", None) in consts
+    ]
+    assert len(body) == len(want) + len(consts)
+    mod = ast.Module(body=body, type_ignores=[])
+    exec(compile(mod, importlib.util.find_spec(fused.FUSION_MODULE).origin, "exec"), ns)
+    return ns[fused.FUSED_IMPL]
+
+
+def _drive_real_impl(impl, set_global, device: str) -> tuple[list, dict]:
+    """Call vLLM's fused-op implementation with the module globals it needs stubbed (FlashInfer's module,
+    the workspace, the TP group) over a recording `allreduce_fusion`, with tpcomm's wrapper installed on
+    that module; a fresh Hook, armed. Returns the recorded calls and the rows."""
+    import types
+
+    import torch
+
+    from tpcomm.hook import core
+
+    calls: list = []
+
+    class Pattern:
+        kAllReduce, kARResidualRMSNorm, kARResidualRMSNormFP8Quant, kARResidualRMSNormFP4Quant = 0, 1, 2, 3
+
+    comm = types.ModuleType("flashinfer.comm")
+    comm.AllReduceFusionPattern = Pattern
+    comm.QuantizationSFLayout = types.SimpleNamespace(SWIZZLED_128x4=1)
+    comm.allreduce_fusion = lambda **kw: calls.append(kw)
+    ws = types.SimpleNamespace(backend="mnnvl")
+    dev = torch.device(device)
+
+    class Group:
+        unique_name, rank_in_group, world_size = "tp:0", 0, 2
+        device = dev
+        cpu_group = object()
+        _tpcomm_backends = {"all_reduce": "nccl"}
+
+    for name, value in {
+        "flashinfer_comm": comm,
+        "ar_fusion_patterns": Pattern,
+        "get_fi_ar_workspace": lambda **kw: ws,
+        "get_fi_ar_quant_workspace": lambda **kw: ws,
+        "get_tensor_model_parallel_rank": lambda: 0,
+        "get_tp_group": lambda: Group(),
+    }.items():
+        set_global(name, value)
+    assert fused.install(comm, group_fn=Group)
+    try:
+        x = torch.randn(4, 64, device=device, dtype=torch.bfloat16)
+        r, gamma = torch.randn_like(x), torch.ones(64, device=device, dtype=torch.bfloat16)
+        before = fused.STATE["calls"]
+        core.HOOK.start()
+        core.HOOK.step_begin(
+            types.SimpleNamespace(num_scheduled_tokens={"a": 1}, total_num_scheduled_tokens=1, scheduled_new_reqs=[])
+        )
+        impl(x, r, gamma, 1e-6, 2, True, True, 64, Pattern.kARResidualRMSNorm, norm_out=torch.empty_like(x))
+        core.HOOK.stop()
+        assert fused.STATE["calls"] == before + 1  # the wrapper was reached and counted
+        assert calls and calls[0]["input"] is x and calls[0]["workspace"] is ws and calls[0]["launch_with_pdl"]
+        cols = core.HOOK.rec.columns(0)["collectives"]
+        return calls, {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in cols.items()}
+    finally:
+        fused.uninstall(comm)
+
+
+@pytest.fixture
+def fresh_hook(monkeypatch):
+    from tpcomm.hook import core
+
+    h = core.Hook()
+    monkeypatch.setattr(core, "HOOK", h)
+    monkeypatch.setattr(fused, "HOOK", h)
+    monkeypatch.setattr(fused, "STATE", {**fused.STATE, "paths": [], "backends": []})
+    return h
+
+
+def test_real_fused_op_implementation_reaches_the_wrapper(fresh_hook):
+    """vLLM's call_trtllm_fused_allreduce_norm, as installed, looks `flashinfer_comm.allreduce_fusion` up at
+    call time: with tpcomm's wrapper on that module, the real implementation goes through it (one counted
+    call, one row with the fused path and the workspace's backend) and the original still runs."""
+    ns: dict = {"torch": __import__("torch")}
+    from vllm.platforms import current_platform
+
+    ns["current_platform"] = current_platform
+    impl = _impl_from_installed_source(ns)
+    calls, cols = _drive_real_impl(impl, ns.__setitem__, "cpu")
+    assert len(calls) == 1
+    assert cols["path"] == ["flashinfer_fused_ar_rmsnorm"] and cols["backend"] == ["flashinfer_mnnvl"]
+    assert cols["bytes"] == [4 * 64 * 2]
+
+
+def test_fused_graph_events_switch_leaves_captured_calls_untimed(fresh_hook, monkeypatch):
+    """TPCOMM_FUSED_GRAPH_EVENTS=0: a call being captured into a CUDA graph runs the original directly (no
+    event nodes next to the PDL kernel) and is counted as untimed; eager calls still go through the hook.
+    The capture state is a stand-in here (no CUDA); the GPU test captures a real graph."""
+    import types
+
+    import torch
+
+    seen = []
+    orig = lambda **kw: seen.append("orig")  # noqa: E731
+    timed = []
+    monkeypatch.setattr(
+        fresh_hook, "timed_path", lambda path, g, op, probe, fn, *a, **k: timed.append(path) or fn(*a, **k)
+    )
+    probe = types.SimpleNamespace(is_cuda=True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    for events, want_timed in ((False, []), (True, [fused.PATH])):
+        fused.STATE["untimed_graph_calls"] = 0
+        timed.clear()
+        wrapper = fused._wrapped(orig, {}, lambda: object(), graph_events=events)
+        wrapper(input=probe, workspace=None, pattern=None)
+        assert timed == want_timed and fused.STATE["untimed_graph_calls"] == (0 if events else 1)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    timed.clear()
+    fused._wrapped(orig, {}, lambda: object(), graph_events=False)(input=probe, workspace=None, pattern=None)
+    assert timed == [fused.PATH] and seen == ["orig"] * 3
+    monkeypatch.setenv("TPCOMM_FUSED_GRAPH_EVENTS", "0")
+    assert not fused.graph_events_on()
+    fused.STATE["graph_events"] = False
+    st = fused.status(None)
+    assert not st["fused_graph_events"] and "not timed" in st["fused_graph_note"]
+
+
+def test_status_says_configured_only_when_the_passes_run():
+    """--enforce-eager sets compilation mode NONE: no pass runs, whatever pass_config says."""
+    import types
+
+    from vllm.config.compilation import CompilationConfig, CompilationMode, PassConfig
+
+    def st(mode, flag):
+        cc = CompilationConfig(mode=mode, pass_config=PassConfig(fuse_allreduce_rms=flag))
+        return fused.status(types.SimpleNamespace(vllm_config=types.SimpleNamespace(compilation_config=cc)))
+
+    on = st(CompilationMode.VLLM_COMPILE, True)
+    assert on["fusion_pass_configured"] is True and on["compilation_mode"] == "VLLM_COMPILE"
+    eager = st(CompilationMode.NONE, True)
+    assert eager["fusion_pass_configured"] is False and eager["fusion_pass_flag"] is True
+    assert st(CompilationMode.VLLM_COMPILE, False)["fusion_pass_configured"] is False
+    assert fused.status(None)["fusion_pass_configured"] is None  # no config to read
+
+
+def test_uncovered_fused_kernels_exist_in_the_installed_vllm():
+    root = Path(importlib.util.find_spec("vllm").origin).parent
+    for model, mod, _ in fused.UNCOVERED:
+        assert (root / mod).is_file(), (model, mod)
+
+
 @pytest.mark.gpu
-def test_real_fused_op_looks_up_the_wrapped_function():
-    """Where FlashInfer exists: the fused op's implementation calls our wrapper (the lookup it does at call time)."""
+def test_real_fused_op_looks_up_the_wrapped_function(fresh_hook, monkeypatch):
+    """Where vLLM's fusion module imports (CUDA build with FlashInfer): its real implementation, with the
+    workspace and group stubbed, goes through the wrapper on CUDA tensors."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or importlib.util.find_spec("flashinfer") is None:
         pytest.skip("needs CUDA and FlashInfer")
@@ -181,10 +347,10 @@ def test_real_fused_op_looks_up_the_wrapped_function():
     if mod.flashinfer_comm is None:
         pytest.skip("this FlashInfer lacks allreduce_fusion")
     assert hasattr(torch.ops.vllm, fused.FUSED_OP)
-    assert fused.install()
-    impl = getattr(mod, fused.FUSED_IMPL)
-    try:
-        target = getattr(impl.__globals__["flashinfer_comm"], fused.TARGET_ATTR)
-        assert getattr(target, "_tpcomm_original", None) is not None
-    finally:
-        fused.uninstall(mod.flashinfer_comm)
+    fresh_hook.gpu = True
+    from tpcomm.hook import timing
+
+    fresh_hook.cuda = timing.CudaEventTimer()
+    calls, cols = _drive_real_impl(getattr(mod, fused.FUSED_IMPL), lambda k, v: monkeypatch.setattr(mod, k, v), "cuda")
+    assert cols["path"] == ["flashinfer_fused_ar_rmsnorm"] and cols["backend"] == ["flashinfer_mnnvl"]
+    assert cols["timing"] == ["cuda-event-eager"]

@@ -124,3 +124,46 @@ def test_graph_rows_start_when_the_gpu_ran_them_not_when_the_host_enqueued(patch
     got = {}
     timer.poll(lambda row, t: None, block=True, fill_span=lambda row, a, b: got.__setitem__(row, (a, b)))
     assert got[7][0] - t_enq > 0.5 * lag_ns, (got[7][0] - t_enq, lag_ns)
+
+
+def test_a_graph_replayed_twice_in_a_sampled_step_gives_two_rows():
+    """The drafter's loop replays one graph several times per step: with the hook's before/after callbacks
+    on the real CUDAGraph, each replay is its own row, the second starting after the first ended."""
+    from tpcomm.hook import timing
+    from tpcomm.hook.core import Hook
+
+    class Group:
+        unique_name, rank_in_group, world_size = "tp:0", 0, 2
+        device = torch.device("cuda")
+        _tpcomm_backends = {"all_reduce": "nccl"}
+
+    cls = torch.cuda.graphs.CUDAGraph
+    h = Hook()
+    h.gpu, h.cuda = True, timing.CudaEventTimer(sample_every=1)
+    assert timing.patch_cuda_graphs(h.cuda, h.after_replay, h.before_replay)
+    try:
+        big = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        g, x = Group(), torch.zeros(8, device="cuda")
+
+        def work(t):
+            big @ big
+            return t
+
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            h.timed(g, "all_reduce", x, work, x)
+        h.start()
+        h.step_begin(
+            type("S", (), {"num_scheduled_tokens": {}, "total_num_scheduled_tokens": 0, "scheduled_new_reqs": []})()
+        )
+        graph.replay()
+        graph.replay()
+        h.step_end(object())
+        cols = h.rec.columns(0)["collectives"]
+        assert cols["call_idx"].tolist() == [0, 1]
+        (_, s1), (e0, _) = cols["t_start_ns"].tolist(), cols["t_end_ns"].tolist()
+        assert s1 >= e0 - 1_000 and h.replays_overwritten == 0
+    finally:
+        cls.capture_begin, cls.capture_end, cls.replay = cls._tpcomm_originals
+        cls._tpcomm_patched = False

@@ -328,7 +328,188 @@ def test_a_sampled_step_reads_all_its_graph_replays_with_one_wait():
     graph_rows = [r for r in rows if r[2] == "all_reduce"]
     assert [r[0] for r in graph_rows] == [0] * 6 + [2] * 6
     assert [r[1] for r in graph_rows] == list(range(6)) * 2  # in replay order, before the eager gather
-    assert [r[1] for r in rows if r[2] == "all_gather" and r[0] in (0, 2)] == [6, 6]
+    # Unsampled steps reserve the graphs' indices too: the eager gather is call 6 in every step.
+    assert [r[1] for r in rows if r[2] == "all_gather"] == [6, 6, 6, 6]
     dur = [d for d, op in zip(cols["duration_us"].tolist(), cols["op"]) if op == "all_reduce"]
     assert dur == pytest.approx([50.0] * 12, abs=0.01)  # each event pair's own interval
     assert h.disabled_reason is None
+
+
+class _Event:
+    """A stand-in CUDA timing event (no CUDA here): `ms` is its time on the GPU timer; a graph replay
+    re-records it (moves `ms`), as a real replay re-records the events captured in the graph."""
+
+    def __init__(self, ms=0.0, log=None):
+        self.ms, self.log = ms, log
+
+    def record(self):
+        pass
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        if self.log is not None:
+            self.log.append("event")
+
+    def elapsed_time(self, other):
+        return other.ms - self.ms
+
+
+def _graph_hook(sample_every=1):
+    """A Hook with a stand-in anchor (each sync logged; GPU timer 0 ms = an hour from now on the host clock,
+    so anchored starts win over enqueue times) and a stand-in group."""
+    import torch
+
+    from tpcomm.hook import timing
+    from tpcomm.hook.core import Hook
+
+    log = []
+    from time import time_ns
+
+    base = time_ns() + 3600 * 10**9
+
+    class Anchor(timing.ClockAnchor):
+        def sync(self):
+            log.append(("anchor", time_ns()))
+            self.event, self.host_ns = _Event(0.0), base
+            self.mono_s = 0.0
+            return True
+
+    class Group:
+        unique_name, rank_in_group, world_size = "tp:0", 0, 2
+        device = torch.device("cpu")
+        _tpcomm_backends = {"all_reduce": "nccl", "all_gather": "nccl"}
+
+    h = Hook()
+    h.cuda = timing.CudaEventTimer(sample_every=sample_every)
+    h.cuda.anchor = Anchor()
+    return h, Group(), log
+
+
+def _sched():
+    return type(
+        "S", (), {"num_scheduled_tokens": {"r": 1}, "total_num_scheduled_tokens": 1, "scheduled_new_reqs": []}
+    )()
+
+
+class _Graph:
+    """A stand-in torch.cuda.CUDAGraph holding one captured all-reduce; replay k runs it for `durs_ms[k]`."""
+
+    def __init__(self, group, durs_ms):
+        from tpcomm.hook.core import Sized
+
+        self.durs_ms, self.n = durs_ms, 0
+        meta = (group, "all_reduce", Sized(128, "bfloat16"), "nccl", "group_coordinator")
+        self._tpcomm_slots = [(meta, _Event(), _Event())]
+
+    def replay(self):
+        _, e0, e1 = self._tpcomm_slots[0]
+        e0.ms = 10.0 * (self.n + 1)
+        e1.ms = e0.ms + self.durs_ms[self.n]
+        self.n += 1
+
+
+def test_a_graph_replayed_twice_in_a_step_gives_each_replay_its_own_row():
+    """vLLM's EAGLE/MTP drafter replays one graph num_speculative_tokens - 1 times in a step. Each replay
+    re-records the graph's events, so the first replay must be read before the second is enqueued
+    (timing.bracket_replay's before_replay): two rows, each with its own duration, no duplicate."""
+    from tpcomm.hook import timing
+
+    h, g, log = _graph_hook()
+
+    class G(_Graph):
+        replay = timing.bracket_replay(_Graph.replay, h.after_replay, h.before_replay)
+
+    graph = G(g, [0.05, 0.2])
+    h.start()
+    log.clear()  # start's own anchor sync
+    h.step_begin(_sched())
+    graph.replay()
+    assert log == []  # the first replay is only noted
+    graph.replay()  # read before this one re-records the events
+    assert len(log) == 1
+    h.step_end(object())
+    cols = h.rec.columns(0)["collectives"]
+    assert cols["duration_us"].tolist() == pytest.approx([50.0, 200.0], abs=0.01)
+    assert cols["call_idx"].tolist() == [0, 1] and cols["step"].tolist() == [0, 0]
+    t0, t1 = cols["t_start_ns"].tolist()
+    assert t1 - t0 == 10_000_000  # each replay's own anchored start (10 ms apart on the GPU timer)
+    assert h.replays_overwritten == 0 and h.disabled_reason is None
+
+
+def test_without_a_before_replay_callback_a_re_recorded_replay_is_dropped_not_duplicated():
+    """selfcheck passes only after_replay: a second replay of a noted graph drops the first note (its events
+    were re-recorded) and counts it, rather than reading the second replay's times twice."""
+    from tpcomm.hook import timing
+
+    h, g, _ = _graph_hook()
+
+    class G(_Graph):
+        replay = timing.bracket_replay(_Graph.replay, h.after_replay)
+
+    graph = G(g, [0.05, 0.2])
+    h.start()
+    h.step_begin(_sched())
+    graph.replay()
+    graph.replay()
+    h.step_end(object())
+    cols = h.rec.columns(0)["collectives"]
+    assert cols["duration_us"].tolist() == pytest.approx([200.0], abs=0.01) and cols["call_idx"].tolist() == [1]
+    assert h.replays_overwritten == 1
+
+
+def test_graphs_replayed_during_sampling_are_read_at_sample_end_after_the_step_row_is_extended():
+    """vLLM's drafter runs in sample_tokens: its replays are read at sample_end (not at the next step), and
+    the step row ends before that read's wait."""
+    h, g, log = _graph_hook()
+    graph = _Graph(g, [0.05])
+    h.start()
+    log.clear()
+    h.step_begin(_sched())
+    h.step_end(None)  # sample_tokens follows
+    graph.replay()
+    h.after_replay(graph, 0)
+    h.sample_end()
+    cols = h.rec.columns(0)
+    assert cols["collectives"]["step"].tolist() == [0] and len(log) == 1
+    (t_end,) = cols["steps"]["t_end_ns"].tolist()
+    assert t_end <= log[0][1]  # the step row ends before the wait for the drafter's graphs
+    assert not h._replays and not h.in_step
+
+
+def test_start_forgets_replays_noted_before_it():
+    h, g, log = _graph_hook()
+    graph = _Graph(g, [0.05])
+    h.start()
+    h.step_begin(_sched())
+    graph.replay()
+    h.after_replay(graph, 0)
+    h.start()  # a new recording: the pending replay belongs to the old one
+    log.clear()
+    assert h._replays == []
+    h.step_begin(_sched())
+    assert log == [] and h.rec is None  # nothing read, nothing recorded
+
+
+def test_clock_anchor_uses_a_bracketed_event_on_the_idle_stream(monkeypatch):
+    """The host time after the waiting synchronize() can be late by a thread switch: the anchor is a second
+    event recorded on the idle stream and bracketed by host times; a wide bracket is retried, and if every
+    try is wide the anchor is not renewed."""
+    import types
+
+    from tpcomm.hook import timing
+
+    clock = iter([])
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(time_ns=lambda: next(clock), monotonic=lambda: 5.0))
+    made = []
+    anchor = timing.ClockAnchor(new_event=lambda: made.append(_Event()) or made[-1])
+    # try 1: a 200 us bracket (a GIL switch inside it) is refused; try 2: 10 us, accepted
+    clock = iter([1_000_000, 1_200_000, 2_000_000, 2_010_000])
+    assert anchor.sync()
+    assert len(made) == 3 and anchor.event is made[2]  # the wait's event, the refused try, the accepted one
+    assert anchor.host_ns == 2_005_000 and anchor.err_ns == 5_000
+    old = anchor.event
+    clock = iter([10_000_000 + i * 100_000 for i in range(2 * timing.ClockAnchor.TRIES)])
+    assert not anchor.sync()  # every bracket 100 us wide: not renewed
+    assert anchor.event is old and anchor.host_ns == 2_005_000

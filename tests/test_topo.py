@@ -214,11 +214,176 @@ def test_cuda_visible_devices_maps_to_nvml_indices_as_cuda_does():
     u = ["GPU-aaaa-0", "GPU-bbbb-1", "GPU-abcd-2", "GPU-cccc-3"]
     assert visible_indices(None, u) == ([0, 1, 2, 3], None)
     assert visible_indices("2,0", u) == ([2, 0], None)
-    assert visible_indices("GPU-bbbb,3", u) == ([1, 3], None)  # a unique UUID prefix
+    assert visible_indices("GPU-bbbb", u) == ([1], None)  # a unique UUID prefix
     assert visible_indices("", u)[0] == []
-    for cvd, want in (("0,7,1", [0]), ("GPU-a,1", []), ("1,1,2", [1]), ("bbbb,0", [])):
-        got, note = visible_indices(cvd, u)  # CUDA stops at the first entry naming no single GPU
+    assert visible_indices("1gpu2,2ampere", u) == ([1, 2], None)  # ordinals read like strtoul
+    for cvd, want in (
+        ("0,7,1", [0]),  # cut at the first ordinal past the last GPU
+        ("GPU-a,1", []),  # an ambiguous prefix stops the list
+        ("bbbb,0", []),  # no leading number: stops
+        ("1,1,2", []),  # a repeated entry hides every GPU
+        ("GPU-bbbb,GPU-bbbb-1", []),  # two UUIDs of one GPU: likewise
+        ("GPU-bbbb,3", [1]),  # a UUID list ends at the first entry that is not a UUID
+        ("gpu-bbbb", []),  # UUID prefixes are case-sensitive
+    ):
+        got, note = visible_indices(cvd, u)
         assert got == want and note, cvd
-    # MIG instances: mapped to their parent GPU when NVML can tell, never a crash
-    assert visible_indices("MIG-x,MIG-y,2", u, lambda s: 1) == ([1, 2], None)
+    # MIG instances: mapped to their parent GPU when NVML can tell, never a crash; a MIG list ends at "2"
+    assert visible_indices("MIG-x,MIG-y,2", u, lambda s: 1)[0] == [1]
     assert visible_indices("MIG-x,1", u)[0] == []
+
+
+@pytest.mark.parametrize(
+    "cvd",
+    [
+        "2,0",
+        "GPU-bbbb,3",
+        "0,7,1",
+        "GPU-a,1",
+        "1,1,2",
+        "bbbb,0",
+        "1gpu2,2ampere",
+        "gpu-bbbb",
+        " 1, 2",
+        "-1,2",
+        "+1",
+        "GPU-bbbb,GPU-bbbb-1",
+        "GPU-cccc,GPU-aaaa",
+        "3,2,1,0",
+        "",
+    ],
+)
+def test_cuda_visible_devices_parsing_matches_the_installed_pytorch(cvd, monkeypatch):
+    """PyTorch mirrors CUDA's rules (torch/cuda/__init__.py): its parser, UUID matching and the cut at the
+    device count, run on the same UUIDs, give the same GPUs as ours."""
+    import torch.cuda as tc
+
+    from tpcomm.topo.nvml import visible_indices
+
+    u = ["GPU-aaaa-0", "GPU-bbbb-1", "GPU-abcd-2", "GPU-cccc-3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cvd)
+    want = tc._parse_visible_devices()
+    if want and isinstance(want[0], str):
+        want = tc._transform_uuid_to_ordinals(want, u)
+    else:
+        cut = next((i for i, x in enumerate(want) if x >= len(u)), len(want))
+        want = want[:cut]
+    assert visible_indices(cvd, u)[0] == want
+
+
+def _gpu_paths_with(monkeypatch, cc="9.0", n=8, nvlink=True, **env):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return gpu_paths(_gpus(n, nvlink=nvlink, cc=cc), n, vllm_tables(), flashinfer=True)
+
+
+def test_flashinfer_allreduce_is_listed_in_vllms_order_with_its_size(monkeypatch):
+    """vLLM 0.32 tries its standalone FlashInfer all-reduce (VLLM_ALLREDUCE_USE_FLASHINFER=1 by default)
+    before custom all-reduce, up to FI_ALLREDUCE_FUSION_MAX_SIZE_MB[sm][tp] (or the mnnvl tuned size)."""
+    paths = _gpu_paths_with(monkeypatch)
+    names = [p["path"] for p in paths]
+    assert names == [
+        "flashinfer-fused-ar-rmsnorm",
+        "nccl-symm-mem",
+        "flashinfer-pcie-ipc",
+        "flashinfer-ar",
+        "custom-ar",
+        "torch-symm-mem",
+        "pynccl",
+    ]
+    fi = _path(paths, "flashinfer-ar")
+    assert fi["eligible"] and fi["max_bytes"] == 512 * 1024 and "0.5 MiB" in fi["why"]
+    assert "declines" in _path(paths, "custom-ar")["why"]  # custom AR gets what FlashInfer does not take
+    # SM 10.3 at TP 8 on one node: the mnnvl backend's tuned size (64 MB, exclusive), not the 4 MB table entry
+    assert _path(_gpu_paths_with(monkeypatch, cc="10.3"), "flashinfer-ar")["max_bytes"] == 64 * 1024 * 1024 - 1
+    trt = _gpu_paths_with(monkeypatch, cc="10.3", VLLM_FLASHINFER_ALLREDUCE_BACKEND="trtllm")
+    assert _path(trt, "flashinfer-ar")["max_bytes"] == 4 * 1024 * 1024
+    monkeypatch.delenv("VLLM_FLASHINFER_ALLREDUCE_BACKEND")
+    no_size = _path(_gpu_paths_with(monkeypatch, cc="8.9", nvlink=False), "flashinfer-ar")
+    assert not no_size["eligible"] and "SM 8.9" in no_size["why"]
+    assert not _path(_gpu_paths_with(monkeypatch, n=6), "flashinfer-ar")["eligible"]
+    off = _gpu_paths_with(monkeypatch, VLLM_ALLREDUCE_USE_FLASHINFER="0")
+    assert not _path(off, "flashinfer-ar")["eligible"] and "declines" not in _path(off, "custom-ar")["why"]
+    monkeypatch.delenv("VLLM_ALLREDUCE_USE_FLASHINFER")
+    bi = _gpu_paths_with(monkeypatch, VLLM_BATCH_INVARIANT="1")
+    assert not _path(bi, "flashinfer-ar")["eligible"] and not _path(bi, "flashinfer-fused-ar-rmsnorm")["eligible"]
+    assert not _path(bi, "torch-symm-mem")["eligible"]
+
+
+def test_flashinfer_ar_size_matches_vllms_own_computation(monkeypatch):
+    """Our max_bytes is what FlashInferAllReduce.__init__ computes from the same tables (its helper, real)."""
+    from vllm.distributed.device_communicators import all_reduce_utils as aru
+
+    from tpcomm.topo.rules import flashinfer_ar_max_bytes
+
+    t = vllm_tables()
+    for (sm, tp, nodes), mb in aru.FI_MNNVL_ALLREDUCE_MAX_SIZE_MB.items():
+        if nodes == 1 and tp in t["fi_fusion_max_size_mb"].get(sm, {}):
+            assert flashinfer_ar_max_bytes(t, f"{sm // 10}.{sm % 10}", tp) == int(mb * 1024 * 1024) - 1
+    assert flashinfer_ar_max_bytes(t, "9.0", 4) == 2 * 1024 * 1024
+
+
+def test_custom_ar_is_not_eligible_above_eight_gpus(monkeypatch):
+    """16 is in CustomAllreduce._SUPPORTED_WORLD_SIZES, but should_custom_ar declines at world size > 8."""
+    ca = _path(_gpu_paths_with(monkeypatch, cc="10.0", n=16), "custom-ar")
+    assert not ca["eligible"] and "> 8" in ca["why"]
+
+
+def test_custom_ar_cap_is_said_to_depend_on_multicast(monkeypatch):
+    ca = _path(_gpu_paths_with(monkeypatch), "custom-ar")
+    assert ca["max_bytes"] == 256 * 1024 and "multicast" in ca["why"] and "8 MiB" in ca["why"]
+
+
+def test_flashinfer_usable_mirrors_vllms_has_flashinfer(monkeypatch, tmp_path):
+    """vLLM's has_flashinfer() (real, uncached call) and ours agree when the package, flashinfer-cubin,
+    nvcc and ninja are each there or not."""
+    import importlib.util
+    import shutil
+
+    import vllm.utils.flashinfer as vfi
+
+    from tpcomm.topo.fusion import flashinfer_usable
+
+    real_find, real_which = importlib.util.find_spec, shutil.which
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    monkeypatch.delenv("VLLM_HAS_FLASHINFER_CUBIN", raising=False)
+    for fi, cubin, cuda_home, ninja in [
+        (False, False, True, True),
+        (True, True, False, False),
+        (True, False, True, True),
+        (True, False, False, True),
+        (True, False, True, False),
+    ]:
+        present = {"flashinfer": fi, "flashinfer_cubin": cubin}
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a, p=present: object() if p.get(name) else (None if name in p else real_find(name, *a)),
+        )
+        monkeypatch.setattr(
+            shutil,
+            "which",
+            lambda cmd, *a, n=ninja: ("/usr/bin/ninja" if n else None) if cmd == "ninja" else real_which(cmd, *a),
+        )
+        monkeypatch.setenv("CUDA_HOME", str(tmp_path / ("cuda" if cuda_home else "nowhere")))
+        vfi.has_flashinfer_cubin.cache_clear()
+        want = vfi.has_flashinfer.__wrapped__()
+        assert flashinfer_usable()[0] == want, (fi, cubin, cuda_home, ninja)
+    vfi.has_flashinfer_cubin.cache_clear()
+
+
+def test_fusion_batch_invariant_comes_from_the_server_when_known(monkeypatch):
+    from tpcomm.topo.fusion import allreduce_fusion
+
+    t = vllm_tables()
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")  # this shell's value; the server says off
+    served = allreduce_fusion("9.0", 8, True, t, server_batch_invariant=False)
+    assert served["enabled"] and "hook status" in served["batch_invariant_from"] and "assumed" not in served["why"]
+    local = allreduce_fusion("9.0", 8, True, t)
+    assert not local["enabled"] and "assumed" in local["why"]
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT")
+    assert "assumed the server's" in allreduce_fusion("9.0", 8, True, t)["why"]
+    assert not allreduce_fusion("9.0", 8, True, t, server_batch_invariant=True)["enabled"]

@@ -96,6 +96,7 @@ class Hook:
         # Sampled CUDA graph replays of the current step, read together at its end (one wait per step):
         # (graph, host time of the replay call, step, first call index of its collectives).
         self._replays: list[tuple[Any, int, int, int]] = []
+        self.replays_overwritten = 0  # sampled replays lost to a second replay of the graph (no before_replay)
 
     # ---- arming -------------------------------------------------------
     def recorder(self) -> Recorder:
@@ -107,6 +108,8 @@ class Hook:
         if self.disabled_reason:
             return
         self.session = session
+        self._replays = []  # replays noted before this start belong to no recording
+        self.replays_overwritten = 0
         self.poll(block=True)
         if self.cuda is not None:
             try:
@@ -174,13 +177,15 @@ class Hook:
                 return self._timed_cuda(group, op, probe, fn, args, kwargs, path)
             if not self.armed:
                 return fn(*args, **kwargs)
+            LAST_BACKEND[0] = None
             t0 = time.time_ns()
             out = fn(*args, **kwargs)
             t1 = time.time_ns()
         finally:
             self.depth = 0
         try:
-            self._add(group, op, probe if probe is not None else out, None, t0, t1, timing.HOST_SYNC, path)
+            backend = LAST_BACKEND[0]  # set by a path that knows its transport (fused.py), else the group's
+            self._add(group, op, probe if probe is not None else out, backend, t0, t1, timing.HOST_SYNC, path)
         except Exception as e:  # noqa: BLE001
             self.fail(f"recording {op}", e)
         return out
@@ -221,17 +226,32 @@ class Hook:
             self.fail(f"timing {op}", e)
         return out
 
+    def before_replay(self, graph: Any) -> None:
+        """Called before every replay of a graph that holds captured collectives. A replay re-records the
+        graph's events, so a graph replayed again within a sampled step (vLLM's EAGLE/MTP drafter loop
+        replays one graph num_speculative_tokens - 1 times) has its noted replay read now, before the
+        next one is enqueued."""
+        if self._replays and any(g is graph for g, *_ in self._replays):
+            self.read_replays()
+
     def after_replay(self, graph: Any, t_replay_ns: int) -> None:
-        """Called after every CUDA graph replay that holds captured collectives. In a sampled step the
-        replay is noted with the step and call indices its collectives take (their order in the step);
-        its events are read at the step's end with the step's other replays (read_replays)."""
-        if not self.armed or self.cuda is None or not self.cuda.due(self.step):
+        """Called after every CUDA graph replay that holds captured collectives. While armed, every replay
+        takes call indices for its collectives, sampled or not, so the collectives after it have the same
+        call_idx in every step. In a sampled step the replay is noted with its step and first index; its
+        events are read at the step's end with the step's other replays (read_replays)."""
+        if not self.armed or self.cuda is None:
             return
         try:
-            if any(g is graph for g, *_ in self._replays):  # replayed again before the step ended
-                self.read_replays()
-            self._replays.append((graph, t_replay_ns, self.step if self.in_step else -1, self.call_idx))
+            first = self.call_idx
             self.call_idx += len(graph._tpcomm_slots)
+            if not self.cuda.due(self.step):
+                return
+            if any(g is graph for g, *_ in self._replays):
+                # Replayed again with no before_replay to read the first replay: its events now hold this
+                # replay's times, so the earlier note is dropped rather than read as a duplicate.
+                self._replays = [r for r in self._replays if r[0] is not graph]
+                self.replays_overwritten += 1
+            self._replays.append((graph, t_replay_ns, self.step if self.in_step else -1, first))
         except Exception as e:  # noqa: BLE001
             self.fail("noting a CUDA graph replay", e)
 
@@ -332,12 +352,18 @@ class Hook:
             self.fail("step end", e)
 
     def sample_end(self) -> None:
-        self.in_step = False
+        """End of sample_tokens, the second half of a step (vLLM's drafter replays its graphs there): the
+        step row is extended to now, then the graphs replayed during sampling are read (their one wait
+        falls outside the step's time)."""
+        t_end = time.time_ns()
         if self.step_row >= 0 and self.armed:
             try:
-                self.rec.extend_step(self.step_row, time.time_ns())
+                self.rec.extend_step(self.step_row, t_end)
             except Exception as e:  # noqa: BLE001
                 self.fail("sample end", e)
+        if self._replays:
+            self.read_replays()
+        self.in_step = False
 
 
 def group_backend(group: Any, op: str) -> str:

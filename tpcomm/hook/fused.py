@@ -19,21 +19,59 @@ vLLM's standalone FlashInfer all-reduce (`FlashInferAllReduce.all_reduce`) calls
 same function from inside `GroupCoordinator._all_reduce_out_place`, which is timed
 already; the hook records only the outermost call, so that stays one row with path
 group_coordinator. ROCm's AITER fusion (RocmAiterAllReduceFusionPass) is not covered.
+
+Rows carry `backend` = "flashinfer_" + the FlashInfer workspace's backend (vLLM's
+call_trtllm_fused_allreduce_norm reads `workspace.backend`: "trtllm" or "mnnvl";
+"trtllm" when the workspace does not say), and the same label goes to the
+GroupCoordinator row of vLLM's standalone FlashInfer all-reduce.
+
+PDL: vLLM launches the fused kernel with `launch_with_pdl=True` (programmatic
+dependent launch: the kernel may start while the one before it finishes). In a CUDA
+graph, the event-record nodes the hook captures around the kernel sit between it and
+its neighbours, which likely turns the programmatic edge into a full dependency in
+every replay, recording on or off (graphs are captured once, at start-up). Not
+measured on this machine (no GPU); benchmarks/bench_hook_overhead.py --graph-events
+compares a PDL kernel chain with and without the events. TPCOMM_FUSED_GRAPH_EVENTS=0
+captures the fused op without events: its graph replays then go untimed (counted in
+status as fused_untimed_graph_calls), eager calls are still timed.
+
+Not covered: model-specific kernels in vLLM 0.32 that all-reduce on their own,
+through neither GroupCoordinator nor flashinfer.comm.allreduce_fusion (UNCOVERED
+below; their bytes are missing from the hook's rows for those models).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
-from tpcomm.hook.core import HOOK, logger
+from tpcomm.hook.core import HOOK, LAST_BACKEND, logger
 
 FUSION_MODULE = "vllm.compilation.passes.fusion.allreduce_rms_fusion"
 FUSED_OP = "flashinfer_trtllm_fused_allreduce_norm"  # torch.ops.vllm.<this>
 FUSED_IMPL = "call_trtllm_fused_allreduce_norm"
 TARGET_ATTR = "allreduce_fusion"  # on the module global `flashinfer_comm`
 PATH = "flashinfer_fused_ar_rmsnorm"
+BACKEND_PREFIX = "flashinfer_"
+DEFAULT_WORKSPACE_BACKEND = "trtllm"  # vLLM's default when VLLM_FLASHINFER_ALLREDUCE_BACKEND cannot pick mnnvl
+PDL_NOTE = (
+    "vLLM launches the fused kernel with PDL; timing events captured around it in CUDA graphs likely cost "
+    "the programmatic-launch overlap on every replay (TPCOMM_FUSED_GRAPH_EVENTS=0 leaves them out)"
+)
+# vLLM 0.32 kernels that all-reduce outside GroupCoordinator and flashinfer.comm.allreduce_fusion:
+# (model, module under vllm/, what it does). tests/test_hook_fused.py checks the modules exist.
+UNCOVERED = (
+    ("deepseek_v41", "models/deepseek_v41/nvidia/ops/cute_dsl/all_reduce_mhc.py", "Lamport all-reduce + mHC + RMSNorm"),
+    (
+        "kimi_k3",
+        "models/kimi_k3/nvidia/ops/cute_dsl/latent_moe_tail/allreduce_rmsnorm_reduce_scatter_early_exit.py",
+        "all-reduce + RMSNorm with reduce-scatter early exit (MoE tail)",
+    ),
+    ("inkling", "models/inkling/nvidia/ops/lamport.py", "Lamport reduce-scatter + short conv + all-gather + RMSNorm"),
+    ("minimax", "model_executor/layers/minimax_rms_norm/rms_norm_tp.py", "Lamport all-reduce + RMSNorm (q/k norm)"),
+)
 # AllReduceFusionPattern member -> path suffix
 _PATTERN_SUFFIX = {
     "kARResidualRMSNorm": "",
@@ -45,7 +83,21 @@ _PATTERN_SUFFIX = {
 
 # Per-process state, for /tpcomm/v1/status. Python runs the op eagerly and once at CUDA graph
 # capture; replays do not run Python, so `calls` counts those and `captured` the captured ones.
-STATE: dict[str, Any] = {"installed": False, "calls": 0, "captured": 0, "paths": [], "error": None}
+STATE: dict[str, Any] = {
+    "installed": False,
+    "calls": 0,
+    "captured": 0,
+    "untimed_graph_calls": 0,  # captured without events (TPCOMM_FUSED_GRAPH_EVENTS=0)
+    "paths": [],
+    "backends": [],
+    "graph_events": True,
+    "error": None,
+}
+
+
+def graph_events_on() -> bool:
+    """TPCOMM_FUSED_GRAPH_EVENTS: capture timing events around the fused op in CUDA graphs (default on)."""
+    return os.environ.get("TPCOMM_FUSED_GRAPH_EVENTS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def fusion_module() -> Any:
@@ -68,7 +120,8 @@ def install(comm: Any = None, group_fn: Callable[[], Any] | None = None) -> bool
         if getattr(orig, "_tpcomm_original", None) is not None:
             STATE["installed"] = True
             return True
-        setattr(comm, TARGET_ATTR, _wrapped(orig, _path_names(comm), group_fn or _tp_group))
+        STATE["graph_events"] = graph_events_on()
+        setattr(comm, TARGET_ATTR, _wrapped(orig, _path_names(comm), group_fn or _tp_group, STATE["graph_events"]))
         HOOK.patched.append(f"{getattr(comm, '__name__', type(comm).__name__)}.{TARGET_ATTR}")
         STATE["installed"], STATE["error"] = True, None
         return True
@@ -103,12 +156,15 @@ def _path_names(comm: Any) -> dict:
     return out
 
 
-def _wrapped(orig: Callable, names: dict, group_fn: Callable[[], Any]) -> Callable:
+def _wrapped(orig: Callable, names: dict, group_fn: Callable[[], Any], graph_events: bool = True) -> Callable:
     groups: list = []
 
     @functools.wraps(orig)
     def allreduce_fusion(*args, **kwargs):
+        ws = kwargs.get("workspace", args[1] if len(args) > 1 else None)
+        backend = BACKEND_PREFIX + str(getattr(ws, "backend", None) or DEFAULT_WORKSPACE_BACKEND)
         if HOOK.depth or HOOK.disabled_reason is not None:  # inside a timed GroupCoordinator call
+            LAST_BACKEND[0] = backend  # that row's transport (vLLM's standalone FlashInfer all-reduce)
             return orig(*args, **kwargs)
         try:
             pattern = kwargs.get("pattern", args[2] if len(args) > 2 else None)
@@ -116,41 +172,81 @@ def _wrapped(orig: Callable, names: dict, group_fn: Callable[[], Any]) -> Callab
             probe = kwargs.get("input", args[0] if args else None)
             if not groups:
                 groups.append(group_fn())
-            _count(path, probe)
+            if _count(path, probe, backend) and not graph_events:
+                STATE["untimed_graph_calls"] += 1
+                return orig(*args, **kwargs)
         except Exception as e:  # noqa: BLE001
             HOOK.fail("fused all-reduce", e)
             return orig(*args, **kwargs)
-        return HOOK.timed_path(path, groups[0], "all_reduce", probe, orig, *args, **kwargs)
+
+        def run(*a, **k):
+            out = orig(*a, **k)
+            LAST_BACKEND[0] = backend  # read by the timed call once this returns
+            return out
+
+        return HOOK.timed_path(path, groups[0], "all_reduce", probe, run, *args, **kwargs)
 
     allreduce_fusion._tpcomm_original = orig
     return allreduce_fusion
 
 
-def _count(path: str, probe: Any) -> None:
+def _count(path: str, probe: Any, backend: str) -> bool:
+    """Count a call; True when it is being captured into a CUDA graph."""
     STATE["calls"] += 1
     if path not in STATE["paths"]:
         STATE["paths"].append(path)
+    if backend not in STATE["backends"]:
+        STATE["backends"].append(backend)
     if getattr(probe, "is_cuda", False):
         import torch
 
         if torch.cuda.is_current_stream_capturing():
             STATE["captured"] += 1
+            return True
+    return False
 
 
 def status(worker: Any) -> dict:
-    """Which all-reduce paths this worker has: the fusion pass switched on in its config, and whether the
-    fused op ran (eagerly or at capture) since start-up."""
-    pc = getattr(getattr(getattr(worker, "vllm_config", None), "compilation_config", None), "pass_config", None)
-    enabled = getattr(pc, "fuse_allreduce_rms", None)
+    """Which all-reduce paths this worker has. `fusion_pass_configured`: the fusion pass is on in its config
+    and the config compiles with vLLM's passes (compilation mode VLLM_COMPILE; --enforce-eager sets NONE,
+    which runs no pass); `fusion_seen_running`: the fused op ran here (eagerly or at capture) since start-up."""
+    cc = getattr(getattr(worker, "vllm_config", None), "compilation_config", None)
+    pc = getattr(cc, "pass_config", None)
+    flag = getattr(pc, "fuse_allreduce_rms", None)
+    mode = getattr(cc, "mode", None)
+    mode_name = getattr(mode, "name", None if mode is None else str(mode))
+    configured = None if flag is None else bool(flag) and mode_name == "VLLM_COMPILE"
     max_mb = getattr(pc, "fi_allreduce_fusion_max_size_mb", None)
     paths = ["group_coordinator"] + list(STATE["paths"])  # GroupCoordinator carries every other collective
+    graph_events = bool(STATE["graph_events"])
     return {
-        "fusion_pass_enabled": None if enabled is None else bool(enabled),
+        "fusion_pass_configured": configured,
+        "fusion_pass_flag": None if flag is None else bool(flag),
+        "compilation_mode": mode_name,
+        "fusion_seen_running": STATE["calls"] > 0,
         "fusion_max_size_mb_override": max_mb,
         "fused_op": f"torch.ops.vllm.{FUSED_OP} -> flashinfer.comm.{TARGET_ATTR}",
         "fused_timed": bool(STATE["installed"]),
         "fused_calls": int(STATE["calls"]),
         "fused_captured": int(STATE["captured"]),
+        "fused_backends": list(STATE["backends"]),
+        "fused_graph_events": graph_events,
+        "fused_untimed_graph_calls": int(STATE["untimed_graph_calls"]),
+        "fused_graph_note": PDL_NOTE
+        if graph_events
+        else "TPCOMM_FUSED_GRAPH_EVENTS=0: the fused op's CUDA-graph calls are not timed (eager calls are)",
+        "batch_invariant": _batch_invariant(),
         "allreduce_paths": paths,
+        "not_covered": [f"{m}: {what} (vllm/{mod})" for m, mod, what in UNCOVERED],
         "fused_error": STATE["error"],
     }
+
+
+def _batch_invariant() -> bool | None:
+    """The server's VLLM_BATCH_INVARIANT, as vLLM reads it (clients judge the fusion with it: topo/fusion.py)."""
+    try:
+        import vllm.envs as envs
+
+        return bool(envs.VLLM_BATCH_INVARIANT)
+    except Exception:  # noqa: BLE001
+        return None

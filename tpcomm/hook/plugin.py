@@ -140,7 +140,7 @@ def _install_cuda_timing() -> None:
 
     HOOK.gpu = True
     HOOK.cuda = timing.CudaEventTimer()
-    if timing.patch_cuda_graphs(HOOK.cuda, HOOK.after_replay):
+    if timing.patch_cuda_graphs(HOOK.cuda, HOOK.after_replay, HOOK.before_replay):
         HOOK.patched.append("torch.cuda.CUDAGraph.capture_begin/capture_end/replay")
     _tag_cuda_backends()
     from tpcomm.hook import fused

@@ -18,21 +18,22 @@
 
 Start times (`ClockAnchor`): the host runs ahead of the GPU, so the host time at
 which a call or a graph was *enqueued* is early by the GPU queue lag. Event rows
-are therefore placed on the host clock through an anchor: a plain timing event
-recorded on the stream and waited for at once; when the host had to wait for it
-(``query()`` False before ``synchronize()``), the host time on return is the
-event's completion time to within the wake-up latency (microseconds), and any
-other event ``e`` on that device is at ``anchor_ns + anchor.elapsed_time(e)``.
-After a sampled replay the anchor is the wait the hook needs anyway (a reference
-event recorded right behind the graph replaces the wait on the graph's last
-event): no extra sync. If the graph had already finished when the host looked
-(no queue lag to speak of), rows keep the enqueue-based placement. Eager pairs
-are placed with the newest anchor no older than ANCHOR_MAX_AGE_S, refreshed at
-most once a second at a step start while eager pairs are in use (one short wait
-per second). Every start is at least the enqueue time (a collective cannot start
-before it was launched), so graph and eager rows share one clock: the host wall
-clock at which the GPU began the collective. Durations come from the event pairs
-either way.
+are therefore placed on the host clock through an anchor. A sync records an event
+on the stream and waits for it (the wait a sampled step needs anyway: that event
+is behind every replay made on the stream); the host time on return from that wait
+is not used, since a thread switch (GIL) between the wake-up and `time.time_ns()`
+can make it late by milliseconds. Instead, on the stream now idle, a second event
+is recorded and waited for, bracketed by host times taken right before the record
+and right after the wait: the event ran inside that bracket, so its midpoint is the
+event's host time to within half the bracket. Only a bracket tighter than
+ANCHOR_TIGHT_NS is accepted (a few tries); else the anchor is not renewed and rows
+keep the enqueue-based placement. Any other event ``e`` on that device is at
+``anchor_ns + anchor.elapsed_time(e)``. Eager pairs are placed with the newest
+anchor no older than ANCHOR_MAX_AGE_S, refreshed at most once a second at a step
+start while eager pairs are in use (one short wait per second). Every start is at
+least the enqueue time (a collective cannot start before it was launched), so graph
+and eager rows share one clock: the host wall clock at which the GPU began the
+collective. Durations come from the event pairs either way.
 
 Units: ns for timestamps, ms from `Event.elapsed_time`.
 """
@@ -52,34 +53,50 @@ HOST_ENQUEUE = "host-enqueue"
 
 GraphEmit = Callable[[Any, int, int], None]  # (meta, t_start_ns, t_end_ns)
 ANCHOR_MAX_AGE_S = 10.0  # eager rows: an older anchor may have drifted (GPU timer vs host clock)
-ANCHOR_TIGHT_NS = 50_000  # an anchor whose whole record-and-wait took less is exact enough
+ANCHOR_TIGHT_NS = 50_000  # an anchor bracket (record + wait on an idle stream) at most this wide is accepted
 ANCHOR_REFRESH_S = 1.0  # eager mode: refresh the anchor at a step start at most this often
 
 
 class ClockAnchor:
-    """A CUDA timing event whose completion time on the host clock is known (see the module docstring)."""
+    """A CUDA timing event whose completion time on the host clock is known (see the module docstring).
 
-    def __init__(self) -> None:
+    `new_event` makes a timing event (default: torch.cuda.Event(enable_timing=True)); tests pass
+    stand-ins with CUDA events' interface."""
+
+    TRIES = 3  # brackets tried per sync before giving up on renewing the anchor
+
+    def __init__(self, new_event: Callable[[], Any] | None = None) -> None:
         self.event: Any = None
         self.host_ns = 0
+        self.err_ns = 0  # half the accepted bracket: the anchor's own uncertainty
         self.mono_s = -1e18  # time.monotonic() of the last fresh anchor
+        self._new_event = new_event
+
+    def _event(self) -> Any:
+        if self._new_event is None:
+            import torch
+
+            return torch.cuda.Event(enable_timing=True)
+        return self._new_event()
 
     def sync(self) -> bool:
-        """Record a reference event on the current stream and wait for it. True (and the anchor is
-        updated) when the host had to wait, i.e. the host time on return is the event's time."""
-        import torch
-
-        ev = torch.cuda.Event(enable_timing=True)
-        t_rec = time.time_ns()
-        ev.record()
-        # Done before we looked: its time is only known to lie in [t_rec, now]; fine when that is short.
-        fresh = not ev.query()
-        ev.synchronize()
-        t = time.time_ns()
-        fresh = fresh or t - t_rec < ANCHOR_TIGHT_NS
-        if fresh:
-            self.event, self.host_ns, self.mono_s = ev, t, time.monotonic()
-        return fresh
+        """Wait for everything enqueued on the current stream, then anchor a second event recorded on
+        the idle stream, bracketed by host times. True (and the anchor is updated) when a bracket was
+        tighter than ANCHOR_TIGHT_NS."""
+        wait = self._event()
+        wait.record()
+        wait.synchronize()  # the wait: the stream is idle after it
+        for _ in range(self.TRIES):
+            ev = self._event()
+            h0 = time.time_ns()
+            ev.record()
+            ev.synchronize()
+            h1 = time.time_ns()
+            if h1 - h0 < ANCHOR_TIGHT_NS:
+                self.event, self.host_ns, self.err_ns = ev, (h0 + h1) // 2, (h1 - h0) // 2
+                self.mono_s = time.monotonic()
+                return True
+        return False
 
     def age_s(self) -> float:
         return time.monotonic() - self.mono_s
@@ -200,17 +217,18 @@ class CudaEventTimer:
         """After a sampled step's replays (vLLM's piecewise mode replays one graph per piece): one wait
         for all of them, then one row per captured collective through each replay's `emit`.
 
-        The wait is the anchor's reference event, recorded on the current stream behind every replay
-        made on it; a replay made on another stream is waited for on its own last event (no wait when
-        it is already done). Start = max(enqueue bound, anchored time): the enqueue bound is the host
-        time of the replay call plus the event's offset from the graph's first event (what a row would
-        be with no queue lag); the anchored time comes from the reference event (see the module
-        docstring). ``anchor`` keeps that reference for eager rows; a private one if None."""
+        The wait is the anchor's sync (ClockAnchor.sync), recorded on the current stream behind every
+        replay made on it; a replay made on another stream is waited for on its own last event (no wait
+        when it is already done). Start = max(enqueue bound, anchored time): the enqueue bound is the
+        host time of the replay call plus the event's offset from the graph's first event (what a row
+        would be with no queue lag); the anchored time comes from the anchor's reference event, renewed
+        by this sync or else one younger than ANCHOR_MAX_AGE_S (see the module docstring). ``anchor``
+        keeps that reference for eager rows; a private one if None."""
         replays = [r for r in replays if getattr(r[0], "_tpcomm_slots", None)]
         if not replays:
             return 0
         anchor = anchor if anchor is not None else ClockAnchor()
-        fresh = anchor.sync()  # also waits for every graph replayed on this stream: the reference is behind them
+        fresh = anchor.sync() or (anchor.event is not None and anchor.age_s() < ANCHOR_MAX_AGE_S)
         n = 0
         for graph, t_replay_ns, emit in replays:
             slots = graph._tpcomm_slots
@@ -227,8 +245,16 @@ class CudaEventTimer:
         return n
 
 
-def patch_cuda_graphs(timer: CudaEventTimer, after_replay: Callable[[Any, int], None]) -> bool:
-    """Bracket torch.cuda.CUDAGraph capture and replay (vLLM's CUDAGraphWrapper uses this class)."""
+def patch_cuda_graphs(
+    timer: CudaEventTimer,
+    after_replay: Callable[[Any, int], None],
+    before_replay: Callable[[Any], None] | None = None,
+) -> bool:
+    """Bracket torch.cuda.CUDAGraph capture and replay (vLLM's CUDAGraphWrapper uses this class).
+
+    For a graph holding captured collectives, `before_replay(graph)` runs before the replay is
+    enqueued (the last chance to read the events of its previous replay, which this one re-records)
+    and `after_replay(graph, host time of the call)` after it."""
     try:
         import torch
 
@@ -251,13 +277,25 @@ def patch_cuda_graphs(timer: CudaEventTimer, after_replay: Callable[[Any, int], 
         finally:
             timer.on_capture_end(self)
 
-    def replay(self, *a, **k):
-        t = time.time_ns()
-        orig_replay(self, *a, **k)
-        if getattr(self, "_tpcomm_slots", None):
-            after_replay(self, t)
-
-    cls.capture_begin, cls.capture_end, cls.replay = capture_begin, capture_end, replay
+    cls.capture_begin, cls.capture_end = capture_begin, capture_end
+    cls.replay = bracket_replay(orig_replay, after_replay, before_replay)
     cls._tpcomm_patched = True
     cls._tpcomm_originals = (orig_begin, orig_end, orig_replay)
     return True
+
+
+def bracket_replay(
+    orig_replay: Callable, after_replay: Callable[[Any, int], None], before_replay: Callable[[Any], None] | None = None
+) -> Callable:
+    """CUDAGraph.replay with the callbacks of patch_cuda_graphs, for graphs that hold captured collectives."""
+
+    def replay(self, *a, **k):
+        timed = getattr(self, "_tpcomm_slots", None)
+        if timed and before_replay is not None:
+            before_replay(self)
+        t = time.time_ns()
+        orig_replay(self, *a, **k)
+        if timed:
+            after_replay(self, t)
+
+    return replay

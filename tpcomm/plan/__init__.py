@@ -115,9 +115,12 @@ def build_plan(
     batches: list[int] | tuple[int, ...] = (1,),
     sm: str | None = None,
     flashinfer: bool = True,
+    server_batch_invariant: bool | None = None,
 ) -> Plan:
-    """`sm` (compute capability of the target GPU, e.g. "9.0") and `flashinfer` (installed in the server)
-    decide vLLM's FlashInfer all-reduce + RMSNorm fusion; without `sm` every row stays group_coordinator."""
+    """`sm` (compute capability of the target GPU, e.g. "9.0") and `flashinfer` (usable in the server)
+    decide vLLM's FlashInfer all-reduce + RMSNorm fusion; without `sm` every row stays group_coordinator.
+    `server_batch_invariant`: the server's VLLM_BATCH_INVARIANT from its hook status (allreduce_fusion
+    .batch_invariant); None: this shell's, assumed the server's (the fusion's `why` says so)."""
     m = model if isinstance(model, ModelSpec) else load_model(model)
     lay = Layout(tp=tp, ep=ep, dp=dp, pp=pp, dcp=dcp)
     lay.validate(m)
@@ -129,17 +132,25 @@ def build_plan(
     for b in batches:
         plan.collectives.extend(decode_collectives(m, lay, b))
     if sm is not None:
-        _apply_fusion(plan, sm, flashinfer)
+        _apply_fusion(plan, sm, flashinfer, server_batch_invariant)
     return plan
 
 
-def _apply_fusion(plan: Plan, sm: str, flashinfer: bool) -> None:
+def _apply_fusion(plan: Plan, sm: str, flashinfer: bool, server_batch_invariant: bool | None = None) -> None:
     from tpcomm.topo.fusion import PATH, allreduce_fusion, is_fused
     from tpcomm.topo.rules import vllm_tables
 
     m = plan.model
     tables = vllm_tables()
-    rule = allreduce_fusion(sm, plan.layout.tp, flashinfer, tables, m.hidden_size, m.dtype_bytes)
+    rule = allreduce_fusion(
+        sm,
+        plan.layout.tp,
+        flashinfer,
+        tables,
+        m.hidden_size,
+        m.dtype_bytes,
+        server_batch_invariant=server_batch_invariant,
+    )
     plan.fusion = {**rule, "sm": sm, "flashinfer": flashinfer, "tables_source": tables["source"]}
     plan.collectives = [
         replace(c, path=PATH, fused=True) if is_fused(c.site, c.op, c.group, c.bytes, rule) else c

@@ -13,12 +13,21 @@ MLP/MoE -> next input_layernorm or the final norm) becomes one FlashInfer kernel
 that all-reduces the same bytes and never reaches GroupCoordinator/CudaCommunicator.
 It needs torch.compile (not --enforce-eager, not -O0/-O1).
 
+"FlashInfer installed" is vLLM's `has_flashinfer()` (vllm/utils/flashinfer.py): the
+`flashinfer` package, and kernels it can load: the flashinfer-cubin package
+(or VLLM_HAS_FLASHINFER_CUBIN=1), else nvcc (CUDA_HOME, CUDA_PATH, PATH or
+/usr/local/cuda) and ninja on PATH for its JIT; `flashinfer_usable` mirrors it.
+VLLM_BATCH_INVARIANT is the server's: taken from its hook status when the caller has
+one, else this shell's value is assumed to be the server's (and the answer says so).
+
 Units: bytes, MiB = 2**20 (vLLM's "MB" in that table).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 
 MiB = 1024 * 1024
 PATH = "flashinfer_fused_ar_rmsnorm"
@@ -31,6 +40,43 @@ def sm_int(sm: str) -> int:
     return int(major) * 10 + int(minor)
 
 
+def flashinfer_usable() -> tuple[bool, str]:
+    """vLLM's has_flashinfer() for this environment, without importing vLLM or FlashInfer: (usable, why)."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return False, "the flashinfer package is not installed"
+    if _env_int("VLLM_HAS_FLASHINFER_CUBIN") or importlib.util.find_spec("flashinfer_cubin") is not None:
+        return True, "flashinfer with flashinfer-cubin (precompiled kernels)"
+    if _nvcc_path() is None or shutil.which("ninja") is None:
+        return False, (
+            "flashinfer is installed but vLLM's has_flashinfer() says no: no flashinfer-cubin, and nvcc "
+            "(CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda) or ninja (PATH) is missing for its JIT"
+        )
+    return True, "flashinfer, kernels compiled by its JIT (nvcc and ninja found)"
+
+
+def _nvcc_path() -> str | None:
+    """vllm.utils.flashinfer._flashinfer_nvcc_path: the nvcc FlashInfer's JIT would run."""
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not cuda_home:
+        nvcc = shutil.which("nvcc")
+        cuda_home = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
+    return shutil.which(os.path.join(cuda_home, "bin", "nvcc"))
+
+
+def _env_int(name: str) -> bool:
+    try:
+        return bool(int(os.environ.get(name, "0") or "0"))
+    except ValueError:
+        return False
+
+
+def batch_invariant(server: bool | None = None) -> tuple[bool, str]:
+    """VLLM_BATCH_INVARIANT as the server has it: `server` (from its status) when known, else this shell's."""
+    if server is not None:
+        return bool(server), "the server's VLLM_BATCH_INVARIANT (hook status)"
+    return _env_int("VLLM_BATCH_INVARIANT"), "this shell's VLLM_BATCH_INVARIANT, assumed to be the server's"
+
+
 def allreduce_fusion(
     sm: str | None,
     tp: int,
@@ -39,23 +85,34 @@ def allreduce_fusion(
     hidden: int | None = None,
     dtype_bytes: int | None = None,
     max_num_batched_tokens: int = 2048,
+    server_batch_invariant: bool | None = None,
 ) -> dict:
-    """{enabled: True/False/None (unknown), why, max_bytes, max_tokens, lever} for this GPU and TP."""
-    out = {"path": PATH, "enabled": False, "why": "", "max_bytes": None, "max_tokens": None, "lever": None}
+    """{enabled: True/False/None (unknown), why, max_bytes, max_tokens, lever, batch_invariant_from} for this
+    GPU and TP. `server_batch_invariant`: the server's VLLM_BATCH_INVARIANT when known (see the docstring)."""
+    bi, bi_from = batch_invariant(server_batch_invariant)
+    out = {
+        "path": PATH,
+        "enabled": False,
+        "why": "",
+        "max_bytes": None,
+        "max_tokens": None,
+        "lever": None,
+        "batch_invariant_from": bi_from,
+    }
     if sm is None:
         return {**out, "enabled": None, "why": "GPU unknown: give its compute capability (--sm) to judge the fusion"}
     if tp <= 1:
         return {**out, "why": "TP=1: no all-reduce"}
-    if os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("0", ""):
-        return {**out, "why": "VLLM_BATCH_INVARIANT is set: the fused path is not batch-invariant"}
+    if bi:
+        return {**out, "why": f"VLLM_BATCH_INVARIANT is set ({bi_from}): the fused path is not batch-invariant"}
     cap = sm_int(sm)
     if not (cap == 90 or cap // 10 == 10):
         return {**out, "why": f"SM {sm}: vLLM fuses all-reduce + RMSNorm only on SM 9.0 and 10.x"}
     if flashinfer is False:
         return {
             **out,
-            "why": "FlashInfer is not installed (vLLM's CUDA requirements pin it)",
-            "lever": "install flashinfer",
+            "why": "FlashInfer is not usable (vLLM's has_flashinfer(): package, and flashinfer-cubin or nvcc+ninja)",
+            "lever": "install flashinfer-cubin (or put nvcc and ninja on PATH)",
         }
     sizes = tables["fi_fusion_max_size_mb"].get(cap, {})
     if tp not in tables["fi_fusion_world_sizes"] or tp not in sizes:
@@ -64,13 +121,17 @@ def allreduce_fusion(
     max_tokens = None
     if hidden and dtype_bytes:
         max_tokens = min(max_bytes // (hidden * dtype_bytes), max_num_batched_tokens)
-    maybe = "" if flashinfer else " if FlashInfer is installed in the server"
+    maybe = "" if flashinfer else " if FlashInfer is usable in the server"
+    assumed = (
+        "" if server_batch_invariant is not None else "; VLLM_BATCH_INVARIANT off in this shell, assumed the server's"
+    )
     return {
         **out,
         "enabled": True,
         "why": (
             f"on by default at -O2{maybe}: all-reduce + RMSNorm run as one FlashInfer kernel for messages "
             f"up to {max_bytes / MiB:g} MiB (SM {sm}, TP {tp}); they bypass GroupCoordinator and move the same bytes"
+            f"{assumed}"
         ),
         "max_bytes": max_bytes,
         "max_tokens": max_tokens,

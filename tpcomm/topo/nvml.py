@@ -46,37 +46,81 @@ def visible_indices(
 ) -> tuple[list[int], str | None]:
     """NVML indices of the GPUs CUDA shows under CUDA_VISIBLE_DEVICES `cvd`, in CUDA's order, and a note.
 
-    As CUDA parses it: a comma-separated list of ordinals or UUIDs ("GPU-..." in full or a unique
-    prefix); parsing stops at the first entry that matches no GPU (or repeats one), and the rest is
-    ignored; an empty value hides every GPU; unset shows all. Ordinals are taken in NVML's (PCI bus)
-    order, which is CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID or identical GPUs. A "MIG-..." entry is
-    mapped to its parent GPU through `mig_parent` (NVML), else it ends the list like CUDA's unknown UUID."""
+    CUDA's rules as PyTorch mirrors them (torch/cuda/__init__.py `_parse_visible_devices`,
+    `_transform_uuid_to_ordinals`, `_device_count_nvml`): the first entry fixes the list's type. A
+    list that starts with "GPU-" (or "MIG-") holds UUIDs and ends at the first entry without that
+    prefix; each is a case-sensitive prefix of one GPU's UUID, and parsing stops at one that matches
+    none or several. Otherwise entries are ordinals read like strtoul ("1gpu2" is 1), parsing stops at
+    one that has no leading number, and the list is cut at the first ordinal past the last GPU. A
+    repeated entry (or two UUIDs of one GPU) hides every GPU; so does an empty value; unset shows
+    all. Ordinals are taken in NVML's (PCI bus) order, which is CUDA's with
+    CUDA_DEVICE_ORDER=PCI_BUS_ID or identical GPUs. "MIG-..." entries are mapped to their parent GPU
+    through `mig_parent` (NVML; PyTorch does not parse them), several instances of one GPU giving the
+    GPU once; one that cannot be mapped ends the list."""
     n = len(uuids)
     if cvd is None:
         return list(range(n)), None
     if not cvd.strip():
         return [], "CUDA_VISIBLE_DEVICES is empty: CUDA sees no GPU"
-    out: list[int] = []
-    for raw in cvd.split(","):
-        e = raw.strip()
-        mig = e.upper().startswith("MIG-")
-        if e.isdigit():
-            idx = int(e) if int(e) < n else None
-        elif mig:
-            idx = mig_parent(e) if mig_parent is not None else None
-        elif e.upper().startswith("GPU-"):
-            hits = [i for i, u in enumerate(uuids) if u and u.lower().startswith(e.lower())]
-            idx = hits[0] if len(hits) == 1 else None
-        else:
-            idx = None
-        if idx is None or (idx in out and not mig):
-            return (
-                out,
-                f"CUDA_VISIBLE_DEVICES={cvd!r}: {e!r} names no single GPU (or repeats one); CUDA ignores it and the rest",
-            )
-        if idx not in out:  # several MIG instances of one GPU: the GPU once
-            out.append(idx)
-    return out, None
+    stop = None
+    if cvd.startswith(("GPU-", "MIG-")):
+        prefix, entries = cvd[:4], []
+        for e in cvd.split(","):
+            if e in entries:
+                return [], f"CUDA_VISIBLE_DEVICES={cvd!r}: {e!r} is repeated, so CUDA sees no GPU"
+            if not e.startswith(prefix):
+                stop = f"{e!r} is not a {prefix} UUID like the first entry"
+                break
+            entries.append(e)
+        out: list[int] = []
+        for e in entries:
+            if prefix == "MIG-":
+                idx = mig_parent(e) if mig_parent is not None else None
+                if idx is None:
+                    stop = f"{e!r} names no MIG instance NVML can map to a GPU"
+                    break
+                if idx not in out:
+                    out.append(idx)
+                continue
+            hits = [i for i, u in enumerate(uuids) if u and u.startswith(e)]
+            if len(hits) != 1:
+                stop = f"{e!r} matches {'no' if not hits else 'more than one'} GPU UUID (case-sensitive prefix)"
+                break
+            if hits[0] in out:
+                return [], f"CUDA_VISIBLE_DEVICES={cvd!r}: {e!r} names a GPU already listed, so CUDA sees no GPU"
+            out.append(hits[0])
+    else:
+        out = []
+        for e in cvd.split(","):
+            x = _strtoul(e.strip())
+            if x in out:
+                return [], f"CUDA_VISIBLE_DEVICES={cvd!r}: ordinal {x} is repeated, so CUDA sees no GPU"
+            if x < 0:
+                stop = f"{e!r} does not start with an ordinal"
+                break
+            out.append(x)
+        for i, x in enumerate(out):
+            if x >= n:
+                out, stop = out[:i], f"ordinal {x} is past the last of {n} GPU(s)"
+                break
+    note = f"CUDA_VISIBLE_DEVICES={cvd!r}: {stop}; CUDA ignores it and the rest" if stop else None
+    return out, note
+
+
+def _strtoul(s: str) -> int:
+    """PyTorch's `_strtoul` (torch/cuda/__init__.py): the number a string starts with, or -1."""
+    if not s:
+        return -1
+    idx = 0
+    for idx, c in enumerate(s):
+        if not (c.isdigit() or (idx == 0 and c in "+-")):
+            break
+        if idx + 1 == len(s):
+            idx += 1
+    try:
+        return int(s[:idx]) if idx > 0 else -1
+    except ValueError:  # a lone sign
+        return -1
 
 
 def _mig_parent(nv, uuid: str) -> int | None:

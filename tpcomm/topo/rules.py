@@ -1,9 +1,13 @@
 """Which all-reduce paths vLLM would enable on this topology, and why not.
 
-The conditions are those of vLLM's own code (0.32): CustomAllreduce.__init__ and
-should_custom_ar (custom_all_reduce.py), SymmMemCommunicator (symm_mem.py),
-should_nccl_symm_mem_allreduce (all_reduce_utils.py), FlashInferPcieIpcAllReduce
-(flashinfer_pcie_ipc_all_reduce.py), CpuCommunicator (cpu_communicator.py).
+The conditions are those of vLLM's own code (0.32), in the order
+CudaCommunicator.all_reduce (cuda_communicator.py) tries them: NCCL symmetric memory
+(should_nccl_symm_mem_allreduce, skipped for a tensor FlashInfer takes),
+FlashInferPcieIpcAllReduce (flashinfer_pcie_ipc_all_reduce.py), FlashInferAllReduce
+(flashinfer_all_reduce.py, on by default: VLLM_ALLREDUCE_USE_FLASHINFER=1),
+CustomAllreduce.__init__ and should_custom_ar (custom_all_reduce.py),
+SymmMemCommunicator (symm_mem.py), then pynccl; CpuCommunicator (cpu_communicator.py)
+on CPU. Each path gets only what the ones before it declined.
 The tables are read from the installed vLLM when it imports; else the 0.32 values
 (vllm_tables.py). The FlashInfer all-reduce + RMSNorm fusion, a compile-time rewrite
 that takes all-reduces before CudaCommunicator sees them, is judged in fusion.py.
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from tpcomm.topo.fusion import allreduce_fusion
+from tpcomm.topo.fusion import allreduce_fusion, flashinfer_usable, sm_int
 from tpcomm.topo.vllm_tables import TABLES, VLLM_VERSION
 
 MiB = 1024 * 1024
@@ -43,6 +47,7 @@ def vllm_tables() -> dict:
         "flashinfer_pcie_world_sizes": list(fpi._SUPPORTED_WORLD_SIZES),
         "fi_fusion_max_size_mb": fi_sizes,
         "fi_fusion_world_sizes": list(TABLES["fi_fusion_world_sizes"]),
+        "fi_mnnvl_max_size_mb": dict(aru.FI_MNNVL_ALLREDUCE_MAX_SIZE_MB),
     }
 
 
@@ -75,7 +80,8 @@ def fi_fusion_sizes() -> tuple[dict, str | None]:
 
 def custom_ar_max_bytes(t: dict, cc: str | None, tp: int, symm_mem: bool) -> int:
     """CustomAllreduce's size limit: its default (8 MiB), capped by CUSTOM_ALL_REDUCE_MAX_SIZES[sm][tp]
-    when torch symmetric memory is enabled (CustomAllreduce.__init__, symm_mem_enabled)."""
+    when torch symmetric memory is enabled (CustomAllreduce.__init__, symm_mem_enabled), which vLLM
+    decides by whether the symmetric-memory rendezvous got a multicast pointer (symm_mem.py)."""
     cap = t.get("custom_ar_max_sizes", {}).get(cc or "", {}).get(tp) if symm_mem else None
     return min(cap, t["custom_ar_max_bytes"]) if cap is not None else t["custom_ar_max_bytes"]
 
@@ -84,10 +90,65 @@ def _env_on(name: str, default: str) -> bool:
     return os.environ.get(name, default) not in ("0", "", "false", "False")
 
 
-def gpu_paths(gpu: dict, tp: int, t: dict, flashinfer: bool | None = None) -> list[dict]:
+def flashinfer_ar_max_bytes(t: dict, cc: str | None, tp: int, nodes: int = 1) -> int | None:
+    """FlashInferAllReduce.max_workspace_size: the mnnvl backend's tuned size (exclusive, so minus one)
+    where FI_MNNVL_ALLREDUCE_MAX_SIZE_MB has (sm, tp, nodes), else FI_ALLREDUCE_FUSION_MAX_SIZE_MB[sm][tp];
+    None: no size for this SM and world size (vLLM disables it)."""
+    if cc is None:
+        return None
+    sm = sm_int(cc)
+    mb = t["fi_fusion_max_size_mb"].get(sm, {}).get(tp)
+    if not mb:
+        return None
+    backend = os.environ.get("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "auto")
+    tuned = t.get("fi_mnnvl_max_size_mb", {}).get((sm, tp, nodes)) if backend in ("auto", "mnnvl") else None
+    return int(tuned * MiB) - 1 if tuned is not None else int(mb * MiB)
+
+
+def flashinfer_ar(cc: str | None, tp: int, installed: bool, t: dict, batch_invariant: bool) -> tuple:
+    """(eligible, why, lever, max_bytes) of vLLM's standalone FlashInfer all-reduce (FlashInferAllReduce)."""
+    lever = None
+    if not _env_on("VLLM_ALLREDUCE_USE_FLASHINFER", "1"):
+        return False, "switched off by VLLM_ALLREDUCE_USE_FLASHINFER=0", None, None
+    if batch_invariant:
+        return False, "VLLM_BATCH_INVARIANT is set: no fixed reduction order", None, None
+    if tp == 1:
+        return False, "one GPU: no all-reduce", None, None
+    if not installed:
+        return False, "flashinfer (flashinfer.comm.allreduce_fusion) not importable", "install flashinfer", None
+    mx = flashinfer_ar_max_bytes(t, cc, tp)
+    if mx is None:
+        sizes = sorted(t["fi_fusion_max_size_mb"])
+        return (
+            False,
+            f"no FlashInfer size for SM {cc} at world size {tp} (FI_ALLREDUCE_FUSION_MAX_SIZE_MB: {sizes})",
+            lever,
+            None,
+        )
+    backend = os.environ.get("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "auto")
+    be = {
+        "auto": "backend mnnvl if NVSwitch multicast works, else trtllm",
+        "mnnvl": "backend mnnvl (VLLM_FLASHINFER_ALLREDUCE_BACKEND), needs NVSwitch multicast",
+        "trtllm": "backend trtllm (VLLM_FLASHINFER_ALLREDUCE_BACKEND)",
+    }.get(backend, f"backend {backend}")
+    return (
+        True,
+        f"on by default: 2-D contiguous fp16/bf16/fp32 tensors up to {mx / MiB:.4g} MiB ({be}; the mnnvl workspace "
+        "uses about a third of that per call); NCCL symmetric memory and custom all-reduce get only what it declines",
+        "VLLM_ALLREDUCE_USE_FLASHINFER=0 to compare",
+        mx,
+    )
+
+
+def gpu_paths(
+    gpu: dict, tp: int, t: dict, flashinfer: bool | None = None, server_batch_invariant: bool | None = None
+) -> list[dict]:
     """Each all-reduce path vLLM tries, in its order, with eligible True/False and why. First the
     FlashInfer all-reduce + RMSNorm fusion (decided at compile time, before any dispatch);
-    `flashinfer`: installed in the server's environment (None: look here)."""
+    `flashinfer`: usable in the server's environment (None: vLLM's has_flashinfer() mirrored here);
+    `server_batch_invariant`: the server's VLLM_BATCH_INVARIANT if known (None: this shell's)."""
+    from tpcomm.topo.fusion import batch_invariant
+
     gpus = gpu["gpus"][:tp]
     idx = range(len(gpus))
     nvlink_all = all(gpu["nvlink_p2p"][i][j] for i in idx for j in idx)
@@ -104,8 +165,12 @@ def gpu_paths(gpu: dict, tp: int, t: dict, flashinfer: bool | None = None) -> li
     if flashinfer is None:
         import importlib.util
 
-        flashinfer = importlib.util.find_spec("flashinfer") is not None
-    fu = allreduce_fusion(cc, tp, flashinfer, t)
+        installed = importlib.util.find_spec("flashinfer") is not None
+        flashinfer = flashinfer_usable()[0]
+    else:
+        installed = flashinfer
+    bi = batch_invariant(server_batch_invariant)[0]
+    fu = allreduce_fusion(cc, tp, flashinfer, t, server_batch_invariant=server_batch_invariant)
     add(
         "flashinfer-fused-ar-rmsnorm",
         bool(fu["enabled"]),
@@ -113,6 +178,7 @@ def gpu_paths(gpu: dict, tp: int, t: dict, flashinfer: bool | None = None) -> li
         fu["lever"],
         max_bytes=fu["max_bytes"],
     )
+    fi_ar = flashinfer_ar(cc, tp, installed, t, bi)
     # torch symmetric memory: judged first because it also caps custom all-reduce's size
     sizes = t["symm_mem_max_sizes"].get(cc or "", {})
     if not _env_on("VLLM_ALLREDUCE_USE_SYMM_MEM", "1"):
@@ -123,14 +189,17 @@ def gpu_paths(gpu: dict, tp: int, t: dict, flashinfer: bool | None = None) -> li
         symm = (False, f"world size {tp} not in {sorted(sizes)} for SM {cc}")
     elif not nvlink_all:
         symm = (False, "needs NVSwitch multicast; these GPUs are not NVLink-connected")
+    elif bi:
+        symm = (False, "VLLM_BATCH_INVARIANT is set: vLLM disables it")
     else:
         symm = (True, f"eligible if NVSwitch multicast works (NVML cannot confirm), up to {sizes[tp] // MiB} MiB")
+    declined = " (only tensors FlashInfer's all-reduce declines)" if fi_ar[0] else ""
     # NCCL symmetric memory (opt-in)
     if not _env_on("VLLM_USE_NCCL_SYMM_MEM", "0"):
         add("nccl-symm-mem", False, "opt-in, off", "VLLM_USE_NCCL_SYMM_MEM=1")
     else:
         ok = tp >= t["nccl_symm_min_world"]
-        add("nccl-symm-mem", ok, f"on; world size {tp} {'>=' if ok else '<'} {t['nccl_symm_min_world']}")
+        add("nccl-symm-mem", ok, f"on; world size {tp} {'>=' if ok else '<'} {t['nccl_symm_min_world']}{declined}")
     # FlashInfer PCIe IPC (opt-in)
     fi_ok = tp in t["flashinfer_pcie_world_sizes"]
     if not _env_on("VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "0"):
@@ -150,11 +219,15 @@ def gpu_paths(gpu: dict, tp: int, t: dict, flashinfer: bool | None = None) -> li
             if fi_ok
             else f"world size {tp} not in {t['flashinfer_pcie_world_sizes']}",
         )
+    # FlashInfer's standalone all-reduce (default on)
+    add("flashinfer-ar", fi_ar[0], fi_ar[1], fi_ar[2], max_bytes=fi_ar[3])
     # vLLM custom all-reduce
     if tp == 1:
         add("custom-ar", False, "one GPU: no all-reduce")
     elif tp not in t["custom_ar_world_sizes"]:
         add("custom-ar", False, f"world size {tp} not in {t['custom_ar_world_sizes']}")
+    elif tp > 8:
+        add("custom-ar", False, f"world size {tp} > 8: should_custom_ar declines every tensor")
     elif tp > 2 and not nvlink_all:
         add(
             "custom-ar",
@@ -171,8 +244,19 @@ def gpu_paths(gpu: dict, tp: int, t: dict, flashinfer: bool | None = None) -> li
         )
     else:
         mx = custom_ar_max_bytes(t, cc, tp, symm[0])
-        capped = " (vLLM's CUSTOM_ALL_REDUCE_MAX_SIZES cap with symmetric memory on)" if symm[0] else ""
-        add("custom-ar", True, f"eligible for messages < {_human(mx)}{capped} (multiple of 16 B)", max_bytes=mx)
+        full = t["custom_ar_max_bytes"]
+        capped = (
+            f" (vLLM's CUSTOM_ALL_REDUCE_MAX_SIZES cap, applied only if torch symmetric memory gets NVSwitch "
+            f"multicast; else < {_human(full)})"
+            if symm[0] and mx != full
+            else ""
+        )
+        add(
+            "custom-ar",
+            True,
+            f"eligible for messages < {_human(mx)}{capped} (multiple of 16 B){declined}",
+            max_bytes=mx,
+        )
     add("torch-symm-mem", *symm, max_bytes=sizes.get(tp) if symm[0] else None)
     add("pynccl", True, "always available: vLLM's NCCL binding, captured in CUDA graphs")
     return out

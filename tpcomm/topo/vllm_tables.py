@@ -10,7 +10,11 @@ Sources (vLLM 0.32.0):
 - flashinfer_pcie_world_sizes: flashinfer_pcie_ipc_all_reduce.py _SUPPORTED_WORLD_SIZES.
 - fi_fusion_max_size_mb: vllm/compilation/passes/fusion/allreduce_rms_fusion.py
   FI_ALLREDUCE_FUSION_MAX_SIZE_MB (keyed by capability as an int, 90 = SM 9.0; MB = MiB there),
-  fi_fusion_world_sizes: vllm/config/compilation.py PassConfig.flashinfer_max_size.
+  fi_fusion_world_sizes: vllm/config/compilation.py PassConfig.flashinfer_max_size. The same table
+  sizes vLLM's standalone FlashInfer all-reduce (FlashInferAllReduce, via
+  PassConfig.default_fi_allreduce_fusion_max_size_mb).
+- fi_mnnvl_max_size_mb: all_reduce_utils.py FI_MNNVL_ALLREDUCE_MAX_SIZE_MB, keyed (SM as int, world
+  size, node count): the tuned size of the standalone all-reduce with the mnnvl backend (exclusive).
 """
 
 from __future__ import annotations
@@ -43,4 +47,5 @@ TABLES = {
         107: {2: 64, 4: 64, 8: 2},
     },
     "fi_fusion_world_sizes": [2, 4, 8, 16],
+    "fi_mnnvl_max_size_mb": {(103, 4, 1): 80, (103, 8, 1): 64, (103, 8, 2): 64, (103, 16, 4): 8},
 }
