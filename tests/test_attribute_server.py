@@ -411,10 +411,11 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
 
 
 @pytest.mark.vllm
-def test_client_stall_is_reported_and_leaves_the_terms_alone(baseline_run, plugin_server, tmp_path):
+def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_path):
     """A 1 s pause while reading the stream of one request (C=1): reported as a stall of that request, and no
     term of the split moves: the same run's split without that request's time span agrees within 5% of the
-    per-token time per term, and the per-token time rises by less than half of what the pause would add had it entered the engine's clock."""
+    per-token time per term and in total (had the pause entered the engine's clock, it would add about a third
+    of a token)."""
     from tpcomm.attribute.load import LoadSpec
     from tpcomm.attribute.run import Attribute, AttributeConfig
     from tpcomm.attribute.split import engine_split
@@ -435,7 +436,7 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(baseline_run, plugi
     # Closure is judged by the baseline and Llama tests; here the client's TPOT carries this test's own 1 s
     # pause (and any server hiccup that coincides), so only the engine-side terms are held to the baseline.
     assert lv["closure"]["judged"], lv["closure"]
-    # The engine was idle while the client paused: no decode period spans the stall.
+    # The split of the same run without request 3's time span (the engine never saw the client pause: it only stops reading).
     req = pd.read_parquet(out / "load/requests.parquet").set_index("request_id")
     rows = pd.read_parquet(out / "attribution/steps_by_rank.parquet")
     rows = rows[(rows["concurrency"] == 1)]
@@ -444,13 +445,15 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(baseline_run, plugi
     e = lv["engine_ms_per_token"]
     for k, v in lv["per_token_ms"].items():
         assert abs(without["per_token_ms"][k] - v) <= 0.05 * e, (k, lv["per_token_ms"], without["per_token_ms"])
-    # Against the run without the pause: had the 1 s entered the engine's clock, it would add 1000 ms over the
-    # level's decode tokens to the per-token time (~2 ms here, about a third). Two runs on a shared 2-core host
-    # differ by up to ~15% on their own, in either direction, so only the stall's direction is held: the
-    # per-token time rises by less than half of what the stall would add.
-    e0 = json.loads((baseline_run[0] / "attribution/summary.json").read_text())["levels"][0]["engine_ms_per_token"]
+    # And the per-token time itself: had the pause entered the engine's clock, it would add its 1 s over the
+    # level's decode tokens (~2 ms, a third of a token), which the split without that request would not have.
+    # (Not compared with the baseline run: two runs on a shared 2-core host differ by up to +-19% on their own.)
     stall_per_token = injected[0]["gap_ms"] / (req["output_tokens"] - 1).sum()
-    assert e - e0 <= 0.5 * stall_per_token, (e, e0, stall_per_token)
+    assert abs(without["engine_ms_per_token"] - e) <= min(0.05 * e, 0.5 * stall_per_token), (
+        e,
+        without,
+        stall_per_token,
+    )
 
 
 @pytest.mark.vllm
