@@ -27,8 +27,9 @@ import os
 import torch
 import torch.distributed as dist
 
-from probes.devices import NoDevice, cuda_device
+from probes.devices import NoDevice, cuda_device, peers_not_visible, rank_layout
 from probes.ops import COLLECTIVES, ops_for
+from probes.spec import NOT_IN_BACKEND
 
 
 class Ineligible(Exception):
@@ -99,9 +100,7 @@ class GlooBackend(Backend):
         dist.all_reduce(self._token, group=self.group)
 
     def unsupported(self, op):
-        if op == "reduce_scatter":
-            return "gloo has no reduce_scatter_tensor in torch.distributed"
-        return super().unsupported(op)
+        return NOT_IN_BACKEND["gloo"].get(op) or super().unsupported(op)
 
 
 class ShmBackend(Backend):
@@ -202,9 +201,25 @@ class CustomArBackend(NcclBackend):
         car = _vllm_cuda_setup(
             self, cpu_group, local_rank, "vllm.distributed.device_communicators.custom_all_reduce", "custom all-reduce"
         )
-        self.comm = car.CustomAllreduce(group=self.group, device=self.device)
-        if self.comm.disabled:
-            raise Ineligible(custom_ar_reason(car, self.world, self.rank, self.group))
+        layout = rank_layout() or []
+        why = peers_not_visible([x["host"] for x in layout], [x["visible_gpus"] for x in layout])
+        if why:  # the same verdict on every rank: all ranks gathered the same layout
+            raise Ineligible(why)
+        # vLLM's constructor and its checks raise on layouts it never sees in its own workers; any exception is
+        # "not eligible here", agreed by all ranks so none goes on to measure alone.
+        err = None
+        try:
+            self.comm = car.CustomAllreduce(group=self.group, device=self.device)
+            if self.comm.disabled:
+                err = custom_ar_reason(car, self.world, self.rank, self.group)
+        except Exception as e:  # noqa: BLE001
+            err = f"vLLM's CustomAllreduce raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        try:
+            agree_or_ineligible(cpu_group, err)
+        except Ineligible:
+            if getattr(self, "comm", None) is not None and not self.comm.disabled:
+                self.comm.close()  # built here, refused elsewhere: free its IPC buffers
+            raise
 
     lineup_name = "tiny custom-ar all_reduce (device stream)"
 
@@ -231,6 +246,15 @@ class CustomArBackend(NcclBackend):
 
 def custom_ar_reason(car, world: int, rank: int, group) -> str:
     """Why vLLM's CustomAllreduce disabled itself: the checks of its __init__, in its order."""
+    try:
+        return _custom_ar_reason(car, world, rank, group)
+    except Exception as e:  # noqa: BLE001 - its checks index devices the way vLLM does and can raise the same way
+        return (
+            f"disabled by vLLM; asking why raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        )
+
+
+def _custom_ar_reason(car, world: int, rank: int, group) -> str:
     from vllm.distributed.parallel_state import in_the_same_node_as
     from vllm.platforms import current_platform
 
@@ -246,6 +270,18 @@ def custom_ar_reason(car, world: int, rank: int, group) -> str:
     if not car._can_p2p(rank, world):
         return "GPU P2P capability missing or vLLM's P2P test failed"
     return "disabled by vLLM (see its log)"
+
+
+def agree_or_ineligible(cpu_group, err: str | None) -> None:
+    """Every rank says whether its set-up failed; all raise Ineligible (with the first rank's reason) if any did."""
+    got: list = [None] * dist.get_world_size()
+    dist.all_gather_object(got, err, group=cpu_group)
+    bad = [(r, e) for r, e in enumerate(got) if e]
+    if bad:
+        r, e = bad[0]
+        raise Ineligible(
+            e if r == dist.get_rank() or (len(bad) == len(got) and len({x for _, x in bad}) == 1) else f"rank {r}: {e}"
+        )
 
 
 BACKEND_CLASSES = {c.name: c for c in (GlooBackend, ShmBackend, NcclBackend, PyNcclBackend, CustomArBackend)}

@@ -1,6 +1,7 @@
 """Rank-side collective probe. One process per rank; torch.distributed env://
-rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), so it runs
-under `tpcomm probe`'s own launcher, torchrun or srun alike:
+rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; the local rank from
+LOCAL_RANK, else srun's SLURM_LOCALID), so it runs under `tpcomm probe`'s own
+launcher, torchrun or srun alike:
 
     torchrun --nproc-per-node 2 probes/collectives.py --backend gloo,shm \
         --ops all_reduce --sizes 14336,1M --out /tmp/probe
@@ -11,7 +12,9 @@ finishes ({"kind": "result" | "skipped" | "start" | "done", ...}).
 Test-only fault injection: TPCOMM_PROBE_FAULT="hang|die:RANK:OP|*:BYTES|*" makes
 that rank sleep forever (or exit 17) when it reaches that measurement;
 "late:RANK:OP|*:BYTES|*:US" makes it start every isolated op US microseconds after
-the line-up (a known skew, read back as the result's skew_p50_us).
+the line-up (a known skew, read back as the result's skew_p50_us; outside the timed
+interval of the late rank itself). TPCOMM_PROBE_SLACK_US overrides the GPU slack
+after the line-up (probes/measure.py; a test sets 0 to see every sample overrun).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ import torch
 import torch.distributed as dist
 
 from probes.backends import Ineligible, make_backend
-from probes.measure import Timer, rank_spread, slowest_rank, summarize
+from probes.devices import local_rank_and_world, rank_layout
+from probes.measure import Timer, any_rank, rank_spread, slowest_rank, summarize
 from probes.ops import COLLECTIVES, count_wrong
 from probes.spec import BACKENDS, MODES, build_items, parse_sizes
 
@@ -190,11 +194,12 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
         backend.lineup(ctrl)
         late()
 
-    iso = []
+    iso, overran = [], []
     for _ in range(iters):
         backend.sync()
         state.tick()
         iso.append(timer.time_us(run1, lineup))
+        overran.append(timer.overran)
     state.set("pipelined")
     nchunk = 0 if lone else max(1, min(10, iters))
     per = max(1, iters // max(1, nchunk))
@@ -214,6 +219,7 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
             pipe.append(timer.time_us(chunk) / per)
         backend.sync()
     iso, skew = rank_spread(iso, ctrl)
+    overruns = int(sum(any_rank(overran, ctrl)))
     pipe = slowest_rank(pipe, ctrl) if pipe else []
     esize = b.inp.element_size()
     nbytes = b.count * esize
@@ -232,7 +238,14 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
             "busbw_GBps": algbw * factor if algbw is not None else None,
         }
     sk = summarize(skew)
-    rows["isolated"] |= {"lineup": backend.lineup_name, "skew_p50_us": sk["p50_us"], "skew_p99_us": sk["p99_us"]}
+    rows["isolated"] |= {
+        "lineup": backend.lineup_name,
+        "skew_p50_us": sk["p50_us"],
+        "skew_p99_us": sk["p99_us"],
+        # GPU: samples (any rank) whose start event had fired before the op was queued (None: CPU, no slack)
+        "slack_us": timer.slack_us,
+        "slack_overruns": overruns if timer.cuda else None,
+    }
     base = {
         "backend": item["backend"],
         "op": op,
@@ -251,13 +264,18 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
     return [{"kind": "result", **base, **rows[t]} for t in ("isolated", "pipelined") if t in rows]
 
 
+def _layout() -> dict:
+    """Every rank's host and visible GPU count, once a GPU backend has mapped devices (for the conditions)."""
+    lay = rank_layout()
+    return {"visible_gpus_by_rank": [x["visible_gpus"] for x in lay]} if lay else {}
+
+
 def start_rank(spec: dict, sink=None, n_items: int = 0):
     """What every rank-side run does first (probe and replay alike): rank and node from the launcher's
     environment, the watchdog, the gloo process groups, and the record sink (rank 0 only; default: append to
     spec['out_jsonl']). Emits the "start" record. Returns (local_rank, state, ctrl, emit, common)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local_rank, local_world = local_rank_and_world(os.environ, rank, world)
     timeout = float(spec.get("timeout", 60))
     state = RankState(spec.get("status_dir"), rank)
     if not os.environ.get("TPCOMM_PROBE_SUPERVISED"):
@@ -295,7 +313,7 @@ def run(spec: dict, sink=None) -> int:
             backend = make_backend(name, ctrl, local_rank)
         except Ineligible as e:
             for it in its:
-                emit({"kind": "skipped", **it, "reason": str(e), **common})
+                emit({"kind": "skipped", **it, "reason": str(e), **common, **_layout()})
             continue
         timer = Timer(backend)
         hw = _hardware(backend.device)
@@ -316,7 +334,7 @@ def run(spec: dict, sink=None) -> int:
                 emit({"kind": "skipped", **it, "reason": reason, **common})
                 continue
             for r in rows:
-                emit({**r, **common, "hardware": hw, "device": str(backend.device)})
+                emit({**r, **common, "hardware": hw, "device": str(backend.device), **_layout()})
         backend.close()
     state.set("done", None)
     dist.barrier(group=ctrl)

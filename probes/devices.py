@@ -8,8 +8,10 @@ before any NCCL communicator exists: NCCL would die with its duplicate-GPU error
 and vLLM never runs that way. GPUs are compared by UUID across all ranks (all
 nodes), since indices are per process.
 
-The pure functions (`device_index`, `shared_gpus`, `shared_gpu_message`) need no
-torch; `cuda_device` is the rank-side check (one gather on the control group).
+The pure functions (`local_rank_and_world`, `device_index`, `shared_gpus`,
+`shared_gpu_message`, `peers_not_visible`) need no torch; `cuda_device` is the
+rank-side check (one gather on the control group), after which `rank_layout`
+holds every rank's host and visible GPU count.
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ import socket
 
 class NoDevice(ValueError):
     """This rank has no GPU of its own to drive; the message says why."""
+
+
+def local_rank_and_world(env, rank: int, world: int) -> tuple[int, int]:
+    """(local rank, ranks on this node) from the launcher's variables: torchrun's LOCAL_RANK /
+    LOCAL_WORLD_SIZE, else srun's SLURM_LOCALID / SLURM_NTASKS_PER_NODE ("4" or "4(x2)"), else the
+    global rank and world (one node)."""
+    local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID"))
+    per_node = env.get("LOCAL_WORLD_SIZE") or env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    return (int(local) if local not in (None, "") else rank), (int(per_node) if per_node.isdigit() else world)
 
 
 def device_index(local_rank: int, visible: int) -> int:
@@ -59,7 +70,30 @@ def shared_gpu_message(uuids: list[str | None], hosts: list[str] | None = None) 
     return "; ".join(parts) + " (NCCL needs one GPU per rank: start at most one rank per GPU)"
 
 
+def peers_not_visible(hosts: list[str], visible: list[int]) -> str | None:
+    """Why vLLM's custom all-reduce cannot be built on this layout, or None. Its P2P checks index the
+    visible devices by peer local rank (vLLM's own workers see every GPU of their node), so a rank that
+    sees fewer GPUs than its node has ranks (srun --gpus-per-task=1) makes it raise."""
+    per_host: dict[str, int] = {}
+    for h in hosts:
+        per_host[h] = per_host.get(h, 0) + 1
+    short = [r for r, (h, v) in enumerate(zip(hosts, visible)) if v < per_host[h]]
+    if not short:
+        return None
+    r = short[0]
+    return (
+        f"rank {r} sees {visible[r]} GPU(s) for {per_host[hosts[r]]} ranks on {hosts[r]}: vLLM's custom all-reduce "
+        "indexes peers' devices by local rank (its workers see every GPU of the node); give every rank all the "
+        "node's GPUs (CUDA_VISIBLE_DEVICES unset or the same on each rank)"
+    )
+
+
 _CHOSEN: dict[str, object] = {}
+
+
+def rank_layout() -> list[dict] | None:
+    """[{"host", "visible_gpus"}] per rank, once `cuda_device` has run in this process (else None)."""
+    return _CHOSEN.get("layout")  # type: ignore[return-value]
 
 
 def cuda_device(local_rank: int, ctrl):
@@ -81,22 +115,31 @@ def _choose(local_rank: int, ctrl):
     import torch.distributed as dist
 
     uuid = err = None
-    idx = -1
+    idx, visible = -1, 0
     try:
         if not torch.cuda.is_available():
             raise NoDevice("no CUDA device (torch.cuda.is_available() is False)")
-        idx = device_index(local_rank, torch.cuda.device_count())
+        visible = torch.cuda.device_count()
+        idx = device_index(local_rank, visible)
         props = torch.cuda.get_device_properties(idx)
         uuid = str(getattr(props, "uuid", "") or f"pci:{props.pci_domain_id}:{props.pci_bus_id}:{props.pci_device_id}")
     except NoDevice as e:
         err = str(e)
+    except Exception as e:  # noqa: BLE001 - a CUDA init error, an exclusive-process GPU, a driver mismatch:
+        # this rank must still join the gather below, or every other rank waits there until the timeout
+        err = f"CUDA failed on this rank ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
     got: list = [None] * dist.get_world_size()
-    dist.all_gather_object(got, (socket.gethostname(), uuid, err), group=ctrl)
-    errs = [(r, e) for r, (_, _, e) in enumerate(got) if e]
+    dist.all_gather_object(got, (socket.gethostname(), uuid, err, visible), group=ctrl)
+    _CHOSEN["layout"] = [{"host": h, "visible_gpus": v} for h, _, _, v in got]
+    errs = [(r, e) for r, (_, _, e, _) in enumerate(got) if e]
     if errs:
         r, e = errs[0]
-        return NoDevice(e if r == dist.get_rank() or len({x for _, x in errs}) == 1 else f"rank {r}: {e}")
-    msg = shared_gpu_message([u for _, u, _ in got], [h for h, _, _ in got])
+        return NoDevice(
+            e
+            if r == dist.get_rank() or (len(errs) == len(got) and len({x for _, x in errs}) == 1)
+            else f"rank {r}: {e}"
+        )
+    msg = shared_gpu_message([u for _, u, _, _ in got], [h for h, _, _, _ in got])
     if msg:
         return NoDevice(msg)
     return torch.device("cuda", idx)

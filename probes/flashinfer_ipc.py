@@ -37,8 +37,8 @@ class FlashInferIpcBackend(NcclBackend):
         # vLLM passes a device (NCCL) group and a CPU tune group; the workspace exchanges IPC handles over the first.
         import torch.distributed as dist
 
-        dev_group = dist.new_group(backend="nccl")
-        self.comm = mod.FlashInferPcieIpcAllReduce(group=dev_group, tune_group=self.group, device=self.device)
+        self.dev_group = dist.new_group(backend="nccl")
+        self.comm = mod.FlashInferPcieIpcAllReduce(group=self.dev_group, tune_group=self.group, device=self.device)
         if self.comm.disabled:
             raise Ineligible(
                 "vLLM's FlashInferPcieIpcAllReduce disabled itself (not CUDA, or ranks on several nodes; see its log)"
@@ -49,6 +49,17 @@ class FlashInferIpcBackend(NcclBackend):
             raise Ineligible(
                 f"FlashInfer PCIe IPC all-reduce did not initialise for dtype {dtype} (vLLM's setup refused)"
             )
+
+    # Not FlashInfer's own all-reduce: its workspace is prepared for [batch, hidden] inputs only
+    # (setup's capture sizes; should_use() refuses other shapes), so no tiny op exists on its path.
+    # The NCCL group built above (the group vLLM hands it) lines the devices up the way NcclBackend does.
+    # (NcclBackend.lineup would use self.group, which here is the gloo tune group.)
+    lineup_name = "tiny nccl all_reduce on FlashInfer's device group (device stream)"
+
+    def lineup(self, ctrl):
+        import torch.distributed as dist
+
+        dist.all_reduce(self._tiny(), group=self.dev_group)
 
     def run(self, op, b):
         x = b.inp.view(-1, self.hidden)

@@ -4,9 +4,12 @@
 Units: times in microseconds (us), sizes in bytes, bandwidth in GB/s (1e9 B/s).
 Isolated: before each op the ranks line up with a tiny collective of the op's own
 backend on the op's stream (probes/backends.py `lineup`), then each times the op
-alone (what a decode step sees: the op starts cold). On a GPU a short sleep kernel
-follows the line-up, so every rank's host has enqueued the op before its device
-reaches it; neither is inside the timed interval.
+alone (what a decode step sees: the op starts cold). On a GPU a sleep kernel (the
+slack) follows the line-up, so every rank's host has enqueued the op before its
+device reaches it; neither is inside the timed interval. Whether the slack was
+long enough is checked per sample: once the op and the end event are queued, the
+start event must not have fired yet (else the device idled, waiting for the host,
+inside the interval); samples where it had are counted as `slack_overruns`.
 Pipelined: ops back to back with no barrier, time / count (nccl-tests' default).
 A sample's time is the slowest rank's, as nccl-tests reports. The skew left after
 the line-up is measured per sample as the spread of the op's duration over ranks
@@ -16,25 +19,38 @@ a rank that started late shows a shorter duration by the time it was late.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
-# Device time between the line-up and the start event: more than a host needs to enqueue
-# one collective or a graph replay (~5-20 us), small against the run's wall time.
-LAUNCH_SLACK_US = 50.0
+# Device time between the line-up and the start event: more than a host needs to enqueue one
+# collective (ProcessGroupNCCL eager: ~20-40 us of host time, more on a busy host) or a graph
+# replay, plus the events; outside the timed interval, small against the run's wall time.
+LAUNCH_SLACK_US = 300.0
+
+
+def slack_us() -> float:
+    """The slack in use: LAUNCH_SLACK_US, or TPCOMM_PROBE_SLACK_US (tests set 0 to provoke overruns)."""
+    return float(os.environ.get("TPCOMM_PROBE_SLACK_US", LAUNCH_SLACK_US))
 
 
 class Timer:
     """Wall clock on CPU; CUDA events on GPU (the op is asynchronous there)."""
 
     def __init__(self, backend):
+        from probes.replay_kernels import Skew
+
         self.backend = backend
         self.cuda = backend.device.type == "cuda"
         self.name = "cuda_event" if self.cuda else "perf_counter"
-        self._slack = None
+        self.slack_us = slack_us() if self.cuda else None
+        # Built here, before any line-up: its calibration waits on the device, which after a
+        # line-up would line the first sample up on the host instead.
+        self._slack = Skew(self.slack_us, backend.device) if self.cuda else None
+        self.overran = False  # the last lined-up sample's slack ran out before the op was queued
 
     def time_us(self, fn, lineup=None) -> float:
         """Time one call of `fn`; `lineup()` runs first, outside the timed interval."""
@@ -42,10 +58,13 @@ class Timer:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if lineup is not None:
                 lineup()
-                self.slack()
+                self._slack()
             s.record()
             fn()
             e.record()
+            # Queried once both are queued: if the start event has already fired, the device reached
+            # it before the host had queued the op (or the end event), and waited inside the interval.
+            self.overran = lineup is not None and s.query()
             e.synchronize()
             return s.elapsed_time(e) * 1000.0
         if lineup is not None:
@@ -53,13 +72,6 @@ class Timer:
         t0 = time.perf_counter_ns()
         fn()
         return (time.perf_counter_ns() - t0) / 1000.0
-
-    def slack(self) -> None:
-        if self._slack is None:
-            from probes.replay_kernels import Skew
-
-            self._slack = Skew(LAUNCH_SLACK_US, self.backend.device)
-        self._slack()
 
 
 def summarize(samples_us: list[float]) -> dict:
@@ -89,6 +101,13 @@ def slowest_rank(samples: list[float], ctrl_group) -> list[float]:
     t = torch.tensor(samples, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl_group)
     return t.tolist()
+
+
+def any_rank(flags: list[bool], ctrl_group) -> list[bool]:
+    """Per sample: whether the flag is set on any rank."""
+    t = torch.tensor([int(f) for f in flags], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl_group)
+    return [bool(x) for x in t.tolist()]
 
 
 def rank_spread(samples: list[float], ctrl_group) -> tuple[list[float], list[float]]:

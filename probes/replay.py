@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 
 from probes.backends import Ineligible, make_backend
-from probes.collectives import RankState, _hardware, _maybe_fault, start_rank
+from probes.collectives import RankState, _hardware, _layout, _maybe_fault, start_rank
 from probes.ops import COLLECTIVES, count_wrong
-from probes.replay_kernels import CudaClock, HostClock, Skew, Work
+from probes.replay_kernels import CudaClock, HostClock, HostWaits, Skew, Work
 
 TIMINGS = ("full", "compute", "comm")
 # Ops a backend lacks go where vLLM sends them (CudaCommunicator: PyNccl; CpuCommunicator: shm has them all).
@@ -146,21 +146,22 @@ def replay_item(primary, fallback, item: dict, spec: dict, ctrl, state: RankStat
         for b in used:
             b.sync()
         dist.barrier(group=ctrl)
-        syncs0 = step.clock.host_syncs
-        for i in range(spec["warmup"] + spec["steps"]):
-            step.clock.step_begin()
-            if g is not None:
-                state.tick(ncoll)
-                g.replay()
-            else:
-                ncoll = step.issue(timing, state)
-            step.clock.step_end()
-            t0, us, ct0, cus = step.clock.read(ncoll)
-            if i >= spec["warmup"]:
-                rows["step_t0_ns"].append(t0)
-                rows["step_us"].append(us)
-                rows["coll_t0_ns"] += ct0
-                rows["coll_us"] += cus
+        # what the host really waits on while replaying, the clock's read included (explicit waits only)
+        with HostWaits() as waits:
+            for i in range(spec["warmup"] + spec["steps"]):
+                step.clock.step_begin()
+                if g is not None:
+                    state.tick(ncoll)
+                    g.replay()
+                else:
+                    ncoll = step.issue(timing, state)
+                step.clock.step_end()
+                t0, us, ct0, cus = step.clock.read(ncoll)
+                if i >= spec["warmup"]:
+                    rows["step_t0_ns"].append(t0)
+                    rows["step_us"].append(us)
+                    rows["coll_t0_ns"] += ct0
+                    rows["coll_us"] += cus
         for b in used:
             b.sync()
         state.set("gather")
@@ -177,8 +178,8 @@ def replay_item(primary, fallback, item: dict, spec: dict, ctrl, state: RankStat
                 "collectives_per_step": ncoll,
                 "wrong": int(wrong.item()),
                 "timer": step.clock.name,
-                # host waits on the device per replayed step (one: the step's end event; none on the host clock)
-                "host_syncs_per_step": (step.clock.host_syncs - syncs0) / (spec["warmup"] + spec["steps"]),
+                # explicit host waits on the device per replayed step, counted as they happen (HostWaits)
+                "host_syncs_per_step": waits.count / (spec["warmup"] + spec["steps"]),
                 "work_footprint_bytes_per_rank": step.work.bytes,
                 "work_read_bytes_per_rank": step.work.read_bytes,
                 "backends_used": [b.name for b in used],
@@ -204,9 +205,9 @@ def run(spec: dict, sink=None) -> int:
             if item["mode"] == "graph" and not primary.graph_capable:
                 raise Ineligible(f"{name} runs on the CPU: no CUDA graph mode")
         except Ineligible as e:
-            emit({"kind": "skipped", **item, "op": "decode step", "bytes": 0, "reason": str(e), **common})
+            emit({"kind": "skipped", **item, "op": "decode step", "bytes": 0, "reason": str(e), **common, **_layout()})
             continue
-        where = {**common, "hardware": _hardware(primary.device), "device": str(primary.device)}
+        where = {**common, "hardware": _hardware(primary.device), "device": str(primary.device), **_layout()}
         replay_item(primary, fallback, item, spec, ctrl, state, lambda rec, where=where: emit({**rec, **where}))
         for b in (primary, fallback):
             if b is not None:

@@ -52,7 +52,6 @@ class Work:
 
 class HostClock:
     name = "perf_counter"
-    host_syncs = 0  # the host clock never waits for a device
 
     def __init__(self, ncoll: int, graph: bool = False):
         self.t0 = [0] * ncoll
@@ -90,7 +89,7 @@ class CudaClock:
 
     One host wait per step, on the step's end event, after which every event of the
     step is complete and read without waiting (vLLM too waits once per decode step,
-    for the sampled tokens); `host_syncs` counts the waits, stated in each record."""
+    for the sampled tokens); the replay counts the waits it sees (HostWaits below)."""
 
     def __init__(self, ncoll: int, graph: bool = False):
         self.name = "cuda_event_graph" if graph else "cuda_event"
@@ -101,7 +100,6 @@ class CudaClock:
         self.graph = graph
         self.s0 = torch.cuda.Event(enable_timing=True)
         self.s1 = torch.cuda.Event(enable_timing=True)
-        self.host_syncs = 0
 
     def step_begin(self):
         self.host0 = time.perf_counter_ns()
@@ -125,7 +123,6 @@ class CudaClock:
 
     def read(self, ncoll_used: int):
         self.s1.synchronize()
-        self.host_syncs += 1
         step_us = self.s0.elapsed_time(self.s1) * 1e3
         n = ncoll_used
         t0 = [self.host0 + int(self.anchor.elapsed_time(e) * 1e6) for e in self.e0[:n]]
@@ -133,10 +130,55 @@ class CudaClock:
         return self.host0, step_us, t0, us
 
 
+class HostWaits:
+    """Counts the host's explicit waits on the device while active (a context manager):
+    calls of torch.cuda.synchronize, torch.accelerator.synchronize, Event.synchronize
+    and Stream.synchronize, wherever they come from (the clock, a backend, vLLM).
+    Not seen: implicit waits (.item(), .cpu(), .tolist() of a CUDA tensor) and code
+    that bound the function before entry (`from torch.cuda import synchronize`)."""
+
+    def __init__(self):
+        self.count = 0
+        self._saved: list[tuple[object, str, object]] = []
+
+    def _targets(self):
+        out = [(torch.cuda, "synchronize"), (torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "synchronize")]
+        if hasattr(torch, "accelerator") and hasattr(torch.accelerator, "synchronize"):
+            out.append((torch.accelerator, "synchronize"))
+        return out
+
+    def __enter__(self) -> HostWaits:
+        for owner, name in self._targets():
+            orig = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+            self._saved.append((owner, name, orig))
+
+            def counted(*a, _orig=orig, **k):
+                self.count += 1
+                return _orig(*a, **k)
+
+            setattr(owner, name, counted)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, orig in reversed(self._saved):
+            setattr(owner, name, orig)
+        self._saved.clear()
+
+
 class Skew:
     """A known delay on one rank before each collective: a spin on CPU (a sleep
     would hand the core away and come back late), a sleep kernel on GPU whose
-    cycles per microsecond are measured once with events."""
+    cycles per microsecond are measured once with events.
+
+    Clock assumption (GPU): `torch.cuda._sleep` spins a number of SM clock cycles,
+    converted from microseconds once, at construction, against a 1 ms spin timed
+    with events. The delay is that length only while the SM clock stays where it
+    was then: a clock that drops later (power or thermal capping, an idle GPU
+    clocking down between samples) makes it longer, one that boosts makes it
+    shorter. The probe's slack (probes/measure.py) does not rely on the length:
+    each sample checks that the slack covered the host's enqueue (slack_overruns).
+    The test fault's delay (TPCOMM_PROBE_FAULT=late) and the replay's --skew-us are
+    stated lengths under this assumption."""
 
     def __init__(self, us: float, device):
         self.us = float(us)

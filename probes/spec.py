@@ -14,6 +14,8 @@ CPU_BACKENDS = ("gloo", "shm")
 GPU_BACKENDS = ("nccl", "pynccl", "custom-ar")
 BACKENDS = CPU_BACKENDS + GPU_BACKENDS
 MODES = ("eager", "graph")
+# Ops a backend never has, whatever the machine: not asked of it where every op must run (tpcomm selfcheck).
+NOT_IN_BACKEND = {"gloo": {"reduce_scatter": "gloo has no reduce_scatter_tensor in torch.distributed"}}
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int8": 1, "uint8": 1, "int32": 4, "float8_e4m3fn": 1}
 
 _UNITS = {

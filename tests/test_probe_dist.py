@@ -304,3 +304,65 @@ def test_rank_script_runs_by_hand_under_torchrun(tmp_path):
         (o, t) for o in ("all_reduce", "all_gather") for t in ("isolated", "pipelined")
     }
     assert all(r["wrong"] == 0 and r["world_size"] == 2 for r in res)
+
+
+def test_isolated_time_excludes_the_late_start_at_world_size_one(tmp_path):
+    """One rank, started 5 ms late after every line-up (TPCOMM_PROBE_FAULT=late): with nobody to wait for, the
+    delay lies before the timed interval, so the isolated p50 stays far below it (it would hold the 5 ms if the
+    delay or the line-up were timed)."""
+    late_us = 5000.0
+    args = ["--gpus", "1", "--backend", "gloo", "--sizes", "1K", "--iters", "20", "--mode", "eager", "--json"]
+    p, _ = _probe([*args, "--out", str(tmp_path / "run")], env={"TPCOMM_PROBE_FAULT": f"late:0:*:*:{late_us:g}"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    (iso,) = [e for e in json.loads(p.stdout) if e["timing"] == "isolated"]
+    assert iso["p50_us"] < 0.2 * late_us, iso
+    assert iso["slack_overruns"] is None and iso["slack_us"] is None  # no slack on the CPU: nothing to overrun
+
+
+_CHOOSE_RANK = r"""
+import datetime, os, sys, types
+import torch, torch.distributed as dist
+from probes.devices import NoDevice, cuda_device, rank_layout
+rank = int(os.environ["RANK"])
+# rank 0 has a GPU of its own; rank 1's CUDA fails at init (a driver mismatch, an exclusive-process GPU)
+torch.cuda.is_available = lambda: True
+if rank == 0:
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(uuid="GPU-a")
+else:
+    def broken():
+        raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
+    torch.cuda.device_count = broken
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+try:
+    cuda_device(rank, dist.group.WORLD)
+    print("NO ERROR")
+except NoDevice as e:
+    print("NoDevice:", e)
+print("layout:", rank_layout())
+"""
+
+
+def test_a_rank_whose_cuda_fails_still_joins_the_device_gather(tmp_path):
+    """Any error while a rank picks its GPU, not only NoDevice, reaches the gather: every rank ends with the
+    failing rank's reason within seconds (before: the error escaped on that rank and the other waited out the
+    process-group timeout). The gather also records each rank's visible GPU count."""
+    port = str(free_port())
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHOOSE_RANK],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    (o0, _), (o1, _) = outs
+    assert "NoDevice: rank 1: CUDA failed on this rank (RuntimeError: CUDA driver version is insufficient" in o0
+    assert "NoDevice: CUDA failed on this rank (RuntimeError: CUDA driver version" in o1
+    assert "'visible_gpus': 1" in o0 and "'visible_gpus': 0" in o0

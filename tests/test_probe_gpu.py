@@ -83,16 +83,121 @@ def test_more_ranks_than_gpus_is_refused_before_launch(tmp_path):
         assert not out.exists()
 
 
-def test_isolated_rows_state_the_device_lineup(tmp_path):
+def _probe_json(tmp_path, args, env=None):
     p = subprocess.run(
         [sys.executable, "-m", "tpcomm.cli", "probe", "--gpus", "1", "--backend", "nccl", "--sizes", "1K"]
-        + ["--mode", "both", "--iters", "20", "--out", str(tmp_path), "--json"],
+        + [*args, "--out", str(tmp_path), "--json"],
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, **(env or {})},
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    iso = [r for r in json.loads(p.stdout) if r["timing"] == "isolated"]
+    return [r for r in json.loads(p.stdout) if r["timing"] == "isolated"], p.stderr
+
+
+def test_late_start_and_slack_stay_outside_the_isolated_time(tmp_path):
+    """World size 1, a 5 ms sleep kernel after every line-up (TPCOMM_PROBE_FAULT=late) and the slack after it:
+    both precede the start event, so the isolated p50 of a 1 KiB all-reduce stays far below 5 ms; the device is
+    behind the host by the delay, so no sample overran the slack."""
+    iso, _ = _probe_json(tmp_path, ["--mode", "both", "--iters", "20"], {"TPCOMM_PROBE_FAULT": "late:0:*:*:5000"})
     assert {r["mode"] for r in iso} == {"eager", "graph"}
-    # world size 1: nothing to wait for, so no skew is left
-    assert all(r["lineup"] == "tiny nccl all_reduce (device stream)" and r["skew_p50_us"] == 0 for r in iso)
+    for r in iso:
+        assert r["lineup"] == "tiny nccl all_reduce (device stream)" and r["slack_us"] == 300.0
+        assert r["p50_us"] < 500.0 and r["slack_overruns"] <= 2, r
+
+
+def test_a_slack_shorter_than_the_enqueue_is_counted_and_warned(tmp_path):
+    """No slack (TPCOMM_PROBE_SLACK_US=0): the one-rank line-up finishes before ProcessGroupNCCL has queued the
+    op, so the start event has fired when it is checked: most eager samples overrun, and the probe says so."""
+    iso, err = _probe_json(tmp_path, ["--mode", "eager", "--iters", "20"], {"TPCOMM_PROBE_SLACK_US": "0"})
+    (r,) = iso
+    assert r["slack_us"] == 0.0 and r["slack_overruns"] > 10, r
+    assert "WARNING: slack overrun" in err
+
+
+_FIRST_SAMPLE = r"""
+import datetime, os, torch, torch.distributed as dist
+from probes.backends import make_backend
+from probes.measure import Timer
+from probes.replay_kernels import HostWaits
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+ctrl = dist.new_group(backend="gloo")
+b = make_backend("nccl", ctrl, 0)
+x = torch.ones(256, device=b.device)
+timer = Timer(b)
+with HostWaits() as w:
+    timer.time_us(lambda: dist.all_reduce(x, group=b.group), lambda: b.lineup(ctrl))
+print("waits", w.count)
+"""
+
+
+def test_first_isolated_sample_waits_once(tmp_path):
+    """The slack kernel is calibrated when the Timer is built: the first lined-up sample waits on the device
+    once (its end event), not also inside the calibration after the line-up (which would line it up on the
+    host)."""
+    from tpcomm.probe.launcher import free_port
+
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    p = subprocess.run([sys.executable, "-c", _FIRST_SAMPLE], capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "waits 1" in p.stdout, p.stdout
+
+
+def _two_ranks(tmp_path, module_args, per_rank_env):
+    from tpcomm.probe.launcher import free_port
+
+    port = str(free_port())
+    procs = []
+    for r in range(2):
+        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2"}
+        env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, **per_rank_env(r)}
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *module_args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    return outs
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs")
+def test_custom_ar_is_ineligible_with_one_visible_gpu_per_rank(tmp_path):
+    """srun --gpus-per-task=1's layout (each rank sees only its own GPU, as device 0): NCCL runs; vLLM's custom
+    all-reduce indexes peers' devices by local rank, so it is reported ineligible with that reason (before: an
+    IndexError/AssertionError from vLLM's P2P check crashed the rank)."""
+    args = ["probes/collectives.py", "--backend", "nccl,custom-ar", "--sizes", "1K", "--iters", "5"]
+    _two_ranks(tmp_path, [*args, "--out", str(tmp_path)], lambda r: {"CUDA_VISIBLE_DEVICES": str(r)})
+    recs = [json.loads(ln) for ln in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert any(r["kind"] == "result" and r["backend"] == "nccl" for r in recs)
+    car = [r for r in recs if r.get("backend") == "custom-ar"]
+    assert car and all(r["kind"] == "skipped" and "indexes peers" in r["reason"] for r in car), car
+    assert all(r.get("visible_gpus_by_rank") == [1, 1] for r in recs if r["kind"] in ("result", "skipped"))
+
+
+_FI_LINEUP = r"""
+import datetime, torch, torch.distributed as dist
+from probes.backends import Ineligible
+from probes.flashinfer_ipc import FlashInferIpcBackend
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+ctrl = dist.new_group(backend="gloo")
+try:
+    b = FlashInferIpcBackend(ctrl, dist.get_rank(), hidden=4096, batch=1)
+except Ineligible as e:
+    print("ineligible:", e)
+else:
+    for _ in range(3):
+        b.lineup(ctrl)
+    torch.cuda.synchronize()
+    print("lineup ok:", b.lineup_name)
+    b.close()
+"""
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs")
+def test_flashinfer_ipc_lines_up_on_its_nccl_group(tmp_path):
+    """The FlashInfer backend's line-up is an NCCL all-reduce on the device group it builds (not NcclBackend's,
+    which would all-reduce a CUDA tensor on the gloo tune group); ineligible machines say why."""
+    (o0, _), _ = _two_ranks(tmp_path, ["-c", _FI_LINEUP], lambda r: {})
+    assert "lineup ok: tiny nccl all_reduce on FlashInfer's device group" in o0 or "ineligible:" in o0, o0

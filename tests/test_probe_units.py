@@ -267,6 +267,60 @@ def test_shared_gpus_are_named_by_rank():
     assert "one GPU per rank" in msg
 
 
+def test_local_rank_from_torchrun_then_srun_then_the_global_rank():
+    from probes.devices import local_rank_and_world
+
+    # srun without LOCAL_RANK: SLURM_LOCALID, not the global RANK (rank 5 is local rank 1 of its node)
+    srun = {"RANK": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4(x2)"}
+    assert local_rank_and_world(srun, 5, 8) == (1, 4)
+    assert local_rank_and_world({**srun, "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"}, 5, 8) == (3, 4)
+    assert local_rank_and_world({}, 2, 3) == (2, 3)  # one node, nothing said: the global rank
+
+
+def test_custom_ar_needs_every_rank_to_see_its_nodes_gpus():
+    from probes.devices import peers_not_visible
+
+    assert peers_not_visible(["n1", "n1"], [2, 2]) is None  # tpcomm's launcher, torchrun
+    assert peers_not_visible(["n1", "n2"], [1, 1]) is None  # one rank per node
+    msg = peers_not_visible(["n1", "n1", "n2", "n2"], [4, 4, 1, 1])  # srun --gpus-per-task=1 on n2
+    assert msg.startswith("rank 2 sees 1 GPU(s) for 2 ranks on n2") and "local rank" in msg
+
+
+def test_slack_overruns_are_stated_and_warned_above_ten_percent():
+    from tpcomm.probe.results import format_table, slack_notes
+
+    base = {"op": "all_reduce", "mode": "eager", "bytes": 1024, "nccl_size_bytes": 1024, "count": 512}
+    base |= {"dtype": "bfloat16", "p50_us": 9.0, "p99_us": 12.0, "algbw_GBps": 0.1, "busbw_GBps": 0.1, "wrong": 0}
+    base |= {"timer": "cuda_event", "world_size": 2, "samples": 100, "slack_us": 300.0}
+    rows = [
+        {**base, "backend": "nccl", "timing": "isolated", "slack_overruns": 3},
+        {**base, "backend": "pynccl", "timing": "isolated", "slack_overruns": 11},
+        {**base, "backend": "nccl", "timing": "pipelined", "slack_overruns": None},
+    ]
+    notes = slack_notes(rows)
+    assert "300 us sleep kernel" in notes[0] and "in 14 of 200 isolated samples" in notes[0]
+    assert len(notes) == 2 and "WARNING: slack overrun in 11/100 samples (11%) of pynccl all_reduce" in notes[1]
+    assert notes[1] in format_table(rows, [], {})
+    cpu = [{**r, "slack_us": None, "slack_overruns": None, "timer": "perf_counter"} for r in rows]
+    assert slack_notes(cpu) == [] and "slack" not in format_table(cpu, [], {})
+
+
+def test_host_waits_count_every_explicit_wait_and_restore():
+    import torch
+
+    from probes.replay_kernels import HostWaits
+
+    before = (torch.cuda.synchronize, torch.cuda.Event.synchronize, torch.cuda.Stream.synchronize)
+    with HostWaits() as w:
+        for call in (torch.cuda.synchronize, lambda: torch.cuda.Event.synchronize(None)):
+            try:  # no CUDA here: the wait itself raises, after it was counted
+                call()
+            except Exception:  # noqa: BLE001
+                pass
+    assert w.count == 2
+    assert (torch.cuda.synchronize, torch.cuda.Event.synchronize, torch.cuda.Stream.synchronize) == before
+
+
 def test_local_rank_limits():
     from tpcomm.probe.limits import check_local_ranks
 

@@ -81,6 +81,7 @@ def test_selfcheck_on_this_machine(tmp_path):
         for item in ("timer-eager", "timer-graph", "nvml", "graph-event-overhead", "probe-ops-graph", "multi-gpu"):
             assert got.get(item) == SKIP, p.stdout
         assert "SKIP  timer-eager" in p.stdout and "needs CUDA" in p.stdout
+    assert "# limits: fork" in p.stdout and "worst case" in p.stdout
     assert "# conditions:" in p.stdout and "torch" in p.stdout and p.stdout.rstrip().endswith("(exit 0)")
     doc = json.loads(out.read_text())
     assert doc["passed"] is True and doc["conditions"]["torch"] and "cuda_available" in doc["conditions"]
@@ -107,3 +108,78 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in p.stderr
     p = _selfcheck("--json", str(tmp_path / "missing" / "x.json"), "--only", "rank-refusal")
     assert p.returncode == 2 and "does not exist" in p.stderr and "Traceback" not in p.stderr
+
+
+def _iso(op, p50=12.0, wrong=0, backend="nccl", mode="eager"):
+    return {"backend": backend, "op": op, "mode": mode, "timing": "isolated", "p50_us": p50, "wrong": wrong}
+
+
+def test_probe_ops_fails_unless_every_op_ran():
+    from probes.spec import OPS
+    from tpcomm.selfcheck.result import probe_ops_check
+
+    ops = list(OPS)
+    every = [_iso(op) for op in ops if op != "send_recv"]
+    send_skip = [{"backend": "nccl", "op": "send_recv", "mode": "eager", "reason": "send_recv needs 2+ ranks"}]
+    assert probe_ops_check("nccl", "eager", 1, ops, every, send_skip, {}).status == PASS
+    # the backend never ran (make_backend raised Ineligible: a skip with a reason for every op) -> FAIL, reason shown
+    why = "this torch build has no NCCL"
+    skipped = [{"backend": "nccl", "op": op, "mode": "eager", "reason": why} for op in ops]
+    c = probe_ops_check("nccl", "eager", 1, ops, [], skipped, {})
+    assert c.status == FAIL and why in c.figure and "all_reduce not run" in c.figure
+    # one op skipped with a reason (not send_recv at world size 1), one missing, one wrong: each FAILs
+    one = [s for s in skipped if s["op"] == "gather"]
+    assert (
+        probe_ops_check("nccl", "eager", 1, ops, [r for r in every if r["op"] != "gather"], send_skip + one, {}).status
+        == FAIL
+    )
+    assert probe_ops_check("nccl", "eager", 1, ops, every[1:], send_skip, {}).status == FAIL
+    assert (
+        probe_ops_check("nccl", "eager", 1, ops, every[:-1] + [_iso(every[-1]["op"], wrong=3)], send_skip, {}).status
+        == FAIL
+    )
+    # send_recv may be skipped only at world size 1; another mode's rows do not count
+    assert probe_ops_check("nccl", "eager", 2, ops, every, send_skip, {}).status == FAIL
+    assert probe_ops_check("nccl", "graph", 1, ops, every, send_skip, {}).status == FAIL
+
+
+def test_timer_eager_fails_on_a_wrong_reading():
+    from tpcomm.selfcheck.cuda import TIMER_TOL
+    from tpcomm.selfcheck.result import timer_eager_check
+
+    assert timer_eager_check([1001.0, 999.0, 1003.0], 1000.0, TIMER_TOL).status == PASS
+    # the sabotaged kernel runs 3x its length: the events read 3000 us against 1000 us
+    c = timer_eager_check([3001.0, 2999.0, 3003.0], 1000.0, TIMER_TOL)
+    assert c.status == FAIL and "3001.0 us" in c.figure and "ratio 3.001" in c.figure
+    assert timer_eager_check([], 1000.0, TIMER_TOL).status == FAIL
+
+
+def test_fork_blames_the_imports_when_fork_broke_before_the_plugin():
+    from tpcomm.selfcheck.result import fork_check
+
+    ok = {"calls": [], "vllm": True, "patched": 22, "child_before": True, "child_after": True}
+    assert fork_check(ok, 15).status == PASS
+    assert fork_check({**ok, "child_before": None, "child_after": None}, 15).status == PASS  # no CUDA
+    c = fork_check({**ok, "child_before": False, "child_after": False}, 15)
+    assert c.status == FAIL and "importing vLLM" in c.figure and "not the plugin" in c.figure
+    c = fork_check({**ok, "child_before": "hung", "child_after": "hung"}, 15)
+    assert c.status == FAIL and "killed after 15 s" in c.figure and "not the plugin" in c.figure
+    c = fork_check({**ok, "child_after": "hung"}, 15)
+    assert c.status == FAIL and "after loading hung" in c.figure and "not the plugin" not in c.figure
+    assert fork_check({**ok, "child_after": False}, 15).status == FAIL
+    assert fork_check({**ok, "calls": ["torch.cuda.device_count\n..."]}, 15).status == FAIL
+
+
+def test_item_limits_fit_five_minutes_and_stop_a_hung_item():
+    import time
+
+    from tpcomm.selfcheck.procs import TIMEOUT_S, ItemTimeout, _run_bounded
+    from tpcomm.selfcheck.run import TOTAL_LIMIT_S, limits_line, worst_case_s
+
+    assert worst_case_s() <= TOTAL_LIMIT_S
+    line = limits_line()
+    assert all(f"{k} {v} s" in line for k, v in TIMEOUT_S.items()) and f"worst case {worst_case_s()} s" in line
+    t0 = time.monotonic()
+    with pytest.raises(ItemTimeout, match="within its 1 s limit"):
+        _run_bounded([sys.executable, "-c", "import time; time.sleep(60)"], 1)
+    assert time.monotonic() - t0 < 15

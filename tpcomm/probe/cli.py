@@ -210,7 +210,7 @@ def probe(
             steps,
         )
     from tpcomm.probe.launcher import ProbeFailed
-    from tpcomm.probe.results import format_table
+    from tpcomm.probe.results import format_table, slack_notes
     from tpcomm.probe.runner import ProbeConfig, run_probe
 
     cfg = ProbeConfig(
@@ -241,6 +241,8 @@ def probe(
         return
     if as_json:
         click.echo(json.dumps(res.json_entries(), indent=1))
+        for line in slack_notes(res.rows)[1:]:  # the warnings; the table carries them otherwise
+            click.echo(line.lstrip("# "), err=True)
     else:
         click.echo(format_table(res.rows, res.skipped, res.conditions))
         click.echo(f"# saved: {res.run.path}/probe/results.parquet, results.json, fit.json; topo.json", err=True)

@@ -68,6 +68,8 @@ class ReplayResults:
         self.collectives = pd.DataFrame()
 
     def add(self, rec: dict) -> None:
+        if rec.get("visible_gpus_by_rank"):  # every rank's visible GPU count, once a GPU backend mapped devices
+            self.conditions["visible_gpus_by_rank"] = rec["visible_gpus_by_rank"]
         if rec.get("kind") == "replay":
             self.records.append(rec)
             for k in ("hardware", "device", "timer", "host", "torch"):

@@ -11,7 +11,13 @@ Columns of probe/results.parquet (and the "results" list of probe/results.json):
     all_reduce (device stream)"), skew_p50_us, skew_p99_us (isolated rows: the rank
     skew left after the line-up, per sample the slowest rank's duration minus the
     fastest's; for gather and send_recv, where ranks legitimately finish apart, an
-    upper bound)
+    upper bound), slack_us, slack_overruns (isolated GPU rows: the sleep kernel
+    between the line-up and the start event, and the samples, on any rank, whose
+    start event had fired before the op was queued, so the device waited for the
+    host inside the timed interval; None on CPU, where no slack is used)
+
+Conditions (probe/results.json) also hold visible_gpus_by_rank: the GPUs each
+rank saw, once a GPU backend mapped ranks to devices.
 """
 
 from __future__ import annotations
@@ -51,7 +57,11 @@ COLUMNS = [
     "lineup",
     "skew_p50_us",
     "skew_p99_us",
+    "slack_us",
+    "slack_overruns",
 ]
+# Above this share of a row's samples with the slack overrun, the table says so.
+SLACK_OVERRUN_WARN = 0.10
 JSON_KEYS = [
     "backend",
     "op",
@@ -84,6 +94,8 @@ class ProbeResults:
 
     def add(self, rec: dict) -> None:
         kind = rec.get("kind")
+        if rec.get("visible_gpus_by_rank"):
+            self.conditions["visible_gpus_by_rank"] = rec["visible_gpus_by_rank"]
         if kind == "start":
             self.planned = rec.get("items", 0)
             self.conditions.setdefault("world_size", rec.get("world_size"))
@@ -134,6 +146,31 @@ def _f(v, nd=2) -> str:
     if v >= 1000:
         return f"{v:,.0f}"
     return f"{v:.{nd}f}"
+
+
+def slack_notes(rows: list[dict]) -> list[str]:
+    """Table notes on the GPU slack: its length and overruns over all isolated rows, and one warning
+    line per row where more than SLACK_OVERRUN_WARN of the samples overran. Empty without GPU rows."""
+    iso = [r for r in rows if r.get("timing") == "isolated" and r.get("slack_overruns") is not None]
+    if not iso:
+        return []
+    over = sum(int(r["slack_overruns"]) for r in iso)
+    total = sum(int(r.get("samples") or 0) for r in iso)
+    slack = sorted({r.get("slack_us") for r in iso if r.get("slack_us") is not None})
+    out = [
+        f"# slack: a {'/'.join(f'{x:g}' for x in slack)} us sleep kernel between the line-up and the start event "
+        f"(outside the timed interval) lets each host queue the op before its GPU reaches it; it ran out first "
+        f"(the GPU waited for the host inside the interval) in {over} of {total} isolated samples"
+    ]
+    for r in iso:
+        n = int(r.get("samples") or 0)
+        if n and r["slack_overruns"] / n > SLACK_OVERRUN_WARN:
+            out.append(
+                f"# WARNING: slack overrun in {r['slack_overruns']}/{n} samples ({r['slack_overruns'] / n:.0%}) of "
+                f"{r['backend']} {r['op']} {r['bytes']} B {r['mode']}: its isolated time includes host enqueue "
+                "time (a busy host, or an enqueue slower than the slack)"
+            )
+    return out
 
 
 def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str:
@@ -209,6 +246,10 @@ def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str
                 f"#   {s['backend']:<9} {s.get('op') or '':<14} {s.get('mode') or '':<6} "
                 f"({', '.join(human_bytes(b) for b in sizes[:4])}{', ...' if len(sizes) > 4 else ''}): {s['reason']}"
             )
+    notes = slack_notes(rows)
+    if notes:
+        out.append("#")
+        out += notes
     bad = sum(int(r.get("wrong") or 0) for r in rows if r["timing"] == "isolated")
     out.append(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
     return "\n".join(out)

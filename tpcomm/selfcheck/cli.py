@@ -18,8 +18,8 @@ import click
 )
 @click.option("--only", default=None, help="Comma list of items to run (default: all; see the list below).")
 def selfcheck(json_path, only):
-    """Check, on whatever GPUs this machine has (torch only, no vLLM needed, a few
-    minutes), the paths a first real tpcomm run depends on. One line per item:
+    """Check, on whatever GPUs this machine has (torch only, no vLLM needed, under
+    5 minutes: every item that runs in a process of its own has a time limit), the paths a first real tpcomm run depends on. One line per item:
     PASS / FAIL / SKIP with its figure. Exit 0 when nothing FAILed, 1 otherwise.
 
     \b
@@ -30,7 +30,7 @@ def selfcheck(json_path, only):
     """
     from tpcomm.errors import InputError
     from tpcomm.selfcheck.result import exit_code, summary
-    from tpcomm.selfcheck.run import parse_only, run_selfcheck
+    from tpcomm.selfcheck.run import limits_line, parse_only, run_selfcheck
 
     items = parse_only(only)
     if json_path:
@@ -38,6 +38,7 @@ def selfcheck(json_path, only):
         if not os.path.isdir(parent):
             raise InputError(f"--json {json_path}", f"folder {parent} does not exist", "a path in an existing folder")
     click.echo("# tpcomm selfcheck: loading torch and looking for GPUs ...", err=True)
+    click.echo(limits_line())
     checks, cond = run_selfcheck(items, on_check=lambda c: click.echo(c.line()))
     where = ", ".join(cond["gpus"]) if cond["gpus"] else f"CPU only ({cond.get('cpu')}, {cond['usable_cpus']} cores)"
     click.echo(

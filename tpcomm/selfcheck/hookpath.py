@@ -76,7 +76,7 @@ def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
     hook = Hook()
     hook.gpu = True
     hook.cuda = timing.CudaEventTimer(sample_every=sample_every)
-    if not timing.patch_cuda_graphs(hook.cuda, hook.after_replay):
+    if not timing.patch_cuda_graphs(hook.cuda, hook.after_replay, hook.before_replay):
         return Check(ID, FAIL, "could not bracket torch.cuda.CUDAGraph capture/replay")
     cls = torch.cuda.graphs.CUDAGraph
     try:

@@ -8,17 +8,52 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 
-from tpcomm.selfcheck.result import FAIL, PASS, SKIP, Check, judge_wrong
+from tpcomm.selfcheck.result import FAIL, PASS, SKIP, Check, fork_check, judge_wrong, probe_ops_check
+
+# Each item's wall-clock limit (s): past it the item's processes are stopped and the item FAILs. Together with
+# the in-process CUDA items (fixed work, tpcomm/selfcheck/run.py) they keep the whole run under 5 minutes.
+TIMEOUT_S = {"fork": 45, "probe-ops": 60, "rank-refusal": 30, "multi-gpu": 90}
+FORK_CHILD_TIMEOUT_S = 15  # each forked child's first CUDA work (a hang in the driver is killed)
+PROBE_OP_TIMEOUT_S = 20  # the probe's own --timeout: one measurement making no progress
+
+
+class ItemTimeout(Exception):
+    """An item's processes ran past its limit and were stopped."""
+
+
+def _run_bounded(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `cmd` in a session of its own; past `timeout`: SIGINT (the probe's launcher then ends its ranks),
+    SIGKILL to the session 10 s later, and ItemTimeout."""
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig, wait in ((signal.SIGINT, 10.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                p.communicate(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise ItemTimeout(f"did not finish within its {timeout:g} s limit (stopped)") from None
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
 
 # Every CUDA runtime entry point torch offers is replaced by a recorder; then the plugin loads as vLLM loads it
 # (or, without vLLM, as its entry point is called). With CUDA, a forked child then uses the GPU: it fails if the
 # driver was initialised in the parent ("poisons fork"), which is what killed vLLM's forked workers.
 _FORK_SCRIPT = r"""
-import json, os, traceback
+import json, os, signal, time, traceback
 import torch
 have_vllm = True
 try:
@@ -37,7 +72,16 @@ def child_ok():
             os._exit(0)
         except BaseException:
             os._exit(3)
-    return os.waitpid(pid, 0)[1] == 0
+    deadline = time.monotonic() + float(os.environ["TPCOMM_SELFCHECK_FORK_CHILD_TIMEOUT"])
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status == 0
+        if time.monotonic() > deadline:  # a driver hang in the child: kill it, say so
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "hung"
+        time.sleep(0.02)
 before = child_ok()
 calls = []
 def recorder(name, orig):
@@ -65,72 +109,61 @@ print(json.dumps({"calls": calls[:n_calls], "vllm": have_vllm, "patched": len(HO
 
 
 def check_fork(cuda: bool) -> Check:
-    env = {**os.environ, "VLLM_PLUGINS": "tpcomm", "TPCOMM_SELFCHECK_FORK_CHILD": "1" if cuda else "0"}
+    env = {
+        **os.environ,
+        "VLLM_PLUGINS": "tpcomm",
+        "TPCOMM_SELFCHECK_FORK_CHILD": "1" if cuda else "0",
+        "TPCOMM_SELFCHECK_FORK_CHILD_TIMEOUT": str(FORK_CHILD_TIMEOUT_S),
+    }
     env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
-    r = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, env=env, timeout=240)
+    try:
+        r = _run_bounded([sys.executable, "-c", _FORK_SCRIPT], TIMEOUT_S["fork"], env)
+    except ItemTimeout as e:
+        return Check("fork", FAIL, f"the loading process {e}", {"timeout_s": TIMEOUT_S["fork"]})
     if r.returncode != 0:
         return Check("fork", FAIL, f"the loading process failed: {r.stderr.strip().splitlines()[-1:]}")
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    how = "vLLM's load_general_plugins" if out["vllm"] else "the plugin's register() (vLLM not installed)"
-    before, after = out["child_before"], out["child_after"]
-    ok = not out["calls"] and after is not False
-    figure = (
-        f"{len(out['calls'])} CUDA runtime calls while loading the plugin via {how}, {out['patched']} methods patched"
-    )
-    if after is not None:
-        figure += f"; a child forked after loading {'used the GPU' if after else 'failed its first CUDA call'}"
-        if before is False:
-            figure += " (one forked before loading failed too: the imports before the plugin already broke fork)"
-    return Check(
-        "fork",
-        PASS if ok else FAIL,
-        figure,
-        {"calls": out["calls"][:5], "vllm": out["vllm"], "child_before": before, "child_after": after},
-    )
+    return fork_check(json.loads(r.stdout.strip().splitlines()[-1]), FORK_CHILD_TIMEOUT_S)
 
 
-def _probe(backends: list[str], ranks: int, ops: list[str], sizes: str, mode: str, iters: int):
-    from tpcomm.probe.runner import ProbeConfig, run_probe
-
+def _probe(item: str, backends: list[str], ranks: int, ops: list[str], sizes: str, mode: str, iters: int):
+    """The real `tpcomm probe` in a process of its own, bounded by the item's limit: (rows, skipped), what
+    reached the run directory (also when it failed or was stopped), and the error line if any."""
     with tempfile.TemporaryDirectory(prefix="tpcomm-selfcheck-") as d:
-        cfg = ProbeConfig(
-            gpus=ranks, backends=backends, ops=ops, sizes=sizes, mode=mode, iters=iters, warmup=2, timeout=60, out=d
-        )
-        res = run_probe(cfg, progress=False)
-        return res.rows, res.skipped
+        cmd = [sys.executable, "-m", "tpcomm.cli", "probe", "--gpus", str(ranks), "--backend", ",".join(backends)]
+        cmd += ["--ops", ",".join(ops), "--sizes", sizes, "--mode", mode, "--iters", str(iters), "--warmup", "2"]
+        cmd += ["--timeout", str(PROBE_OP_TIMEOUT_S), "--out", d, "--json"]
+        error = None
+        try:
+            r = _run_bounded(cmd, TIMEOUT_S[item], dict(os.environ))
+            if r.returncode != 0:
+                error = f"tpcomm probe exit {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1][:300]}"
+        except ItemTimeout as e:
+            error = f"tpcomm probe {e}"
+        try:
+            with open(os.path.join(d, "probe", "results.json")) as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            doc = {}
+        return doc.get("results", []), doc.get("skipped", []), error
 
 
 def check_probe_ops(cuda: bool) -> list[Check]:
-    """Every op of probes/ops.py at world size 1 (a one-rank communicator), eager and graph on CUDA, eager on gloo."""
-    from probes.spec import OPS
+    """Every op of probes/ops.py at world size 1 (a one-rank communicator), eager and graph on CUDA, eager on
+    gloo (minus the ops gloo never has). Judged by result.probe_ops_check."""
+    from probes.spec import NOT_IN_BACKEND, OPS
 
     backend, modes = ("nccl", ["eager", "graph"]) if cuda else ("gloo", ["eager"])
-    rows, skipped = _probe([backend], 1, list(OPS), "1K", "both" if cuda else "eager", 5)
+    not_asked = NOT_IN_BACKEND.get(backend, {})
+    ops = [op for op in OPS if op not in not_asked]
+    rows, skipped, error = _probe("probe-ops", [backend], 1, ops, "1K", "both" if cuda else "eager", 5)
     out = []
     for mode in modes:
-        parts, wrong, missing = [], 0, []
-        for op in OPS:
-            r = next((x for x in rows if x["op"] == op and x["mode"] == mode and x["timing"] == "isolated"), None)
-            s = next((x for x in skipped if x["op"] == op and x.get("mode") == mode), None)
-            if r is not None:
-                wrong += int(r["wrong"] or 0)
-                parts.append(f"{op} {r['p50_us']:.1f} us")
-            elif s is not None and s.get("reason"):
-                parts.append(f"{op} not run ({s['reason']})")
-            else:
-                missing.append(op)
-        status = PASS if judge_wrong(wrong) == PASS and not missing else FAIL
-        out.append(
-            Check(
-                f"probe-ops-{mode}",
-                status,
-                f"{backend}, world size 1, 1 KiB, {mode}: #wrong {wrong}"
-                + (f", no result or reason for {','.join(missing)}" if missing else "")
-                + "; "
-                + "; ".join(parts),
-                {"backend": backend, "mode": mode, "wrong": wrong, "missing": missing},
-            )
-        )
+        c = probe_ops_check(backend, mode, 1, ops, rows, skipped, not_asked)
+        if error:
+            c.status = FAIL
+            c.figure = f"{error}; {c.figure}"
+        c.detail["timeout_s"] = TIMEOUT_S["probe-ops"]
+        out.append(c)
     if not cuda:
         out.append(Check("probe-ops-graph", SKIP, "needs CUDA (CUDA graphs; gloo runs on the CPU)"))
     return out
@@ -141,13 +174,11 @@ def check_rank_refusal(cuda: bool, gpus: int, cpus: int) -> Check:
     n, backend = (gpus + 1, "nccl") if cuda else (cpus + 1, "gloo")
     with tempfile.TemporaryDirectory(prefix="tpcomm-selfcheck-") as d:
         out = os.path.join(d, "run")
-        r = subprocess.run(
-            [sys.executable, "-m", "tpcomm.cli", "probe", "--gpus", str(n), "--backend", backend, "--sizes", "1K"]
-            + ["--out", out],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        cmd = [sys.executable, "-m", "tpcomm.cli", "probe", "--gpus", str(n), "--backend", backend, "--sizes", "1K"]
+        try:
+            r = _run_bounded(cmd + ["--out", out], TIMEOUT_S["rank-refusal"])
+        except ItemTimeout as e:
+            return Check("rank-refusal", FAIL, f"probe --gpus {n} --backend {backend} {e}")
         started = os.path.exists(out)
     line = r.stderr.strip()
     want = f"at most {n - 1}"
@@ -163,7 +194,11 @@ def check_rank_refusal(cuda: bool, gpus: int, cpus: int) -> Check:
 def check_multi_gpu(gpus: int) -> list[Check]:
     """NCCL, PyNccl and custom all-reduce across the GPUs (at most 8), eager and graph, #wrong == 0 for each."""
     ranks = min(gpus, 8)
-    rows, skipped = _probe(["nccl", "pynccl", "custom-ar"], ranks, ["all_reduce"], "1K,1M", "both", 20)
+    rows, skipped, error = _probe(
+        "multi-gpu", ["nccl", "pynccl", "custom-ar"], ranks, ["all_reduce"], "1K,1M", "both", 20
+    )
+    if error:
+        return [Check("multi-gpu", FAIL, f"{ranks} ranks: {error}", {"timeout_s": TIMEOUT_S["multi-gpu"]})]
     out = []
     for b in ("nccl", "pynccl", "custom-ar"):
         mine = [r for r in rows if r["backend"] == b]

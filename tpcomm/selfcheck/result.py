@@ -53,6 +53,92 @@ def judge_wrong(wrong: int) -> str:
     return PASS if wrong == 0 else FAIL
 
 
+def timer_eager_check(readings_us: list[float], host_us: float, tol: float) -> Check:
+    """timer-eager's verdict: the median of the event readings within `tol` of the host-clock length."""
+    got = sorted(readings_us)[len(readings_us) // 2] if readings_us else 0.0
+    ratio = got / host_us if host_us > 0 else float("nan")
+    return Check(
+        "timer-eager",
+        judge_ratio(got, host_us, tol),
+        f"CUDA events around a kernel of {host_us:.1f} us (host clock): median {got:.1f} us over {len(readings_us)} "
+        f"(ratio {ratio:.3f}, tolerance {tol:.0%})",
+        {"event_us": got, "host_us": host_us, "samples": len(readings_us)},
+    )
+
+
+def probe_ops_check(
+    backend: str, mode: str, world: int, ops: list[str], rows: list[dict], skipped: list[dict], not_asked: dict
+) -> Check:
+    """probe-ops' verdict for one mode: PASS only when every op of `ops` has an isolated row and #wrong is 0.
+    The one skip allowed is send_recv at world size 1 (a rank cannot send to itself); any other skip, a
+    backend that never ran included, FAILs with its reason. `not_asked`: {op: why} left out on purpose."""
+    parts, problems, wrong = [], [], 0
+    for op in ops:
+        r = next(
+            (x for x in rows if (x["backend"], x["op"], x["mode"], x["timing"]) == (backend, op, mode, "isolated")),
+            None,
+        )
+        s = next((x for x in skipped if (x["backend"], x["op"], x.get("mode")) == (backend, op, mode)), None)
+        if r is not None:
+            wrong += int(r.get("wrong") or 0)
+            parts.append(f"{op} {r['p50_us']:.1f} us")
+        elif s is not None and op == "send_recv" and world == 1:
+            parts.append(f"{op} not run at world size 1")
+        elif s is not None:
+            problems.append(f"{op} not run: {s.get('reason') or 'no reason given'}")
+        else:
+            problems.append(f"{op}: no result and no reason")
+    status = PASS if not problems and judge_wrong(wrong) == PASS else FAIL
+    figure = f"{backend}, world size {world}, 1 KiB, {mode}: #wrong {wrong}"
+    if problems:
+        figure += "; " + "; ".join(problems)
+    figure += "".join(f"; {p}" for p in parts)
+    figure += "".join(f"; {op} not asked ({why})" for op, why in not_asked.items())
+    return Check(
+        f"probe-ops-{mode}",
+        status,
+        figure,
+        {"backend": backend, "mode": mode, "world_size": world, "wrong": wrong, "problems": problems},
+    )
+
+
+def fork_check(out: dict, grandchild_timeout_s: float) -> Check:
+    """fork's verdict from the loading process's report: {"calls": CUDA calls while loading the plugin, "vllm":
+    loaded through vLLM, "patched", "child_before"/"child_after": a forked child's first CUDA work before/after
+    loading the plugin: True (used the GPU), False (failed), "hung" (killed after its timeout), None (no CUDA)}.
+    A child that already fails before the plugin loads is a FAIL of the imports, not of the plugin."""
+    how = "vLLM's load_general_plugins" if out["vllm"] else "the plugin's register() (vLLM not installed)"
+    before, after, calls = out["child_before"], out["child_after"], out["calls"]
+
+    def said(x):
+        return (
+            "used the GPU"
+            if x is True
+            else f"hung (killed after {grandchild_timeout_s:g} s)"
+            if x == "hung"
+            else "failed its first CUDA call"
+        )
+
+    figure = f"{len(calls)} CUDA runtime calls while loading the plugin via {how}, {out['patched']} methods patched"
+    if before not in (None, True):
+        imported = "vLLM (vllm.distributed.parallel_state, vllm.v1.worker.worker_base)" if out["vllm"] else "torch"
+        figure = (
+            f"a child forked BEFORE the plugin loaded already {said(before)}: importing {imported} broke fork "
+            f"in this environment, not the plugin; " + figure
+        )
+        status = FAIL
+    else:
+        status = PASS if not calls and after in (None, True) else FAIL
+        if after is not None:
+            figure += f"; a child forked after loading {said(after)}"
+    return Check(
+        "fork",
+        status,
+        figure,
+        {"calls": calls[:5], "vllm": out["vllm"], "child_before": before, "child_after": after},
+    )
+
+
 def exit_code(checks: list[Check]) -> int:
     return 1 if any(c.status == FAIL for c in checks) else 0
 

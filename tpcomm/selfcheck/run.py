@@ -30,6 +30,29 @@ ITEMS: dict[str, str] = {
 }
 
 
+# The in-process CUDA items (timer-eager/-graph, hook-timed, nvml, graph-event-overhead) run fixed work and
+# cannot be stopped from outside; this is what they take together on a GPU, with the sleep kernel's warm-up.
+IN_PROCESS_S = 30
+TOTAL_LIMIT_S = 300  # what the README and --help promise: under 5 minutes
+
+
+def worst_case_s() -> int:
+    from tpcomm.selfcheck.procs import TIMEOUT_S
+
+    return sum(TIMEOUT_S.values()) + IN_PROCESS_S
+
+
+def limits_line() -> str:
+    """The per-item limits, stated before the items run."""
+    from tpcomm.selfcheck.procs import FORK_CHILD_TIMEOUT_S, TIMEOUT_S
+
+    each = ", ".join(f"{k} {v} s" for k, v in TIMEOUT_S.items())
+    return (
+        f"# limits: {each} (stopped and FAILed past it; each forked child of fork {FORK_CHILD_TIMEOUT_S} s); "
+        f"the in-process CUDA items run fixed work (~{IN_PROCESS_S} s together); worst case {worst_case_s()} s"
+    )
+
+
 def parse_only(text: str | None) -> list[str]:
     if not text:
         return list(ITEMS)
