@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from tpcomm.attribute import load, records
 from tpcomm.attribute.server import ServerInfo
-from tpcomm.hook.client import HookUnavailable
+from tpcomm.hook.client import HookClient, HookUnavailable
 
-POLL_S = 0.5
+POLL_S = 1.0  # vLLM takes several seconds to shut the server down after a worker dies
 
 
 @dataclass
@@ -64,6 +64,8 @@ class RankWatch:
         self.note: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # One connection for every look, used by the watch thread only (and by stop() after joining it).
+        self._hook = HookClient(info.url, api_key=info.api_key, timeout_s=5, keep_alive=True)
 
     def start(self) -> RankWatch:
         try:
@@ -89,6 +91,7 @@ class RankWatch:
             self._thread.join(timeout=10)
             self._thread = None
             self._look()
+        self._hook.close()
         return self.death
 
     def _run(self) -> None:
@@ -99,7 +102,7 @@ class RankWatch:
     def _look(self) -> bool | None:
         """False once the server stops answering (nothing more to learn from it)."""
         try:
-            ws = records.workers(self.info, timeout_s=5)
+            ws = self._hook.workers()
         except records.HookError:
             return False
         dead = [w for w in ws if w.get("alive") is False]  # None: on another node, not known from here
