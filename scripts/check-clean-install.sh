@@ -25,6 +25,12 @@ cd "$work"
 "$tp" plan --model kimi-k2.5 --tp 8 >/dev/null
 "$tp" predict --model kimi-k2.5 --tp 8 --gpu rtx-pro-6000 >/dev/null
 "$tp" topo >/dev/null
+# selfcheck needs torch: one line naming it and exit 2, not a traceback.
+set +e; out=$("$tp" selfcheck 2>&1); rc=$?; set -e
+if [ "$rc" != 2 ] || ! grep -q "needs torch" <<<"$out" || grep -q Traceback <<<"$out"; then
+  echo "clean-install: tpcomm selfcheck without torch: exit $rc: $out" >&2
+  exit 1
+fi
 for run in "$repo"/reports/runs/*/; do
   name=$(basename "$run")
   cp -r "$run" "$work/$name"

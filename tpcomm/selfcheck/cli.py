@@ -37,6 +37,15 @@ def selfcheck(json_path, only):
         parent = os.path.dirname(os.path.abspath(json_path))
         if not os.path.isdir(parent):
             raise InputError(f"--json {json_path}", f"folder {parent} does not exist", "a path in an existing folder")
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise InputError(
+            "tpcomm selfcheck",
+            "needs torch, which is not installed in this environment (`pip install .` alone gives plan, predict, "
+            "topo and report)",
+            "run it in the environment vLLM serves from (torch installed)",
+        )
     click.echo("# tpcomm selfcheck: loading torch and looking for GPUs ...", err=True)
     click.echo(limits_line())
     checks, cond = run_selfcheck(items, on_check=lambda c: click.echo(c.line()))
