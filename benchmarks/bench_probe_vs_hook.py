@@ -12,7 +12,7 @@ runs at the all-reduce size the hook saw.
 Both sides are printed with their conditions. The hook's duration includes
 waiting for the other rank; its per-instance minimum over ranks (transfer
 estimate, DESIGN.md) is printed beside it. The probe's isolated p50 has the
-ranks barrier-synchronised before each op.
+ranks lined up before each op by a tiny shm all-reduce (its residual skew is printed).
 """
 
 from __future__ import annotations
@@ -116,7 +116,13 @@ def main() -> None:
     print(f"{'source':42s} {'p50 (us)':>10s}")
     print(f"{'hook, per-rank duration (incl. wait)':42s} {hook_p50:10.2f}")
     print(f"{'hook, min over ranks per instance':42s} {hook_min_p50:10.2f}")
-    print(f"{'probe, isolated (barrier before each op)':42s} {probe_p50:10.2f}")
+    print(f"{'probe, isolated (lined up before each op)':42s} {probe_p50:10.2f}")
+    skew = rows["isolated"].get("skew_p50_us")
+    print(
+        f"{'probe, rank skew left after the line-up':42s} {skew:10.2f}"
+        if skew is not None
+        else "probe skew: not measured"
+    )
     print(f"{'probe, pipelined (back-to-back)':42s} {rows['pipelined']['p50_us']:10.2f}")
     print(f"ratio probe isolated / hook min-over-ranks: {probe_p50 / hook_min_p50:.2f}  (target 0.8-1.2)")
     print(f"ratio probe isolated / hook duration:       {probe_p50 / hook_p50:.2f}")
