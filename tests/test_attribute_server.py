@@ -562,7 +562,9 @@ def test_chat_api_fixed_lengths(plugin_server, tmp_path):
     # Chat prompts: single-token words + the chat template, checked with /tokenize, give exactly --input-len.
     assert (req["prompt_tokens"] == 24).all(), req["prompt_tokens"].tolist()
     tok = pd.read_parquet(out / "load/tokens.parquet")
-    assert (tok.groupby("request_id").size() == 16).all()  # the role-only opening chunk is not a token
+    # One row per content chunk: the role-only opening chunk is not one (it would make 17). vLLM's API server
+    # coalesces tokens into one chunk when it falls behind (seen on this 2-core box: 12 chunks for 16 tokens).
+    assert (tok.groupby("request_id").size() <= 16).all(), tok.groupby("request_id").size().tolist()
 
 
 def test_bad_concurrency_is_a_usage_error():

@@ -174,7 +174,8 @@ LOAD_TOKENS = FileSpec(
     "load/tokens.parquet",
     "table",
     ATTRIBUTE,
-    "one row per streamed token (client clock)",
+    "one row per streamed chunk (client clock): one token, or several that the API server coalesced when it fell "
+    "behind (requests.parquet's output_tokens counts tokens)",
     columns=_cols("request_id:i concurrency:i repeat:i token_idx:i t_ns:i"),
 )
 LOAD_LEVELS = FileSpec(
