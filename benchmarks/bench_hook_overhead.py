@@ -188,16 +188,9 @@ def graph_event_cost(kernels: int = 200, pairs: int = 64, replays: int = 2000) -
         return g, n
 
     def per_replay_us(g) -> float:
-        for _ in range(50):
-            g.replay()
-        torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(replays):
-            g.replay()
-        e1.record()
-        e1.synchronize()
-        return 1e3 * e0.elapsed_time(e1) / replays
+        from tpcomm.selfcheck.cuda import graph_replay_us
+
+        return graph_replay_us(g, replays, warmup=50)
 
     plain, _ = capture(False)
     timed, n = capture(True)
@@ -254,16 +247,9 @@ def pdl_event_cost(chain: int = 64, tokens: int = 16, hidden: int = 4096, replay
         return g
 
     def per_replay_us(g) -> float:
-        for _ in range(20):
-            g.replay()
-        torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(replays):
-            g.replay()
-        e1.record()
-        e1.synchronize()
-        return 1e3 * e0.elapsed_time(e1) / replays
+        from tpcomm.selfcheck.cuda import graph_replay_us
+
+        return graph_replay_us(g, replays, warmup=20)
 
     graphs = {"pdl": capture(True, False), "pdl_events": capture(True, True), "no_pdl": capture(False, False)}
     best = {k: min(per_replay_us(g) for _ in range(2)) for k, g in graphs.items()}

@@ -108,6 +108,22 @@ def check_timer_graph(k: SleepKernel, replays: int = 32, sample_every: int = 4) 
     )
 
 
+def graph_replay_us(g, replays: int, warmup: int = 5) -> float:
+    """Mean GPU time of one replay of CUDA graph `g` (us): `warmup` replays, then `replays` between two events."""
+    import torch
+
+    for _ in range(warmup):
+        g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(replays):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / replays
+
+
 def check_graph_event_overhead(kernels: int = 200, replays: int = 50) -> Check:
     """A graph of `kernels` tiny kernels, with and without an event pair around each (what the hook captures
     around each collective): the replay time difference per pair."""
@@ -135,15 +151,7 @@ def check_graph_event_overhead(kernels: int = 200, replays: int = 50) -> Check:
         return g, keep
 
     def per_replay_us(g) -> float:
-        for _ in range(5):
-            g.replay()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            g.replay()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) * 1e3 / replays
+        return graph_replay_us(g, replays, warmup=5)
 
     plain, _ = build(False)
     timed, keep = build(True)
