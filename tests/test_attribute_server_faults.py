@@ -137,6 +137,7 @@ def test_a_killed_tp_worker_is_named_not_a_plan_mismatch(relative_server, tmp_pa
     st = json.loads((out / "status.json").read_text())["attribute"]
     assert st["state"] == "incomplete" and st["reason"].startswith(f"TP rank 1 (pid {pid}) died during C=2")
     assert st["dead_rank"]["rank"] == 1 and st["dead_rank"]["pid"] == pid
+    assert st["dead_rank"]["seen_by"] == "pidfd"  # same machine: watched as it happened, not by a later poll
     summ = json.loads((out / "attribution/summary.json").read_text())
     c1, c2 = summ["levels"]
     assert c1["engine_ms_per_token"] > 0 and c1["collectives_per_step"]["match"] is True  # measured, kept

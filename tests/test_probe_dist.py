@@ -339,7 +339,9 @@ try:
     print("NO ERROR")
 except NoDevice as e:
     print("NoDevice:", e)
-print("layout:", rank_layout())
+print("layout:", rank_layout(), flush=True)
+dist.barrier()  # as the probe ends (probes/collectives.py): leaving with gloo's threads up can abort the process
+dist.destroy_process_group()
 """
 
 

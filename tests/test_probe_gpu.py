@@ -128,7 +128,8 @@ x = torch.ones(256, device=b.device)
 timer = Timer(b)
 with HostWaits() as w:
     timer.time_us(lambda: dist.all_reduce(x, group=b.group), lambda: b.lineup(ctrl))
-print("waits", w.count)
+print("waits", w.count, flush=True)
+dist.destroy_process_group()
 """
 
 
@@ -192,6 +193,8 @@ else:
     torch.cuda.synchronize()
     print("lineup ok:", b.lineup_name)
     b.close()
+dist.barrier()
+dist.destroy_process_group()
 """
 
 

@@ -1,17 +1,23 @@
 """Watch the server's TP workers during a level, so that a worker that dies is named.
 
 vLLM 0.32's multiprocessing executor answers the death of one worker by
-shutting the whole engine down (MultiprocExecutor.start_worker_monitor): the
-other workers are terminated after a grace period and the API server exits
-some seconds later. From the client all that shows is requests failing and
-then a server that no longer answers. The hook's GET /tpcomm/v1/workers says
-which worker pids are alive without reaching the engine, so it can be polled
-during load; the first rank seen dead is the one that failed first, the others
+shutting the whole engine down (MultiprocExecutor.start_worker_monitor):
+it closes the other workers' death pipe at once (they exit, or are
+terminated after a grace period), the engine fails every request, and the
+API server stops answering within about a second. From the client all that
+shows is requests failing and then a server that no longer answers. The
+hook's status names each worker's pid and process identity, so a client on
+the same machine watches the pids themselves (pidfd) and sees the first
+death as it happens; the hook's GET /tpcomm/v1/workers says which worker
+pids are alive without reaching the engine, polled for workers seen only
+over HTTP. The first rank seen dead is the one that failed first, the others
 followed it. Units: t_*_ns wall clock (time.time_ns), *_s seconds.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from tpcomm.attribute import load, records
 from tpcomm.attribute.server import ServerInfo
 from tpcomm.hook.client import HookClient, HookUnavailable
+from tpcomm.procid import identity
 
 POLL_S = 1.0  # vLLM takes several seconds to shut the server down after a worker dies
 
@@ -27,10 +34,11 @@ POLL_S = 1.0  # vLLM takes several seconds to shut the server down after a worke
 class RankDeath:
     rank: int
     pid: int
-    t_ns: int  # when the watch first saw it dead (within POLL_S of the death)
+    t_ns: int  # when the watch first saw it dead (at once through a pidfd; within POLL_S over HTTP)
     concurrency: int
     same_time: list[int]  # other ranks already dead at the same look (which went first is unknown)
     others: list[int]  # ranks seen dead at later looks (vLLM shuts the rest down after the first)
+    seen_by: str = "pidfd"  # "pidfd" (on this machine, at once) or "hook poll" (GET /tpcomm/v1/workers)
 
     def message(self, level_start_ns: int | None = None) -> str:
         when = time.strftime("%H:%M:%S", time.gmtime(self.t_ns / 1e9))
@@ -47,6 +55,7 @@ class RankDeath:
             "concurrency": self.concurrency,
             "same_time": self.same_time,
             "others": self.others,
+            "seen_by": self.seen_by,
         }
 
 
@@ -55,23 +64,31 @@ def _join(ranks: list[int]) -> str:
 
 
 class RankWatch:
-    """Polls /tpcomm/v1/workers in a thread from start() to stop(); `death` is the first rank seen dead.
-    A server whose hook lacks the route (older tpcomm) is not watched; `note` says so."""
+    """Watches the TP workers from start() to stop(); `death` is the first rank seen dead.
+
+    Workers on this machine (the pid the hook reports is the same process here: tpcomm.procid) are watched
+    through pidfds, one thread blocked in poll(): a death is seen when it happens, so the rank that died first
+    is told from the ranks vLLM shut down after it (its executor closes their death pipe at once, and the API
+    server stops answering within a second, before a poll over HTTP may see anything). Workers elsewhere are
+    polled through GET /tpcomm/v1/workers every `poll_s`. A server whose hook lacks the route (older tpcomm)
+    is not watched; `note` says so."""
 
     def __init__(self, info: ServerInfo, concurrency: int, poll_s: float = POLL_S):
         self.info, self.concurrency, self.poll_s = info, concurrency, poll_s
         self.death: RankDeath | None = None
         self.note: str | None = None
+        self.local: dict[int, int] = {}  # rank -> pid, watched here through a pidfd
+        self._fds: dict[int, tuple[int, int]] = {}  # pidfd -> (rank, pid), still alive
+        self._wake: tuple[int, int] | None = None  # pipe that ends the pidfd thread's poll()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        # One connection for every look, used by the watch thread only (and by stop() after joining it).
+        self._threads: list[threading.Thread] = []
+        # One connection for every look, used by the HTTP watch thread only (and by stop() after joining it).
         self._hook = HookClient(info.url, api_key=info.api_key, timeout_s=5, keep_alive=True)
 
     def start(self) -> RankWatch:
         try:
-            if not records.workers(self.info):
-                self.note = "the hook listed no workers: TP ranks not watched"
-                return self
+            ws = records.workers(self.info)
         except records.HookError as e:
             # An older hook without the route answers 404: say that, not the plugin's enable hint.
             self.note = "TP ranks not watched: " + (
@@ -80,21 +97,77 @@ class RankWatch:
                 else str(e)
             )
             return self
-        self._thread = threading.Thread(target=self._run, name="tpcomm-rank-watch", daemon=True)
-        self._thread.start()
+        if not ws:
+            self.note = "the hook listed no workers: TP ranks not watched"
+            return self
+        self._open_pidfds(ws)
+        if self._fds:
+            self._wake = os.pipe()
+            self._threads.append(threading.Thread(target=self._run_local, name="tpcomm-rank-pidfd", daemon=True))
+        if len(self.local) < len(ws):
+            self._threads.append(threading.Thread(target=self._run_http, name="tpcomm-rank-watch", daemon=True))
+        for t in self._threads:
+            t.start()
         return self
 
     def stop(self) -> RankDeath | None:
         """Stop watching; one last look first, so a death just before the end is not missed."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._stop.set()
+        if self._wake is not None:
+            os.write(self._wake[1], b"x")
+        for t in self._threads:
+            t.join(timeout=10)
+        if self._fds:
+            self._poll_local(0)
+        if any(t.name == "tpcomm-rank-watch" for t in self._threads):
             self._look()
+        self._threads = []
+        for fd in list(self._fds) + list(self._wake or ()):
+            os.close(fd)
+        self._fds, self._wake = {}, None
         self._hook.close()
         return self.death
 
-    def _run(self) -> None:
+    # ---- workers on this machine: pidfds ------------------------------------
+    def _open_pidfds(self, ws: list[dict]) -> None:
+        if not hasattr(os, "pidfd_open"):
+            return
+        for w in ws:
+            ident, pid = w.get("identity"), int(w["pid"])
+            if not ident or w.get("alive") is False or identity(pid) != ident:
+                continue  # not this machine, another pid namespace, or gone already: the HTTP poll decides
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            if identity(pid) != ident:  # the pid was reused between the two looks
+                os.close(fd)
+                continue
+            self._fds[fd] = (int(w["rank"]), pid)
+            self.local[int(w["rank"])] = pid
+
+    def _run_local(self) -> None:
+        while self._fds and not self._stop.is_set():
+            self._poll_local(None)
+
+    def _poll_local(self, timeout_ms: int | None) -> None:
+        """Wait for a death (None: until one or stop()); record every rank whose pidfd is readable, at once."""
+        poller = select.poll()
+        for fd in self._fds:
+            poller.register(fd, select.POLLIN)
+        if self._wake is not None and timeout_ms is None:
+            poller.register(self._wake[0], select.POLLIN)
+        ready = {fd for fd, _ in poller.poll(timeout_ms)}
+        now = time.time_ns()
+        dead = [self._fds.pop(fd) for fd in sorted(ready) if fd in self._fds]
+        for fd in sorted(ready):
+            if self._wake is None or fd != self._wake[0]:
+                os.close(fd)
+        if dead:
+            self._record(dead, now, "pidfd")
+
+    # ---- workers elsewhere: the hook's route --------------------------------
+    def _run_http(self) -> None:
         while not self._stop.wait(self.poll_s):
             if self._look() is False:
                 return
@@ -105,17 +178,22 @@ class RankWatch:
             ws = self._hook.workers()
         except records.HookError:
             return False
-        dead = [w for w in ws if w.get("alive") is False]  # None: on another node, not known from here
-        if not dead:
-            return True
-        now = time.time_ns()
-        if self.death is None:
-            first = min(dead, key=lambda w: w["rank"])
-            same = sorted(int(w["rank"]) for w in dead if w is not first)
-            self.death = RankDeath(int(first["rank"]), int(first["pid"]), now, self.concurrency, same, [])
-        d = self.death
-        d.others = sorted({int(w["rank"]) for w in dead} - {d.rank} - set(d.same_time))
+        # alive None: on another node, not known from here; ranks with a pidfd are judged by it alone
+        dead = [(int(w["rank"]), int(w["pid"])) for w in ws if w.get("alive") is False and w["rank"] not in self.local]
+        if dead:
+            self._record(dead, time.time_ns(), "hook poll")
         return True
+
+    def _record(self, dead: list[tuple[int, int]], now: int, seen_by: str) -> None:
+        with self._lock:
+            if self.death is None:
+                rank, pid = min(dead)
+                self.death = RankDeath(
+                    rank, pid, now, self.concurrency, sorted(r for r, _ in dead if r != rank), [], seen_by
+                )
+                return
+            d = self.death
+            d.others = sorted((set(d.others) | {r for r, _ in dead}) - {d.rank} - set(d.same_time))
 
 
 class RankDied(load.ServerGone):

@@ -259,9 +259,13 @@ async def metrics(request: Request) -> Response:
 
 
 def _remember_workers(request: Request, answers: Any) -> None:
-    """(rank, pid) of every worker from its last answer, for /workers to check without the engine."""
+    """(pid, host, identity) of every worker by rank from its last answer, for /workers to check without the engine."""
     try:
-        seen = {int(a["rank"]): (int(a["pid"]), a.get("host")) for a in answers if isinstance(a, dict) and "pid" in a}
+        seen = {
+            int(a["rank"]): (int(a["pid"]), a.get("host"), a.get("identity"))
+            for a in answers
+            if isinstance(a, dict) and "pid" in a
+        }
     except (TypeError, KeyError, ValueError):
         return
     if seen:
@@ -299,10 +303,12 @@ async def workers(request: Request) -> Response:
     return JSONResponse({"workers": worker_liveness(seen, socket.gethostname()), "checked_ns": time.time_ns()})
 
 
-def worker_liveness(seen: dict[int, tuple[int, str | None]], here: str) -> list[dict]:
-    """[{rank, pid, host, alive}] for {rank: (pid, host)}. A worker on another host (multi-node) cannot be
-    checked from here: alive is None ("not known"), never False."""
-    return [
-        {"rank": r, "pid": p, "host": h, "alive": _pid_alive(p) if h in (None, here) else None}
-        for r, (p, h) in sorted(seen.items())
-    ]
+def worker_liveness(seen: dict[int, tuple], here: str) -> list[dict]:
+    """[{rank, pid, host, identity, alive}] for {rank: (pid, host[, identity])}. A worker on another host
+    (multi-node) cannot be checked from here: alive is None ("not known"), never False. `identity` (see
+    tpcomm.procid) lets a client on the workers' machine watch the pids itself."""
+    out = []
+    for r, (p, h, *ident) in sorted(seen.items()):
+        alive = _pid_alive(p) if h in (None, here) else None
+        out.append({"rank": r, "pid": p, "host": h, "identity": ident[0] if ident else None, "alive": alive})
+    return out

@@ -23,6 +23,7 @@ from tpcomm.hook.recorder import (
     Recorder,
     _env_int,
 )
+from tpcomm.procid import identity
 
 METHODS = ("tpcomm_status", "tpcomm_start", "tpcomm_stop", "tpcomm_records", "tpcomm_metrics")
 # Rows of each table per page of GET /tpcomm/v1/records (a full buffer is 262,144 collective rows per rank).
@@ -104,6 +105,7 @@ def tpcomm_status(self: Any) -> dict:
         "rank": _rank(self),
         "pid": os.getpid(),
         "host": socket.gethostname(),  # /tpcomm/v1/workers checks the pids of workers on the API server's host only
+        "identity": identity(os.getpid()),  # boot id/pid/start: lets a client on this machine watch the pid itself
         "enabled": HOOK.disabled_reason is None,
         "disabled_reason": HOOK.disabled_reason,
         "armed": HOOK.armed,

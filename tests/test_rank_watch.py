@@ -1,0 +1,113 @@
+"""The rank watch against the hook's real /tpcomm/v1/workers route (served by uvicorn in this process) and
+real worker processes: the first rank to die is named even when the server stops answering at once, as
+vLLM's API server does after its executor shuts the engine down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+
+from tpcomm.attribute.ranks import RankWatch  # noqa: E402
+from tpcomm.attribute.server import ServerInfo  # noqa: E402
+from tpcomm.procid import identity  # noqa: E402
+
+
+class _Hook:
+    """The hook's router on a real HTTP server, with `workers` as the API server last saw them."""
+
+    def __init__(self, workers: dict[int, tuple]):
+        from fastapi import FastAPI
+
+        from tpcomm.hook.routes import router
+
+        app = FastAPI()
+        app.include_router(router)
+        app.state.tpcomm_engine = "not used by /workers"
+        app.state.tpcomm_workers = workers
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        self.info = ServerInfo(url=f"http://127.0.0.1:{port}", model="m", served=["m"])
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+
+@pytest.fixture
+def procs():
+    ps = [subprocess.Popen(["sleep", "120"]) for _ in range(3)]
+    yield ps
+    for p in ps:
+        p.kill()
+        p.wait()
+
+
+def _seen(ps, ident=identity) -> dict[int, tuple]:
+    return {r: (p.pid, socket.gethostname(), ident(p.pid)) for r, p in enumerate(ps)}
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
+def test_the_first_death_is_named_when_the_server_goes_at_once(procs):
+    """Rank 1 dies; rank 2 dies 100 ms later and rank 0 200 ms later; the server is gone 300 ms after the first
+    death, inside one HTTP poll (1 s): the watch still names rank 1, when, and the ranks that followed."""
+    hook = _Hook(_seen(procs))
+    watch = RankWatch(hook.info, concurrency=2).start()
+    try:
+        assert watch.note is None and watch.local == {r: p.pid for r, p in enumerate(procs)}
+        t_kill = time.time_ns()
+        for rank in (1, 2, 0):
+            os.kill(procs[rank].pid, signal.SIGKILL)
+            time.sleep(0.1)
+        hook.stop()
+        death = watch.stop()
+    finally:
+        hook.stop()
+    assert death is not None, "no death seen"
+    assert (death.rank, death.pid) == (1, procs[1].pid) and death.same_time == []
+    assert death.others == [0, 2] and death.seen_by == "pidfd"
+    assert 0 <= death.t_ns - t_kill < 100e6, (death.t_ns - t_kill) / 1e6  # seen at once, not a poll later
+    assert "TP rank 1 (pid" in death.message() and "vLLM then shut down rank(s) 0, 2" in death.message()
+
+
+def test_workers_not_on_this_machine_are_polled_over_http(procs):
+    """A pid whose identity differs from the process here (another pid namespace, a reused pid) is not watched
+    locally; the HTTP poll names the death instead (alive=False from the route, within one poll period)."""
+    hook = _Hook(_seen(procs, ident=lambda pid: f"elsewhere/{pid}/1"))
+    watch = RankWatch(hook.info, concurrency=1, poll_s=0.1).start()
+    try:
+        assert watch.local == {}
+        os.kill(procs[2].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while watch.death is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        death = watch.stop()
+    finally:
+        hook.stop()
+    assert death is not None and (death.rank, death.pid) == (2, procs[2].pid) and death.seen_by == "hook poll"
+
+
+def test_a_worker_alive_at_the_start_and_at_the_end_is_no_death(procs):
+    hook = _Hook(_seen(procs))
+    try:
+        watch = RankWatch(hook.info, concurrency=1).start()
+        time.sleep(0.1)
+        assert watch.stop() is None and watch.death is None
+    finally:
+        hook.stop()
