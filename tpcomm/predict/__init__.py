@@ -42,6 +42,30 @@ def plan_for(model, layout: Layout, batches=(1,)) -> Plan:
     return build_plan(model, batches=batches, **asdict(layout))
 
 
+def described(plan: Plan, hw: dict) -> dict:
+    """The model, layout and hardware a prediction is for: the first keys of every predict.json."""
+    return {
+        "model": {
+            "name": plan.model.name,
+            "source": plan.model.source,
+            "architecture": plan.model.architecture,
+            "quantization": plan.model.quant.description,
+        },
+        "layout": plan.layout.to_dict(),
+        "hardware": {
+            "profile": hw["profile"],
+            "name": hw["name"],
+            "memory_bandwidth_GBps": hw["memory_bandwidth_GBps"],
+            "memory_GB": hw["memory_GB"],
+            "bf16_tflops": hw["bf16_tflops"],
+            "link": hw["link"],
+            "collective_tables": None if hw.get("interconnect_override") else hw.get("collective_tables"),
+            "sources": hw.get("sources", {}),
+            "notes": hw.get("notes", []),
+        },
+    }
+
+
 def predict(
     model,
     layout: Layout | None = None,
@@ -85,24 +109,7 @@ def predict(
     rv = verdict(ss, corners, cmds, not lat.fixed and latency_decides(plan, hw, ri, k))
     fitted = _fitted(k, fitted_to or {}, plan.model)
     doc = {
-        "model": {
-            "name": plan.model.name,
-            "source": plan.model.source,
-            "architecture": plan.model.architecture,
-            "quantization": plan.model.quant.description,
-        },
-        "layout": plan.layout.to_dict(),
-        "hardware": {
-            "profile": hw["profile"],
-            "name": hw["name"],
-            "memory_bandwidth_GBps": hw["memory_bandwidth_GBps"],
-            "memory_GB": hw["memory_GB"],
-            "bf16_tflops": hw["bf16_tflops"],
-            "link": hw["link"],
-            "collective_tables": None if hw.get("interconnect_override") else hw.get("collective_tables"),
-            "sources": hw.get("sources", {}),
-            "notes": hw.get("notes", []),
-        },
+        **described(plan, hw),
         "collective_latency_source": lat.central.description,
         "collective_latency_kind": lat.kind,
         "single_stream": {

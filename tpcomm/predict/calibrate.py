@@ -27,7 +27,7 @@ from tpcomm import contract as C
 from tpcomm.errors import InputError
 from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED
 from tpcomm.plan.layout import Layout
-from tpcomm.predict import plan_for
+from tpcomm.predict import described, plan_for
 from tpcomm.predict.hardware import load_profile, with_interconnect
 from tpcomm.predict.latency import LatencySource, oneshot_allreduce_us
 from tpcomm.predict.latency_range import LEVELS, LatencyRange, make_range
@@ -259,22 +259,7 @@ def predict_calibrated(
             aggregate=True,
         )
     doc = {
-        "model": {
-            "name": plan.model.name,
-            "source": plan.model.source,
-            "architecture": plan.model.architecture,
-            "quantization": plan.model.quant.description,
-        },
-        "layout": plan.layout.to_dict(),
-        "hardware": {
-            "profile": hw["profile"],
-            "name": hw["name"],
-            "memory_bandwidth_GBps": hw["memory_bandwidth_GBps"],
-            "memory_GB": hw["memory_GB"],
-            "bf16_tflops": hw["bf16_tflops"],
-            "link": link,
-            "sources": hw.get("sources", {}),
-        },
+        **described(plan, hw),
         "collective_latency_source": f"measured in {run_dir} (attribute); what-ifs: {lat.central.description if lat else lat_err}",
         "collective_latency_kind": "attribution",
         "single_stream": {

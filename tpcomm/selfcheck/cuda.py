@@ -75,11 +75,7 @@ def check_timer_graph(k: SleepKernel, replays: int = 32, sample_every: int = 4) 
     ref = k.host_us(int(k.us * k.cycles_per_us))
     factor = sabotaged("timer-graph")
     e0, e1 = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        k.run(10)
-    torch.cuda.synchronize()
+    warm_on_side_stream(lambda: k.run(10))
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         e0.record()
@@ -108,6 +104,17 @@ def check_timer_graph(k: SleepKernel, replays: int = 32, sample_every: int = 4) 
     )
 
 
+def warm_on_side_stream(fn) -> None:
+    """Run `fn` once on a side stream and wait for it: what PyTorch asks before capturing `fn` into a graph."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.synchronize()
+
+
 def graph_replay_us(g, replays: int, warmup: int = 5) -> float:
     """Mean GPU time of one replay of CUDA graph `g` (us): `warmup` replays, then `replays` between two events."""
     import torch
@@ -133,11 +140,7 @@ def check_graph_event_overhead(kernels: int = 200, replays: int = 50) -> Check:
 
     def build(with_events: bool):
         keep = []
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            x.add_(1)
-        torch.cuda.synchronize()
+        warm_on_side_stream(lambda: x.add_(1))
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             for _ in range(kernels):
