@@ -27,7 +27,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from probes.devices import NoDevice, cuda_device, peers_not_visible, rank_layout
+from probes.devices import NoDevice, cuda_device, first_reason, one_line, peers_not_visible, rank_layout
 from probes.ops import COLLECTIVES, ops_for
 from probes.spec import NOT_IN_BACKEND
 
@@ -213,7 +213,7 @@ class CustomArBackend(NcclBackend):
             if self.comm.disabled:
                 err = custom_ar_reason(car, self.world, self.rank, self.group)
         except Exception as e:  # noqa: BLE001
-            err = f"vLLM's CustomAllreduce raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            err = f"vLLM's CustomAllreduce raised {one_line(e)}"
         try:
             agree_or_ineligible(cpu_group, err)
         except Ineligible:
@@ -249,9 +249,7 @@ def custom_ar_reason(car, world: int, rank: int, group) -> str:
     try:
         return _custom_ar_reason(car, world, rank, group)
     except Exception as e:  # noqa: BLE001 - its checks index devices the way vLLM does and can raise the same way
-        return (
-            f"disabled by vLLM; asking why raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        )
+        return f"disabled by vLLM; asking why raised {one_line(e)}"
 
 
 def _custom_ar_reason(car, world: int, rank: int, group) -> str:
@@ -278,10 +276,7 @@ def agree_or_ineligible(cpu_group, err: str | None) -> None:
     dist.all_gather_object(got, err, group=cpu_group)
     bad = [(r, e) for r, e in enumerate(got) if e]
     if bad:
-        r, e = bad[0]
-        raise Ineligible(
-            e if r == dist.get_rank() or (len(bad) == len(got) and len({x for _, x in bad}) == 1) else f"rank {r}: {e}"
-        )
+        raise Ineligible(first_reason(bad, len(got), dist.get_rank()))
 
 
 BACKEND_CLASSES = {c.name: c for c in (GlooBackend, ShmBackend, NcclBackend, PyNcclBackend, CustomArBackend)}

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from probes.backends import Ineligible, make_backend
 from probes.devices import local_rank_and_world, rank_layout
-from probes.measure import Timer, any_rank, rank_spread, slowest_rank, summarize
+from probes.measure import Timer, rank_spread, slowest_rank, summarize
 from probes.ops import COLLECTIVES, count_wrong
 from probes.spec import BACKENDS, MODES, build_items, parse_sizes
 
@@ -219,7 +219,7 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
             pipe.append(timer.time_us(chunk) / per)
         backend.sync()
     iso, skew = rank_spread(iso, ctrl)
-    overruns = int(sum(any_rank(overran, ctrl)))
+    overruns = sum(x > 0 for x in slowest_rank([float(f) for f in overran], ctrl))  # samples overrun on any rank
     pipe = slowest_rank(pipe, ctrl) if pipe else []
     esize = b.inp.element_size()
     nbytes = b.count * esize

@@ -24,6 +24,19 @@ class NoDevice(ValueError):
     """This rank has no GPU of its own to drive; the message says why."""
 
 
+def one_line(e: BaseException) -> str:
+    """'Type: first line of the message' (at most 200 characters of it), for a reason given on one line."""
+    msg = str(e)
+    return f"{type(e).__name__}: {msg.splitlines()[0][:200] if msg else ''}"
+
+
+def first_reason(errs: list[tuple[int, str]], world: int, me: int) -> str:
+    """The first failing rank's reason, from every rank's (rank, reason) of those that failed: prefixed with
+    'rank r: ' unless it is this rank's own, or every rank failed for the same reason."""
+    r, e = errs[0]
+    return e if r == me or (len(errs) == world and len({x for _, x in errs}) == 1) else f"rank {r}: {e}"
+
+
 def local_rank_and_world(env, rank: int, world: int) -> tuple[int, int]:
     """(local rank, ranks on this node) from the launcher's variables: torchrun's LOCAL_RANK /
     LOCAL_WORLD_SIZE, else srun's SLURM_LOCALID / SLURM_NTASKS_PER_NODE ("4" or "4(x2)"), else the
@@ -127,18 +140,13 @@ def _choose(local_rank: int, ctrl):
         err = str(e)
     except Exception as e:  # noqa: BLE001 - a CUDA init error, an exclusive-process GPU, a driver mismatch:
         # this rank must still join the gather below, or every other rank waits there until the timeout
-        err = f"CUDA failed on this rank ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+        err = f"CUDA failed on this rank ({one_line(e)})"
     got: list = [None] * dist.get_world_size()
     dist.all_gather_object(got, (socket.gethostname(), uuid, err, visible), group=ctrl)
     _CHOSEN["layout"] = [{"host": h, "visible_gpus": v} for h, _, _, v in got]
     errs = [(r, e) for r, (_, _, e, _) in enumerate(got) if e]
     if errs:
-        r, e = errs[0]
-        return NoDevice(
-            e
-            if r == dist.get_rank() or (len(errs) == len(got) and len({x for _, x in errs}) == 1)
-            else f"rank {r}: {e}"
-        )
+        return NoDevice(first_reason(errs, len(got), dist.get_rank()))
     msg = shared_gpu_message([u for _, u, _, _ in got], [h for h, _, _, _ in got])
     if msg:
         return NoDevice(msg)

@@ -103,13 +103,6 @@ def slowest_rank(samples: list[float], ctrl_group) -> list[float]:
     return t.tolist()
 
 
-def any_rank(flags: list[bool], ctrl_group) -> list[bool]:
-    """Per sample: whether the flag is set on any rank."""
-    t = torch.tensor([int(f) for f in flags], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl_group)
-    return [bool(x) for x in t.tolist()]
-
-
 def rank_spread(samples: list[float], ctrl_group) -> tuple[list[float], list[float]]:
     """Per sample: (slowest rank's time, slowest - fastest), the latter the skew left after the line-up."""
     hi = torch.tensor(samples, dtype=torch.float64)

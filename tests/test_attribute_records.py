@@ -173,6 +173,27 @@ def test_a_level_whose_rank_died_is_not_cross_checked(run_dir):
     assert cc["match"] is None and cc["detail"].startswith("not compared: " + why)
 
 
+def test_a_level_whose_recording_another_client_restarted_is_not_cross_checked(run_dir):
+    """Another client's start mid-level: the records cover part of the level only, so no split, nothing of
+    the split derived from it (per rank, shares, ceilings), and no plan verdict, even against a wrong plan
+    (a MISMATCH from partial records would be a false one)."""
+    _with_server_config(run_dir)
+    cfg = json.loads((run_dir / "model_config.json").read_text())
+    cfg["num_hidden_layers"] = 5  # a plan that differs from the records
+    (run_dir / "other.json").write_text(json.dumps(cfg))
+    why = "another client restarted the hook's recording during this level (session 'x', ours 'y')"
+    levels = json.loads((run_dir / "load/levels.json").read_text())
+    levels[0].update(hook_problem=why)
+    (run_dir / "load/levels.json").write_text(json.dumps(levels))
+    summ = analyse_run_dir(run_dir, model_source=str(run_dir / "other.json"))
+    lv = summ["levels"][0]
+    assert lv["engine_ms_per_token"] is None and lv["per_token_ms"] is None and why in lv["note"]
+    assert lv["by_rank"] == [] and "shares_pct" not in lv and "compute_only_tok_per_s" not in lv
+    cc = lv["collectives_per_step"]
+    assert cc["match"] is None and cc["detail"].startswith("not compared: " + why)
+    assert not any("differ from the plan" in n for n in summ["notes"])
+
+
 def test_a_worker_on_another_host_is_not_reported_dead():
     """/tpcomm/v1/workers checks pids on the API server's host only: a multi-node worker's pid means nothing
     here, so it is 'not known' (None), and the rank watch does not name it dead."""

@@ -13,15 +13,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture
 def patched_timer():
-    from tpcomm.hook.timing import CudaEventTimer, patch_cuda_graphs
+    from tpcomm.hook.timing import CudaEventTimer, patch_cuda_graphs, unpatch_cuda_graphs
 
     timer = CudaEventTimer(sample_every=1)
     replays: list = []
     patch_cuda_graphs(timer, lambda g, t: replays.append((g, t)))
     yield timer, replays
-    cls = torch.cuda.graphs.CUDAGraph
-    cls.capture_begin, cls.capture_end, cls.replay = cls._tpcomm_originals
-    cls._tpcomm_patched = False
+    unpatch_cuda_graphs()
 
 
 def _eager_ms(fn, reps: int = 20) -> float:
@@ -57,7 +55,7 @@ def test_events_recorded_into_a_cuda_graph_time_each_replay(patched_timer):
     for _ in range(5):
         g.replay()
         graph, t_host = replays[-1]
-        n = timer.read_replay(graph, t_host, lambda meta, t0, t1: rows.append((meta, t0, t1)))
+        n = timer.read_replays([(graph, t_host, lambda meta, t0, t1: rows.append((meta, t0, t1)))])
         assert n == 2
     assert len(rows) == 10 and torch.isfinite(z).all()
     mm = [(t1 - t0) / 1e6 for meta, t0, t1 in rows if meta == "matmul"]
@@ -108,7 +106,7 @@ def test_graph_rows_start_when_the_gpu_ran_them_not_when_the_host_enqueued(patch
     g.replay()
     graph, t_host = replays[-1]
     anchor, rows = ClockAnchor(), []
-    timer.read_replay(graph, t_host, lambda meta, t0, t1: rows.append((t0, t1)), anchor)
+    timer.read_replays([(graph, t_host, lambda meta, t0, t1: rows.append((t0, t1)))], anchor)
     lag_ns = n * mm_ms * 1e6
     ((t0, t1),) = rows
     assert t0 - t_host > 0.5 * lag_ns, (t0 - t_host, lag_ns)  # enqueue time would be ~0 after t_host
@@ -122,7 +120,7 @@ def test_graph_rows_start_when_the_gpu_ran_them_not_when_the_host_enqueued(patch
     timer.eager_end(pair, 7, t_enq)
     timer.anchor = anchor
     got = {}
-    timer.poll(lambda row, t: None, block=True, fill_span=lambda row, a, b: got.__setitem__(row, (a, b)))
+    timer.poll(lambda row, a, b: got.__setitem__(row, (a, b)), block=True)
     assert got[7][0] - t_enq > 0.5 * lag_ns, (got[7][0] - t_enq, lag_ns)
 
 
@@ -137,10 +135,8 @@ def test_a_graph_replayed_twice_in_a_sampled_step_gives_two_rows():
         device = torch.device("cuda")
         _tpcomm_backends = {"all_reduce": "nccl"}
 
-    cls = torch.cuda.graphs.CUDAGraph
     h = Hook()
-    h.gpu, h.cuda = True, timing.CudaEventTimer(sample_every=1)
-    assert timing.patch_cuda_graphs(h.cuda, h.after_replay, h.before_replay)
+    assert h.enable_cuda_timing(sample_every=1)
     try:
         big = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
         g, x = Group(), torch.zeros(8, device="cuda")
@@ -165,5 +161,4 @@ def test_a_graph_replayed_twice_in_a_sampled_step_gives_two_rows():
         (_, s1), (e0, _) = cols["t_start_ns"].tolist(), cols["t_end_ns"].tolist()
         assert s1 >= e0 - 1_000 and h.replays_overwritten == 0
     finally:
-        cls.capture_begin, cls.capture_end, cls.replay = cls._tpcomm_originals
-        cls._tpcomm_patched = False
+        timing.unpatch_cuda_graphs()

@@ -260,81 +260,6 @@ def test_worker_publishes_its_metrics_to_a_file_a_scrape_reads(tmp_path, monkeyp
     assert publish.read_published([{"pid": 2**22 + 7, "metrics_file": h.metrics_file}]) is None
 
 
-def test_a_sampled_step_reads_all_its_graph_replays_with_one_wait():
-    """vLLM's piecewise CUDA graphs replay one graph per piece: a sampled step waits once, at its end, not
-    once per piece (issue 13 item 7), and the rows keep the step and the order the collectives ran in. The
-    graphs and events here are stand-ins with CUDA events' interface (no CUDA on this machine); the GPU
-    test in test_hook_timing_gpu.py runs the same code on real graphs."""
-    import torch
-
-    from tpcomm.hook import timing
-    from tpcomm.hook.core import Hook, Sized
-
-    waits = []
-
-    class Event:  # a CUDA event already recorded at `ms` on the GPU timer
-        def __init__(self, ms):
-            self.ms = ms
-
-        def query(self):
-            return True
-
-        def synchronize(self):
-            waits.append("event")
-
-        def elapsed_time(self, other):
-            return other.ms - self.ms
-
-    class Anchor(timing.ClockAnchor):
-        def sync(self):
-            waits.append("anchor")
-            self.event, self.host_ns = Event(0.0), 1_000_000_000
-            return True
-
-    class Group:
-        unique_name, rank_in_group, world_size = "tp:0", 0, 2
-        device = torch.device("cpu")
-        _tpcomm_backends = {"all_reduce": "nccl", "all_gather": "nccl"}
-
-    g = Group()
-    x = torch.zeros(64, dtype=torch.bfloat16)
-    h = Hook()
-    h.cuda = timing.CudaEventTimer(sample_every=2)
-    h.cuda.anchor = Anchor()
-    meta = (g, "all_reduce", Sized(128, "bfloat16"))
-    pieces = []
-    for p in range(3):  # three pieces, two captured all-reduces each
-        graph = type("G", (), {})()
-        graph._tpcomm_slots = [
-            ((*meta, "nccl", "group_coordinator"), Event(p + 0.1 * k), Event(p + 0.1 * k + 0.05)) for k in range(2)
-        ]
-        pieces.append(graph)
-    sched = type(
-        "S", (), {"num_scheduled_tokens": {"r": 1}, "total_num_scheduled_tokens": 1, "scheduled_new_reqs": []}
-    )()
-    h.start()
-    waits.clear()
-    for _ in range(4):  # steps 0..3; sampled: 0 and 2
-        h.step_begin(sched)
-        before = len(waits)
-        for graph in pieces:
-            h.after_replay(graph, 0)
-        assert len(waits) == before  # nothing waited for while the step runs
-        h.timed(g, "all_gather", x, lambda u: u, x)  # the eager logits gather after the pieces (host clock here)
-        h.step_end(object())
-    assert waits == ["anchor", "anchor"]  # one wait per sampled step, none per piece
-    cols = h.rec.columns(0)["collectives"]
-    rows = list(zip(cols["step"].tolist(), cols["call_idx"].tolist(), cols["op"]))
-    graph_rows = [r for r in rows if r[2] == "all_reduce"]
-    assert [r[0] for r in graph_rows] == [0] * 6 + [2] * 6
-    assert [r[1] for r in graph_rows] == list(range(6)) * 2  # in replay order, before the eager gather
-    # Unsampled steps reserve the graphs' indices too: the eager gather is call 6 in every step.
-    assert [r[1] for r in rows if r[2] == "all_gather"] == [6, 6, 6, 6]
-    dur = [d for d, op in zip(cols["duration_us"].tolist(), cols["op"]) if op == "all_reduce"]
-    assert dur == pytest.approx([50.0] * 12, abs=0.01)  # each event pair's own interval
-    assert h.disabled_reason is None
-
-
 class _Event:
     """A stand-in CUDA timing event (no CUDA here): `ms` is its time on the GPU timer; a graph replay
     re-records it (moves `ms`), as a real replay re-records the events captured in the graph."""
@@ -359,8 +284,6 @@ class _Event:
 def _graph_hook(sample_every=1):
     """A Hook with a stand-in anchor (each sync logged; GPU timer 0 ms = an hour from now on the host clock,
     so anchored starts win over enqueue times) and a stand-in group."""
-    import torch
-
     from tpcomm.hook import timing
     from tpcomm.hook.core import Hook
 
@@ -376,15 +299,18 @@ def _graph_hook(sample_every=1):
             self.mono_s = 0.0
             return True
 
-    class Group:
-        unique_name, rank_in_group, world_size = "tp:0", 0, 2
-        device = torch.device("cpu")
-        _tpcomm_backends = {"all_reduce": "nccl", "all_gather": "nccl"}
-
     h = Hook()
     h.cuda = timing.CudaEventTimer(sample_every=sample_every)
     h.cuda.anchor = Anchor()
-    return h, Group(), log
+    return h, _Group(), log
+
+
+class _Group:
+    """A stand-in TP group coordinator (what the hook reads of vLLM's GroupCoordinator)."""
+
+    unique_name, rank_in_group, world_size = "tp:0", 0, 2
+    device = "cpu"
+    _tpcomm_backends = {"all_reduce": "nccl", "all_gather": "nccl"}
 
 
 def _sched():
@@ -408,6 +334,64 @@ class _Graph:
         e0.ms = 10.0 * (self.n + 1)
         e1.ms = e0.ms + self.durs_ms[self.n]
         self.n += 1
+
+
+def test_a_sampled_step_reads_all_its_graph_replays_with_one_wait():
+    """vLLM's piecewise CUDA graphs replay one graph per piece: a sampled step waits once, at its end, not
+    once per piece (issue 13 item 7), and the rows keep the step and the order the collectives ran in. The
+    graphs and events here are stand-ins with CUDA events' interface (no CUDA on this machine); the GPU
+    test in test_hook_timing_gpu.py runs the same code on real graphs."""
+    import torch
+
+    from tpcomm.hook import timing
+    from tpcomm.hook.core import Hook, Sized
+
+    waits = []
+
+    def Event(ms):  # a CUDA event already recorded at `ms` on the GPU timer
+        return _Event(ms, waits)
+
+    class Anchor(timing.ClockAnchor):
+        def sync(self):
+            waits.append("anchor")
+            self.event, self.host_ns = Event(0.0), 1_000_000_000
+            return True
+
+    g = _Group()
+    x = torch.zeros(64, dtype=torch.bfloat16)
+    h = Hook()
+    h.cuda = timing.CudaEventTimer(sample_every=2)
+    h.cuda.anchor = Anchor()
+    meta = (g, "all_reduce", Sized(128, "bfloat16"))
+    pieces = []
+    for p in range(3):  # three pieces, two captured all-reduces each
+        graph = type("G", (), {})()
+        graph._tpcomm_slots = [
+            ((*meta, "nccl", "group_coordinator"), Event(p + 0.1 * k), Event(p + 0.1 * k + 0.05)) for k in range(2)
+        ]
+        pieces.append(graph)
+    sched = _sched()
+    h.start()
+    waits.clear()
+    for _ in range(4):  # steps 0..3; sampled: 0 and 2
+        h.step_begin(sched)
+        before = len(waits)
+        for graph in pieces:
+            h.after_replay(graph, 0)
+        assert len(waits) == before  # nothing waited for while the step runs
+        h.timed(g, "all_gather", x, lambda u: u, x)  # the eager logits gather after the pieces (host clock here)
+        h.step_end(object())
+    assert waits == ["anchor", "anchor"]  # one wait per sampled step, none per piece
+    cols = h.rec.columns(0)["collectives"]
+    rows = list(zip(cols["step"].tolist(), cols["call_idx"].tolist(), cols["op"]))
+    graph_rows = [r for r in rows if r[2] == "all_reduce"]
+    assert [r[0] for r in graph_rows] == [0] * 6 + [2] * 6
+    assert [r[1] for r in graph_rows] == list(range(6)) * 2  # in replay order, before the eager gather
+    # Unsampled steps reserve the graphs' indices too: the eager gather is call 6 in every step.
+    assert [r[1] for r in rows if r[2] == "all_gather"] == [6, 6, 6, 6]
+    dur = [d for d, op in zip(cols["duration_us"].tolist(), cols["op"]) if op == "all_reduce"]
+    assert dur == pytest.approx([50.0] * 12, abs=0.01)  # each event pair's own interval
+    assert h.disabled_reason is None
 
 
 def test_a_graph_replayed_twice_in_a_step_gives_each_replay_its_own_row():
@@ -439,7 +423,7 @@ def test_a_graph_replayed_twice_in_a_step_gives_each_replay_its_own_row():
 
 
 def test_without_a_before_replay_callback_a_re_recorded_replay_is_dropped_not_duplicated():
-    """selfcheck passes only after_replay: a second replay of a noted graph drops the first note (its events
+    """patch_cuda_graphs without a before_replay callback (both hook callers pass one): a second replay of a noted graph drops the first note (its events
     were re-recorded) and counts it, rather than reading the second replay's times twice."""
     from tpcomm.hook import timing
 

@@ -86,10 +86,14 @@ def test_the_first_death_is_named_when_the_server_goes_at_once(procs):
     assert "TP rank 1 (pid" in death.message() and "vLLM then shut down rank(s) 0, 2" in death.message()
 
 
-def test_workers_not_on_this_machine_are_polled_over_http(procs):
+def test_workers_not_on_this_machine_are_polled_over_http(procs, monkeypatch):
     """A pid whose identity differs from the process here (another pid namespace, a reused pid) is not watched
-    locally; the HTTP poll names the death instead (alive=False from the route, within one poll period)."""
-    hook = _Hook(_seen(procs, ident=lambda pid: f"elsewhere/{pid}/1"))
+    locally; the HTTP poll names the death instead (alive=False from the route, within one poll period).
+    The server sees its workers as they are; the client here sees other processes under those pids."""
+    import tpcomm.attribute.ranks as ranks
+
+    monkeypatch.setattr(ranks, "identity", lambda pid: f"elsewhere/{pid}/1")
+    hook = _Hook(_seen(procs))
     watch = RankWatch(hook.info, concurrency=1, poll_s=0.1).start()
     try:
         assert watch.local == {}
@@ -109,5 +113,24 @@ def test_a_worker_alive_at_the_start_and_at_the_end_is_no_death(procs):
         watch = RankWatch(hook.info, concurrency=1).start()
         time.sleep(0.1)
         assert watch.stop() is None and watch.death is None
+    finally:
+        hook.stop()
+
+
+def test_a_pid_reused_since_the_worker_answered_is_dead_and_a_worker_elsewhere_is_never_named(procs):
+    """The route judges a pid by the identity its worker reported: another process now holding that pid is
+    not the worker (alive=False). A worker on another host is alive=null: the watch never names it dead."""
+    from tpcomm.hook.routes import worker_liveness
+
+    here = socket.gethostname()
+    ws = worker_liveness({0: (procs[0].pid, here, f"boot/{procs[0].pid}/0"), 1: (procs[1].pid, here)}, here)
+    assert [w["alive"] for w in ws] == [False, True]
+    procs[2].kill()
+    procs[2].wait()
+    hook = _Hook({0: (procs[0].pid, here, identity(procs[0].pid)), 2: (procs[2].pid, "node-2", None)})
+    watch = RankWatch(hook.info, concurrency=1, poll_s=0.05).start()
+    try:
+        time.sleep(0.3)  # several HTTP polls, each answering rank 2 alive=null
+        assert watch.stop() is None
     finally:
         hook.stop()

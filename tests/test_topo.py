@@ -311,15 +311,28 @@ def test_flashinfer_allreduce_is_listed_in_vllms_order_with_its_size(monkeypatch
 
 
 def test_flashinfer_ar_size_matches_vllms_own_computation(monkeypatch):
-    """Our max_bytes is what FlashInferAllReduce.__init__ computes from the same tables (its helper, real)."""
+    """Our max_bytes is what FlashInferAllReduce.__init__ computes from the same tables: its helper
+    (_get_tuned_standalone_max_size, real) with the device capability and node count it would read."""
+    import types
+
     from vllm.distributed.device_communicators import all_reduce_utils as aru
+    from vllm.distributed.device_communicators import flashinfer_all_reduce as far
 
     from tpcomm.topo.rules import flashinfer_ar_max_bytes
 
     t = vllm_tables()
+    monkeypatch.setattr(far, "_node_count", lambda group: 1)
+    checked = 0
     for (sm, tp, nodes), mb in aru.FI_MNNVL_ALLREDUCE_MAX_SIZE_MB.items():
         if nodes == 1 and tp in t["fi_fusion_max_size_mb"].get(sm, {}):
             assert flashinfer_ar_max_bytes(t, f"{sm // 10}.{sm % 10}", tp) == int(mb * 1024 * 1024) - 1
+            cap = types.SimpleNamespace(to_int=lambda sm=sm: sm)
+            monkeypatch.setattr(far.current_platform, "get_device_capability", lambda cap=cap: cap)
+            assert flashinfer_ar_max_bytes(t, f"{sm // 10}.{sm % 10}", tp) == far._get_tuned_standalone_max_size(
+                tp, "mnnvl", None
+            )
+            checked += 1
+    assert checked
     assert flashinfer_ar_max_bytes(t, "9.0", 4) == 2 * 1024 * 1024
 
 

@@ -205,9 +205,13 @@ def analyse_run_dir(
         if lv.get("hook_problem") or not obs["steps"]:
             # Another client started or stopped recording mid-level, a TP worker died, or the run ended before
             # the level's records were pulled: the records do not cover the window.
+            # Nothing of the split stays: the same shape as a level without decode pairs (split.engine_split).
+            for k in (*_SPLIT_DERIVED, "top_sites"):
+                doc.pop(k, None)
             doc.update(
                 per_token_ms=None,
                 engine_ms_per_token=None,
+                by_rank=[],
                 delivery_ms=None,
                 closure={**doc.get("closure", {}), "judged": False, "ok": None},
                 note=f"not attributed: {_no_records_reason(lv, True)}",
@@ -219,6 +223,18 @@ def analyse_run_dir(
             summary["notes"].append(f"C={c}: collectives per decode step differ from the plan: {cc['detail']}")
     rd.write_json(C.ATTR_SUMMARY, summary)
     return summary
+
+
+# What engine_split derives from the per-token terms (removed with them from a level that is not attributed).
+_SPLIT_DERIVED = (
+    "terms_sum_ms",
+    "shares_pct",
+    "sampled_pairs_share",
+    "seqs_per_step",
+    "comm_only_tok_per_s",
+    "comm_and_wait_only_tok_per_s",
+    "compute_only_tok_per_s",
+)
 
 
 def _no_records_reason(lv: dict, plugin_on: bool) -> str:
@@ -233,6 +249,8 @@ def _no_crosscheck_reason(lv: dict, obs: dict) -> str | None:
     """Why this level's collectives are not compared with the plan, or None to compare them."""
     if lv.get("rank_died"):
         return f"{lv.get('hook_problem') or 'a TP rank died during this level'}: this level's records are incomplete"
+    if lv.get("hook_problem"):  # another client restarted or stopped the recording mid-level
+        return f"{lv['hook_problem']}: this level's records do not cover it"
     if not obs["steps"]:
         return "no hook records of decode steps for this level (the run ended before they were pulled)"
     return None

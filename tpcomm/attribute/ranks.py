@@ -20,14 +20,14 @@ import os
 import select
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from tpcomm.attribute import load, records
 from tpcomm.attribute.server import ServerInfo
 from tpcomm.hook.client import HookClient, HookUnavailable
 from tpcomm.procid import identity
 
-POLL_S = 1.0  # vLLM takes several seconds to shut the server down after a worker dies
+POLL_S = 1.0  # HTTP polls of workers not watched through a pidfd (each poll is one request to the API server)
 
 
 @dataclass
@@ -48,15 +48,7 @@ class RankDeath:
         return f"TP rank {self.rank} (pid {self.pid}) died during C={self.concurrency} at {when} UTC{into}{also}{after}"
 
     def to_dict(self) -> dict:
-        return {
-            "rank": self.rank,
-            "pid": self.pid,
-            "t_ns": self.t_ns,
-            "concurrency": self.concurrency,
-            "same_time": self.same_time,
-            "others": self.others,
-            "seen_by": self.seen_by,
-        }
+        return asdict(self)
 
 
 def _join(ranks: list[int]) -> str:
@@ -83,12 +75,12 @@ class RankWatch:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        # One connection for every look, used by the HTTP watch thread only (and by stop() after joining it).
+        # One connection for every look: start(), then the HTTP watch thread only (and stop() after joining it).
         self._hook = HookClient(info.url, api_key=info.api_key, timeout_s=5, keep_alive=True)
 
     def start(self) -> RankWatch:
         try:
-            ws = records.workers(self.info)
+            ws = self._hook.workers()
         except records.HookError as e:
             # An older hook without the route answers 404: say that, not the plugin's enable hint.
             self.note = "TP ranks not watched: " + (

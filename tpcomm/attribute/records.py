@@ -11,7 +11,7 @@ import pandas as pd
 from tpcomm.attribute.server import ServerInfo
 from tpcomm.hook.client import HookClient, HookError, merge, records_to_frames
 
-__all__ = ["HookError", "start", "stop", "status", "session_problem", "workers", "fetch", "merge", "from_columnar"]
+__all__ = ["HookError", "start", "stop", "status", "session_problem", "fetch", "merge", "from_columnar"]
 
 
 def _client(info: ServerInfo, timeout_s: float = 60) -> HookClient:
@@ -28,11 +28,6 @@ def stop(info: ServerInfo) -> dict:
 
 def status(info: ServerInfo) -> dict:
     return _client(info).status()
-
-
-def workers(info: ServerInfo, timeout_s: float = 10) -> list[dict]:
-    """[{rank, pid, alive}] from GET /tpcomm/v1/workers (checked in the API server, no engine round trip)."""
-    return _client(info, timeout_s).workers()
 
 
 def session_problem(st: dict, session: str, started_ns: int) -> str | None:

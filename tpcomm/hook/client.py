@@ -122,7 +122,7 @@ class HookClient:
         return self._request("POST", "/tpcomm/v1/stop").json()
 
     def workers(self) -> list[dict]:
-        """[{rank, pid, alive}]: checked in the API server, no engine round trip (answers while a worker is dead)."""
+        """[{rank, pid, host, identity, alive}]: checked in the API server, no engine round trip (answers while a worker is dead)."""
         doc = self._request("GET", "/tpcomm/v1/workers").json()
         return list(doc.get("workers") or []) if isinstance(doc, dict) else []
 

@@ -17,15 +17,12 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from tpcomm.hook import timing
-from tpcomm.hook.recorder import Recorder
+from tpcomm.hook.recorder import GROUP_COORDINATOR, Recorder
 
 logger = logging.getLogger("vllm.tpcomm.hook")  # a child of vLLM's logger: same format and prefix
 
 # Set by the backend tags (plugin.py) during a CUDA collective: which path ran.
 LAST_BACKEND: list[str | None] = [None]
-# The `path` column: which vLLM code path issued the collective (GroupCoordinator's methods, or a
-# fused kernel that never reaches it, see fused.py).
-GROUP_COORDINATOR = "group_coordinator"
 
 
 class Sized(NamedTuple):
@@ -104,6 +101,13 @@ class Hook:
             self.rec = Recorder()
         return self.rec
 
+    def enable_cuda_timing(self, sample_every: int | None = None) -> bool:
+        """CUDA event timing, with torch's CUDAGraph capture and replay bracketed for this hook
+        (tpcomm.hook.timing); False when the graph patch could not be applied."""
+        self.gpu = True
+        self.cuda = timing.CudaEventTimer(sample_every=sample_every)
+        return timing.patch_cuda_graphs(self.cuda, self.after_replay, self.before_replay)
+
     def start(self, fault_after: int | None = None, session: str | None = None) -> None:
         if self.disabled_reason:
             return
@@ -145,11 +149,7 @@ class Hook:
             try:
                 code = self.rec.timings.code(timing.CUDA_EVENT_EAGER)
                 rec = self.rec
-                self.cuda.poll(
-                    lambda row, t1: rec.update_duration(row, t1, code),
-                    block=block,
-                    fill_span=lambda row, t0, t1: rec.update_span(row, t0, t1, code),
-                )
+                self.cuda.poll(lambda row, t0, t1: rec.update_span(row, t0, t1, code), block=block)
             except Exception as e:  # noqa: BLE001 - the hook must never take serving down
                 self.fail("reading CUDA events", e)
 
@@ -283,7 +283,7 @@ class Hook:
         if self.fault_after is not None and self.n_added >= self.fault_after:
             raise RuntimeError("injected test fault (TPCOMM_HOOK_TEST_FAULTS)")
         self.n_added += 1
-        # Per (group, op, backend, timing): the row's constant codes, computed once (serving path).
+        # Per (group, op, backend, timing, path): the row's constant codes, computed once (serving path).
         codes = group.__dict__.get("_tpcomm_codes")
         if codes is None:
             codes = group._tpcomm_codes = {}

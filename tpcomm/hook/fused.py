@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tpcomm.hook.core import HOOK, LAST_BACKEND, logger
+from tpcomm.hook.recorder import GROUP_COORDINATOR
 
 FUSION_MODULE = "vllm.compilation.passes.fusion.allreduce_rms_fusion"
 FUSED_OP = "flashinfer_trtllm_fused_allreduce_norm"  # torch.ops.vllm.<this>
@@ -161,8 +162,12 @@ def _wrapped(orig: Callable, names: dict, group_fn: Callable[[], Any], graph_eve
 
     @functools.wraps(orig)
     def allreduce_fusion(*args, **kwargs):
-        ws = kwargs.get("workspace", args[1] if len(args) > 1 else None)
-        backend = BACKEND_PREFIX + str(getattr(ws, "backend", None) or DEFAULT_WORKSPACE_BACKEND)
+        try:
+            ws = kwargs.get("workspace", args[1] if len(args) > 1 else None)
+            backend = BACKEND_PREFIX + str(getattr(ws, "backend", None) or DEFAULT_WORKSPACE_BACKEND)
+        except Exception as e:  # noqa: BLE001
+            HOOK.fail("fused all-reduce", e)
+            return orig(*args, **kwargs)
         if HOOK.depth or HOOK.disabled_reason is not None:  # inside a timed GroupCoordinator call
             LAST_BACKEND[0] = backend  # that row's transport (vLLM's standalone FlashInfer all-reduce)
             return orig(*args, **kwargs)
@@ -217,7 +222,7 @@ def status(worker: Any) -> dict:
     mode_name = getattr(mode, "name", None if mode is None else str(mode))
     configured = None if flag is None else bool(flag) and mode_name == "VLLM_COMPILE"
     max_mb = getattr(pc, "fi_allreduce_fusion_max_size_mb", None)
-    paths = ["group_coordinator"] + list(STATE["paths"])  # GroupCoordinator carries every other collective
+    paths = [GROUP_COORDINATOR] + list(STATE["paths"])  # GroupCoordinator carries every other collective
     graph_events = bool(STATE["graph_events"])
     return {
         "fusion_pass_configured": configured,

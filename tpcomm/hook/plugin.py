@@ -37,6 +37,7 @@ import os
 from collections.abc import Callable
 
 from tpcomm.hook.core import HOOK, LAST_BACKEND, env_flag, logger
+from tpcomm.hook.recorder import GROUP_COORDINATOR
 
 # method -> (op name, where the sized tensor is: positional index, keyword, or None = the output)
 _TIMED: dict[str, tuple[str, int | None, str | None]] = {
@@ -136,11 +137,7 @@ def _install_cuda_timing() -> None:
 
     if not current_platform.is_cuda_alike():
         return
-    from tpcomm.hook import timing
-
-    HOOK.gpu = True
-    HOOK.cuda = timing.CudaEventTimer()
-    if timing.patch_cuda_graphs(HOOK.cuda, HOOK.after_replay, HOOK.before_replay):
+    if HOOK.enable_cuda_timing():
         HOOK.patched.append("torch.cuda.CUDAGraph.capture_begin/capture_end/replay")
     _tag_cuda_backends()
     from tpcomm.hook import fused
@@ -165,7 +162,9 @@ def _timed_method(orig: Callable, op: str, pos: int | None, kw: str | None) -> C
         if torch.compiler.is_compiling() or self.world_size == 1:
             return orig(self, *args, **kwargs)
         probe = None if pos is None else (args[pos] if len(args) > pos else kwargs.get(kw))
-        return HOOK.timed(self, op, probe, orig, self, *args, **kwargs)
+        return HOOK.timed_path(
+            GROUP_COORDINATOR, self, op, probe, orig, self, *args, **kwargs
+        )  # not via timed: one call less
 
     return timed
 

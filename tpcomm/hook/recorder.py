@@ -3,7 +3,7 @@
 One `Recorder` per worker process. Collective and step rows go into numpy
 columns allocated once; when a buffer is full the row is counted in
 ``dropped_*`` and thrown away, so the serving path never waits or allocates.
-Strings (group, op, dtype, backend, timing) are stored as small integer codes
+Strings (group, op, dtype, backend, timing, path) are stored as small integer codes
 into per-recorder vocabularies and decoded only when records are read.
 
 Memory bound per worker (defaults): collectives 262,144 rows x 43 B = 10.8 MiB,
@@ -21,6 +21,10 @@ import threading
 import numpy as np
 
 from tpcomm.hook.histograms import Histograms
+
+# The `path` column: which vLLM code path issued the collective (GroupCoordinator's methods, or a
+# fused kernel that never reaches it, see fused.py). Code 0 of every recorder.
+GROUP_COORDINATOR = "group_coordinator"
 
 DEFAULT_MAX_RECORDS = 262_144
 DEFAULT_MAX_STEPS = 65_536
@@ -84,7 +88,7 @@ class Recorder:
         self.dtype_codes: dict = {}  # torch.dtype -> code, filled by the hook
         self.ops, self.dtypes, self.backends, self.timings = _Vocab(), _Vocab(), _Vocab(), _Vocab()
         self.paths = _Vocab()
-        self.paths.code("group_coordinator")  # code 0: the default of `add` (core.GROUP_COORDINATOR)
+        self.paths.code(GROUP_COORDINATOR)  # code 0: the default of `add`
         # group_idx -> (group kind, unique name, group_rank, group_size)
         self.groups: list[tuple[str, str, int, int]] = []
         self._group_codes: dict[str, int] = {}
@@ -167,12 +171,6 @@ class Recorder:
     def extend_step(self, idx: int, t_end_ns: int) -> None:
         if 0 <= idx < self.n_steps:
             self._s["t_end_ns"][idx] = t_end_ns
-
-    def update_duration(self, idx: int, t_end_ns: int, timing: int) -> None:
-        """Late fill-in of a row's end (CUDA events are read after the call returned)."""
-        if 0 <= idx < self.n:
-            self._c["t_end_ns"][idx] = t_end_ns
-            self._c["timing"][idx] = timing
 
     def update_span(self, idx: int, t_start_ns: int, t_end_ns: int, timing: int) -> None:
         """Late fill-in of both ends (CUDA event rows placed on the host clock, see timing.ClockAnchor)."""

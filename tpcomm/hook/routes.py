@@ -35,6 +35,8 @@ import numpy as np
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from tpcomm.procid import identity
+
 RPC_TIMEOUT_S = 120.0
 logger = logging.getLogger("vllm.tpcomm.routes")
 _SESSION = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -308,7 +310,9 @@ def worker_liveness(seen: dict[int, tuple], here: str) -> list[dict]:
     (multi-node) cannot be checked from here: alive is None ("not known"), never False. `identity` (see
     tpcomm.procid) lets a client on the workers' machine watch the pids itself."""
     out = []
-    for r, (p, h, *ident) in sorted(seen.items()):
-        alive = _pid_alive(p) if h in (None, here) else None
-        out.append({"rank": r, "pid": p, "host": h, "identity": ident[0] if ident else None, "alive": alive})
+    for r, (p, h, *known) in sorted(seen.items()):
+        ident = known[0] if known else None
+        # a pid reused by another process since the worker answered is not the worker: dead
+        alive = _pid_alive(p) and (ident is None or identity(p) == ident) if h in (None, here) else None
+        out.append({"rank": r, "pid": p, "host": h, "identity": ident, "alive": alive})
     return out

@@ -121,7 +121,7 @@ def tpcomm_status(self: Any) -> dict:
         "timing": _timing_modes(),
         "graph_sample_every": HOOK.cuda.sample_every if HOOK.cuda else None,
         "untimed_graph_calls": HOOK.cuda.untimed_graph_calls if HOOK.cuda else 0,
-        "graph_replays_overwritten": HOOK.replays_overwritten,  # 0 with the before-replay callback in place
+        "graph_replays_overwritten": HOOK.replays_overwritten,  # graphs patched without the before-replay callback only
         "graph_breaks": _graph_breaks(),
         "compile": _compile_counters(),
         "compiled_op_calls": HOOK.compiled_op_calls,

@@ -10,9 +10,10 @@
   the host time at which the call was enqueued.
 - ``cuda-event-graph``: CUDA tensors while a CUDA graph is being captured. Events
   created with ``external=True`` are recorded *into* the graph, so every replay
-  re-records them. After a replay in a sampled step (one step in
-  TPCOMM_GRAPH_SAMPLE_EVERY, default 8; the same steps on every rank) the hook
-  waits for the graph to finish and reads each pair.
+  re-records them. The replays of a sampled step (one step in
+  TPCOMM_GRAPH_SAMPLE_EVERY, default 8; the same steps on every rank) are read
+  with one wait at the step's end (or at sample_end), or just before the same
+  graph is replayed again within the step (the drafter loop).
 - ``host-enqueue``: a CUDA call for which no event pair was free (pool exhausted):
   host time of the enqueue only, not a transfer time.
 
@@ -143,16 +144,11 @@ class CudaEventTimer:
         """Give back a pair whose row was dropped (buffer full)."""
         self._free.append(pair)
 
-    def poll(
-        self,
-        fill: Callable[[int, int], None],
-        block: bool = False,
-        fill_span: Callable[[int, int, int], None] | None = None,
-    ) -> None:
-        """Read finished eager event pairs in order; ``fill(row, t_end_ns)`` updates the row's end from its
-        enqueue time, or, given ``fill_span(row, t_start_ns, t_end_ns)``, both ends placed with the anchor."""
-        anchor = self.anchor if fill_span is not None else None
-        if anchor is not None and (anchor.event is None or anchor.age_s() > ANCHOR_MAX_AGE_S):
+    def poll(self, fill_span: Callable[[int, int, int], None], block: bool = False) -> None:
+        """Read finished eager event pairs in order; ``fill_span(row, t_start_ns, t_end_ns)`` gets both ends:
+        the start placed with the anchor when it is fresh (else the enqueue time), the end start + duration."""
+        anchor = self.anchor
+        if anchor.event is None or anchor.age_s() > ANCHOR_MAX_AGE_S:
             anchor = None
         while self._pending:
             row, (e0, e1), t0 = self._pending[0]
@@ -162,11 +158,8 @@ class CudaEventTimer:
                 return
             self._pending.popleft()
             dur_ns = int(e0.elapsed_time(e1) * 1e6)
-            if fill_span is None:
-                fill(row, t0 + dur_ns)
-            else:
-                start = max(t0, anchor.host_ns_of(e0)) if anchor is not None else t0
-                fill_span(row, start, start + dur_ns)
+            start = max(t0, anchor.host_ns_of(e0)) if anchor is not None else t0
+            fill_span(row, start, start + dur_ns)
             self._free.append((e0, e1))
 
     def maybe_refresh_anchor(self) -> bool:
@@ -206,11 +199,6 @@ class CudaEventTimer:
 
     def due(self, step: int) -> bool:
         return step % self.sample_every == 0
-
-    @staticmethod
-    def read_replay(graph: Any, t_replay_ns: int, emit: GraphEmit, anchor: ClockAnchor | None = None) -> int:
-        """One graph's rows right after its replay (one wait); see read_replays."""
-        return CudaEventTimer.read_replays([(graph, t_replay_ns, emit)], anchor)
 
     @staticmethod
     def read_replays(replays: list[tuple[Any, int, GraphEmit]], anchor: ClockAnchor | None = None) -> int:
@@ -282,6 +270,16 @@ def patch_cuda_graphs(
     cls._tpcomm_patched = True
     cls._tpcomm_originals = (orig_begin, orig_end, orig_replay)
     return True
+
+
+def unpatch_cuda_graphs() -> None:
+    """Undo patch_cuda_graphs (a selfcheck or a test that patched the class in its own process)."""
+    import torch
+
+    cls = torch.cuda.graphs.CUDAGraph
+    if getattr(cls, "_tpcomm_originals", None):
+        cls.capture_begin, cls.capture_end, cls.replay = cls._tpcomm_originals
+        cls._tpcomm_patched = False
 
 
 def bracket_replay(

@@ -171,8 +171,8 @@ def probe(
     steps,
 ):
     """Time the model's collectives on the backends vLLM could use, at the
-    plan's message sizes: isolated latency (ranks lined up by a tiny collective of
-    the same backend before each op, as a decode step reaches it; the skew left is
+    plan's message sizes: isolated latency (ranks lined up by a tiny collective,
+    the backend's own where it allows one, before each op, as a decode step reaches it; the skew left is
     measured and shown) and back-to-back pipelined average, p50/p90/p99, algbw/busbw
     as nccl-tests, a correctness check per measurement, and a fitted latency
     model for `tpcomm predict --probe RUN_DIR`.

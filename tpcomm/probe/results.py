@@ -182,8 +182,8 @@ def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str
         f"{cond.get('hardware', '?')}; torch {cond.get('torch', '?')}, vLLM {cond.get('vllm') or 'not installed'}"
     )
     out.append(
-        "# isolated: ranks lined up before each op by a tiny collective of the same backend (as a decode step "
-        "reaches it); pipelined: back-to-back average (nccl-tests' time)"
+        "# isolated: ranks lined up before each op by a tiny collective, the backend's own where it allows one "
+        "(named per block: lineup), as a decode step reaches it; pipelined: back-to-back average (nccl-tests' time)"
     )
     out.append(
         "# skew: rank skew left after the line-up, p50 over samples of slowest - fastest rank's duration "

@@ -125,11 +125,9 @@ def plan_config_text(summ: dict | None) -> str | None:
     pc = (summ or {}).get("plan_config")
     if not isinstance(pc, dict):
         return None
-    if pc.get("source") == "server-reported":
-        return "plan from the config the server reported (server-reported)"
-    if pc.get("source") == "--model-config":
-        return f"plan from --model-config {pc.get('path')}"
-    return f"not made ({pc['text']})" if pc.get("text") else None
+    if pc.get("source") is None:  # no config: the cross-check was not made, the text says why
+        return f"not made ({pc['text']})" if pc.get("text") else None
+    return pc.get("text")  # as attribute wrote it (crosscheck.plan_config)
 
 
 def commands_for(inp: Inputs) -> dict[str, str]:

@@ -72,22 +72,16 @@ def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
 
     from tpcomm.hook import timing
     from tpcomm.hook.core import Hook
+    from tpcomm.selfcheck.cuda import warm_on_side_stream
 
     hook = Hook()
-    hook.gpu = True
-    hook.cuda = timing.CudaEventTimer(sample_every=sample_every)
-    if not timing.patch_cuda_graphs(hook.cuda, hook.after_replay, hook.before_replay):
+    if not hook.enable_cuda_timing(sample_every):
         return Check(ID, FAIL, "could not bracket torch.cuda.CUDAGraph capture/replay")
-    cls = torch.cuda.graphs.CUDAGraph
     try:
         group, x = _group(torch.device("cuda", torch.cuda.current_device())), torch.zeros(8, device="cuda")
         factor = sabotaged(ID)
         fn = lambda t: kernel.run(kernel.us * factor) or t  # noqa: E731
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn(x)
-        torch.cuda.synchronize()
+        warm_on_side_stream(lambda: fn(x))
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             hook.timed(group, "all_reduce", x, fn, x)
@@ -108,9 +102,7 @@ def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
         hook.stop()
         graph = hook.rec.columns(rank=0)["collectives"]
     finally:
-        if getattr(cls, "_tpcomm_originals", None):
-            cls.capture_begin, cls.capture_end, cls.replay = cls._tpcomm_originals
-            cls._tpcomm_patched = False
+        timing.unpatch_cuda_graphs()
     e_med = float(np.median(eager["duration_us"])) if len(eager["duration_us"]) else 0.0
     g_dur = np.asarray(graph["duration_us"], dtype=float)
     g_med = float(np.median(g_dur)) if len(g_dur) else 0.0

@@ -13,6 +13,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from probes.devices import one_line
 from tpcomm.errors import InputError
 from tpcomm.selfcheck.result import FAIL, Check, skip
 
@@ -94,7 +95,7 @@ def _guard(id: str, fn: Callable[[], Check | list[Check]]) -> list[Check]:
         got = fn()
     except Exception as e:  # noqa: BLE001 - a check that crashes is a FAIL with its reason, the others still run
         tb = traceback.format_exc(limit=6)
-        got = Check(id, FAIL, f"crashed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        got = Check(id, FAIL, f"crashed: {one_line(e)}")
         got.detail["traceback"] = tb
     got = got if isinstance(got, list) else [got]
     for c in got:
