@@ -86,6 +86,36 @@ def test_the_first_death_is_named_when_the_server_goes_at_once(procs):
     assert "TP rank 1 (pid" in death.message() and "vLLM then shut down rank(s) 0, 2" in death.message()
 
 
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
+def test_a_worker_whose_exit_completes_after_the_requests_failed_is_still_named(procs):
+    """vLLM fails the requests as soon as a killed worker's sockets close, which can be before its exit
+    completes (and its pidfd turns readable). With requests failed and no death seen yet, stop() waits
+    for one: here rank 1 ends 0.5 s after the caller gave up on the server."""
+    hook = _Hook(_seen(procs))
+    watch = RankWatch(hook.info, concurrency=2).start()
+    hook.stop()
+    threading.Timer(0.5, os.kill, (procs[1].pid, signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    death = watch.stop(requests_failed=True)
+    assert death is not None and (death.rank, death.seen_by) == (1, "pidfd")
+    assert 0.4 < time.monotonic() - t0 < 5, "waited for the death, not for the whole grace period"
+
+
+def test_a_worker_already_dead_when_the_watch_starts_is_named(procs):
+    """A worker that died between the level's start and the watch's first look is named at that look, not at
+    a later poll: here the server is gone right after it."""
+    hook = _Hook(_seen(procs))
+    procs[2].kill()
+    procs[2].wait()
+    try:
+        watch = RankWatch(hook.info, concurrency=4).start()
+    finally:
+        hook.stop()
+    death = watch.stop()
+    assert death is not None and (death.rank, death.pid, death.concurrency) == (2, procs[2].pid, 4)
+    assert watch.local == {0: procs[0].pid, 1: procs[1].pid}
+
+
 def test_workers_not_on_this_machine_are_polled_over_http(procs, monkeypatch):
     """A pid whose identity differs from the process here (another pid namespace, a reused pid) is not watched
     locally; the HTTP poll names the death instead (alive=False from the route, within one poll period).
@@ -134,3 +164,13 @@ def test_a_pid_reused_since_the_worker_answered_is_dead_and_a_worker_elsewhere_i
         assert watch.stop() is None
     finally:
         hook.stop()
+
+
+def test_a_death_before_the_level_s_requests_is_not_timed_into_the_level():
+    from tpcomm.attribute.ranks import RankDeath
+
+    d = RankDeath(rank=1, pid=42, t_ns=10_000_000_000, concurrency=2, same_time=[], others=[0])
+    assert ", 1.5 s into the level;" in d.message(8_500_000_000)
+    assert d.message(12_000_000_000).endswith("before the level's first request; vLLM then shut down rank(s) 0"), (
+        d.message(12_000_000_000)
+    )

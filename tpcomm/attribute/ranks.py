@@ -28,6 +28,7 @@ from tpcomm.hook.client import HookClient, HookUnavailable
 from tpcomm.procid import identity
 
 POLL_S = 1.0  # HTTP polls of workers not watched through a pidfd (each poll is one request to the API server)
+GRACE_S = 5.0  # after requests failed: how long stop() waits for a watched worker to be seen dead
 
 
 @dataclass
@@ -42,7 +43,10 @@ class RankDeath:
 
     def message(self, level_start_ns: int | None = None) -> str:
         when = time.strftime("%H:%M:%S", time.gmtime(self.t_ns / 1e9))
-        into = f", {(self.t_ns - level_start_ns) / 1e9:.1f} s into the level" if level_start_ns else ""
+        into = ""
+        if level_start_ns:  # the watch starts before the level's recording and requests: a death may precede them
+            s = (self.t_ns - level_start_ns) / 1e9
+            into = f", {s:.1f} s into the level" if s >= 0 else ", before the level's first request"
         also = f" (rank(s) {_join(self.same_time)} found dead at the same moment)" if self.same_time else ""
         after = f"; vLLM then shut down rank(s) {_join(self.others)}" if self.others else ""
         return f"TP rank {self.rank} (pid {self.pid}) died during C={self.concurrency} at {when} UTC{into}{also}{after}"
@@ -74,6 +78,7 @@ class RankWatch:
         self._wake: tuple[int, int] | None = None  # pipe that ends the pidfd thread's poll()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._seen = threading.Event()  # set at the first death recorded
         self._threads: list[threading.Thread] = []
         # One connection for every look: start(), then the HTTP watch thread only (and stop() after joining it).
         self._hook = HookClient(info.url, api_key=info.api_key, timeout_s=5, keep_alive=True)
@@ -93,6 +98,11 @@ class RankWatch:
             self.note = "the hook listed no workers: TP ranks not watched"
             return self
         self._open_pidfds(ws)
+        # A worker already dead at the first look (it died between the level's start and this look, or the
+        # pid now names another process) is a death all the same: named now, not a poll later.
+        gone = [(int(w["rank"]), int(w["pid"])) for w in ws if w.get("alive") is False]
+        if gone:
+            self._record(gone, time.time_ns(), "hook poll")
         if self._fds:
             self._wake = os.pipe()
             self._threads.append(threading.Thread(target=self._run_local, name="tpcomm-rank-pidfd", daemon=True))
@@ -102,8 +112,15 @@ class RankWatch:
             t.start()
         return self
 
-    def stop(self) -> RankDeath | None:
-        """Stop watching; one last look first, so a death just before the end is not missed."""
+    def stop(self, requests_failed: bool = False) -> RankDeath | None:
+        """Stop watching; one last look first, so a death just before the end is not missed.
+
+        requests_failed: the caller saw requests fail (or the server go). A pidfd turns readable only when the
+        worker's exit has completed, while the pipes and sockets vLLM watches close earlier in that exit (and
+        a loaded machine may run the watch thread late); so with no death seen yet, wait up to GRACE_S for a
+        watched worker to be seen dead before stopping."""
+        if requests_failed and self._fds and self.death is None:
+            self._seen.wait(GRACE_S)
         self._stop.set()
         if self._wake is not None:
             os.write(self._wake[1], b"x")
@@ -183,6 +200,7 @@ class RankWatch:
                 self.death = RankDeath(
                     rank, pid, now, self.concurrency, sorted(r for r, _ in dead if r != rank), [], seen_by
                 )
+                self._seen.set()
                 return
             d = self.death
             d.others = sorted((set(d.others) | {r for r, _ in dead}) - {d.rank} - set(d.same_time))

@@ -190,13 +190,22 @@ class Attribute:
         spec = self.cfg.spec
         # Our own recording session: a start or stop from another client during the level is detected below.
         session = f"attribute-{self._run_id}-c{c}-r{rep}"
-        hook_ok = self.plugin_on and self._hook(lambda info: records.start(info, session))
-        # Watch the TP workers while the level runs: a worker that dies takes the server down with it, and
-        # only the order of the deaths tells which one failed.
-        watch = RankWatch(self.info, c).start() if hook_ok else None
+        # Watch the TP workers while the level runs, from before its recording starts: a worker that dies
+        # takes the server down with it, and only the order of the deaths tells which one failed.
+        watch = RankWatch(self.info, c).start() if self.plugin_on else None
+        try:
+            hook_ok = self.plugin_on and self._hook(lambda info: records.start(info, session))
+        except load.ServerGone:
+            death = watch.stop(requests_failed=True) if watch is not None else None
+            if death:
+                raise RankDied(death, death.message() + ", as its recording was being started") from None
+            raise
+        if watch is not None and not hook_ok:
+            watch.stop()
+            watch = None
         if watch is not None and watch.note:
             self.notes.append(f"C={c}: {watch.note}")
-        t_level = time.time_ns()
+        t_level = time.time_ns()  # the level's requests start now (a death is timed from here)
         for rnd in range(spec.max_rounds):
             self.progress.level_start(c, rep, rnd, spec.requests)
             offset = self._next_id
@@ -215,7 +224,7 @@ class Attribute:
                 )
             except load.ServerGone as e:
                 req, tok = self._add_rows(e.args[0] if e.args else [], (c, rep), rnd, True)
-                death = watch.stop() if watch is not None else None
+                death = watch.stop(requests_failed=True) if watch is not None else None
                 why = death.message(t_level) if death else "server stopped answering"
                 if len(req):
                     flag = (
@@ -233,7 +242,7 @@ class Attribute:
             # Not steady: keep the round's rows out of the figures and run another.
             for r in self.requests[-len(rows) :]:
                 r["in_stats"] = False
-        death = watch.stop() if watch is not None else None
+        death = watch.stop(requests_failed=not all(r["ok"] for r in rows)) if watch is not None else None
         flags = [f"C={c} not steady after {rnd + 1} round(s): {note}"] if steady is False else []
         lv = self._level_doc(c, rep, rnd, req, tok, steady, note, flags)
         self.levels.append(lv)
