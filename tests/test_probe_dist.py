@@ -142,6 +142,21 @@ def test_every_op_on_gloo_and_shm_with_skips_explained(tmp_path):
     assert "# all_reduce  backend shm" in p.stdout and "not measured" in p.stdout
 
 
+def test_a_backend_this_machine_cannot_run_is_an_error_not_an_empty_success(tmp_path):
+    """--backend nccl on a machine without CUDA measures nothing: exit 2 naming --backend and why, the
+    table still lists each size as not measured, and status.json marks the probe failed."""
+    if _cuda_gpus():
+        pytest.skip("a CUDA machine: nccl is not refused here")
+    run = tmp_path / "run"
+    p, _ = _probe(["--gpus", "2", "--backend", "nccl", "--sizes", "1K", "--out", str(run)])
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: --backend nccl: nothing was measured on this machine ("), last
+    assert "not measured:" in p.stdout
+    stage = json.loads((run / "status.json").read_text())["probe"]
+    assert stage["state"] == "failed" and stage["measurements"] == 0 and stage["error"].startswith("nothing measured")
+
+
 def test_dead_rank_stops_all_and_keeps_finished_sizes(tmp_path):
     run = tmp_path / "run"
     p, _ = _probe(

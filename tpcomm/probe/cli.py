@@ -246,6 +246,14 @@ def probe(
     else:
         click.echo(format_table(res.rows, res.skipped, res.conditions))
         click.echo(f"# saved: {res.run.path}/probe/results.parquet, results.json, fit.json; topo.json", err=True)
+    if res.skipped and not res.rows:
+        from tpcomm.errors import InputError
+
+        raise InputError(
+            f"--backend {backends}",
+            f"nothing was measured on this machine ({res.skipped[0].get('reason')})",
+            "a backend this machine runs: auto picks gloo,shm on CPU and nccl,pynccl,custom-ar on CUDA",
+        )
 
 
 def _replay(
