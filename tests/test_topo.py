@@ -274,7 +274,20 @@ def test_cuda_visible_devices_parsing_matches_the_installed_pytorch(cvd, monkeyp
 def _gpu_paths_with(monkeypatch, cc="9.0", n=8, nvlink=True, **env):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    return gpu_paths(_gpus(n, nvlink=nvlink, cc=cc), n, vllm_tables(), flashinfer=True)
+    return gpu_paths(_gpus(n, nvlink=nvlink, cc=cc), n, vllm_tables(), flashinfer=True, fi_comm=True)
+
+
+def test_the_standalone_flashinfer_allreduce_needs_only_the_import_the_fusion_needs_usable_kernels():
+    """vLLM's FlashInferAllReduce checks that flashinfer.comm imports (fi_ar_available); the fusion pass
+    checks has_flashinfer() (kernels it can load or JIT). Installed without cubin or nvcc: the first is
+    eligible, the second not, and neither is said to be 'not importable' for the other's reason."""
+    t = vllm_tables()
+    g = _gpus(8, nvlink=True, cc="9.0")
+    paths = gpu_paths(g, 8, t, flashinfer=False, fi_comm=True)
+    assert _path(paths, "flashinfer-ar")["eligible"]
+    assert not _path(paths, "flashinfer-fused-ar-rmsnorm")["eligible"]
+    gone = _path(gpu_paths(g, 8, t, flashinfer=False, fi_comm=False), "flashinfer-ar")
+    assert not gone["eligible"] and "not importable" in gone["why"]
 
 
 def test_flashinfer_allreduce_is_listed_in_vllms_order_with_its_size(monkeypatch):

@@ -141,11 +141,17 @@ def flashinfer_ar(cc: str | None, tp: int, installed: bool, t: dict, batch_invar
 
 
 def gpu_paths(
-    gpu: dict, tp: int, t: dict, flashinfer: bool | None = None, server_batch_invariant: bool | None = None
+    gpu: dict,
+    tp: int,
+    t: dict,
+    flashinfer: bool | None = None,
+    server_batch_invariant: bool | None = None,
+    fi_comm: bool | None = None,
 ) -> list[dict]:
     """Each all-reduce path vLLM tries, in its order, with eligible True/False and why. First the
     FlashInfer all-reduce + RMSNorm fusion (decided at compile time, before any dispatch);
     `flashinfer`: usable in the server's environment (None: vLLM's has_flashinfer() mirrored here);
+    `fi_comm`: flashinfer importable there, all the standalone all-reduce needs (None: asked here);
     `server_batch_invariant`: the server's VLLM_BATCH_INVARIANT if known (None: this shell's)."""
     from tpcomm.topo.fusion import batch_invariant
 
@@ -162,13 +168,13 @@ def gpu_paths(
     if len(gpus) < tp:
         add("all", False, f"TP={tp} but only {len(gpus)} GPU(s) visible on this node")
         return out
-    if flashinfer is None:
-        import importlib.util
+    import importlib.util
 
-        installed = importlib.util.find_spec("flashinfer") is not None
+    # Two different questions: the fusion pass needs vLLM's has_flashinfer() (kernels it can load or JIT),
+    # the standalone all-reduce only that flashinfer.comm imports (flashinfer_all_reduce.fi_ar_available).
+    if flashinfer is None:
         flashinfer = flashinfer_usable()[0]
-    else:
-        installed = flashinfer
+    installed = importlib.util.find_spec("flashinfer") is not None if fi_comm is None else fi_comm
     bi = batch_invariant(server_batch_invariant)[0]
     fu = allreduce_fusion(cc, tp, flashinfer, t, server_batch_invariant=server_batch_invariant)
     add(
