@@ -207,3 +207,16 @@ def test_a_worker_on_another_host_is_not_reported_dead():
     ws = worker_liveness({0: (os.getpid(), "here"), 1: (gone.pid, "here"), 2: (gone.pid, "node-2")}, "here")
     assert [w["alive"] for w in ws] == [True, False, None]
     assert [w for w in ws if w["alive"] is False] == [ws[1]]  # what RankWatch counts as dead
+
+
+def test_a_level_whose_records_could_not_be_fetched_says_so(run_dir):
+    """The hook answered the level's start but not the fetch of its records (attribute writes the error as
+    the level's records_problem): the level says why it has no split, not 'the run ended'."""
+    why = "the hook's records could not be fetched (GET /tpcomm/v1/records: HTTP 500)"
+    levels = json.loads((run_dir / "load/levels.json").read_text())
+    levels[0].update(records_problem=why)
+    (run_dir / "load/levels.json").write_text(json.dumps(levels))
+    for f in ("collectives.parquet", "steps.parquet"):
+        (run_dir / "hook" / f).unlink()
+    lv = analyse_run_dir(run_dir, hook_status={"enabled": True})["levels"][0]
+    assert lv["per_token_ms"] is None and lv["note"] == "not measured: " + why, lv["note"]

@@ -240,6 +240,8 @@ _SPLIT_DERIVED = (
 def _no_records_reason(lv: dict, plugin_on: bool) -> str:
     if lv.get("hook_problem"):
         return lv["hook_problem"]
+    if lv.get("records_problem"):
+        return lv["records_problem"]
     if plugin_on:
         return "no hook records for this level (the run ended before they were pulled)"
     return "no hook records (plugin off)"
@@ -252,5 +254,9 @@ def _no_crosscheck_reason(lv: dict, obs: dict) -> str | None:
     if lv.get("hook_problem"):  # another client restarted or stopped the recording mid-level
         return f"{lv['hook_problem']}: this level's records do not cover it"
     if not obs["steps"]:
-        return "no hook records of decode steps for this level (the run ended before they were pulled)"
+        return (
+            "no hook records of decode steps for this level ("
+            + (lv.get("records_problem") or "the run ended before they were pulled")
+            + ")"
+        )
     return None

@@ -87,6 +87,7 @@ class Attribute:
         self.steps: pd.DataFrame | None = None
         self.hook_meta: dict = {}
         self.notes: list[str] = []
+        self._hook_error = ""  # the last hook call that failed (a level's records_problem names it)
         self._next_id = 0
         import secrets
 
@@ -235,6 +236,10 @@ class Attribute:
                         lv.update(hook_problem=why, rank_died=death.to_dict())
                     self.levels.append(lv)
                 raise (RankDied(death, why) if death else load.ServerGone([])) from None
+            except BaseException:  # Ctrl-C or a failure of our own: leave no watch thread or pidfd behind
+                if watch is not None:
+                    watch.stop()
+                raise
             req, tok = self._add_rows(rows, (c, rep), rnd, True)
             steady, note = steadiness(req, tok, c, spec.steady_pct)
             if steady is not False or rnd == spec.max_rounds - 1:
@@ -271,7 +276,11 @@ class Attribute:
                 lv["hook_problem"] = problem
                 lv["flags"].append(f"C={c}: {problem}; this level's split is not computed")
                 self.notes.append(f"C={c}: {problem}")
-            self._pull_records(c, rep)
+            fetch_error = self._pull_records(c, rep)
+            if fetch_error:
+                lv["records_problem"] = f"the hook's records could not be fetched ({fetch_error})"
+        elif self.plugin_on:
+            lv["records_problem"] = f"the hook's recording could not be started ({self._hook_error})"
         self._write_load()
         self.progress.level_end(lv)
 
@@ -341,14 +350,16 @@ class Attribute:
             if not is_alive(self.info.url):
                 raise load.ServerGone([]) from None
             self.notes.append(f"hook: {e}")
+            self._hook_error = str(e)
             return False
 
-    def _pull_records(self, c: int, rep: int) -> None:
+    def _pull_records(self, c: int, rep: int) -> str | None:
+        """Fetch the hook's records into the run directory; the error, if they could not be fetched."""
         try:
             coll, steps, meta = records.fetch(self.info)
         except records.HookError as e:
             self.notes.append(f"hook: {e}")
-            return
+            return str(e)
         self.hook_meta = meta
         self.coll = records.merge(self.coll, coll, ["rank", "step", "call_idx", "t_start_ns"])
         self.steps = records.merge(self.steps, steps, ["rank", "step", "t_start_ns"])
