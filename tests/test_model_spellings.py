@@ -106,3 +106,14 @@ def test_missing_expert_count_names_the_field():
     cfg = {"architectures": ["Qwen3MoeForCausalLM"], **SMALL}
     with pytest.raises(InputError, match="missing config fields: num_experts"):
         load_model(cfg)
+
+
+def test_a_malformed_rms_norm_eps_names_the_field():
+    from tpcomm.errors import InputError
+
+    cfg = {"architectures": ["LlamaForCausalLM"], **SMALL, "intermediate_size": 64}
+    assert load_model({**cfg, "rms_norm_eps": 1e-05}).rms_norm_eps == 1e-5
+    assert load_model(cfg).rms_norm_eps is None  # not said: the fusion does not judge it
+    for bad in ("tiny", 0, -1e-6):
+        with pytest.raises(InputError, match="rms_norm_eps is"):
+            load_model({**cfg, "rms_norm_eps": bad})

@@ -1,6 +1,7 @@
 """`tpcomm plan`: collectives, weight bytes and errors, checked against vLLM 0.32's model code."""
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -243,6 +244,57 @@ def test_allreduce_rms_fusion_on_hopper_and_blackwell_not_ada():
     assert fused_rows("8.9", 1)[1] == [] and fused_rows("12.0", 1)[1] == []
     assert fused_rows("9.0", 1, flashinfer=False)[1] == []
     assert build_plan(kimi, tp=8, batches=[1]).to_dict()["allreduce_fusion"] is None  # no --sm: not judged
+
+
+def test_fusion_is_judged_at_the_graph_padded_batch_and_the_models_eps():
+    """Kimi at TP 8 on SM 9.0 fuses up to 36 tokens (0.5 MiB at hidden 7168), but vLLM picks the compiled
+    graph at the CUDA-graph capture size: batch 32 runs as 32 (fused), 33-36 run as 40 (not fused).
+    A model whose RMSNorm eps is not 1e-5 or 1e-6 matches none of vLLM's patterns: nothing fused."""
+    from dataclasses import replace
+
+    from tpcomm.models import load_model
+    from tpcomm.topo.fusion import graph_padded
+
+    assert [graph_padded(b, "9.0") for b in (1, 3, 5, 33, 36, 250, 257, 512, 513)] == [
+        1,
+        4,
+        8,
+        40,
+        40,
+        256,
+        272,
+        512,
+        513,
+    ]
+    assert graph_padded(600, "10.0") == 608 and graph_padded(600, "9.0") == 600
+
+    def fused(batch, model="kimi-k2.5"):
+        return [c for c in build_plan(model, tp=8, batches=[batch], sm="9.0").collectives if c.fused]
+
+    assert len(fused(32)) == 4 and fused(33) == [] and fused(36) == []  # embedding, o_proj, dense MLP, MoE
+    cfg = json.loads((Path(__file__).parents[1] / "tpcomm/models/presets/llama-3.1-70b.json").read_text())
+    spec = load_model("llama-3.1-70b")
+    assert spec.rms_norm_eps == 1e-5 and fused(1, spec)
+    odd = build_plan(replace(spec, rms_norm_eps=1e-8), tp=8, batches=[1], sm="9.0")
+    assert not any(c.fused for c in odd.collectives)
+    assert "eps 1e-08" in odd.fusion["why"] and not odd.fusion["enabled"]
+    assert cfg["rms_norm_eps"] == spec.rms_norm_eps
+
+
+def test_fusion_eps_are_the_installed_vllms():
+    """FUSION_EPS is the list AllReduceFusionPass.register_patterns loops over in the installed vLLM."""
+    import ast
+    import importlib.util
+    import re
+
+    from tpcomm.topo.fusion import FUSION_EPS
+
+    spec = importlib.util.find_spec("vllm")
+    src = (Path(spec.origin).parent / "compilation/passes/fusion/allreduce_rms_fusion.py").read_text()
+    body = src[src.index("def register_patterns") :]
+    found = re.search(r"for epsilon in (\[[^\]]*\])", body)
+    assert found, "register_patterns no longer loops over a literal eps list"
+    assert tuple(ast.literal_eval(found.group(1))) == FUSION_EPS
 
 
 def test_plan_cli_sm_option(tmp_path):

@@ -100,6 +100,18 @@ def _canonical(inner: dict, family: str) -> dict:
     return out
 
 
+def _eps(v, where: str) -> float | None:
+    if v is None:
+        return None
+    try:
+        eps = float(v)
+    except (TypeError, ValueError):
+        raise InputError(where, f"rms_norm_eps is {v!r}", "a small positive number such as 1e-06") from None
+    if not eps > 0:
+        raise InputError(where, f"rms_norm_eps is {v!r}", "a small positive number such as 1e-06")
+    return eps
+
+
 def _spec(cfg: dict, name: str, source: str, where: str) -> ModelSpec:
     top_arch = (cfg.get("architectures") or [None])[0]
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
@@ -136,6 +148,7 @@ def _spec(cfg: dict, name: str, source: str, where: str) -> ModelSpec:
         dtype_bytes=dbytes,
         tie_word_embeddings=bool(inner.get("tie_word_embeddings", False)),
         quant=parse_quantization(qc, dtype_bits(dtype), where),
+        rms_norm_eps=_eps(inner.get("rms_norm_eps"), where),
     )
     if family in ("deepseek_v2", "glm4_moe"):
         _need(inner, where, "intermediate_size", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok")

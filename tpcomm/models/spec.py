@@ -52,6 +52,7 @@ class ModelSpec:
     n_shared_experts: int = 0
     moe_layers: tuple[int, ...] = ()
     quant: QuantScheme = field(default_factory=QuantScheme)
+    rms_norm_eps: float | None = None  # config.json's; None when it does not say
 
     @property
     def is_moe(self) -> bool:

@@ -150,9 +150,10 @@ def _apply_fusion(plan: Plan, sm: str, flashinfer: bool, server_batch_invariant:
         m.hidden_size,
         m.dtype_bytes,
         server_batch_invariant=server_batch_invariant,
+        rms_norm_eps=m.rms_norm_eps,
     )
     plan.fusion = {**rule, "sm": sm, "flashinfer": flashinfer, "tables_source": tables["source"]}
     plan.collectives = [
-        replace(c, path=PATH, fused=True) if is_fused(c.site, c.op, c.group, c.bytes, rule) else c
+        replace(c, path=PATH, fused=True) if is_fused(c.site, c.op, c.group, c.bytes, rule, c.batch, sm) else c
         for c in plan.collectives
     ]

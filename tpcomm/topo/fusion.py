@@ -13,6 +13,14 @@ MLP/MoE -> next input_layernorm or the final norm) becomes one FlashInfer kernel
 that all-reduces the same bytes and never reaches GroupCoordinator/CudaCommunicator.
 It needs torch.compile (not --enforce-eager, not -O0/-O1).
 
+Two more conditions decide which all-reduces it takes. The patterns are registered
+for RMSNorm eps 1e-5 and 1e-6 only (`AllReduceFusionPass.register_patterns`): a
+model whose config.json rms_norm_eps is another value is never fused. And the
+compile range is chosen by the number of tokens the compiled graph runs, which in
+CUDA-graph mode is the batch padded to the next capture size (vLLM's default sizes
+1, 2, 4, then multiples of 8 to 248, then of 16 up to 512, or 1024 on SM 10.x;
+`VllmConfig._set_cudagraph_sizes`); a batch above the largest size runs unpadded.
+
 "FlashInfer installed" is vLLM's `has_flashinfer()` (vllm/utils/flashinfer.py): the
 `flashinfer` package, and kernels it can load: the flashinfer-cubin package
 (or VLLM_HAS_FLASHINFER_CUBIN=1), else nvcc (CUDA_HOME, CUDA_PATH, PATH or
@@ -31,6 +39,19 @@ import shutil
 
 MiB = 1024 * 1024
 PATH = "flashinfer_fused_ar_rmsnorm"
+FUSION_EPS = (1e-5, 1e-6)  # AllReduceFusionPass.register_patterns' epsilons (vLLM 0.32)
+
+
+def graph_padded(batch: int, sm: str | None) -> int:
+    """The token count vLLM's compiled graph runs for a decode batch in CUDA-graph mode: the smallest default
+    capture size >= batch (largest 1024 on data-centre Blackwell, SM 10.x, else 512); above it, the batch."""
+    top = 1024 if sm is not None and sm_int(sm) // 10 == 10 else 512
+    for size in (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)):
+        if size >= batch:
+            return size
+    return batch
+
+
 FUSED_SITES = ("model.embed_tokens", "self_attn.o_proj", "mlp.down_proj", "mlp.experts")
 
 
@@ -86,9 +107,11 @@ def allreduce_fusion(
     dtype_bytes: int | None = None,
     max_num_batched_tokens: int = 2048,
     server_batch_invariant: bool | None = None,
+    rms_norm_eps: float | None = None,
 ) -> dict:
     """{enabled: True/False/None (unknown), why, max_bytes, max_tokens, lever, batch_invariant_from} for this
-    GPU and TP. `server_batch_invariant`: the server's VLLM_BATCH_INVARIANT when known (see the docstring)."""
+    GPU and TP. `server_batch_invariant`: the server's VLLM_BATCH_INVARIANT when known (see the docstring).
+    `rms_norm_eps`: the model's (None: no model, or its config does not say; not judged)."""
     bi, bi_from = batch_invariant(server_batch_invariant)
     out = {
         "path": PATH,
@@ -114,6 +137,12 @@ def allreduce_fusion(
             "why": "FlashInfer is not usable (vLLM's has_flashinfer(): package, and flashinfer-cubin or nvcc+ninja)",
             "lever": "install flashinfer-cubin (or put nvcc and ninja on PATH)",
         }
+    if rms_norm_eps is not None and not any(abs(rms_norm_eps - e) <= 1e-12 for e in FUSION_EPS):
+        return {
+            **out,
+            "why": f"the model's RMSNorm eps {rms_norm_eps:g} is not one vLLM's fusion patterns match "
+            f"({', '.join(f'{e:g}' for e in FUSION_EPS)}): no all-reduce is fused",
+        }
     sizes = tables["fi_fusion_max_size_mb"].get(cap, {})
     if tp not in tables["fi_fusion_world_sizes"] or tp not in sizes:
         return {**out, "why": f"no FlashInfer fusion size for SM {sm} at world size {tp} (vLLM disables the pass)"}
@@ -130,8 +159,8 @@ def allreduce_fusion(
         "enabled": True,
         "why": (
             f"on by default at -O2{maybe}: all-reduce + RMSNorm run as one FlashInfer kernel for messages "
-            f"up to {max_bytes / MiB:g} MiB (SM {sm}, TP {tp}); they bypass GroupCoordinator and move the same bytes"
-            f"{assumed}"
+            f"up to {max_bytes / MiB:g} MiB (SM {sm}, TP {tp}), judged at the batch padded to its CUDA-graph "
+            f"capture size; they bypass GroupCoordinator and move the same bytes{assumed}"
         ),
         "max_bytes": max_bytes,
         "max_tokens": max_tokens,
@@ -142,13 +171,10 @@ def allreduce_fusion(
     }
 
 
-def is_fused(site: str, op: str, group: str, nbytes: int, rule: dict) -> bool:
-    """Whether a plan row's all-reduce is one that the fusion takes (see the module docstring)."""
-    return (
-        bool(rule.get("enabled"))
-        and op == "all_reduce"
-        and group == "tp"
-        and rule["max_bytes"] is not None
-        and nbytes <= rule["max_bytes"]
-        and any(s in site for s in FUSED_SITES)
-    )
+def is_fused(site: str, op: str, group: str, nbytes: int, rule: dict, batch: int = 1, sm: str | None = None) -> bool:
+    """Whether a plan row's all-reduce ([batch, hidden], `nbytes` at `batch`) is one that the fusion takes:
+    judged at the graph-padded batch (see the module docstring)."""
+    if not (rule.get("enabled") and op == "all_reduce" and group == "tp" and rule["max_bytes"] is not None):
+        return False
+    padded = nbytes * graph_padded(batch, sm) // max(batch, 1)
+    return padded <= rule["max_bytes"] and any(s in site for s in FUSED_SITES)
