@@ -155,6 +155,10 @@ def test_a_backend_this_machine_cannot_run_is_an_error_not_an_empty_success(tmp_
     assert "not measured:" in p.stdout
     stage = json.loads((run / "status.json").read_text())["probe"]
     assert stage["state"] == "failed" and stage["measurements"] == 0 and stage["error"].startswith("nothing measured")
+    # A backend that runs here, asked for a mode it has not: the error names no backend as the culprit.
+    p, _ = _probe(["--gpus", "2", "--backend", "gloo", "--mode", "graph", "--sizes", "1K", "--out", str(run)])
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 2 and last.startswith("Error: probe: every measurement was skipped"), p.stderr[-2000:]
 
 
 def test_dead_rank_stops_all_and_keeps_finished_sizes(tmp_path):

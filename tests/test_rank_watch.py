@@ -101,14 +101,16 @@ def test_a_worker_whose_exit_completes_after_the_requests_failed_is_still_named(
     assert 0.4 < time.monotonic() - t0 < 5, "waited for the death, not for the whole grace period"
 
 
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
 def test_a_worker_already_dead_when_the_watch_starts_is_named(procs):
     """A worker that died between the level's start and the watch's first look is named at that look, not at
-    a later poll: here the server is gone right after it."""
+    a later poll (the first HTTP poll is 1 s away): here the server is gone right after it."""
     hook = _Hook(_seen(procs))
     procs[2].kill()
     procs[2].wait()
     try:
         watch = RankWatch(hook.info, concurrency=4).start()
+        assert watch.death is not None and watch.death.seen_by == "hook poll", "not named at the first look"
     finally:
         hook.stop()
     death = watch.stop()

@@ -284,7 +284,9 @@ def test_the_standalone_flashinfer_allreduce_needs_only_the_import_the_fusion_ne
     t = vllm_tables()
     g = _gpus(8, nvlink=True, cc="9.0")
     paths = gpu_paths(g, 8, t, flashinfer=False, fi_comm=True)
-    assert _path(paths, "flashinfer-ar")["eligible"]
+    assert (
+        _path(paths, "flashinfer-ar")["eligible"] and "has_flashinfer() says no" in _path(paths, "flashinfer-ar")["why"]
+    )
     assert not _path(paths, "flashinfer-fused-ar-rmsnorm")["eligible"]
     gone = _path(gpu_paths(g, 8, t, flashinfer=False, fi_comm=False), "flashinfer-ar")
     assert not gone["eligible"] and "not importable" in gone["why"]

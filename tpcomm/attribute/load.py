@@ -253,7 +253,7 @@ async def run_round(
             rows.append(row)
             if on_done:
                 on_done(row)
-            if not row["ok"] and _looks_like_disconnect(row["error"]):
+            if not row["ok"] and looks_like_disconnect(row["error"]):
                 alive = await asyncio.to_thread(is_alive) if is_alive else True
                 if not alive:
                     gone.set()
@@ -267,7 +267,7 @@ async def run_round(
     return rows
 
 
-def _looks_like_disconnect(error: str) -> bool:
+def looks_like_disconnect(error: str) -> bool:
     return any(
         k in error
         for k in ("ConnectError", "RemoteProtocolError", "ReadError", "ConnectTimeout", "ReadTimeout", "HTTP 5")

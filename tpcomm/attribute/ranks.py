@@ -41,9 +41,10 @@ class RankDeath:
     others: list[int]  # ranks seen dead at later looks (vLLM shuts the rest down after the first)
     seen_by: str = "pidfd"  # "pidfd" (on this machine, at once) or "hook poll" (GET /tpcomm/v1/workers)
 
-    def message(self, level_start_ns: int | None = None) -> str:
+    def message(self, level_start_ns: int | None = None, while_: str | None = None) -> str:
+        """`while_`: what the run was doing when the death was seen, if not running the level's requests."""
         when = time.strftime("%H:%M:%S", time.gmtime(self.t_ns / 1e9))
-        into = ""
+        into = f", while {while_}" if while_ else ""
         if level_start_ns:  # the watch starts before the level's recording and requests: a death may precede them
             s = (self.t_ns - level_start_ns) / 1e9
             into = f", {s:.1f} s into the level" if s >= 0 else ", before the level's first request"
@@ -118,23 +119,27 @@ class RankWatch:
         requests_failed: the caller saw requests fail (or the server go). A pidfd turns readable only when the
         worker's exit has completed, while the pipes and sockets vLLM watches close earlier in that exit (and
         a loaded machine may run the watch thread late); so with no death seen yet, wait up to GRACE_S for a
-        watched worker to be seen dead before stopping."""
-        if requests_failed and self._fds and self.death is None:
-            self._seen.wait(GRACE_S)
-        self._stop.set()
-        if self._wake is not None:
-            os.write(self._wake[1], b"x")
-        for t in self._threads:
-            t.join(timeout=10)
-        if self._fds:
-            self._poll_local(0)
-        if any(t.name == "tpcomm-rank-watch" for t in self._threads):
-            self._look()
-        self._threads = []
-        for fd in list(self._fds) + list(self._wake or ()):
-            os.close(fd)
-        self._fds, self._wake = {}, None
-        self._hook.close()
+        watched worker to be seen dead before stopping. A second call only returns `death`."""
+        if self._stop.is_set():
+            return self.death
+        try:
+            if requests_failed and self._fds and self.death is None:
+                self._seen.wait(GRACE_S)
+        finally:  # even when interrupted in the wait: no thread or pidfd left behind
+            self._stop.set()
+            if self._wake is not None:
+                os.write(self._wake[1], b"x")
+            for t in self._threads:
+                t.join(timeout=10)
+            if self._fds:
+                self._poll_local(0)
+            if any(t.name == "tpcomm-rank-watch" for t in self._threads):
+                self._look()
+            self._threads = []
+            for fd in list(self._fds) + list(self._wake or ()):
+                os.close(fd)
+            self._fds, self._wake = {}, None
+            self._hook.close()
         return self.death
 
     # ---- workers on this machine: pidfds ------------------------------------

@@ -188,7 +188,6 @@ class Attribute:
 
     # ---- load ---------------------------------------------------------------
     def _level(self, c: int, rep: int, prompts: load.Prompts) -> None:
-        spec = self.cfg.spec
         # Our own recording session: a start or stop from another client during the level is detected below.
         session = f"attribute-{self._run_id}-c{c}-r{rep}"
         # Watch the TP workers while the level runs, from before its recording starts: a worker that dies
@@ -199,13 +198,28 @@ class Attribute:
         except load.ServerGone:
             death = watch.stop(requests_failed=True) if watch is not None else None
             if death:
-                raise RankDied(death, death.message() + ", as its recording was being started") from None
+                raise RankDied(death, death.message(while_="the level's hook recording was being started")) from None
+            raise
+        except BaseException:
+            if watch is not None:
+                watch.stop()
             raise
         if watch is not None and not hook_ok:
             watch.stop()
             watch = None
         if watch is not None and watch.note:
             self.notes.append(f"C={c}: {watch.note}")
+        try:
+            self._rounds(c, rep, prompts, session, hook_ok, watch)
+        finally:  # Ctrl-C or a failure of our own: no watch thread or pidfd left behind (stop() runs once)
+            if watch is not None:
+                watch.stop()
+
+    def _rounds(
+        self, c: int, rep: int, prompts: load.Prompts, session: str, hook_ok: bool, watch: RankWatch | None
+    ) -> None:
+        """The level's load rounds until one is steady, then its records; `watch` names a worker that dies."""
+        spec = self.cfg.spec
         t_level = time.time_ns()  # the level's requests start now (a death is timed from here)
         for rnd in range(spec.max_rounds):
             self.progress.level_start(c, rep, rnd, spec.requests)
@@ -236,10 +250,6 @@ class Attribute:
                         lv.update(hook_problem=why, rank_died=death.to_dict())
                     self.levels.append(lv)
                 raise (RankDied(death, why) if death else load.ServerGone([])) from None
-            except BaseException:  # Ctrl-C or a failure of our own: leave no watch thread or pidfd behind
-                if watch is not None:
-                    watch.stop()
-                raise
             req, tok = self._add_rows(rows, (c, rep), rnd, True)
             steady, note = steadiness(req, tok, c, spec.steady_pct)
             if steady is not False or rnd == spec.max_rounds - 1:
@@ -247,7 +257,9 @@ class Attribute:
             # Not steady: keep the round's rows out of the figures and run another.
             for r in self.requests[-len(rows) :]:
                 r["in_stats"] = False
-        death = watch.stop(requests_failed=not all(r["ok"] for r in rows)) if watch is not None else None
+        # Wait for a worker's exit only when requests failed the way a dying engine fails them, not for a 4xx.
+        failed = any(not r["ok"] and load.looks_like_disconnect(r["error"] or "") for r in rows)
+        death = watch.stop(requests_failed=failed) if watch is not None else None
         flags = [f"C={c} not steady after {rnd + 1} round(s): {note}"] if steady is False else []
         lv = self._level_doc(c, rep, rnd, req, tok, steady, note, flags)
         self.levels.append(lv)

@@ -249,10 +249,17 @@ def probe(
     if res.skipped and not res.rows:
         from tpcomm.errors import InputError
 
+        reasons = [str(s.get("reason")) for s in res.skipped]
+        if all("no CUDA device" in r for r in reasons):  # GPU backends asked for on a machine without one
+            raise InputError(
+                f"--backend {backends}",
+                f"nothing was measured on this machine ({reasons[0]})",
+                "a backend this machine runs: auto picks gloo,shm on CPU and nccl,pynccl,custom-ar on CUDA",
+            )
         raise InputError(
-            f"--backend {backends}",
-            f"nothing was measured on this machine ({res.skipped[0].get('reason')})",
-            "a backend this machine runs: auto picks gloo,shm on CPU and nccl,pynccl,custom-ar on CUDA",
+            "probe",
+            f"every measurement was skipped, nothing was measured (first reason: {reasons[0]}; the table lists each)",
+            "--backend, --ops, --mode and --sizes that this machine's backends run",
         )
 
 

@@ -160,7 +160,9 @@ def allreduce_fusion(
         "why": (
             f"on by default at -O2{maybe}: all-reduce + RMSNorm run as one FlashInfer kernel for messages "
             f"up to {max_bytes / MiB:g} MiB (SM {sm}, TP {tp}), judged at the batch padded to its CUDA-graph "
-            f"capture size; they bypass GroupCoordinator and move the same bytes{assumed}"
+            "capture size (vLLM's default sizes: true without --max-num-seqs below 256, "
+            "cudagraph_capture_sizes or speculative decoding); they bypass GroupCoordinator and move the same "
+            f"bytes{assumed}"
         ),
         "max_bytes": max_bytes,
         "max_tokens": max_tokens,

@@ -171,7 +171,8 @@ def gpu_paths(
     import importlib.util
 
     # Two different questions: the fusion pass needs vLLM's has_flashinfer() (kernels it can load or JIT),
-    # the standalone all-reduce only that flashinfer.comm imports (flashinfer_all_reduce.fi_ar_available).
+    # the standalone all-reduce that flashinfer.comm imports with allreduce_fusion (flashinfer_all_reduce
+    # .fi_ar_available), judged here by the package being installed (importing it needs torch and CUDA).
     if flashinfer is None:
         flashinfer = flashinfer_usable()[0]
     installed = importlib.util.find_spec("flashinfer") is not None if fi_comm is None else fi_comm
@@ -185,6 +186,13 @@ def gpu_paths(
         max_bytes=fu["max_bytes"],
     )
     fi_ar = flashinfer_ar(cc, tp, installed, t, bi)
+    if fi_ar[0] and not flashinfer:  # importable, but vLLM's has_flashinfer() says its kernels cannot load
+        fi_ar = (
+            fi_ar[0],
+            fi_ar[1] + "; has_flashinfer() says no (no flashinfer-cubin, no nvcc+ninja for its JIT): if its "
+            "workspace then fails to build, vLLM disables it with a log line (check the server log)",
+            *fi_ar[2:],
+        )
     # torch symmetric memory: judged first because it also caps custom all-reduce's size
     sizes = t["symm_mem_max_sizes"].get(cc or "", {})
     if not _env_on("VLLM_ALLREDUCE_USE_SYMM_MEM", "1"):
