@@ -243,6 +243,9 @@ def test_allreduce_rms_fusion_on_hopper_and_blackwell_not_ada():
     assert fused_rows("9.0", 64)[1] == [] and len(fused_rows("10.0", 64)[1]) == 4
     assert fused_rows("8.9", 1)[1] == [] and fused_rows("12.0", 1)[1] == []
     assert fused_rows("9.0", 1, flashinfer=False)[1] == []
+    # Not told whether FlashInfer is usable in the server: judged as if it were, and said so; told: not hedged.
+    assert "if FlashInfer is usable in the server" in fused_rows("9.0", 1)[0].fusion["why"]
+    assert "if FlashInfer is usable" not in fused_rows("9.0", 1, flashinfer=True)[0].fusion["why"]
     assert build_plan(kimi, tp=8, batches=[1]).to_dict()["allreduce_fusion"] is None  # no --sm: not judged
 
 

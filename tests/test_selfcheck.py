@@ -183,3 +183,16 @@ def test_item_limits_fit_five_minutes_and_stop_a_hung_item():
     with pytest.raises(ItemTimeout, match="within its 1 s limit"):
         _run_bounded([sys.executable, "-c", "import time; time.sleep(60)"], 1)
     assert time.monotonic() - t0 < 15
+
+
+def test_multi_gpu_keeps_each_backends_line_when_the_probe_fails():
+    """The multi-GPU item's probe exits non-zero (here: no CUDA, so nothing is measured and the probe says
+    so): the error is one FAIL line and each backend still gets its own line with what the probe recorded."""
+    if _cuda():
+        pytest.skip("a CUDA machine: the probe measures here (the GPU run of selfcheck covers it)")
+    from tpcomm.selfcheck.procs import check_multi_gpu
+
+    checks = check_multi_gpu(2)
+    assert [c.id for c in checks] == ["multi-gpu", "multi-gpu-nccl", "multi-gpu-pynccl", "multi-gpu-custom-ar"]
+    assert checks[0].status == FAIL and "nothing was measured" in checks[0].figure, checks[0].figure
+    assert checks[1].status == FAIL and "no CUDA device" in checks[1].figure, checks[1].figure

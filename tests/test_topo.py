@@ -310,7 +310,9 @@ def test_flashinfer_allreduce_is_listed_in_vllms_order_with_its_size(monkeypatch
     assert fi["eligible"] and fi["max_bytes"] == 512 * 1024 and "0.5 MiB" in fi["why"]
     assert "declines" in _path(paths, "custom-ar")["why"]  # custom AR gets what FlashInfer does not take
     # SM 10.3 at TP 8 on one node: the mnnvl backend's tuned size (64 MB, exclusive), not the 4 MB table entry
-    assert _path(_gpu_paths_with(monkeypatch, cc="10.3"), "flashinfer-ar")["max_bytes"] == 64 * 1024 * 1024 - 1
+    sm103 = _path(_gpu_paths_with(monkeypatch, cc="10.3"), "flashinfer-ar")
+    assert sm103["max_bytes"] == 64 * 1024 * 1024 - 1
+    assert "64 MiB is the mnnvl size, 4 MiB if it falls back to trtllm" in sm103["why"], sm103["why"]
     trt = _gpu_paths_with(monkeypatch, cc="10.3", VLLM_FLASHINFER_ALLREDUCE_BACKEND="trtllm")
     assert _path(trt, "flashinfer-ar")["max_bytes"] == 4 * 1024 * 1024
     monkeypatch.delenv("VLLM_FLASHINFER_ALLREDUCE_BACKEND")

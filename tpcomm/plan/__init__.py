@@ -114,10 +114,11 @@ def build_plan(
     dcp: int = 1,
     batches: list[int] | tuple[int, ...] = (1,),
     sm: str | None = None,
-    flashinfer: bool = True,
+    flashinfer: bool | None = None,
     server_batch_invariant: bool | None = None,
 ) -> Plan:
-    """`sm` (compute capability of the target GPU, e.g. "9.0") and `flashinfer` (usable in the server)
+    """`sm` (compute capability of the target GPU, e.g. "9.0") and `flashinfer` (usable in the server; None: not
+    known, the fusion is judged as if it were and its `why` says so)
     decide vLLM's FlashInfer all-reduce + RMSNorm fusion; without `sm` every row stays group_coordinator.
     `server_batch_invariant`: the server's VLLM_BATCH_INVARIANT from its hook status (allreduce_fusion
     .batch_invariant); None: this shell's, assumed the server's (the fusion's `why` says so)."""
@@ -136,7 +137,7 @@ def build_plan(
     return plan
 
 
-def _apply_fusion(plan: Plan, sm: str, flashinfer: bool, server_batch_invariant: bool | None = None) -> None:
+def _apply_fusion(plan: Plan, sm: str, flashinfer: bool | None, server_batch_invariant: bool | None = None) -> None:
     from tpcomm.topo.fusion import PATH, allreduce_fusion, is_fused
     from tpcomm.topo.rules import vllm_tables
 

@@ -24,8 +24,9 @@ from tpcomm.cli_common import batch_option, layout_options, model_option, out_op
 )
 @click.option(
     "--flashinfer/--no-flashinfer",
-    default=True,
-    help="Whether FlashInfer is installed in the server (vLLM's CUDA builds pin it; the fusion needs it).",
+    default=None,
+    help="Whether FlashInfer is usable in the server (vLLM's has_flashinfer(): installed, with flashinfer-cubin "
+    "or nvcc and ninja); the fusion needs it. Omitted: not known, judged as if usable and said so.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 @out_option

@@ -197,13 +197,14 @@ def check_multi_gpu(gpus: int) -> list[Check]:
     rows, skipped, error = _probe(
         "multi-gpu", ["nccl", "pynccl", "custom-ar"], ranks, ["all_reduce"], "1K,1M", "both", 20
     )
-    if error:
-        return [Check("multi-gpu", FAIL, f"{ranks} ranks: {error}", {"timeout_s": TIMEOUT_S["multi-gpu"]})]
-    out = []
+    # What was measured before an error stays: each backend's line, then the error as its own FAIL.
+    out = [Check("multi-gpu", FAIL, f"{ranks} ranks: {error}", {"timeout_s": TIMEOUT_S["multi-gpu"]})] if error else []
     for b in ("nccl", "pynccl", "custom-ar"):
         mine = [r for r in rows if r["backend"] == b]
         why = next((s["reason"] for s in skipped if s["backend"] == b and s.get("reason")), None)
         if not mine:
+            if why is None and error:
+                why = "the probe stopped before it"
             out.append(
                 Check(f"multi-gpu-{b}", FAIL if b == "nccl" else SKIP, f"{ranks} ranks: not run ({why or 'no reason'})")
             )

@@ -131,6 +131,9 @@ def flashinfer_ar(cc: str | None, tp: int, installed: bool, t: dict, batch_invar
         "mnnvl": "backend mnnvl (VLLM_FLASHINFER_ALLREDUCE_BACKEND), needs NVSwitch multicast",
         "trtllm": "backend trtllm (VLLM_FLASHINFER_ALLREDUCE_BACKEND)",
     }.get(backend, f"backend {backend}")
+    base = int(t["fi_fusion_max_size_mb"][sm_int(cc)][tp] * MiB)
+    if backend == "auto" and mx != base:  # the mnnvl tuned size: holds only where multicast works
+        be += f"; {mx / MiB:.4g} MiB is the mnnvl size, {base / MiB:.4g} MiB if it falls back to trtllm"
     return (
         True,
         f"on by default: 2-D contiguous fp16/bf16/fp32 tensors up to {mx / MiB:.4g} MiB ({be}; the mnnvl workspace "
