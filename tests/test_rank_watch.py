@@ -176,3 +176,14 @@ def test_a_death_before_the_level_s_requests_is_not_timed_into_the_level():
     assert d.message(12_000_000_000).endswith("before the level's first request; vLLM then shut down rank(s) 0"), (
         d.message(12_000_000_000)
     )
+
+
+def test_an_identity_the_api_server_cannot_read_proves_nothing(procs, monkeypatch):
+    """Where /proc hides other processes' stat (hidepid) the route cannot read a worker's identity: its live
+    worker stays alive, never named dead for that."""
+    import tpcomm.hook.routes as routes
+
+    here = socket.gethostname()
+    seen = {0: (procs[0].pid, here, identity(procs[0].pid))}
+    monkeypatch.setattr(routes, "identity", lambda pid: None)
+    assert [w["alive"] for w in routes.worker_liveness(seen, here)] == [True]

@@ -162,7 +162,7 @@ class Hook:
         return self.timed_path(GROUP_COORDINATOR, group, op, probe, fn, *args, **kwargs)
 
     def timed_path(self, path: str, group: Any, op: str, probe: Any, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-        """`timed` for a collective issued outside GroupCoordinator (e.g. a fused kernel): rows carry `path`."""
+        """`timed` with an explicit `path` column (GROUP_COORDINATOR from the plugin's wrapper, or a fused kernel's)."""
         if self.depth or self.disabled_reason is not None or not (self.armed or self.gpu):
             return fn(*args, **kwargs)
         self.depth = 1

@@ -312,7 +312,9 @@ def worker_liveness(seen: dict[int, tuple], here: str) -> list[dict]:
     out = []
     for r, (p, h, *known) in sorted(seen.items()):
         ident = known[0] if known else None
-        # a pid reused by another process since the worker answered is not the worker: dead
-        alive = _pid_alive(p) and (ident is None or identity(p) == ident) if h in (None, here) else None
+        # a pid reused by another process since the worker answered is not the worker: dead; an identity
+        # this process cannot read (a hidepid /proc, no boot id) proves nothing either way
+        cur = identity(p) if ident is not None and h in (None, here) else None
+        alive = _pid_alive(p) and (cur is None or cur == ident) if h in (None, here) else None
         out.append({"rank": r, "pid": p, "host": h, "identity": ident, "alive": alive})
     return out

@@ -106,8 +106,8 @@ def _eps(v, where: str) -> float | None:
     try:
         eps = float(v)
     except (TypeError, ValueError):
-        raise InputError(where, f"rms_norm_eps is {v!r}", "a small positive number such as 1e-06") from None
-    if not eps > 0:
+        eps = None
+    if eps is None or not eps > 0:
         raise InputError(where, f"rms_norm_eps is {v!r}", "a small positive number such as 1e-06")
     return eps
 

@@ -109,7 +109,8 @@ def allreduce_fusion(
     server_batch_invariant: bool | None = None,
     rms_norm_eps: float | None = None,
 ) -> dict:
-    """{enabled: True/False/None (unknown), why, max_bytes, max_tokens, lever, batch_invariant_from} for this
+    """{enabled: True/False/None (unknown), why, max_bytes, max_tokens (the limit on the graph-padded batch, see
+    graph_padded: a smaller batch that pads past it is not fused), lever, batch_invariant_from} for this
     GPU and TP. `server_batch_invariant`: the server's VLLM_BATCH_INVARIANT when known (see the docstring).
     `rms_norm_eps`: the model's (None: no model, or its config does not say; not judged)."""
     bi, bi_from = batch_invariant(server_batch_invariant)
