@@ -155,6 +155,21 @@ def test_client_stall_is_reported_apart_and_enters_no_term():
     assert closure(1.0, 1.05, 2)["judged"] is False and closure(1.0, 1.05, 2)["ok"] is None
 
 
+def test_stalled_requests_stay_out_of_the_figure_the_split_is_held_to():
+    """Half the requests stalled ~1.1 s near their end (a starved API server, as in the demo at C=4): the plain
+    TPOT p50 moves far from the engine's time, the held TPOT p50 of the requests without a stall does not,
+    and the closure compares with that one (the stalls are counted apart, as before)."""
+    coll, steps, truth = make_records(steps=660, prefill_every=33, seed=6)
+    sp = _split(coll, steps)
+    req, tok = make_client(steps, stall=[(r, 25, 1100.0) for r in range(0, 20, 2)])
+    cs = client_side(req, tok, sp["engine_ms_per_token"], 1)
+    e, cl = sp["engine_ms_per_token"], cs["client"]
+    assert cs["stalls"]["count"] == 10 and cl["stalled_requests"] == 10
+    assert cl["tpot_ms_p50"] > 1.5 * e  # the stalls move the plain p50 (half the requests carry one)
+    assert cl["tpot_judged_ms_p50"] == pytest.approx(e, rel=0.1)
+    assert cs["closure"]["client_tpot_ms_p50"] == cl["tpot_judged_ms_p50"] and cs["closure"]["ok"]
+
+
 def test_crosscheck_reports_mismatch_with_detail(synth):
     coll, steps, _ = synth
     a = align(coll)

@@ -112,8 +112,9 @@ def render(res: dict, console: Console | None = None) -> None:
             "host gap",
             "client TPOT p50",
             "held TPOT p50",
+            "held p50, no stalls",
             "delivery",
-            "closure (C=1, 10%)",
+            "closure (judged C=1, 10%)",
             "stalls",
             "comm-only tok/s",
             "collectives/step vs plan",
@@ -122,7 +123,7 @@ def render(res: dict, console: Console | None = None) -> None:
         for a in att["levels"]:
             p = a.get("per_token_ms")
             if not p:
-                t.add_row(str(a["concurrency"]), str(a["repeat"]), *["-"] * 11, a.get("note", ""))
+                t.add_row(str(a["concurrency"]), str(a["repeat"]), *["-"] * 12, a.get("note", ""))
                 continue
             cc, cz, st = a["collectives_per_step"], a.get("closure") or {}, a.get("stalls") or {}
             verdict = "[green]match" if cc["match"] else "[red]MISMATCH" if cc["match"] is False else "not compared"
@@ -142,6 +143,7 @@ def render(res: dict, console: Console | None = None) -> None:
                 _f(p["host_gap"]),
                 _f((a.get("client") or {}).get("tpot_ms_p50")),
                 _f((a.get("client") or {}).get("tpot_held_ms_p50")),
+                _f(cz.get("client_tpot_ms_p50")),
                 _f(a.get("delivery_ms")),
                 closure,
                 f"{st.get('count', 0)} ({st.get('total_ms', 0):.0f} ms)",
@@ -154,7 +156,8 @@ def render(res: dict, console: Console | None = None) -> None:
             "in the level's steady window = compute + transfer + wait + host gap (mean over ranks); collective time "
             "= transfer + wait, wait = rank skew. Client TPOT p50 beside it, and the held TPOT p50 (a stream held back "
             "whole counts by its end-to-end time); delivery = held TPOT - engine; stalls "
-            "(token gaps > 20 periods) enter no term"
+            "(token gaps > 20 periods) enter no term, and the closure compares the engine with the held TPOT p50 of "
+            "the requests without a stall"
         )
         top = next((a["top_sites"] for a in att["levels"] if a.get("top_sites")), [])
         if top:

@@ -220,6 +220,7 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
                 "stalls": st.get("count"),
                 "stall_ms": st.get("total_ms"),
                 "stall_requests": st.get("requests") or [],
+                "tpot_judged_ms_p50": cz.get("client_tpot_ms_p50"),  # held TPOT p50, requests without a stall
                 "closure_diff_pct": cz.get("diff_pct"),
                 "closure_ok": cz.get("ok"),
                 "by_rank": lv.get("by_rank") or [],

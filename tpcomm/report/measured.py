@@ -147,12 +147,16 @@ def sentences(m: dict[str, Any], num: dict[str, str], fmt) -> list[str]:
         if c.get("client_tpot_ms_p50") is not None:
             num["client_held_tpot_ms_p50"] = fmt(c["client_tpot_ms_p50"])
             txt += (
-                f" and a held TPOT p50 of {num['client_held_tpot_ms_p50']} ms (the same, with any stream the API "
-                "server held back whole counted from the unheld streams' fastest TTFT to its last token)"
+                f" and, over the requests without a client stall, a held TPOT p50 of "
+                f"{num['client_held_tpot_ms_p50']} ms (the same, with any stream the API server held back whole "
+                "counted from the unheld streams' fastest TTFT to its last token; stalls are counted below, apart)"
             )
         if m.get("delivery_ms") is not None:
             num["delivery_ms"] = fmt(m["delivery_ms"])
-            txt += f" (delivery, the difference: API server, network and client: {num['delivery_ms']} ms)"
+            txt += (
+                f" (delivery, the held TPOT p50 of all requests minus the engine's time: API server, network and "
+                f"client: {num['delivery_ms']} ms)"
+            )
         if c.get("diff_pct") is not None and c.get("judged"):
             num["closure_diff_pct"] = f"{c['diff_pct']:+.1f}"
             txt += (
