@@ -31,6 +31,7 @@ from tpcomm.attribute.crosscheck import (
 )
 from tpcomm.attribute.server import ENABLE_HINT
 from tpcomm.attribute.split import (
+    SPLIT_DERIVED,
     assign_levels,
     decode_steps,
     engine_split,
@@ -206,8 +207,8 @@ def analyse_run_dir(
         if lv.get("hook_problem") or not obs["steps"]:
             # Another client started or stopped recording mid-level, a TP worker died, or the run ended before
             # the level's records were pulled: the records do not cover the window.
-            # Nothing of the split stays: the same shape as a level without decode pairs (split.engine_split).
-            for k in (*_SPLIT_DERIVED, "top_sites"):
+            # Nothing of the split stays: neither its terms nor what engine_split derives from them.
+            for k in (*SPLIT_DERIVED, "top_sites"):
                 doc.pop(k, None)
             doc.update(
                 per_token_ms=None,
@@ -224,18 +225,6 @@ def analyse_run_dir(
             summary["notes"].append(f"C={c}: collectives per decode step differ from the plan: {cc['detail']}")
     rd.write_json(C.ATTR_SUMMARY, summary)
     return summary
-
-
-# What engine_split derives from the per-token terms (removed with them from a level that is not attributed).
-_SPLIT_DERIVED = (
-    "terms_sum_ms",
-    "shares_pct",
-    "sampled_pairs_share",
-    "seqs_per_step",
-    "comm_only_tok_per_s",
-    "comm_and_wait_only_tok_per_s",
-    "compute_only_tok_per_s",
-)
 
 
 def _no_records_reason(lv: dict, plugin_on: bool) -> str:

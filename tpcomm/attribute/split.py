@@ -130,6 +130,18 @@ def _rank_terms(p: pd.DataFrame, coll_steps: float) -> dict:
     }
 
 
+# What engine_split derives from the per-token terms (a level that is not attributed drops them with the terms).
+SPLIT_DERIVED = (
+    "terms_sum_ms",
+    "shares_pct",
+    "sampled_pairs_share",
+    "seqs_per_step",
+    "comm_only_tok_per_s",
+    "comm_and_wait_only_tok_per_s",
+    "compute_only_tok_per_s",
+)
+
+
 def engine_split(rank_rows: pd.DataFrame) -> dict:
     """The engine's per-token time of one level and its four terms, per rank and averaged over ranks.
 
