@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from probes.backends import Ineligible, make_backend
-from probes.collectives import RankState, _hardware, _layout, _maybe_fault, start_rank
+from probes.collectives import RankState, _hardware, _layout, _maybe_fault, leave, start_rank
 from probes.ops import COLLECTIVES, count_wrong
 from probes.replay_kernels import CudaClock, HostClock, HostWaits, Skew, Work
 
@@ -230,4 +230,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

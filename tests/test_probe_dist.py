@@ -361,6 +361,8 @@ except NoDevice as e:
 print("layout:", rank_layout(), flush=True)
 dist.barrier()  # as the probe ends (probes/collectives.py): leaving with gloo's threads up can abort the process
 dist.destroy_process_group()
+from probes.collectives import leave
+leave(0)  # the probe's own way out: no interpreter teardown racing gloo's threads
 """
 
 

@@ -130,6 +130,8 @@ with HostWaits() as w:
     timer.time_us(lambda: dist.all_reduce(x, group=b.group), lambda: b.lineup(ctrl))
 print("waits", w.count, flush=True)
 dist.destroy_process_group()
+from probes.collectives import leave
+leave(0)
 """
 
 
@@ -195,6 +197,8 @@ else:
     b.close()
 dist.barrier()
 dist.destroy_process_group()
+from probes.collectives import leave
+leave(0)
 """
 
 
