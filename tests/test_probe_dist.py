@@ -155,6 +155,9 @@ def test_a_backend_this_machine_cannot_run_is_an_error_not_an_empty_success(tmp_
     assert "not measured:" in p.stdout
     stage = json.loads((run / "status.json").read_text())["probe"]
     assert stage["state"] == "failed" and stage["measurements"] == 0 and stage["error"].startswith("nothing measured")
+    # The error is chosen from what the ranks saw (no GPU on any rank), kept with each skip, not from its wording.
+    skips = json.loads((run / "probe/results.json").read_text())["skipped"]
+    assert skips and all(s["visible_gpus_by_rank"] == [0, 0] for s in skips), skips
     # A backend that runs here, asked for a mode it has not: the error names no backend as the culprit.
     p, _ = _probe(["--gpus", "2", "--backend", "gloo", "--mode", "graph", "--sizes", "1K", "--out", str(run)])
     last = p.stderr.strip().splitlines()[-1]

@@ -87,7 +87,6 @@ class Attribute:
         self.steps: pd.DataFrame | None = None
         self.hook_meta: dict = {}
         self.notes: list[str] = []
-        self._hook_error = ""  # the last hook call that failed (a level's records_problem names it)
         self._next_id = 0
         import secrets
 
@@ -194,7 +193,7 @@ class Attribute:
         # takes the server down with it, and only the order of the deaths tells which one failed.
         watch = RankWatch(self.info, c).start() if self.plugin_on else None
         try:
-            hook_ok = self.plugin_on and self._hook(lambda info: records.start(info, session))
+            start_error = self._hook(lambda info: records.start(info, session)) if self.plugin_on else None
         except load.ServerGone:
             death = watch.stop(requests_failed=True) if watch is not None else None
             if death:
@@ -204,21 +203,22 @@ class Attribute:
             if watch is not None:
                 watch.stop()
             raise
-        if watch is not None and not hook_ok:
+        if watch is not None and start_error is not None:
             watch.stop()
             watch = None
         if watch is not None and watch.note:
             self.notes.append(f"C={c}: {watch.note}")
         try:
-            self._rounds(c, rep, prompts, session, hook_ok, watch)
+            self._rounds(c, rep, prompts, session, start_error, watch)
         finally:  # Ctrl-C or a failure of our own: no watch thread or pidfd left behind (stop() runs once)
             if watch is not None:
                 watch.stop()
 
     def _rounds(
-        self, c: int, rep: int, prompts: load.Prompts, session: str, hook_ok: bool, watch: RankWatch | None
+        self, c: int, rep: int, prompts: load.Prompts, session: str, start_error: str | None, watch: RankWatch | None
     ) -> None:
-        """The level's load rounds until one is steady, then its records; `watch` names a worker that dies."""
+        """The level's load rounds until one is steady, then its records; `watch` names a worker that dies.
+        `start_error`: why the hook's recording could not be started (None: it was, or there is no plugin)."""
         spec = self.cfg.spec
         t_level = time.time_ns()  # the level's requests start now (a death is timed from here)
         for rnd in range(spec.max_rounds):
@@ -277,7 +277,7 @@ class Attribute:
                 "t_end_ns": int(req["t_end_ns"].max()),
             }
         )
-        if hook_ok:
+        if self.plugin_on and start_error is None:
             problem = None
             try:
                 problem = records.session_problem(records.status(self.info), session, self._started_ns(c))
@@ -292,7 +292,7 @@ class Attribute:
             if fetch_error:
                 lv["records_problem"] = f"the hook's records could not be fetched ({fetch_error})"
         elif self.plugin_on:
-            lv["records_problem"] = f"the hook's recording could not be started ({self._hook_error})"
+            lv["records_problem"] = f"the hook's recording could not be started ({start_error})"
         self._write_load()
         self.progress.level_end(lv)
 
@@ -354,16 +354,16 @@ class Attribute:
         self.rd.write_json(C.LOAD_LEVELS, self.levels)
 
     # ---- hook ---------------------------------------------------------------
-    def _hook(self, fn: Callable) -> bool:
+    def _hook(self, fn: Callable) -> str | None:
+        """Call the hook; None when it answered, else its error (noted). ServerGone when the server is gone."""
         try:
             fn(self.info)
-            return True
+            return None
         except records.HookError as e:
             if not is_alive(self.info.url):
                 raise load.ServerGone([]) from None
             self.notes.append(f"hook: {e}")
-            self._hook_error = str(e)
-            return False
+            return str(e)
 
     def _pull_records(self, c: int, rep: int) -> str | None:
         """Fetch the hook's records into the run directory; the error, if they could not be fetched."""

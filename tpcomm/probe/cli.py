@@ -210,7 +210,7 @@ def probe(
             steps,
         )
     from tpcomm.probe.launcher import ProbeFailed
-    from tpcomm.probe.results import format_table, slack_notes
+    from tpcomm.probe.results import format_table, no_gpu_visible, slack_notes
     from tpcomm.probe.runner import ProbeConfig, run_probe
 
     cfg = ProbeConfig(
@@ -250,7 +250,7 @@ def probe(
         from tpcomm.errors import InputError
 
         reasons = [str(s.get("reason")) for s in res.skipped]
-        if all("no CUDA device" in r for r in reasons):  # GPU backends asked for on a machine without one
+        if all(no_gpu_visible(s) for s in res.skipped):  # GPU backends asked for on a machine without one
             raise InputError(
                 f"--backend {backends}",
                 f"nothing was measured on this machine ({reasons[0]})",

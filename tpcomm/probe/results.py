@@ -104,7 +104,10 @@ class ProbeResults:
         if kind == "result":
             self.rows.append({c: rec.get(c) for c in COLUMNS} | {"source": rec.get("source", "probe")})
         elif kind == "skipped":
-            self.skipped.append({k: rec.get(k) for k in ("backend", "op", "mode", "bytes", "dtype", "reason")})
+            sk = {k: rec.get(k) for k in ("backend", "op", "mode", "bytes", "dtype", "reason")}
+            if "visible_gpus_by_rank" in rec:  # a GPU backend's setup: how many GPUs each rank saw
+                sk["visible_gpus_by_rank"] = rec["visible_gpus_by_rank"]
+            self.skipped.append(sk)
         else:
             return
         self.write()
@@ -138,6 +141,13 @@ class ProbeResults:
         return [
             {k: r.get(k) for k in JSON_KEYS} | {k: v for k, v in r.items() if k not in JSON_KEYS} for r in self.rows
         ]
+
+
+def no_gpu_visible(skip: dict) -> bool:
+    """A skip because no rank saw any GPU (a GPU backend asked for on a machine without one), from the
+    visible-GPU counts the ranks gathered while mapping devices (probes/devices.py), not from its wording."""
+    seen = skip.get("visible_gpus_by_rank")
+    return bool(seen) and not any(seen)
 
 
 def _f(v, nd=2) -> str:
