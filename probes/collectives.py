@@ -336,6 +336,13 @@ def run(spec: dict, sink=None) -> int:
             for r in rows:
                 emit({**r, **common, "hardware": hw, "device": str(backend.device), **_layout()})
         backend.close()
+    return end_rank(state, ctrl, emit, common)
+
+
+def end_rank(state: RankState, ctrl, emit, common: dict) -> int:
+    """What every rank-side run does last (probe and replay alike): wait for every rank to finish, then
+    the 'done' record and the process groups' end (leaving with gloo's threads up can abort the process).
+    Returns the exit code."""
     state.set("done", None)
     dist.barrier(group=ctrl)
     emit({"kind": "done", **common})

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from probes.backends import Ineligible, make_backend
-from probes.collectives import RankState, _hardware, _layout, _maybe_fault, leave, start_rank
+from probes.collectives import RankState, _hardware, _layout, _maybe_fault, end_rank, leave, start_rank
 from probes.ops import COLLECTIVES, count_wrong
 from probes.replay_kernels import CudaClock, HostClock, HostWaits, Skew, Work
 
@@ -212,11 +212,7 @@ def run(spec: dict, sink=None) -> int:
         for b in (primary, fallback):
             if b is not None:
                 b.close()
-    state.set("done", None)
-    dist.barrier(group=ctrl)
-    emit({"kind": "done", **common})
-    dist.destroy_process_group()
-    return 0
+    return end_rank(state, ctrl, emit, common)
 
 
 def main(argv: list[str] | None = None) -> int:
