@@ -158,10 +158,17 @@ def test_a_backend_this_machine_cannot_run_is_an_error_not_an_empty_success(tmp_
     # The error is chosen from what the ranks saw (no GPU on any rank), kept with each skip, not from its wording.
     skips = json.loads((run / "probe/results.json").read_text())["skipped"]
     assert skips and all(s["visible_gpus_by_rank"] == [0, 0] for s in skips), skips
-    # A backend that runs here, asked for a mode it has not: the error names no backend as the culprit.
+
+
+def test_a_mode_no_backend_runs_is_an_error_naming_no_backend(tmp_path):
+    """A backend that runs here (with or without a GPU), asked for a mode it has not: exit 2, and the error
+    names no backend as the culprit."""
+    run = tmp_path / "run"
     p, _ = _probe(["--gpus", "2", "--backend", "gloo", "--mode", "graph", "--sizes", "1K", "--out", str(run)])
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode == 2 and last.startswith("Error: probe: every measurement was skipped"), p.stderr[-2000:]
+    skips = json.loads((run / "probe/results.json").read_text())["skipped"]
+    assert skips and all("no CUDA graph mode" in s["reason"] and "visible_gpus_by_rank" not in s for s in skips)
 
 
 def test_dead_rank_stops_all_and_keeps_finished_sizes(tmp_path):
