@@ -140,7 +140,7 @@ def test_client_side_bursts_change_no_engine_term_and_close():
 def test_client_stall_is_reported_apart_and_enters_no_term():
     coll, steps, truth = make_records(steps=660, prefill_every=33, seed=6)
     sp = _split(coll, steps)
-    req, tok = make_client(steps, stall=(3, 10, 1100.0))
+    req, tok = make_client(steps, stall=[(3, 10, 1100.0)])
     cs = client_side(req, tok, sp["engine_ms_per_token"], 1)
     st = cs["stalls"]
     assert st["count"] == 1 and st["requests"] == [3] and st["gaps"][0]["token_idx"] == 10

@@ -15,6 +15,8 @@ Units: *_us microseconds, *_ns wall clock nanoseconds, *_ms milliseconds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -129,12 +131,12 @@ def make_client(
     st: pd.DataFrame,
     delivery_us: float = 150.0,
     burst: int = 1,
-    stall: tuple[int, int, float] | list[tuple[int, int, float]] | None = None,
+    stall: Sequence[tuple[int, int, float]] = (),
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(requests, tokens) of one single-stream client for steps from make_records(prefill_every=n):
     each prefill starts a request; every step's token reaches the client `delivery_us` after the step ends
     on the slowest rank; `burst` > 1 delivers tokens in groups (a starved API server); `stall` =
-    (request_id, token_idx, ms), or a list of them: the client stops reading before that token for `ms`."""
+    [(request_id, token_idx, ms)]: the client stops reading before each such token for `ms`."""
     s = st.groupby("step").agg(t_start_ns=("t_start_ns", "min"), t_end_ns=("t_end_ns", "max"), kind=("kind", "first"))
     rid = np.cumsum(s["kind"].to_numpy() == "prefill") - 1
     t = s["t_end_ns"].to_numpy() + int(delivery_us * 1e3)
@@ -144,7 +146,7 @@ def make_client(
     if burst > 1:  # after the first token, groups of `burst` tokens arrive together, with their last one
         grp = (tok["token_idx"] + burst - 1) // burst
         tok["t_ns"] = tok.groupby([tok["request_id"], grp])["t_ns"].transform("max")
-    for r, k, ms in [stall] if isinstance(stall, tuple) else stall or []:
+    for r, k, ms in stall:
         m = tok["request_id"] == r
         t_before = tok.loc[m & (tok["token_idx"] == k - 1), "t_ns"].iloc[0]
         later = m & (tok["token_idx"] >= k)
