@@ -43,7 +43,9 @@ class Backend:
     # Which call of probes/ops.py's table this backend issues (torch_dist, shm, pynccl), and the ops that has.
     kind: str | None = None
     ops: tuple[str, ...] = ()
-    # Ops that must not run back to back without a barrier (no pipelined timing).
+    # Ops after which a rank can run ahead of a peer by more than the backend allows:
+    # each call (warm-up and isolated sample) is preceded by a host barrier, and they
+    # get no pipelined timing.
     no_back_to_back: tuple[str, ...] = ()
 
     def __init__(self, cpu_group, local_rank: int):
@@ -109,8 +111,15 @@ class ShmBackend(Backend):
     name = "shm"
     kind = "shm"
     ops = ops_for(kind)
-    # Non-destination ranks return from shm_gather at once and, called again, deadlock
-    # the destination; vLLM always has other collectives between two gathers.
+    # A non-destination rank returns from shm_gather without waiting for anyone, so it
+    # can commit the next op's ready stamp while the destination still spins in the op
+    # before the gather. vLLM's shm protocol (csrc/cpu/shm.cpp, check_stamp_ready)
+    # accepts a peer one stamp ahead, not two: lineup, gather, lineup with the
+    # destination descheduled in the first lineup deadlocks both ranks (seen on a
+    # 2-core CI machine; tests/test_probe_dist.py forces it with SIGSTOP). A host
+    # barrier before each gather's lineup keeps the lead at one. vLLM's own decode
+    # path does not call gather on CPU (use_all_gather() is True), so serving cannot
+    # meet this order.
     no_back_to_back = ("gather",)
 
     def __init__(self, cpu_group, local_rank):

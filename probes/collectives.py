@@ -197,6 +197,8 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
     iso, overran = [], []
     for _ in range(iters):
         backend.sync()
+        if lone:  # outside the timed interval, before the lineup (see Backend.no_back_to_back)
+            dist.barrier(group=ctrl)
         state.tick()
         iso.append(timer.time_us(run1, lineup))
         overran.append(timer.overran)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -140,6 +141,44 @@ def test_every_op_on_gloo_and_shm_with_skips_explained(tmp_path):
     assert ("gloo", "reduce_scatter") in skipped and ("shm", "send_recv") in skipped
     assert all(reason for reason in skipped.values())
     assert "# all_reduce  backend shm" in p.stdout and "not measured" in p.stdout
+
+
+def test_shm_gather_survives_a_destination_descheduled_between_ops(tmp_path):
+    """vLLM's shm gather lets a non-destination rank run on without waiting; a destination descheduled
+    while it spins in the lineup before a gather used to let its peer commit two ops ahead, and both
+    ranks spun forever (a CI failure: "rank 0 never entered collective #622"). Rank 0 is stopped and
+    continued again and again while it times gathers: the run finishes, every sample checked."""
+    run = tmp_path / "run"
+    cmd = ["probe", "--gpus", "2", "--backend", "shm", "--ops", "gather", "--sizes", "1K", "--iters", "8000"]
+    p = subprocess.Popen(
+        TPCOMM + [*cmd, "--warmup", "3", "--timeout", "15", "--out", str(run)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stops, rng = 0, random.Random(7)
+    status = run / "probe" / "ranks" / "rank0.json"
+    while p.poll() is None:
+        try:
+            st = json.loads(status.read_text())
+        except (OSError, ValueError):
+            st = {}
+        if st.get("phase") != "isolated":
+            time.sleep(0.01)
+            continue
+        try:
+            os.kill(st["pid"], signal.SIGSTOP)
+            time.sleep(rng.uniform(0.001, 0.004))
+            os.kill(st["pid"], signal.SIGCONT)
+        except ProcessLookupError:
+            break
+        stops += 1
+        time.sleep(rng.uniform(0.0005, 0.003))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    assert stops >= 300, f"rank 0 was stopped only {stops} times: the test did not exercise the race"
+    (row,) = json.loads((run / "probe" / "results.json").read_text())["results"]
+    assert (row["backend"], row["op"], row["wrong"]) == ("shm", "gather", 0)
 
 
 def test_a_backend_this_machine_cannot_run_is_an_error_not_an_empty_success(tmp_path):
