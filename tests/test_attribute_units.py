@@ -8,7 +8,15 @@ import pandas as pd
 import pytest
 
 from tpcomm.attribute.align import align, alignment_quality, instances
-from tpcomm.attribute.closure import client_side, closure, closure_text
+from tpcomm.attribute.closure import (
+    client_side,
+    closure,
+    closure_text,
+    delivery,
+    delivery_cell,
+    delivery_text,
+    median_interval,
+)
 from tpcomm.attribute.crosscheck import compare, observed_per_step
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, top_sites
@@ -133,8 +141,44 @@ def test_client_side_bursts_change_no_engine_term_and_close():
         assert cs["stalls"]["count"] == 0, burst
         # Bursts move token arrivals inside a request, not its first and last token: TPOT and closure hold.
         assert cs["closure"]["judged"] and cs["closure"]["ok"], (burst, cs["closure"])
-        assert cs["delivery_ms"] == pytest.approx(cs["client"]["tpot_held_ms_p50"] - sp["engine_ms_per_token"])
+        cz = cs["closure"]
+        assert cs["delivery_ms"] == pytest.approx(cz["client_tpot_ms_p50"] - cz["engine_tpot_ms"])
+        # A fixed delay per token moves a request's first and last token alike: TPOT, and so delivery, keep
+        # nothing of it; what is left is smaller than a tenth of the 150 us delay.
+        assert abs(cs["delivery_ms"]) < 0.015, cs["delivery"]
     assert cs["client"]["itl_ms_p50"] < 0.2 * cs["client"]["tpot_ms_p50"]  # bursty: ITL p50 says nothing
+
+
+def test_median_interval_is_the_order_statistics_with_binomial_coverage():
+    x = [float(v) for v in (9, 1, 11, 5, 3, 12, 7, 2, 10, 4, 8, 6)]  # 1..12 shuffled
+    # n = 12: P(Bin(12, 1/2) <= 2) = 79/4096, so [x_(3), x_(10)] covers 1 - 158/4096; j = 4 would cover 85%.
+    assert median_interval(x) == (3.0, 10.0, pytest.approx(1 - 158 / 4096))
+    # Under six values no interval reaches 95%: the whole range, with the coverage it has (1 - 2/32).
+    assert median_interval([4.0, 1.0, 3.0, 2.0, 5.0]) == (1.0, 5.0, pytest.approx(0.9375))
+    assert median_interval([]) is None and median_interval([float("nan")]) is None
+
+
+def test_delivery_is_signed_only_when_its_interval_excludes_zero():
+    from tpcomm.report.verdict import fmt
+
+    spread = [5.0 + 0.1 * k for k in range(-6, 6)]  # 4.4 .. 5.5 ms around an engine at 5.0 ms
+    d = delivery(spread, 5.0)
+    assert d["lo_ms"] < 0 < d["hi_ms"] and not d["resolved"] and d["requests"] == 12
+    text = delivery_text(d, fmt)
+    assert text.startswith("not separable from zero (") and "96% interval" in text and "over 12 requests" in text
+    assert delivery_cell(d, fmt).startswith("n.s. (")
+    late = delivery([5.4 + 0.01 * k for k in range(12)], 5.0)  # every request 0.4-0.51 ms slower than the engine
+    assert late["resolved"] and late["lo_ms"] > 0
+    assert delivery_text(late, fmt).startswith(f"{fmt(late['ms'])} ms (96% interval") and delivery_cell(
+        late, fmt
+    ) == fmt(late["ms"])
+    assert delivery([], 5.0) is None and delivery(spread, None) is None
+    # Five requests all 0.4 ms late: the range excludes 0 but covers 94%, short of the 95% asked.
+    few = delivery([5.4, 5.41, 5.42, 5.43, 5.44], 5.0)
+    assert not few["resolved"] and few["lo_ms"] > 0
+    assert delivery_text(few, fmt).startswith("not resolved with 5 requests (") and "94% interval" in delivery_text(
+        few, fmt
+    )
 
 
 def test_client_stall_is_reported_apart_and_enters_no_term():

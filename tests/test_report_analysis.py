@@ -119,8 +119,12 @@ def test_measured_verdict_headline_is_the_split_total(measured):
     assert m["client_tpot_ms_p50"] == pytest.approx(lv["client"]["tpot_ms_p50"])
     held = lv["client"]["tpot_held_ms_p50"]
     assert m["client_tpot_ms_p50"] < 0.7 * m["ms_per_token"] and held > m["client_tpot_ms_p50"]
-    assert m["delivery_ms"] == pytest.approx(held - m["ms_per_token"])
+    d = lv["delivery"]
+    assert m["delivery_ms"] == d["ms"] == pytest.approx(lv["closure"]["client_tpot_ms_p50"] - d["engine_tpot_ms"])
     text = " ".join(v["sentences"])
+    # Printed with its interval; a difference whose interval holds 0 is never printed as a signed cost alone.
+    assert v["numbers"]["delivery"] in text and f"over {d['requests']} requests" in text
+    assert ("not separable from zero" in text) == (not d["resolved"])
     assert lv["closure"]["client_tpot_ms_p50"] == pytest.approx(held)
     assert ("CLOSURE CHECK FAILED" in text) == (lv["closure"]["ok"] is False)
     assert v["numbers"]["client_tpot_ms_p50"] in text and v["numbers"]["client_held_tpot_ms_p50"] in text

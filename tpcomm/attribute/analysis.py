@@ -7,7 +7,7 @@ for the cross-check), so an attribution can be redone later on a laptop:
 summary.json, per level (split_format 2): window (the steady window, wall clock), engine_ms_per_token and
 per_token_ms {compute, transfer, wait, host_gap} (sum = engine_ms_per_token), shares_pct, by_rank (the same
 per rank), decode_pairs, sampled_pairs_share, steps_in_window {kind: count}, seqs_per_step, ceilings,
-client {tpot_ms_p50, tpot_ms_mean, tpot_held_ms_p50, tpot_judged_ms_p50, stalled_requests, itl_ms_p50, itl_ms_mean}, delivery_ms, stalls, closure, top_sites,
+client {tpot_ms_p50, tpot_ms_mean, tpot_held_ms_p50, tpot_judged_ms_p50, stalled_requests, itl_ms_p50, itl_ms_mean}, delivery_ms, delivery {ms, lo_ms, hi_ms, coverage, requests, engine_tpot_ms, resolved}, stalls, closure, top_sites,
 collectives_per_step. See split.py and closure.py for the definitions.
 
 Units: *_us microseconds, *_ms milliseconds, t_*_ns wall clock.
@@ -57,9 +57,9 @@ METHOD = (
     "With sampled collective timing (CUDA graphs) transfer and wait are means over the steps that carry records. "
     "Client side, beside it: TPOT p50/mean, held TPOT p50 (TPOT, except that a stream the API server held back "
     "whole, >= 90% of its token gaps under a tenth of the engine period, counts as (E2E - the unheld streams' "
-    "fastest TTFT) / (tokens - 1)) and ITL p50/mean; delivery = held TPOT p50 - "
-    "engine per-token time "
-    "(API server, network, client); stalls = token gaps longer than 20 engine periods (at least 100 ms), reported "
+    "fastest TTFT) / (tokens - 1)) and ITL p50/mean; delivery = held TPOT p50 over the requests without a stall - "
+    "engine per-token time on TPOT's footing (API server, network, client), with the p50's distribution-free 95% "
+    "interval (order statistics), called not separable from zero when the interval holds 0; stalls = token gaps longer than 20 engine periods (at least 100 ms), reported "
     "apart and in no term. Closure, compared at every level and judged at C=1: the engine per-token time on "
     "TPOT's footing (plus the prefill-to-first-decode interval once per request: (first interval + (n - 2) x "
     "per-token time) / (n - 1)) must be within 10% of the client's held TPOT p50 over the requests without a "
@@ -215,6 +215,7 @@ def analyse_run_dir(
                 engine_ms_per_token=None,
                 by_rank=[],
                 delivery_ms=None,
+                delivery=None,
                 closure={**doc.get("closure", {}), "judged": False, "ok": None},
                 note=f"not attributed: {_no_records_reason(lv, True)}",
             )

@@ -4,9 +4,12 @@
   (the same, except that a stream the API server held back whole, its tokens delivered in one burst so
   that its TPOT says nothing, counts with (E2E - the fastest TTFT of the unheld requests) / (tokens - 1);
   see judged_tpot_ms) and ITL p50 / mean (all gaps between token chunks), from load/*.parquet;
-- delivery_ms = client held TPOT p50 - engine per-token time: what the API server, network and client
-  add (or, when negative, what the engine's decode period over-counts); a named difference, not a term
-  of the split;
+- delivery = the client's held TPOT p50 over the requests without a stall - the engine's per-token time on
+  TPOT's footing: the two sides the closure compares, in ms (what the API server, network and client add);
+  a named difference, not a term of the split. It comes with the p50's distribution-free 95% interval
+  (order statistics of the same requests) and is `resolved` only when that interval excludes 0: a
+  difference of -0.1 ms over a dozen requests whose TPOTs spread by 0.5 ms is not separable from zero,
+  and is never printed as a signed cost on its own;
 - stalls: gaps between two token chunks of one request longer than STALL_FACTOR engine periods
   (and at least STALL_MIN_MS): counted, summed and named by request; they enter no per-token term;
 - closure: the engine's per-token time, on TPOT's footing (plus the prefill-to-first-decode interval once
@@ -22,12 +25,15 @@ Units: *_ms milliseconds, t_ns wall clock nanoseconds.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
 STALL_FACTOR = 20.0
 STALL_MIN_MS = 100.0
 CLOSURE_TOL_PCT = 10.0
+INTERVAL_COVERAGE = 0.95
 
 
 def _pct(x, q) -> float | None:
@@ -91,6 +97,71 @@ def closure_text(lv: dict) -> str | None:
     )
 
 
+def median_interval(values) -> tuple[float, float, float] | None:
+    """A distribution-free interval for the median of `values`: [x_(j), x_(n+1-j)] (order statistics,
+    1-based) with the largest j whose coverage 1 - 2 P(Bin(n, 1/2) <= j - 1) is at least INTERVAL_COVERAGE.
+    Below six values no j reaches it, and the whole range stands with the coverage it has.
+    Returns (lo, hi, coverage), or None without values."""
+    x = np.sort(np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float))
+    n = int(x.size)
+    if not n:
+        return None
+
+    def coverage(j: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(j)) / 2.0**n
+
+    j = 1
+    while j + 1 <= (n + 1) // 2 and coverage(j + 1) >= INTERVAL_COVERAGE:
+        j += 1
+    return float(x[j - 1]), float(x[n - j]), coverage(j)
+
+
+def delivery(per_request_ms, engine_tpot: float | None) -> dict | None:
+    """The client's held TPOT p50 over the requests without a stall minus the engine's per-token time on
+    TPOT's footing (the closure's two sides, in ms), with the p50's interval shifted by the same engine
+    figure. The interval is the client side's: the engine's per-token time is a mean over every decode
+    period of the window and is taken as given. `resolved`: the interval excludes 0 and covers at least
+    INTERVAL_COVERAGE (six requests or more)."""
+    iv = median_interval(per_request_ms)
+    if iv is None or not engine_tpot:
+        return None
+    lo, hi, cov = iv
+    p50 = float(np.percentile(np.asarray(per_request_ms, dtype=float), 50))
+    lo_ms, hi_ms = lo - engine_tpot, hi - engine_tpot
+    return {
+        "ms": p50 - engine_tpot,
+        "lo_ms": lo_ms,
+        "hi_ms": hi_ms,
+        "coverage": cov,
+        "requests": int(len(per_request_ms)),
+        "engine_tpot_ms": engine_tpot,
+        "resolved": bool(cov >= INTERVAL_COVERAGE and (lo_ms > 0 or hi_ms < 0)),
+    }
+
+
+def delivery_text(d: dict | None, fmt) -> str | None:
+    """Delivery as `attribute` and the report print it: the signed figure only when its interval excludes 0."""
+    if not d:
+        return None
+    n = d["requests"]
+    iv = (
+        f"{d['coverage'] * 100:.0f}% interval {fmt(d['lo_ms'])} to {fmt(d['hi_ms'])} ms "
+        f"over {n} request{'' if n == 1 else 's'}"
+    )
+    if d["resolved"]:
+        return f"{fmt(d['ms'])} ms ({iv})"
+    if d["lo_ms"] > 0 or d["hi_ms"] < 0:  # excludes 0, but too few requests for a 95% interval
+        return f"not resolved with {n} request{'' if n == 1 else 's'} ({fmt(d['ms'])} ms; {iv}; 6 give 95%)"
+    return f"not separable from zero ({fmt(d['ms'])} ms; {iv})"
+
+
+def delivery_cell(d: dict | None, fmt) -> str:
+    """Delivery in a table cell: the figure when resolved, else "n.s." with its interval."""
+    if not d:
+        return "n/a"
+    return fmt(d["ms"]) if d["resolved"] else f"n.s. ({fmt(d['lo_ms'])} to {fmt(d['hi_ms'])})"
+
+
 def engine_tpot_ms(
     engine_ms: float | None, first_interval_ms: float | None, tokens_per_request: float | None
 ) -> float | None:
@@ -138,15 +209,17 @@ def client_side(
         "itl_ms_p50": _pct(itl, 50),
         "itl_ms_mean": float(itl.mean()) if itl.size else None,
     }
-    ref = client["tpot_held_ms_p50"] if client["tpot_held_ms_p50"] is not None else tpot50
     n_tokens = float(ok["output_tokens"].median()) if "output_tokens" in ok.columns and len(ok) else None
     judged = client["tpot_judged_ms_p50"]  # None when every request stalled: nothing to hold the terms to
+    e_tpot = engine_tpot_ms(engine_ms, first_interval_ms, n_tokens)
+    d = delivery(per_free, e_tpot) if per_free.size else None
     return {
         "client": client,
-        "delivery_ms": (ref - engine_ms) if ref is not None and engine_ms else None,
+        "delivery_ms": d["ms"] if d else None,
+        "delivery": d,
         "stalls": stalls,
         "first_interval_ms": first_interval_ms,
-        "closure": closure(engine_ms, judged, concurrency, engine_tpot_ms(engine_ms, first_interval_ms, n_tokens)),
+        "closure": closure(engine_ms, judged, concurrency, e_tpot),
     }
 
 

@@ -246,7 +246,7 @@ def probe(
     else:
         click.echo(format_table(res.rows, res.skipped, res.conditions))
         click.echo(f"# saved: {res.run.path}/probe/results.parquet, results.json, fit.json; topo.json", err=True)
-    if res.skipped and not res.rows:
+    if res.nothing_measured:  # state "failed" in status.json; the error names why
         from tpcomm.errors import InputError
 
         reasons = [str(s.get("reason")) for s in res.skipped]

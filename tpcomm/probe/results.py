@@ -92,6 +92,11 @@ class ProbeResults:
         self.error: str | None = None
         self.planned = 0
 
+    @property
+    def nothing_measured(self) -> bool:
+        """Every item was skipped: the probe failed though no rank did (e.g. --backend nccl without CUDA)."""
+        return bool(self.skipped) and not self.rows
+
     def add(self, rec: dict) -> None:
         kind = rec.get("kind")
         if rec.get("visible_gpus_by_rank"):

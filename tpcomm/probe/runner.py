@@ -236,7 +236,7 @@ def run_probe(cfg: ProbeConfig, progress: bool = True, argv: list[str] | None = 
             spec["out_jsonl"] = str(run.path / "probe" / "results.jsonl")
             run_local(spec, world, run.path / "probe", cfg.timeout, bar)
         results.state = "complete"
-        if results.skipped and not results.rows:  # e.g. --backend nccl on a machine without CUDA
+        if results.nothing_measured:
             results.state = "failed"
             results.error = "nothing measured: " + str(results.skipped[0].get("reason"))
     except ProbeFailed as e:

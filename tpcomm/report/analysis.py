@@ -216,6 +216,7 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
                     v for v in (pt.get(k) for k in ("compute", "transfer", "wait", "host_gap")) if v is not None
                 ),
                 "delivery_ms": lv.get("delivery_ms"),
+                "delivery": lv.get("delivery"),
                 "seqs_per_step": lv.get("seqs_per_step"),
                 "stalls": st.get("count"),
                 "stall_ms": st.get("total_ms"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpcomm.attribute.closure import delivery_text
 from tpcomm.report import readers
 
 TERMS = ("compute", "transfer", "wait", "host_gap")
@@ -108,6 +109,7 @@ def measured(inp: readers.Inputs) -> dict[str, Any] | None:
         transfer_us_each=1000.0 * transfer / per_tok if per_tok else None,
         decode_pairs=lv.get("decode_pairs"),
         delivery_ms=lv.get("delivery_ms"),
+        delivery=lv.get("delivery"),
         closure=lv.get("closure") or {},
         stalls=lv.get("stalls") or {},
         label=f"measured at concurrency {conc}: per-token time = mean start-to-start period of consecutive "
@@ -151,25 +153,36 @@ def sentences(m: dict[str, Any], num: dict[str, str], fmt) -> list[str]:
                 f"{num['client_held_tpot_ms_p50']} ms (the same, with any stream the API server held back whole "
                 "counted from the unheld streams' fastest TTFT to its last token; stalls are counted below, apart)"
             )
-        if m.get("delivery_ms") is not None:
-            num["delivery_ms"] = fmt(m["delivery_ms"])
-            txt += (
-                f" (delivery, the held TPOT p50 of all requests minus the engine's time: API server, network and "
-                f"client: {num['delivery_ms']} ms)"
+        txt += "."
+        parts, d = [], m.get("delivery")
+        if d:
+            num["engine_tpot_ms"] = fmt(d["engine_tpot_ms"])
+            num["delivery"] = delivery_text(d, fmt)
+            parts.append(
+                f"against the engine's {num['engine_tpot_ms']} ms per token on TPOT's footing (the per-token time, "
+                "plus once per request the prefill-to-first-decode interval), delivery (API server, network and "
+                f"client) is {num['delivery']}"
+            )
+        elif m.get("delivery_ms") is not None:
+            # A summary written before delivery carried its interval: a bare difference could be noise.
+            parts.append(
+                "delivery (API server, network and client): not stated, since this summary (an older tpcomm) "
+                "has no interval for it; re-running the analysis adds one"
             )
         if c.get("diff_pct") is not None and c.get("judged"):
             num["closure_diff_pct"] = f"{c['diff_pct']:+.1f}"
-            txt += (
-                f"; closure: engine vs client held TPOT {num['closure_diff_pct']}% (tolerance {c['tolerance_pct']:g}%): "
+            parts.append(
+                f"closure: engine vs client held TPOT {num['closure_diff_pct']}% (tolerance {c['tolerance_pct']:g}%): "
                 + (
-                    "the split accounts for what the client saw."
+                    "the split accounts for what the client saw"
                     if c.get("ok")
                     else "CLOSURE CHECK FAILED: the split explains the engine's time, not the client's; "
-                    "cause not determined."
+                    "cause not determined"
                 )
             )
-        else:
-            txt += "."
+        if parts:
+            rest = "; ".join(parts)
+            txt += f" {rest[0].upper()}{rest[1:]}."
         out.append(txt)
     if s.get("count"):
         num["stalls"] = str(s["count"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpcomm.attribute.closure import delivery_cell
 from tpcomm.report.verdict import fmt
 
 LEVERS_INTRO = (
@@ -319,7 +320,7 @@ def _breakdown(d: dict) -> list[Block]:
             fmt(lv.get("host_gap_ms")),
             fmt(lv.get("tpot_ms_p50")),
             fmt(lv.get("tpot_judged_ms_p50")),
-            fmt(lv.get("delivery_ms")),
+            delivery_cell(lv["delivery"], fmt) if lv.get("delivery") else fmt(lv.get("delivery_ms")),
             _closure(lv),
             f"{lv.get('stalls') or 0} ({fmt(lv.get('stall_ms') or 0.0)} ms)",
             f"{lv['collectives_observed']} / {lv['collectives_planned']}"
