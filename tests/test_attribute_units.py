@@ -156,6 +156,9 @@ def test_median_interval_is_the_order_statistics_with_binomial_coverage():
     # Under six values no interval reaches 95%: the whole range, with the coverage it has (1 - 2/32).
     assert median_interval([4.0, 1.0, 3.0, 2.0, 5.0]) == (1.0, 5.0, pytest.approx(0.9375))
     assert median_interval([]) is None and median_interval([float("nan")]) is None
+    # Exact past 2.0**1024 (a float overflow): 5000 values, the interval a few dozen ranks either side of the middle.
+    lo, hi, cov = median_interval([float(v) for v in range(5000)])
+    assert 0.95 <= cov < 0.96 and lo == 4999 - hi and 2400 < lo < 2440
 
 
 def test_delivery_is_signed_only_when_its_interval_excludes_zero():
@@ -173,10 +176,11 @@ def test_delivery_is_signed_only_when_its_interval_excludes_zero():
         late, fmt
     ) == fmt(late["ms"])
     assert delivery([], 5.0) is None and delivery(spread, None) is None
-    # Five requests all 0.4 ms late: the range excludes 0 but covers 94%, short of the 95% asked.
-    few = delivery([5.4, 5.41, 5.42, 5.43, 5.44], 5.0)
-    assert not few["resolved"] and few["lo_ms"] > 0
-    assert delivery_text(few, fmt).startswith("not resolved with 5 requests (") and "94% interval" in delivery_text(
+    # Five requests all 0.4 ms late: the range excludes 0 but covers 93.75%, short of the 95% asked.
+    few = delivery([5.4, 5.41, 5.42, 5.43, 5.44, float("nan")], 5.0)  # a non-finite value is no request
+    assert not few["resolved"] and few["lo_ms"] > 0 and few["requests"] == 5
+    assert delivery_cell(few, fmt).startswith("n.r. (")
+    assert delivery_text(few, fmt).startswith("not resolved with 5 requests (") and "93% interval" in delivery_text(
         few, fmt
     )
 

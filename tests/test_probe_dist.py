@@ -3,6 +3,7 @@ collective, Ctrl-C, and two torchrun "nodes" over loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -144,10 +145,11 @@ def test_every_op_on_gloo_and_shm_with_skips_explained(tmp_path):
 
 
 def test_shm_gather_survives_a_destination_descheduled_between_ops(tmp_path):
-    """vLLM's shm gather lets a non-destination rank run on without waiting; a destination descheduled
-    while it spins in the lineup before a gather used to let its peer commit two ops ahead, and both
-    ranks spun forever (a CI failure: "rank 0 never entered collective #622"). Rank 0 is stopped and
-    continued again and again while it times gathers: the run finishes, every sample checked."""
+    """vLLM's shm gather lets a non-destination rank run on without waiting. A destination descheduled while it
+    spins in the lineup before a gather used to let its peer commit two ops ahead, and both ranks spun forever
+    (a CI failure: "rank 0 never entered collective #622"). The race is forced again and again while the ranks
+    time gathers: rank 1 is stopped so rank 0 runs ahead into the next lineup, rank 0 is stopped there, and
+    rank 1 runs on alone. The run finishes, every sample checked."""
     run = tmp_path / "run"
     cmd = ["probe", "--gpus", "2", "--backend", "shm", "--ops", "gather", "--sizes", "1K", "--iters", "8000"]
     p = subprocess.Popen(
@@ -156,27 +158,38 @@ def test_shm_gather_survives_a_destination_descheduled_between_ops(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    stops, rng = 0, random.Random(7)
-    status = run / "probe" / "ranks" / "rank0.json"
-    while p.poll() is None:
+    ranks, cycles, rng = run / "probe" / "ranks", 0, random.Random(7)
+
+    def timing_pid(r: int) -> int | None:
         try:
-            st = json.loads(status.read_text())
+            st = json.loads((ranks / f"rank{r}.json").read_text())
         except (OSError, ValueError):
-            st = {}
-        if st.get("phase") != "isolated":
+            return None
+        return st["pid"] if st.get("phase") == "isolated" else None
+
+    while p.poll() is None:
+        r0, r1 = timing_pid(0), timing_pid(1)
+        if r0 is None or r1 is None:
             time.sleep(0.01)
             continue
         try:
-            os.kill(st["pid"], signal.SIGSTOP)
-            time.sleep(rng.uniform(0.001, 0.004))
-            os.kill(st["pid"], signal.SIGCONT)
+            os.kill(r1, signal.SIGSTOP)  # rank 0 runs ahead into the next lineup and spins there ...
+            time.sleep(0.001)
+            os.kill(r0, signal.SIGSTOP)  # ... and is descheduled inside it,
+            os.kill(r1, signal.SIGCONT)  # while rank 1 finishes that lineup and its gather, and goes on
+            time.sleep(rng.uniform(0.002, 0.004))
         except ProcessLookupError:
             break
-        stops += 1
-        time.sleep(rng.uniform(0.0005, 0.003))
+        finally:
+            for pid in (r0, r1):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        cycles += 1
+        time.sleep(rng.uniform(0.0005, 0.002))
     out, err = p.communicate(timeout=120)
-    assert p.returncode == 0, err[-2000:]
-    assert stops >= 300, f"rank 0 was stopped only {stops} times: the test did not exercise the race"
+    assert p.returncode == 0, f"after {cycles} forced races: {err[-2000:]}"
+    # A run too short to force the race proves nothing.
+    assert cycles >= 100, f"the race was forced only {cycles} times"
     (row,) = json.loads((run / "probe" / "results.json").read_text())["results"]
     assert (row["backend"], row["op"], row["wrong"]) == ("shm", "gather", 0)
 

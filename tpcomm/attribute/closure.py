@@ -26,6 +26,7 @@ Units: *_ms milliseconds, t_ns wall clock nanoseconds.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
@@ -107,13 +108,18 @@ def median_interval(values) -> tuple[float, float, float] | None:
     if not n:
         return None
 
-    def coverage(j: int) -> float:
-        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(j)) / 2.0**n
+    # tail = P(Bin(n, 1/2) <= j - 1) * 2^n, exact in integers (2.0**n overflows past n = 1023)
+    j, term, tail, whole = 1, 1, 1, 2**n
 
-    j = 1
-    while j + 1 <= (n + 1) // 2 and coverage(j + 1) >= INTERVAL_COVERAGE:
-        j += 1
-    return float(x[j - 1]), float(x[n - j]), coverage(j)
+    def coverage(tail: int) -> float:
+        return 1.0 - float(Fraction(2 * tail, whole))
+
+    while j + 1 <= (n + 1) // 2:
+        term = term * (n - j + 1) // j  # C(n, j)
+        if coverage(tail + term) < INTERVAL_COVERAGE:
+            break
+        j, tail = j + 1, tail + term
+    return float(x[j - 1]), float(x[n - j]), coverage(tail)
 
 
 def delivery(per_request_ms, engine_tpot: float | None) -> dict | None:
@@ -122,18 +128,19 @@ def delivery(per_request_ms, engine_tpot: float | None) -> dict | None:
     figure. The interval is the client side's: the engine's per-token time is a mean over every decode
     period of the window and is taken as given. `resolved`: the interval excludes 0 and covers at least
     INTERVAL_COVERAGE (six requests or more)."""
-    iv = median_interval(per_request_ms)
+    x = np.asarray([v for v in per_request_ms if v is not None and np.isfinite(v)], dtype=float)
+    iv = median_interval(x)
     if iv is None or not engine_tpot:
         return None
     lo, hi, cov = iv
-    p50 = float(np.percentile(np.asarray(per_request_ms, dtype=float), 50))
+    p50 = float(np.percentile(x, 50))
     lo_ms, hi_ms = lo - engine_tpot, hi - engine_tpot
     return {
         "ms": p50 - engine_tpot,
         "lo_ms": lo_ms,
         "hi_ms": hi_ms,
         "coverage": cov,
-        "requests": int(len(per_request_ms)),
+        "requests": int(x.size),
         "engine_tpot_ms": engine_tpot,
         "resolved": bool(cov >= INTERVAL_COVERAGE and (lo_ms > 0 or hi_ms < 0)),
     }
@@ -144,8 +151,8 @@ def delivery_text(d: dict | None, fmt) -> str | None:
     if not d:
         return None
     n = d["requests"]
-    iv = (
-        f"{d['coverage'] * 100:.0f}% interval {fmt(d['lo_ms'])} to {fmt(d['hi_ms'])} ms "
+    iv = (  # the coverage rounded down: never more than it is
+        f"{math.floor(d['coverage'] * 100)}% interval {fmt(d['lo_ms'])} to {fmt(d['hi_ms'])} ms "
         f"over {n} request{'' if n == 1 else 's'}"
     )
     if d["resolved"]:
@@ -155,11 +162,21 @@ def delivery_text(d: dict | None, fmt) -> str | None:
     return f"not separable from zero ({fmt(d['ms'])} ms; {iv})"
 
 
+DELIVERY_CELL_NOTE = (
+    "delivery = held TPOT p50 without stalls - engine on TPOT's footing; n.s. (its interval): not separable "
+    "from zero; n.r.: fewer than 6 requests, no 95% interval; n/a: not measured, or a summary from an older "
+    "tpcomm without the interval"
+)
+
+
 def delivery_cell(d: dict | None, fmt) -> str:
-    """Delivery in a table cell: the figure when resolved, else "n.s." with its interval."""
+    """Delivery in a table cell (DELIVERY_CELL_NOTE): the figure when resolved, else why not, with its interval."""
     if not d:
         return "n/a"
-    return fmt(d["ms"]) if d["resolved"] else f"n.s. ({fmt(d['lo_ms'])} to {fmt(d['hi_ms'])})"
+    if d["resolved"]:
+        return fmt(d["ms"])
+    iv = f"({fmt(d['lo_ms'])} to {fmt(d['hi_ms'])})"
+    return f"n.r. {iv}" if d["lo_ms"] > 0 or d["hi_ms"] < 0 else f"n.s. {iv}"
 
 
 def engine_tpot_ms(

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tpcomm.attribute.closure import closure_text, delivery_cell
+from tpcomm.attribute.closure import DELIVERY_CELL_NOTE, closure_text, delivery_cell
 from tpcomm.attribute.run import Progress as ProgressHooks
 
 
@@ -144,7 +144,7 @@ def render(res: dict, console: Console | None = None) -> None:
                 _f((a.get("client") or {}).get("tpot_ms_p50")),
                 _f((a.get("client") or {}).get("tpot_held_ms_p50")),
                 _f(cz.get("client_tpot_ms_p50")),
-                delivery_cell(a.get("delivery"), _f) if a.get("delivery") else _f(a.get("delivery_ms")),
+                delivery_cell(a.get("delivery"), _f),
                 closure,
                 f"{st.get('count', 0)} ({st.get('total_ms', 0):.0f} ms)",
                 _f(a["comm_only_tok_per_s"], "{:.0f}"),
@@ -155,8 +155,7 @@ def render(res: dict, console: Console | None = None) -> None:
             "[dim]per-token ms on the server's step clock: mean start-to-start period of consecutive decode steps "
             "in the level's steady window = compute + transfer + wait + host gap (mean over ranks); collective time "
             "= transfer + wait, wait = rank skew. Client TPOT p50 beside it, and the held TPOT p50 (a stream held back "
-            "whole counts by its end-to-end time); delivery = held TPOT p50 without stalls - engine on TPOT's footing, "
-            "n.s. (with its 95% interval) when not separable from zero; stalls "
+            f"whole counts by its end-to-end time); {DELIVERY_CELL_NOTE}; stalls "
             "(token gaps > 20 periods) enter no term, and the closure compares the engine with the held TPOT p50 of "
             "the requests without a stall"
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpcomm.attribute.closure import delivery_cell
+from tpcomm.attribute.closure import DELIVERY_CELL_NOTE, delivery_cell
 from tpcomm.report.verdict import fmt
 
 LEVERS_INTRO = (
@@ -320,7 +320,7 @@ def _breakdown(d: dict) -> list[Block]:
             fmt(lv.get("host_gap_ms")),
             fmt(lv.get("tpot_ms_p50")),
             fmt(lv.get("tpot_judged_ms_p50")),
-            delivery_cell(lv["delivery"], fmt) if lv.get("delivery") else fmt(lv.get("delivery_ms")),
+            delivery_cell(lv.get("delivery"), fmt),
             _closure(lv),
             f"{lv.get('stalls') or 0} ({fmt(lv.get('stall_ms') or 0.0)} ms)",
             f"{lv['collectives_observed']} / {lv['collectives_planned']}"
@@ -351,6 +351,7 @@ def _breakdown(d: dict) -> list[Block]:
             ),
         )
     )
+    out.append(("text", DELIVERY_CELL_NOTE[0].upper() + DELIVERY_CELL_NOTE[1:] + "."))
     for lv in d.get("levels", []):
         if lv.get("closure_ok") is False:
             out.append(
