@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tpcomm import redact
+from tpcomm.attribute.closure import closure_text
 from tpcomm.report import readers
 from tpcomm.report.verdict import build_verdict
 from tpcomm.rundir import RunDir
@@ -222,7 +223,9 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
                 "stall_ms": st.get("total_ms"),
                 "stall_requests": st.get("requests") or [],
                 "tpot_judged_ms_p50": cz.get("client_tpot_ms_p50"),  # held TPOT p50, requests without a stall
+                "closure_engine_ms": cz.get("engine_tpot_ms"),  # the engine's side, on TPOT's footing
                 "closure_diff_pct": cz.get("diff_pct"),
+                "closure_failed": closure_text(lv),
                 "closure_ok": cz.get("ok"),
                 "by_rank": lv.get("by_rank") or [],
                 "note": lv.get("note"),

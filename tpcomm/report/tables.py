@@ -342,7 +342,7 @@ def _breakdown(d: dict) -> list[Block]:
                     "client TPOT p50 ms",
                     "held TPOT p50, no stalls ms",
                     "delivery ms",
-                    "closure vs no-stall p50 (judged C=1, 10%)",
+                    "closure: engine on TPOT's footing vs no-stall p50 (judged C=1, 10%)",
                     "client stalls",
                     "collectives/step seen / planned",
                 ],
@@ -353,16 +353,8 @@ def _breakdown(d: dict) -> list[Block]:
     )
     out.append(("text", DELIVERY_CELL_NOTE[0].upper() + DELIVERY_CELL_NOTE[1:] + "."))
     for lv in d.get("levels", []):
-        if lv.get("closure_ok") is False:
-            out.append(
-                (
-                    "text",
-                    f"C={lv['concurrency']}: closure check failed: engine {fmt(lv.get('engine_ms_per_token'))} ms vs client "
-                    f"held TPOT p50 without stalls {fmt(lv.get('tpot_judged_ms_p50'))} ms ({lv['closure_diff_pct']:+.1f}%); "
-                    f"stalls {lv.get('stalls') or 0} in "
-                    f"request(s) {', '.join(map(str, lv.get('stall_requests', [])[:8])) or 'none'}; cause not determined.",
-                )
-            )
+        if lv.get("closure_failed"):
+            out.append(("text", f"{lv['closure_failed']}; cause not determined."))
         if lv.get("collectives_detail"):
             out.append(("text", f"C={lv['concurrency']}: {lv['collectives_detail']}"))
     ranks = [(lv["concurrency"], r) for lv in d.get("levels", []) for r in lv.get("by_rank") or []]
@@ -394,7 +386,8 @@ def _closure(lv: dict) -> str:
     if lv.get("closure_diff_pct") is None:
         return "n/a"
     verdict = {True: "ok", False: "FAILED"}.get(lv.get("closure_ok"), "not judged")
-    return f"{lv['closure_diff_pct']:+.1f}% {verdict}"
+    engine = f"{fmt(lv['closure_engine_ms'])} ms: " if lv.get("closure_engine_ms") is not None else ""
+    return f"{engine}{lv['closure_diff_pct']:+.1f}% {verdict}"
 
 
 def _timeline(d: dict) -> list[Block]:
