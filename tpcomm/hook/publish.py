@@ -69,6 +69,9 @@ def start(hook: Any, rank: int) -> None:
     if _thread is not None:
         return
     path = metrics_path()
+    # A file here now is a dead process's (our pid, reused: a worker killed at shutdown never runs atexit);
+    # until our first write, a scrape would read it as ours.
+    path.unlink(missing_ok=True)
     hook.metrics_file = str(path)
 
     def loop() -> None:
