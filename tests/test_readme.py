@@ -1,4 +1,5 @@
-"""The README's example outputs are real: re-run each `$ tpcomm plan|predict ...` block and compare."""
+"""The documented example outputs are real: re-run each `$ tpcomm plan|predict ...` block of the README and
+docs/*.md and compare."""
 
 import re
 import shlex
@@ -9,8 +10,13 @@ from click.testing import CliRunner
 
 from tpcomm.cli import cli
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```\n\$ tpcomm ((?:plan|predict) [^\n]*)\n(.*?)```", README.read_text(), re.S)
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCKS = [
+    b
+    for doc in DOCS
+    for b in re.findall(r"```\n\$ tpcomm ((?:plan|predict) [^\n]*)\n(.*?)```", doc.read_text(), re.S)
+]
 
 
 def test_readme_has_plan_and_predict_examples():
