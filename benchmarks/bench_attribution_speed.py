@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from tpcomm.attribute.align import align
-from tpcomm.attribute.closure import client_side
-from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, top_sites
+from tpcomm.attribute.analysis import client_side
+from tpcomm.attribute.split import assign_levels, decode_steps, rank_steps, top_sites
 from tpcomm.attribute.synthetic import make_client, make_records
 
 
@@ -46,9 +46,9 @@ def main() -> None:
     t_align = time.perf_counter() - t
     by_rank = assign_levels(rank_steps(aligned, st), window)
     dsteps = decode_steps(by_rank)
-    sp = engine_split(by_rank)
-    sp["top_sites"] = top_sites(assign_levels(aligned, window), dsteps)
-    cs = client_side(req, tokens, sp["engine_ms_per_token"], 1)
+    top_sites(assign_levels(aligned, window), dsteps)
+    cs = client_side(by_rank, req, tokens, 1)  # the engine's split, each request paired, the closure
+    sp = cs["split"]
     total = time.perf_counter() - t
 
     err = abs(sp["per_token_ms"]["transfer"] * 1e3 - truth["transfer_us"]) / truth["transfer_us"] * 100
@@ -62,7 +62,8 @@ def main() -> None:
     )
     print(
         f"transfer per decode step {sp['per_token_ms']['transfer'] * 1e3:.1f} us vs truth "
-        f"{truth['transfer_us']:.1f} us ({err:.1f}% off); engine vs client TPOT p50 {cs['closure']['diff_pct']:+.2f}%"
+        f"{truth['transfer_us']:.1f} us ({err:.1f}% off); closure per request {cs['closure'].diff_pct:+.2f}% "
+        f"({cs['closure'].statistic})"
     )
 
 

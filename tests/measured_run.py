@@ -24,17 +24,16 @@ def measured_run(dst: Path) -> Path:
     return dst
 
 
-SPLIT_RE = re.compile(
-    r"Of each ([\d.]+) ms token .*?: compute ([\d.]+) ms \(([\d.]+)%\), "
-    r"collective transfer ([\d.]+) ms "
-    r"\(([\d.]+)%\), collective wait \(rank skew\) ([\d.]+) ms \(([\d.]+)%\), host gap between steps "
-    r"([\d.]+) ms \(([\d.]+)%\)"
-)
+TERM_RE = re.compile(r"(compute|transfer|wait|host gap) ([\d.]+) ms \(([\d.]+)%\)")
+HEAD_RE = re.compile(r"Single stream: [\d.]+ tok/s \(([\d.]+) ms per token, engine")
 
 
 def split_from_page(text: str) -> tuple[float, list[float], list[float]] | None:
-    """(headline ms, the four terms' ms, their shares %) as printed on the report's page 1."""
-    m = SPLIT_RE.search(" ".join(text.split()))
-    if not m:
+    """(headline ms, the four terms' ms, their shares %) as printed on the report's page 1 (the headline, and
+    the legend of the bar of where each token goes)."""
+    flat = " ".join(text.split())
+    head, terms = HEAD_RE.search(flat), dict((m[0], m[1:]) for m in TERM_RE.findall(flat))
+    if not head or len(terms) != 4:
         return None
-    return float(m.group(1)), [float(m.group(i)) for i in (2, 4, 6, 8)], [float(m.group(i)) for i in (3, 5, 7, 9)]
+    order = ("compute", "transfer", "wait", "host gap")
+    return float(head.group(1)), [float(terms[k][0]) for k in order], [float(terms[k][1]) for k in order]

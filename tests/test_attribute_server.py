@@ -310,11 +310,12 @@ def test_server_without_plugin_still_measures_load(plugin_off_url, tmp_path):
 
 # ---- plugin-on server -------------------------------------------------------
 def assert_split_closes(summ: dict, levels: list[dict]) -> None:
-    """The four terms add up to the engine's per-token time (level and every rank, within 1%), and at C=1
-    the engine's per-token time is within 10% of the client's TPOT p50: judged, never skipped."""
+    """The four terms add up to the engine's per-token time (level and every rank, within 1%), and at C=1,
+    per request, the engine's time per token and the client's agree within 10% (p50 over the same requests):
+    judged, never skipped."""
     for lv in summ["levels"]:
         c, e, p = lv["concurrency"], lv["engine_ms_per_token"], lv["per_token_ms"]
-        assert e and p, lv.get("note")
+        assert lv["attributed"] and e and p, lv.get("note")
         assert abs(sum(p.values()) - e) <= 0.01 * e, (c, p, e)
         assert all(p[k] >= 0 for k in p) and p["transfer"] > 0, (c, p)
         for r in lv["by_rank"]:
@@ -322,22 +323,18 @@ def assert_split_closes(summ: dict, levels: list[dict]) -> None:
         assert lv["decode_pairs"] >= 50, lv["decode_pairs"]
         client = next(x for x in levels if (x["concurrency"], x["repeat"]) == (c, lv["repeat"]))
         assert lv["client"]["tpot_ms_p50"] == pytest.approx(client["tpot_ms_p50"])
-        # Delivery: the closure's two sides in ms, with an interval that holds it; signed only when resolved.
+        # Every request is compared or named (held back, stalled, not paired): none disappears.
         d, cz = lv["delivery"], lv["closure"]
-        assert lv["delivery_ms"] == d["ms"] == pytest.approx(cz["client_tpot_ms_p50"] - cz["engine_tpot_ms"])
-        assert d["lo_ms"] <= d["ms"] <= d["hi_ms"] and d["resolved"] == (
-            d["coverage"] >= 0.95 and (d["lo_ms"] > 0 or d["hi_ms"] < 0)
-        )
-        assert d["requests"] == lv["client"]["requests"] - lv["client"]["stalled_requests"]
-        # The held TPOT (TTFT taken as the level's fastest) is never below the plain TPOT: E2E is the same.
-        assert lv["client"]["tpot_held_ms_p50"] >= lv["client"]["tpot_ms_p50"] - 1e-9
+        left_out = {r for ids in cz["excluded"].values() for r in ids}
+        assert cz["requests"] + len(left_out) == lv["client"]["requests"], cz
+        # Delivery: the paired differences' p50, inside its own interval; signed only when resolved.
+        assert d["requests"] == cz["requests"] and d["lo_ms"] <= d["ms"] <= d["hi_ms"]
+        assert d["resolved"] == (d["coverage"] >= 0.95 and (d["lo_ms"] > 0 or d["hi_ms"] < 0))
         if c == 1:
-            cz = lv["closure"]
-            assert cz["judged"], cz
+            assert cz["pairing"] == "prefill segments" and cz["judged"], cz
             assert abs(cz["diff_pct"]) <= 10, (
-                f"C=1: engine {e:.2f} ms/token vs client held TPOT p50 "
-                f"{cz['client_tpot_ms_p50']:.2f} ms ({cz['diff_pct']:+.1f}%); stalls "
-                f"{lv['stalls']}"
+                f"C=1: per request, engine {cz['engine_ms']:.2f} vs client {cz['client_ms']:.2f} ms per token "
+                f"({cz['diff_pct']:+.1f}%, {cz['statistic']}); excluded {cz['excluded']}; stalls {lv['stalls']}"
             )
             assert cz["ok"] is True
 
@@ -390,7 +387,7 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
     req = pd.read_parquet(out / "load/requests.parquet")
     assert req["ok"].all() and (req["output_tokens"] == 64).all() and (req["prompt_tokens"] == 16).all()
     summ = json.loads((out / "attribution/summary.json").read_text())
-    assert summ["conditions"]["tp"] == 2 and summ["split_format"] == 2
+    assert summ["conditions"]["tp"] == 2 and summ["schema_version"] == 2
     for lv in summ["levels"]:
         cc = lv["collectives_per_step"]
         # The plan for the tiny model at TP 2: 9 all-reduces (4 layers x 2 + embedding) + 1 logits all-gather.
@@ -399,7 +396,8 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
     assert_split_closes(summ, json.loads((out / "load/levels.json").read_text()))
     c1 = summ["levels"][0]
     assert c1["top_sites"][0]["op"] == "all_reduce"
-    # The report of this run: the shares on page 1 sum to 100% and end at the headline.
+    # The report of this run: page 1's bar carries the four terms, whose shares sum to 100% and whose ms add
+    # up to the headline.
     from measured_run import split_from_page
 
     from tpcomm.report.analysis import analyze
@@ -411,9 +409,9 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
     with pdfplumber.open(render_pdf(rep, out / "report.pdf")) as pdf:
         page1 = pdf.pages[0].extract_text()
     total, ms, pct = split_from_page(page1)
-    assert abs(sum(pct) - 100) <= 1 and sum(ms) == pytest.approx(total, rel=0.02)
+    assert abs(sum(pct) - 100) <= 0.05 and sum(ms) == pytest.approx(total, rel=0.02)
     assert total == pytest.approx(c1["engine_ms_per_token"], rel=0.01)
-    assert "CLOSURE CHECK FAILED" not in page1
+    assert "CLOSURE FAILED" not in page1 and "Closure: the split accounts for what the client saw" in page1
 
 
 @pytest.mark.vllm
@@ -439,9 +437,8 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_
     # 1 s injected; the server's own ~1 s hiccups on this 2-core box can coincide with it, hence the upper bound.
     assert len(injected) == 1 and 1000 <= injected[0]["gap_ms"] <= 2500, st
     assert 3 in st["requests"] and st["total_ms"] >= injected[0]["gap_ms"]
-    # Closure is judged by the baseline and Llama tests; here the client's TPOT carries this test's own 1 s
-    # pause (and any server hiccup that coincides), so only the engine-side terms are held to the baseline.
-    assert lv["closure"]["judged"], lv["closure"]
+    # The stalled request is compared on neither side of the closure, which is judged on the others.
+    assert 3 in lv["closure"]["excluded"]["stalled"] and lv["closure"]["judged"], lv["closure"]
     # The split of the same run without request 3's time span (the engine never saw the client pause: it only stops reading).
     req = pd.read_parquet(out / "load/requests.parquet").set_index("request_id")
     rows = pd.read_parquet(out / "attribution/steps_by_rank.parquet")

@@ -8,19 +8,13 @@ import pandas as pd
 import pytest
 
 from tpcomm.attribute.align import align, alignment_quality, instances
-from tpcomm.attribute.closure import (
-    client_side,
-    closure,
-    closure_text,
-    delivery,
-    delivery_cell,
-    delivery_text,
-    median_interval,
-)
+from tpcomm.attribute.analysis import client_side
+from tpcomm.attribute.closure import closure_text, delivery, delivery_cell, delivery_text, median_interval
 from tpcomm.attribute.crosscheck import compare, observed_per_step
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
-from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, top_sites
+from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, shares_pct, top_sites
 from tpcomm.attribute.synthetic import make_client, make_records
+from tpcomm.columns import fmt
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +82,7 @@ def test_engine_split_equals_the_known_answer_and_adds_up(synth):
     assert sp["engine_ms_per_token"] * 1e3 == pytest.approx(truth["period_us"], rel=1e-6)
     for k, t in (("compute", "compute_us"), ("transfer", "transfer_us"), ("wait", "wait_us"), ("host_gap", "gap_us")):
         assert sp["per_token_ms"][k] * 1e3 == pytest.approx(truth[t], rel=1e-3), k
-    assert sum(sp["shares_pct"].values()) == pytest.approx(100)
+    assert sum(shares_pct(sp["per_token_ms"], sp["engine_ms_per_token"]).values()) == pytest.approx(100, abs=1e-9)
     assert sp["decode_pairs"] == 199 and sp["sampled_pairs_share"] == 1.0
     assert sp["comm_only_tok_per_s"] > sp["compute_only_tok_per_s"]
     top = top_sites(align(coll), decode_steps(rank_steps(align(coll), steps).assign(concurrency=1, repeat=0)))[0]
@@ -132,21 +126,66 @@ def test_sampled_graph_steps_equal_the_fully_recorded_split():
     assert samp["per_token_ms"]["transfer"] > 0.9 * full["per_token_ms"]["transfer"]
 
 
+def _rows1(coll, steps):
+    return rank_steps(align(coll), steps).assign(concurrency=1, repeat=0)
+
+
 def test_client_side_bursts_change_no_engine_term_and_close():
     coll, steps, truth = make_records(steps=660, prefill_every=33, seed=5)
-    sp = _split(coll, steps)
+    rows = _rows1(coll, steps)
     for burst in (1, 6):
         req, tok = make_client(steps, burst=burst)
-        cs = client_side(req, tok, sp["engine_ms_per_token"], 1)
-        assert cs["stalls"]["count"] == 0, burst
-        # Bursts move token arrivals inside a request, not its first and last token: TPOT and closure hold.
-        assert cs["closure"]["judged"] and cs["closure"]["ok"], (burst, cs["closure"])
+        cs = client_side(rows, req, tok, 1)
+        assert cs["stalls"].count == 0, burst
+        # Every request paired with its own prefill segment, each compared: the closure is judged and holds.
         cz = cs["closure"]
-        assert cs["delivery_ms"] == pytest.approx(cz["client_tpot_ms_p50"] - cz["engine_tpot_ms"])
-        # A fixed delay per token moves a request's first and last token alike: TPOT, and so delivery, keep
-        # nothing of it; what is left is smaller than a tenth of the 150 us delay.
-        assert abs(cs["delivery_ms"]) < 0.015, cs["delivery"]
-    assert cs["client"]["itl_ms_p50"] < 0.2 * cs["client"]["tpot_ms_p50"]  # bursty: ITL p50 says nothing
+        assert cz.pairing == "prefill segments" and cz.requests == 20 and cz.excluded == {}, (burst, cz)
+        assert cz.judged and cz.ok and abs(cz.diff_pct) < 0.5, (burst, cz)
+        # A fixed delay per token (150 us) cancels in each request's difference: delivery keeps none of it.
+        assert abs(cs["delivery"].ms) < 0.015, cs["delivery"]
+        # The headline rests on the compared requests' decode steps: all of them here, so the known answer.
+        assert cs["split"]["engine_ms_per_token"] * 1e3 == pytest.approx(truth["period_us"], rel=1e-6)
+    assert cs["client"].itl_ms_p50 < 0.2 * cs["client"].tpot_ms_p50  # bursty: ITL p50 says nothing
+
+
+def test_closure_fails_when_the_client_saw_another_pace():
+    """Client tokens 30% further apart than the engine made them (an engine clock that runs slow, or steps the
+    hook did not see): the closure is judged, fails, and says so with both numbers and no cause."""
+    coll, steps, _ = make_records(steps=660, prefill_every=33, seed=7)
+    req, tok = make_client(steps)
+    first = tok.groupby("request_id")["t_ns"].transform("min")
+    tok = tok.assign(t_ns=(first + (tok["t_ns"] - first) * 1.3).astype("int64"))
+    cs = client_side(_rows1(coll, steps), req, tok, 1)
+    cz = cs["closure"]
+    assert cz.judged and cz.ok is False and cz.diff_pct == pytest.approx(-100 * 0.3 / 1.3, abs=0.5)
+    text = closure_text(1, 0, cz, cs["stalls"])
+    assert f"{cz.diff_pct:+.1f}%" in text and f"{cz.engine_ms:.2f} ms" in text and "cause" not in text
+    assert cs["delivery"].resolved and cs["delivery"].lo_ms > 0  # every request slower at the client
+
+
+def test_a_held_stream_is_compared_on_neither_side():
+    """A starved API server held request 4 back whole (all its tokens in one burst at its end): its TPOT
+    (0 ms) observes nothing. It is named and left out of both sides; the others still close."""
+    coll, steps, _ = make_records(steps=660, prefill_every=33, seed=8)
+    req, tok = make_client(steps)
+    m = tok["request_id"] == 4
+    tok.loc[m, "t_ns"] = tok.loc[m, "t_ns"].max()
+    cs = client_side(_rows1(coll, steps), req, tok, 1)
+    cz = cs["closure"]
+    assert cz.excluded == {"held back (nearly) whole by the API server": [4]} and cz.requests == 19
+    assert cz.ok and cs["client"].held_requests == [4]
+
+
+def test_unpaired_requests_are_named_and_the_closure_not_judged_without_enough():
+    coll, steps, _ = make_records(steps=660, prefill_every=33, seed=9)
+    req, tok = make_client(steps)
+    # One request too many for the prefill steps recorded: the pairing refuses to guess.
+    extra = req.iloc[[0]].assign(request_id=99, t_start_ns=req["t_start_ns"].max() + 1)
+    cs = client_side(_rows1(coll, steps), pd.concat([req, extra]), tok, 1)
+    assert not cs["closure"].judged and "20 prefill steps" in cs["closure"].why_not_judged
+    # Three requests only: compared, not judged.
+    few = client_side(_rows1(coll, steps), req[req["request_id"] < 3], tok[tok["request_id"] < 3], 1)
+    assert few["closure"].why_not_judged is not None and few["closure"].judged is False
 
 
 def test_median_interval_is_the_order_statistics_with_binomial_coverage():
@@ -162,23 +201,20 @@ def test_median_interval_is_the_order_statistics_with_binomial_coverage():
 
 
 def test_delivery_is_signed_only_when_its_interval_excludes_zero():
-    from tpcomm.report.verdict import fmt
-
-    spread = [5.0 + 0.1 * k for k in range(-6, 6)]  # 4.4 .. 5.5 ms around an engine at 5.0 ms
-    d = delivery(spread, 5.0)
-    assert d["lo_ms"] < 0 < d["hi_ms"] and not d["resolved"] and d["requests"] == 12
+    spread = [0.1 * k for k in range(-6, 6)]  # client - engine, -0.6 .. 0.5 ms
+    d = delivery(spread)
+    assert d.lo_ms < 0 < d.hi_ms and not d.resolved and d.requests == 12
     text = delivery_text(d, fmt)
     assert text.startswith("not separable from zero (") and "96% interval" in text and "over 12 requests" in text
     assert delivery_cell(d, fmt).startswith("n.s. (")
-    late = delivery([5.4 + 0.01 * k for k in range(12)], 5.0)  # every request 0.4-0.51 ms slower than the engine
-    assert late["resolved"] and late["lo_ms"] > 0
-    assert delivery_text(late, fmt).startswith(f"{fmt(late['ms'])} ms (96% interval") and delivery_cell(
-        late, fmt
-    ) == fmt(late["ms"])
-    assert delivery([], 5.0) is None and delivery(spread, None) is None
+    late = delivery([0.4 + 0.01 * k for k in range(12)])  # every request 0.4-0.51 ms slower than the engine
+    assert late.resolved and late.lo_ms > 0
+    assert delivery_text(late, fmt).startswith(f"{fmt(late.ms)} ms (96% interval")
+    assert delivery_cell(late, fmt) == fmt(late.ms)
+    assert delivery([]) is None
     # Five requests all 0.4 ms late: the range excludes 0 but covers 93.75%, short of the 95% asked.
-    few = delivery([5.4, 5.41, 5.42, 5.43, 5.44, float("nan")], 5.0)  # a non-finite value is no request
-    assert not few["resolved"] and few["lo_ms"] > 0 and few["requests"] == 5
+    few = delivery([0.4, 0.41, 0.42, 0.43, 0.44, float("nan")])  # a non-finite value is no request
+    assert not few.resolved and few.lo_ms > 0 and few.requests == 5
     assert delivery_cell(few, fmt).startswith("n.r. (")
     assert delivery_text(few, fmt).startswith("not resolved with 5 requests (") and "93% interval" in delivery_text(
         few, fmt
@@ -187,35 +223,23 @@ def test_delivery_is_signed_only_when_its_interval_excludes_zero():
 
 def test_client_stall_is_reported_apart_and_enters_no_term():
     coll, steps, truth = make_records(steps=660, prefill_every=33, seed=6)
-    sp = _split(coll, steps)
     req, tok = make_client(steps, stall=[(3, 10, 1100.0)])
-    cs = client_side(req, tok, sp["engine_ms_per_token"], 1)
+    cs = client_side(_rows1(coll, steps), req, tok, 1)
     st = cs["stalls"]
-    assert st["count"] == 1 and st["requests"] == [3] and st["gaps"][0]["token_idx"] == 10
-    assert st["total_ms"] == pytest.approx(1100, abs=2)
-    assert cs["closure"]["ok"]  # one stalled request of 20 does not move the TPOT p50
-    # A closure that fails says so with both numbers and the stall, and names no cause.
-    e = sp["engine_ms_per_token"]
-    doc = {"concurrency": 1, "repeat": 0, "closure": closure(e, 2 * e, 1), "stalls": st}
-    text = closure_text(doc)
-    assert doc["closure"]["ok"] is False and "-50.0%" in text and "request(s) 3" in text
-    assert "because" not in text and "cause" not in text
-    assert closure(1.0, 1.05, 2)["judged"] is False and closure(1.0, 1.05, 2)["ok"] is None
+    assert st.count == 1 and st.requests == [3] and st.total_ms == pytest.approx(1100, abs=2)
+    assert cs["closure"].excluded == {"stalled": [3]} and cs["closure"].ok
 
 
-def test_stalled_requests_stay_out_of_the_figure_the_split_is_held_to():
+def test_stalled_requests_stay_out_of_both_sides_of_the_closure():
     """Half the requests stalled ~1.1 s near their end (a starved API server, as in the demo at C=4): the plain
-    TPOT p50 moves far from the engine's time, the held TPOT p50 of the requests without a stall does not,
-    and the closure compares with that one (the stalls are counted apart, as before)."""
+    TPOT p50 moves far from the engine's time; the closure compares the other half, on both sides."""
     coll, steps, truth = make_records(steps=660, prefill_every=33, seed=6)
-    sp = _split(coll, steps)
     req, tok = make_client(steps, stall=[(r, 25, 1100.0) for r in range(0, 20, 2)])
-    cs = client_side(req, tok, sp["engine_ms_per_token"], 1)
-    e, cl = sp["engine_ms_per_token"], cs["client"]
-    assert cs["stalls"]["count"] == 10 and cl["stalled_requests"] == 10
-    assert cl["tpot_ms_p50"] > 1.5 * e  # the stalls move the plain p50 (half the requests carry one)
-    assert cl["tpot_judged_ms_p50"] == pytest.approx(e, rel=0.1)
-    assert cs["closure"]["client_tpot_ms_p50"] == cl["tpot_judged_ms_p50"] and cs["closure"]["ok"]
+    cs = client_side(_rows1(coll, steps), req, tok, 1)
+    e, cl, cz = cs["whole"]["engine_ms_per_token"], cs["client"], cs["closure"]
+    assert cs["stalls"].count == 10 and cl.stalled_requests == list(range(0, 20, 2))
+    assert cl.tpot_ms_p50 > 1.5 * e  # the stalls move the plain p50 (half the requests carry one)
+    assert cz.requests == 10 and cz.client_ms == pytest.approx(e, rel=0.05) and cz.ok
 
 
 def test_crosscheck_reports_mismatch_with_detail(synth):
@@ -277,39 +301,3 @@ def test_repeat_spread_flags_the_464_vs_800_case():
     repeat_spread(levels, 10)
     assert levels[0]["repeat_spread_pct"] > 50 and levels[0]["flags"]
     assert levels[2]["repeat_spread_pct"] < 10 and not levels[2]["flags"]
-
-
-def test_held_tpot_is_not_shrunk_by_a_burst_that_holds_the_first_tokens():
-    """A starved API server can hold a stream's first tokens and deliver all of them at the end: plain TPOT
-    then drops towards 0 (0.15 ms against a 3.6 ms engine period was seen); the held TPOT keeps E2E's truth."""
-    import pandas as pd
-
-    from tpcomm.attribute.closure import closure, held_tpot_ms
-
-    # 32 tokens, engine period 5 ms, prefill 10 ms; request 1 delivered normally, requests 2-3 in one burst at the end.
-    req = pd.DataFrame(
-        {"ttft_ms": [10.0, 160.0, 161.0], "e2e_ms": [165.0, 166.0, 167.0], "output_tokens": [32, 32, 32]}
-    )
-    plain = (req["e2e_ms"] - req["ttft_ms"]) / 31
-    held = held_tpot_ms(req)
-    assert plain.median() < 0.3
-    assert held.tolist() == pytest.approx([5.0, 5.032, 5.065], abs=1e-3)
-    assert closure(5.0, float(pd.Series(held).median()), 1)["ok"] is True
-    assert closure(5.0, float(plain.median()), 1)["ok"] is False
-    # Unstarved: the same as TPOT within the TTFT spread / (tokens - 1).
-    calm = pd.DataFrame({"ttft_ms": [10.0, 10.5, 11.0], "e2e_ms": [165.0, 165.5, 166.0], "output_tokens": [32] * 3})
-    assert held_tpot_ms(calm) == pytest.approx(((calm["e2e_ms"] - calm["ttft_ms"]) / 31).to_numpy(), abs=0.04)
-
-
-def test_closure_puts_the_engine_on_tpot_footing():
-    """A client's TPOT spans the prefill-to-first-decode interval once per request; the engine's per-token time
-    (decode-to-decode periods) does not. The closure adds it on the engine's side, from the engine's clock."""
-    from tpcomm.attribute.closure import closure, engine_tpot_ms
-
-    # 32 tokens: a 20 ms first interval, then 3.6 ms per token; the client's TPOT is (20 + 30 x 3.6) / 31.
-    tpot = (20 + 30 * 3.6) / 31
-    assert engine_tpot_ms(3.6, 20.0, 32) == pytest.approx(tpot)
-    assert closure(3.6, tpot, 1)["ok"] is False  # the bare per-token time is 12.8% short ...
-    c = closure(3.6, tpot, 1, engine_tpot_ms(3.6, 20.0, 32))  # ... on TPOT's footing it closes
-    assert c["ok"] is True and c["diff_pct"] == pytest.approx(0) and c["engine_ms_per_token"] == 3.6
-    assert engine_tpot_ms(3.6, None, 32) == 3.6 and engine_tpot_ms(3.6, 15.0, 2) == 3.6

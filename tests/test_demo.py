@@ -95,15 +95,17 @@ def test_demo_end_to_end(tmp_path, no_pooled_server):
 
         rep = analyze(out)
         v = rep.verdict
-        assert v["source"] == "measured" and v["split_source"] == "measured"
+        assert v["source"] == "measured" and v["split"]["source"] == "measured"
         assert rep["ladder"].available and rep["breakdown"].available and rep["timeline"].available
         # The replay ran too, and its section sits beside the hook's in-serving figures.
         assert stages["replay"] == "ok" and rep["replay"].available
         # The headline is the split's total, and the closure check's outcome is stated, whichever it is.
-        m = v["measured"]
-        assert sum(m["terms"].values()) == pytest.approx(m["ms_per_token"], rel=0.01)
-        assert m["closure"]["judged"]
-        assert ("CLOSURE CHECK FAILED" in " ".join(v["sentences"])) == (m["closure"]["ok"] is False)
+        lv = v["level"]
+        assert sum(v["split"]["terms"].values()) == pytest.approx(v["numbers"]["ms_per_token"], rel=0.01)
+        assert lv.closure.judged, lv.closure
+        assert ("CLOSURE FAILED" in " ".join(v["sentences"])) == (lv.closure.ok is False)
+        # predict ran anchored on the measured split, so page one's levers are sized on this run.
+        assert stages["predict"] == "ok" and v["levers"] and "anchored on this run" in v["levers"][0].basis
     assert not _wait_gone(str(out / "model")), "the vLLM server outlived the demo"
     print(f"demo took {took:.0f} s; stages {stages}")
 

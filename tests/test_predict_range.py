@@ -203,11 +203,17 @@ def test_fitting_a_dense_model_is_refused():
     assert r.exit_code == 2 and "no MoE layers" in r.output, r.output
 
 
-def test_thresholds_match_the_report():
+def test_predict_judges_with_the_one_bottleneck_rule():
+    """No threshold of its own: predict's verdict is tpcomm/judge/bottleneck.py's, on both sides of it."""
+    from tpcomm.judge import bottleneck
     from tpcomm.predict import ranges
-    from tpcomm.report import verdict
 
-    assert (ranges.BOTTLENECK_SHARE, ranges.MAJOR_SHARE) == (verdict.BOTTLENECK_SHARE, verdict.MAJOR_SHARE)
+    assert not hasattr(ranges, "BOTTLENECK_SHARE") and not hasattr(ranges, "MAJOR_SHARE")
+    for link in (49.0, 51.0):  # collectives just under and just over half of the token
+        bd = {"weights": 100.0 - link, "collectives": link}
+        assert ranges.classify(bd)["bottleneck"] is (link >= 100 * bottleneck.BOTTLENECK_SHARE)
+        v = bottleneck.over_range(bd, [bd], {"probe": "p", "attribute": "a"}, True)
+        assert v["decided"] and v["interconnect_is_bottleneck"] is (link > 50)
 
 
 def test_knobs_replace_keeps_given_values():

@@ -13,9 +13,7 @@ from tpcomm.cli import cli
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCKS = [
-    b
-    for doc in DOCS
-    for b in re.findall(r"```\n\$ tpcomm ((?:plan|predict) [^\n]*)\n(.*?)```", doc.read_text(), re.S)
+    b for doc in DOCS for b in re.findall(r"```\n\$ tpcomm ((?:plan|predict) [^\n]*)\n(.*?)```", doc.read_text(), re.S)
 ]
 
 

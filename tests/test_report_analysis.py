@@ -1,14 +1,23 @@
-"""analysis.py on real plan/predict outputs: the verdict's numbers, the levers
-and their predicted effects, and the PDF page 1 carrying exactly those numbers."""
+"""Page one from typed results: the headline, the bar, the verdict and the levers, on a model-based run
+(the case study) and on real measured records; read back from the rendered PDF."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
+from pathlib import Path
+
 import pytest
 
+from tpcomm.columns import fmt
+from tpcomm.judge import bottleneck
 from tpcomm.report.analysis import analyze
 from tpcomm.report.pdf import render_pdf
-from tpcomm.report.verdict import fmt
+from tpcomm.results import Attribution
 from tpcomm.rundir import RunDir
+
+PROSE_MAX_WORDS = 150
 
 
 @pytest.fixture(scope="module")
@@ -24,69 +33,72 @@ def case_study(tmp_path_factory):
     return rd.path, doc
 
 
-def test_verdict_numbers_come_from_predict(case_study):
+def test_model_based_page_one_comes_from_predict(case_study):
     path, doc = case_study
     v = analyze(path).verdict
     ss = doc["single_stream"]
-    assert v["source"] == "model-based"
-    assert v["numbers"]["cap_tok_per_s"] == fmt(ss["tok_per_s"])
-    assert v["numbers"]["ms_per_token"] == fmt(ss["ms_per_token"])
-    coll = ss["breakdown_ms"]["collectives"]
-    assert v["predicted"]["interconnect_ms"] == pytest.approx(coll)
-    assert v["predicted"]["collectives_per_token"] == ss["collectives_per_token"]
-    assert v["predicted"]["latency_us_each"] == pytest.approx(1000 * coll / ss["collectives_per_token"])
-    share = coll / sum(ss["breakdown_ms"].values())
-    assert v["bottleneck"]["interconnect_share"] == pytest.approx(share)
-    # Model-based: a yes/no only where the whole range of inputs agrees (None: the model cannot decide).
-    assert v["bottleneck"]["interconnect_is_bottleneck"] == doc["range"]["verdict"]["interconnect_is_bottleneck"]
-    # Without a measurement the transfer/wait split is not invented.
-    assert v["predicted"]["transfer_ms"] is None and "not measured" in " ".join(v["sentences"])
+    assert v["source"] == "model-based" and "MODEL-BASED" in v["headline"]
+    assert v["numbers"]["tok_per_s"] == ss["tok_per_s"] and fmt(ss["tok_per_s"]) in v["headline"]
+    # The verdict is predict's own range verdict, read unchanged: a yes/no only where the whole range agrees.
+    assert v["verdict"].statement == doc["range"]["verdict"]["statement"]
+    assert v["verdict"].interconnect_is_bottleneck == doc["range"]["verdict"]["interconnect_is_bottleneck"]
+    assert v["split"]["total_ms"] == pytest.approx(sum(ss["breakdown_ms"].values()))
 
 
-def test_levers_ranked_with_predicted_effects(case_study):
+def test_levers_name_what_to_set_and_only_what_the_machine_allows(case_study):
     path, doc = case_study
-    levers = analyze(path).verdict["levers"]
-    by_name = {lv["name"]: lv for lv in levers}
-    for w in doc["what_if"]:
-        if w.get("tok_per_s") is None:
-            continue
-        if w["delta_pct"] > 0 and w.get("fits_memory") is not False:
-            assert by_name[w["name"]]["tok_per_s"] == pytest.approx(w["tok_per_s"])
-            assert by_name[w["name"]]["change_pct"] == pytest.approx(w["delta_pct"])
-        else:  # a risk (P2P off) or a layout that does not fit is not offered as a lever
-            assert w["name"] not in by_name
-    effects = [lv["change_pct"] for lv in levers if lv["change_pct"] is not None]
-    assert effects == sorted(effects, reverse=True) and all(e > 0 for e in effects)
-    # The PCIe case names the levers that help: a one-shot all-reduce and NVLink; fewer TP ranks do not fit.
-    assert {"one-shot-allreduce", "nvlink"} <= set(by_name) and "tp4" not in by_name
+    v = analyze(path).verdict
+    by = {lv.name: lv for lv in v["levers"]}
+    # PCIe TP 8: the one-shot all-reduce is FlashInfer's PCIe IPC, named by its environment variable.
+    assert "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1" in by["one-shot-allreduce"].setting
+    w = {x["name"]: x for x in doc["what_if"]}
+    assert by["one-shot-allreduce"].tok_per_s == pytest.approx(w["one-shot-allreduce"]["tok_per_s"])
+    # NVLink is another machine, P2P off a risk, TP 4 does not fit: what-ifs, never levers.
+    assert not {"nvlink", "p2p-disabled", "tp4", "tp2", "tp1"} & set(by)
+    # "Collectives cost nothing" is a bound, not a lever row: the model's verdict states it over its range.
+    assert "no-interconnect-cost" not in by and v["bounds"] == [] and "free interconnect" in " ".join(v["sentences"])
+    changes = [lv.change_pct for lv in v["levers"]]
+    assert changes == sorted(changes, reverse=True) and all(c > 0 for c in changes)
 
 
-def test_page_one_states_the_verdict_numbers(case_study, tmp_path):
+def _page_one(pdf_path: Path):
+    """Page 1's text, and its prose words: every word outside the tables and the figure's own text."""
     import pdfplumber
 
+    with pdfplumber.open(pdf_path) as pdf:
+        page = pdf.pages[0]
+        text = " ".join((page.extract_text() or "").split())
+        boxes = [t.bbox for t in page.find_tables()]
+        # The page's own text: below the title and generation line, above the footer.
+        words = [w for w in page.extract_words(extra_attrs=["fontname", "size"]) if 80 < w["top"] < page.height - 40]
+    figure_fonts = {w["fontname"] for w in words if "DejaVu" in w["fontname"]}  # matplotlib's TrueType text
+
+    def inside(w, b):
+        return b[0] - 1 <= w["x0"] and w["x1"] <= b[2] + 1 and b[1] - 1 <= w["top"] and w["bottom"] <= b[3] + 1
+
+    prose = [
+        w
+        for w in words
+        if w["fontname"] not in figure_fonts and not any(inside(w, b) for b in boxes) and w["size"] >= 7
+    ]
+    return text, prose, boxes, figure_fonts
+
+
+def test_model_based_page_one_read_back(case_study, tmp_path):
     path, _ = case_study
     rep = analyze(path)
-    out = render_pdf(rep, tmp_path / "case.pdf")
-    with pdfplumber.open(out) as pdf:
-        page1 = pdf.pages[0].extract_text().replace("\n", " ")
-        text = " ".join((p.extract_text() or "") for p in pdf.pages)
-    for name, value in rep.verdict["numbers"].items():
-        assert value in page1, (name, value)
-    assert "model-based" in page1
-    for lv in rep.verdict["levers"][:3]:
-        assert lv["name"] in page1
-    # The what-if figure is vector with searchable labels.
-    assert "single-stream tok/s (model-based)" in text
-    assert "ms per token (model-based" in page1
+    text, prose, boxes, figure_fonts = _page_one(render_pdf(rep, tmp_path / "case.pdf"))
+    v = rep.verdict
+    assert fmt(v["numbers"]["tok_per_s"]) in text and "MODEL-BASED" in text
+    assert figure_fonts and "ms per token (model-based" in text  # the bar, vector with searchable labels
+    assert boxes and "what to set" in text and "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1" in text
+    assert len(prose) <= PROSE_MAX_WORDS, " ".join(w["text"] for w in prose)
 
 
 def test_missing_everything_is_not_an_error(tmp_path):
     rep = analyze(RunDir(tmp_path).path)
     assert not any(s.available for k, s in rep.sections.items() if k != "methods")
     assert rep.verdict["numbers"] == {} and rep["verdict"].not_measured
-
-
-DEMO_RUN = __import__("pathlib").Path(__file__).parent / "data" / "demo_run"
 
 
 @pytest.fixture(scope="module")
@@ -96,66 +108,58 @@ def measured(tmp_path_factory):
     return measured_run(tmp_path_factory.mktemp("measured") / "run")
 
 
-def test_measured_verdict_headline_is_the_split_total(measured):
-    import json
-
-    summ = json.loads((measured / "attribution/summary.json").read_text())
-    v = analyze(measured).verdict
-    assert v["source"] == "measured" and v["split_source"] == "measured"
-    lv = min(summ["levels"], key=lambda x: x["concurrency"])
-    pt, m = lv["per_token_ms"], v["measured"]
+def test_measured_headline_is_the_split_total_and_page_one_reads_back(measured, tmp_path):
+    att = Attribution.from_json(json.loads((measured / "attribution/summary.json").read_text()))
+    rep = analyze(measured)
+    v = rep.verdict
+    lv = att.headline_level()
+    t = lv.per_token_ms
     # One denominator: the headline is the engine's per-token time and the four terms add up to it.
-    assert m["ms_per_token"] == pytest.approx(lv["engine_ms_per_token"])
-    assert sum(m["terms"].values()) == pytest.approx(m["ms_per_token"], rel=1e-9)
-    assert m["tok_per_s"] == pytest.approx(1000 / m["ms_per_token"])
-    assert sum(m["shares_pct"].values()) == pytest.approx(100.0, abs=1e-9)
-    for k, share in m["shares_pct"].items():
-        assert share == pytest.approx(100 * pt[k] / lv["engine_ms_per_token"], abs=0.1)
-    assert m["collective_ms"] == pytest.approx(pt["transfer"] + pt["wait"])
-    assert m["collectives_per_token"] == lv["collectives_per_step"]["observed_total"]
-    # The client beside it, with the named difference. This saved run (busy host) delivered whole streams in
-    # bursts: its plain TPOT p50 is far below the engine's period (the closure failed on it, +123%), while the
-    # held TPOT (E2E minus the fastest TTFT, per token) closes; both are printed, the closure uses the held one.
-    assert m["client_tpot_ms_p50"] == pytest.approx(lv["client"]["tpot_ms_p50"])
-    held = lv["client"]["tpot_held_ms_p50"]
-    assert m["client_tpot_ms_p50"] < 0.7 * m["ms_per_token"] and held > m["client_tpot_ms_p50"]
-    d = lv["delivery"]
-    assert m["delivery_ms"] == d["ms"] == pytest.approx(lv["closure"]["client_tpot_ms_p50"] - d["engine_tpot_ms"])
-    text = " ".join(v["sentences"])
-    # Printed with its interval; a difference whose interval holds 0 is never printed as a signed cost alone.
-    assert v["numbers"]["delivery"] in text and f"over {d['requests']} requests" in text
-    assert ("not separable from zero" in text) == (not d["resolved"])
-    assert lv["closure"]["client_tpot_ms_p50"] == pytest.approx(held)
-    assert ("CLOSURE CHECK FAILED" in text) == (lv["closure"]["ok"] is False)
-    assert v["numbers"]["client_tpot_ms_p50"] in text and v["numbers"]["client_held_tpot_ms_p50"] in text
-    assert v["numbers"]["ms_per_token"] in text
-    assert "Collective time = transfer + wait" in text
-    # Levers: bounds from the same terms as the headline.
-    by = {x["name"]: x for x in v["levers"]}
-    assert by["remove rank skew"]["tok_per_s"] == pytest.approx(1000 / (m["ms_per_token"] - pt["wait"]))
-    assert by["free interconnect (transfer = 0)"]["tok_per_s"] == pytest.approx(
-        1000 / (m["ms_per_token"] - pt["transfer"])
+    assert v["source"] == "measured" and v["numbers"]["ms_per_token"] == lv.engine_ms_per_token
+    assert t.total == pytest.approx(lv.engine_ms_per_token, rel=1e-9)
+    assert sum(lv.shares_pct.values()) == pytest.approx(100.0, abs=1e-9)
+    # The one bottleneck rule, the same in attribute's summary and on the page.
+    assert v["verdict"] == bottleneck.measured(t) == att.verdict
+    assert len(v["sentences"]) <= 3
+    text, prose, boxes, fonts = _page_one(render_pdf(rep, tmp_path / "m.pdf"))
+    assert (
+        f"{fmt(1e3 / lv.engine_ms_per_token)} tok/s" in text and f"{fmt(lv.engine_ms_per_token)} ms per token" in text
     )
-    assert by["no collective time (upper bound)"]["tok_per_s"] == pytest.approx(
-        1000 / (m["ms_per_token"] - pt["transfer"] - pt["wait"])
-    )
-    # The statement follows the numbers: rank skew is never called link speed.
-    st = v["bottleneck"]["statement"]
-    assert ("waiting for the slowest rank" in st) == (pt["wait"] > pt["transfer"])
-    assert v["bottleneck"]["interconnect_share"] == pytest.approx(m["shares_pct"]["transfer"] / 100)
+    # The figure's legend carries each term with its share; the shares printed there sum to 100.
+    shares = [float(x) for x in re.findall(r"(?:compute|transfer|wait|host gap) [\d.]+ ms \(([\d.]+)%\)", text)]
+    assert len(shares) == 4 and sum(shares) == pytest.approx(100.0, abs=0.05)
+    # Every term the page uses is defined on it, one line each (the terms table under the bar).
+    assert "transfer per collective, the shortest time" in text and "closure per request" in text
+    assert len(prose) <= PROSE_MAX_WORDS, " ".join(w["text"] for w in prose)
 
 
-def test_old_attribution_format_is_not_shown_as_a_split(tmp_path):
-    import json
-    import shutil
+def test_an_older_summary_is_one_line_saying_how_to_redo_it(measured, tmp_path):
+    from tpcomm.contract import SchemaError
 
-    run = tmp_path / "run"
-    shutil.copytree(DEMO_RUN, run)
-    summ = json.loads((run / "attribution/summary.json").read_text())
-    del summ["split_format"]  # as attribute wrote it before the closing split
-    (run / "attribution/summary.json").write_text(json.dumps(summ))
-    v = analyze(run).verdict
-    assert v["measured"]["split"] is False and "predates the closing split" in v["measured"]["label"]
+    run = tmp_path / "old"
+    shutil.copytree(measured, run)
+    doc = json.loads((run / "attribution/summary.json").read_text())
+    doc["schema_version"] = 1
+    (run / "attribution/summary.json").write_text(json.dumps(doc))
+    rep = analyze(run)
+    err = rep.errors["attribution/summary.json"]
+    assert "older tpcomm" in err and "tpcomm attribute --reanalyse RUN_DIR" in err and "\n" not in err
+    assert rep["breakdown"].unreadable == [err]
+    with pytest.raises(SchemaError):
+        RunDir(run, create=False).read_json("attribution/summary.json") and Attribution.from_json(doc)
+
+
+def test_a_summary_with_a_wrong_type_names_the_field(measured, tmp_path):
+    run = tmp_path / "bad"
+    shutil.copytree(measured, run)
+    doc = json.loads((run / "attribution/summary.json").read_text())
+    doc["levels"][0]["per_token_ms"]["wait"] = "0.5"
+    (run / "attribution/summary.json").write_text(json.dumps(doc))
+    err = analyze(run).errors["attribution/summary.json"]
+    assert "levels[0].per_token_ms.wait" in err and "text where a number was expected" in err
+
+
+DEMO_RUN = Path(__file__).parent / "data" / "demo_run"
 
 
 def test_timeline_skew_matches_hook_records():
@@ -173,22 +177,19 @@ def test_timeline_skew_matches_hook_records():
 
 
 def test_a_killed_server_run_says_incomplete_and_blames_no_plugin(tmp_path):
-    """The hook records are there but the server died mid-run (issue 12, item 7): page 1 says the run is
-    incomplete and why there is no split; it never claims the plugin was missing."""
-    import json
-    import shutil
-
-    from tpcomm.report.analysis import analyze
-
+    """The hook records are there but the server died mid-run: page 1 says the run is incomplete and why
+    there is no split; it never claims the plugin was missing."""
     run = tmp_path / "run"
-    shutil.copytree(__import__("pathlib").Path(__file__).parents[1] / "reports/runs/cpu-demo", run)
+    shutil.copytree(Path(__file__).parents[1] / "reports/runs/cpu-demo", run)
     st = json.loads((run / "status.json").read_text())
     st["attribute"] = {"state": "incomplete", "reason": "server stopped answering", "utc": "x"}
     (run / "status.json").write_text(json.dumps(st))
     summ = json.loads((run / "attribution/summary.json").read_text())
     for lv in summ["levels"]:
-        lv.update(per_token_ms=None, engine_ms_per_token=None, note="no decode steps recorded in this level's window")
+        lv.update(attributed=False, per_token_ms=None, engine_ms_per_token=None, note="no decode steps recorded")
+    summ["headline"], summ["verdict"] = None, None
     (run / "attribution/summary.json").write_text(json.dumps(summ))
-    text = " ".join(analyze(run).verdict["sentences"])
-    assert "INCOMPLETE: attribute (server stopped answering)" in text
+    d = analyze(run).verdict
+    text = d["warning"] + " " + " ".join(d["sentences"])
+    assert "INCOMPLETE run: attribute (server stopped answering)" in text
     assert "without the tpcomm plugin" not in text

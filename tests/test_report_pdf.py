@@ -130,10 +130,9 @@ def test_measured_report_numbers_match_analysis(tmp_path):
     assert v["source"] == "measured"
     out = render_pdf(rep, run / "report.pdf")
     pages = pdf_pages_text(out)
-    page1 = pages[0].replace("\n", " ")
-    for name, value in v["numbers"].items():
-        assert value in page1, f"verdict number {name}={value} not on page 1"
-    for sentence in v["sentences"][:2]:
+    page1 = " ".join(pages[0].split())
+    assert v["headline"] in page1
+    for sentence in v["sentences"]:
         assert sentence.split(",")[0] in page1
     text = "\n".join(pages)
     for key, title in SECTION_TITLES.items():
@@ -161,21 +160,23 @@ def test_no_probe_no_plugin_run_renders(tmp_path):
     shutil.copy2(DEMO_RUN / "plan.json", run / "plan.json")
     rep = analyze(run)
     v = rep.verdict
-    assert v["source"] == "measured" and v["split"] is None
-    assert "interconnect_pct" not in v["numbers"]  # no split is not a 0% split
+    assert v["source"] == "measured" and v.get("split") is None
+    assert "transfer_pct" not in v["numbers"]  # no split is not a 0% split
     assert rep["ladder"].available and not rep["breakdown"].available and not rep["timeline"].available
     out = render_pdf(rep, run / "report.pdf")
-    text = " ".join(pdf_pages_text(out)).replace("\n", " ")
-    assert "How much of each token is interconnect: not measured" in text
+    text = " ".join(" ".join(pdf_pages_text(out)).split())
+    assert "Where each token goes: not measured" in text
     assert "VLLM_PLUGINS=tpcomm" in text  # the command that measures it
     assert text.count("Not measured") >= 4
     assert check_layout(out) >= 3
 
 
 def test_verdict_shares_read_back_from_the_pdf_sum_to_100(tmp_path):
-    """Page 1 of a measured report (real records re-analysed): the shares printed sum to 100% within 1
-    point, the headline is their total, and the closure's outcome is stated."""
+    """Page 1 of a measured report (real records re-analysed): the shares printed sum to 100%, the headline is
+    the terms' total, and the closure's outcome is stated."""
     from measured_run import measured_run, split_from_page
+
+    from tpcomm.columns import fmt
 
     run = measured_run(tmp_path / "run")
     rep = analyze(run)
@@ -184,15 +185,12 @@ def test_verdict_shares_read_back_from_the_pdf_sum_to_100(tmp_path):
     got = split_from_page(page1)
     assert got, page1[:1500]
     total, ms, pct = got
-    assert abs(sum(pct) - 100) <= 1, pct
+    assert abs(sum(pct) - 100) <= 0.05, pct  # largest-remainder rounding: exactly 100.0
     assert sum(ms) == pytest.approx(total, rel=0.02)  # printed to ~3 digits each
-    assert (
-        f"capped at {rep.verdict['numbers']['cap_tok_per_s']} tok/s ({rep.verdict['numbers']['ms_per_token']} ms per token)"
-        in page1
-    )
-    assert total == float(rep.verdict["numbers"]["ms_per_token"])
-    closed = rep.verdict["measured"]["closure"]["ok"]
-    assert ("CLOSURE CHECK FAILED" in page1) == (closed is False) and "closure: engine vs client held TPOT" in page1
-    assert rep.verdict["numbers"]["client_tpot_ms_p50"] in page1
+    n = rep.verdict["numbers"]
+    assert total == float(fmt(n["ms_per_token"])) and f"{fmt(n['tok_per_s'])} tok/s" in page1
+    lv = rep.verdict["level"]
+    assert ("CLOSURE FAILED" in page1) == (lv.closure.ok is False)
+    assert "Closure" in page1 and fmt(n["client_tpot_ms_p50"]) in page1
     # The stacked bar's axis names the headline it ends at.
-    assert f"the bar ends at the headline {rep.verdict['measured']['ms_per_token']:.3g} ms" in page1
+    assert f"the bar ends at the headline's {n['ms_per_token']:.3g} ms" in page1

@@ -10,9 +10,11 @@ errors: an absent file means "not measured".
 
 Versions: every JSON document carries `schema_version` (in each element of a
 list document); every Parquet table carries it in its key-value metadata
-(`tpcomm.schema_version`). Files written before versions existed (no
-`schema_version`) load when their columns and keys are there; newer versions
-than SCHEMA_VERSION are refused.
+(`tpcomm.schema_version`). A file older than its spec's `min_version` (the
+layout this tpcomm reads; schema 2 changed attribution/summary.json into
+tpcomm.results.Attribution) is refused with one line saying how to redo it
+from the run's own records; files whose layout did not change load from any
+version, and newer versions than SCHEMA_VERSION are refused.
 
 Units are in column names (`*_us`, `*_ms`, `*_ns`, `bytes`, `*_GBps` = 1e9 B/s).
 """
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 from tpcomm.errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Column kinds: i integer, f number (int or float), s text, b boolean.
 _KIND_NAMES = {"i": "integers", "f": "numbers", "s": "text", "b": "booleans"}
@@ -46,6 +48,8 @@ class FileSpec:
     optional: tuple[Col, ...] = ()  # tables: columns added later; checked when present, absent in older files
     keys: tuple[str, ...] = ()  # JSON documents: required top-level keys (of each element, for a list)
     list_doc: bool = False  # JSON document that is a list of objects
+    min_version: int = 1  # the oldest schema_version whose layout of this file this tpcomm reads
+    redo: str = ""  # how to write it anew from what the run directory holds, when that is possible
 
     def __str__(self) -> str:
         return self.path
@@ -54,11 +58,11 @@ class FileSpec:
 class SchemaError(InputError):
     """A run-directory file that does not match the contract (one line, exit 2)."""
 
-    def __init__(self, spec: FileSpec | str, problem: str, field: str | None = None):
+    def __init__(self, spec: FileSpec | str, problem: str, field: str | None = None, expected: str | None = None):
         path, writer = (spec.path, spec.writer) if isinstance(spec, FileSpec) else (str(spec), "tpcomm")
         self.path, self.field = path, field
         where = f"{path}" + (f" [{field}]" if field else "")
-        super().__init__(where, problem, f"the file as `{writer}` writes it; rerun that command")
+        super().__init__(where, problem, expected or f"the file as `{writer}` writes it; rerun that command")
 
 
 def _cols(spec: str) -> tuple[Col, ...]:
@@ -177,6 +181,9 @@ LOAD_TOKENS = FileSpec(
     "one row per streamed chunk (client clock): one token, or several that the API server coalesced when it fell "
     "behind (requests.parquet's output_tokens counts tokens)",
     columns=_cols("request_id:i concurrency:i repeat:i token_idx:i t_ns:i"),
+    # tokens in the chunk (the server's token_ids; -1: not said). Older files lack it: one token per chunk
+    # where the chunks of a request number its output tokens, else unknown.
+    optional=_cols("n_tokens:i"),
 )
 LOAD_LEVELS = FileSpec(
     "load/levels.json",
@@ -216,7 +223,13 @@ ATTR_TIMELINE = FileSpec(
     keys=("step", "ranks"),
 )
 ATTR_SUMMARY = FileSpec(
-    "attribution/summary.json", "json", ATTRIBUTE, "per level split, ceilings, cross-check", keys=("levels",)
+    "attribution/summary.json",
+    "json",
+    ATTRIBUTE,
+    "tpcomm.results.Attribution: per level split, client side, closure, cross-check; the measured verdict",
+    keys=("levels",),
+    min_version=2,
+    redo="tpcomm attribute --reanalyse RUN_DIR (redoes the analysis from the run's own records)",
 )
 
 PROFILE_SUMMARY = FileSpec("profile/summary.json", "json", ATTRIBUTE + " --profile", "trace vs hook comparison")
@@ -277,6 +290,16 @@ def spec_for(name: FileSpec | str) -> FileSpec | None:
 
 # ---- checks -------------------------------------------------------------------
 def check_version(spec: FileSpec | str, version) -> None:
+    floor = spec.min_version if isinstance(spec, FileSpec) else 1
+    if (version is None or (isinstance(version, int) and version < floor)) and floor > 1:
+        raise SchemaError(
+            spec,
+            f"was written by an older tpcomm (schema_version {version if version is not None else 'none'}; this "
+            f"tpcomm reads {floor}..{SCHEMA_VERSION})",
+            "schema_version",
+            expected=(spec.redo or f"the file as `{spec.writer}` writes it")
+            + "; meta.json names the tpcomm that wrote it",
+        )
     if version is None:
         return  # written before schema versions existed: loads when its fields are there
     if not isinstance(version, int) or version < 1 or version > SCHEMA_VERSION:

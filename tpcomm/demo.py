@@ -8,7 +8,7 @@ Stages, each writing into one run directory (DIR):
     replay     tpcomm probe --replay --gpus 2 --backend shm ... (subprocess: the decode step in context)
     server     vLLM-CPU TP 2 with the tpcomm plugin            (tpcomm.vllm_server.VllmServer)
     attribute  tpcomm attribute --server-url URL ...           (subprocess, server running)
-    predict    tpcomm predict ... --probe DIR (profile cpu)    (subprocess)
+    predict    tpcomm predict ... --attribution DIR (profile cpu; --probe DIR when attribute made no split)    (subprocess)
     report     tpcomm report DIR                               (library call)
 
 The other commands run as subprocesses of their own CLI: the demo then shows
@@ -231,22 +231,13 @@ class Demo:
             )
             self.say("predict: skipped, it needs the probe's measured shm/gloo latencies on CPU", fg="yellow")
         else:
+            # Anchored on the measured split when attribute made one (the what-ifs then are levers on this run),
+            # else the probe's latencies alone.
+            attributed = any(st.name == "attribute" and st.state == "ok" for st in self.stages)
+            source = ["--attribution", run] if attributed else ["--probe", run]
             self.tpcomm(
                 "predict",
-                [
-                    "--model",
-                    model,
-                    "--tp",
-                    str(self.tp),
-                    "--gpu",
-                    "cpu",
-                    "--probe",
-                    run,
-                    "--batch",
-                    CONCURRENCY,
-                    "--out",
-                    run,
-                ],
+                ["--model", model, "--tp", str(self.tp), "--gpu", "cpu", *source, "--batch", CONCURRENCY, "--out", run],
                 120,
             )
         self.lib("report", lambda: self._report())

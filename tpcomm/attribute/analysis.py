@@ -1,14 +1,10 @@
 """From a run directory's hook records and client timings to
 attribution/steps.parquet, attribution/steps_by_rank.parquet and
-attribution/summary.json. Reads only the run directory (plus the model config
-for the cross-check), so an attribution can be redone later on a laptop:
-`analyse_run_dir("runs/r1")`.
-
-summary.json, per level (split_format 2): window (the steady window, wall clock), engine_ms_per_token and
-per_token_ms {compute, transfer, wait, host_gap} (sum = engine_ms_per_token), shares_pct, by_rank (the same
-per rank), decode_pairs, sampled_pairs_share, steps_in_window {kind: count}, seqs_per_step, ceilings,
-client {tpot_ms_p50, tpot_ms_mean, tpot_held_ms_p50, tpot_judged_ms_p50, stalled_requests, itl_ms_p50, itl_ms_mean}, delivery_ms, delivery {ms, lo_ms, hi_ms, coverage, requests, engine_tpot_ms, resolved}, stalls, closure, top_sites,
-collectives_per_step. See split.py and closure.py for the definitions.
+attribution/summary.json (`tpcomm.results.Attribution`: one typed LevelSplit per level, the measured
+Verdict at the headline level). Reads only the run directory (plus the model config for the
+cross-check), so an attribution can be redone later on a laptop: `analyse_run_dir("runs/r1")`, or
+`tpcomm attribute --reanalyse runs/r1`. Definitions: split.py (the terms), pairing.py and closure.py
+(the client side and the closure).
 
 Units: *_us microseconds, *_ms milliseconds, t_*_ns wall clock.
 """
@@ -19,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from tpcomm import contract as C
+from tpcomm.attribute import pairing
 from tpcomm.attribute.align import align, alignment_quality
-from tpcomm.attribute.closure import client_side, closure_text
+from tpcomm.attribute.closure import client_figures, closure, closure_text, find_stalls
 from tpcomm.attribute.crosscheck import (
     SERVER,
     compare,
@@ -30,42 +27,26 @@ from tpcomm.attribute.crosscheck import (
     tp_from_records,
 )
 from tpcomm.attribute.server import ENABLE_HINT
-from tpcomm.attribute.split import (
-    SPLIT_DERIVED,
-    assign_levels,
-    decode_steps,
-    engine_split,
-    first_interval_ms,
-    rank_steps,
-    top_sites,
-)
+from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, shares_pct, top_sites
 from tpcomm.attribute.timeline import one_step_timeline
+from tpcomm.judge import bottleneck
+from tpcomm.results import Attribution, LevelSplit, RankTerms, Site, Terms
 from tpcomm.rundir import RunDir
 
-SPLIT_FORMAT = 2
 METHOD = (
     "One clock, one window, one statistic per level. Window: the level's steady window (from the moment all C "
     "clients are busy to the moment the first runs out of work; the whole round at C=1). Hook records (one per "
-    "collective call per rank, wall-clock entry/exit) are aligned across the ranks of a group: one collective "
-    "instance = same step and call_idx; transfer = the instance's minimum duration over ranks (the time all ranks "
-    "spend in it together), wait = each rank's duration minus that minimum (rank skew, not link speed); "
-    "collective time = transfer + wait; compute = the rank's engine step time minus its collective time. The "
-    "engine's per-token time = the mean start-to-start period of consecutive decode steps in the window (every "
-    "running stream gets one token per step); each period = the step (compute + transfer + wait) + the host gap "
-    "to the next step's start, so the four means add up to the per-token time exactly, per rank and averaged over "
-    "ranks. Prefill and mixed steps and the idle time around them are not decode periods and are counted apart. "
-    "With sampled collective timing (CUDA graphs) transfer and wait are means over the steps that carry records. "
-    "Client side, beside it: TPOT p50/mean, held TPOT p50 (TPOT, except that a stream the API server held back "
-    "whole, >= 90% of its token gaps under a tenth of the engine period, counts as (E2E - the unheld streams' "
-    "fastest TTFT) / (tokens - 1)) and ITL p50/mean; delivery = held TPOT p50 over the requests without a stall - "
-    "engine per-token time on TPOT's footing (API server, network, client), with the p50's distribution-free 95% "
-    "interval (order statistics), called not separable from zero when the interval holds 0; stalls = token gaps longer than 20 engine periods (at least 100 ms), reported "
-    "apart and in no term. Closure, compared at every level and judged at C=1: the engine per-token time on "
-    "TPOT's footing (plus the prefill-to-first-decode interval once per request: (first interval + (n - 2) x "
-    "per-token time) / (n - 1)) must be within 10% of the client's held TPOT p50 over the requests without a "
-    "stall (client.tpot_judged_ms_p50). "
-    "Ceilings: sequences per decode step / transfer time (comm_only), / compute time (compute_only). On CPU "
-    "collectives are timed host-synchronously (timing column); on CUDA by events in the graph or sampled eager replays."
+    "collective call per rank) are aligned across the ranks of a group: one collective instance = same step and "
+    "call_idx; transfer = the instance's minimum duration over ranks, wait = each rank's duration minus that "
+    "minimum; compute = the rank's step time minus its collective time. The engine's per-token time = the mean "
+    "start-to-start period of consecutive decode steps (each = the step + the host gap to the next step's start), "
+    "so the four means add up to it exactly, per rank and averaged over ranks; prefill and mixed steps and the "
+    "idle time around them are counted apart. Where streams run one at a time (C=1) the decode steps are those of "
+    "the requests the closure compares. Closure, per request: each request's engine time per token for its own "
+    "decode steps against its client TPOT, p50 over the same requests on both sides (paired by prefill segments at "
+    "C=1, by the client's token times above); stalled streams and streams the API server held back whole are "
+    "named and compared on neither side. Delivery = p50 of the paired differences with its order-statistic "
+    "interval. Sampled CUDA-graph timing: transfer and wait are means over the steps that carry records."
 )
 
 
@@ -96,7 +77,7 @@ def analyse_run_dir(
     hook_status: dict | None = None,
     notes: list[str] | None = None,
     conditions: dict | None = None,
-) -> dict:
+) -> Attribution:
     rd = path if isinstance(path, RunDir) else RunDir(path, create=False)
     req = rd.read_table(C.LOAD_REQUESTS)
     tokens = rd.read_table(C.LOAD_TOKENS)
@@ -114,35 +95,28 @@ def analyse_run_dir(
     )
     plugin_on = bool(hook_status and hook_status.get("enabled", True))
     has_records = coll is not None and steps is not None and not coll.empty and not steps.empty
-    summary = {
-        "levels": [],
-        "plugin": has_records or plugin_on,
-        "plan_config": plan_prov,
-        "method": METHOD,
-        "split_format": SPLIT_FORMAT,
-        "windows": windows,
-        "conditions": dict(conditions or (levels[0].get("conditions", {}) if levels else {})),
-        "notes": list(notes or []),
-    }
+    cond = dict(conditions or (levels[0].get("conditions", {}) if levels else {}))
+    att = Attribution(
+        source="hook",
+        plugin=has_records or plugin_on,
+        plugin_note=None,
+        method=METHOD,
+        conditions=cond,
+        plan_config=plan_prov,
+        windows=windows,
+        notes=list(notes or []),
+        levels=[],
+    )
     if not has_records:
         if not plugin_on:
-            summary["plugin_note"] = ENABLE_HINT.format(
-                model=summary["conditions"].get("model_root") or "MODEL", tp="N"
-            )
+            att.plugin_note = ENABLE_HINT.format(model=cond.get("model_root") or "MODEL", tp="N")
         for lv in levels:
-            summary["levels"].append(
-                {
-                    "concurrency": lv["concurrency"],
-                    "repeat": lv["repeat"],
-                    "itl_ms_p50": lv.get("itl_ms_p50"),
-                    "per_token_ms": None,
-                    "engine_ms_per_token": None,
-                    "note": ("not attributed: " if lv.get("hook_problem") else "not measured: ")
-                    + _no_records_reason(lv, plugin_on),
-                }
+            why = ("not attributed: " if lv.get("hook_problem") else "not measured: ") + _no_records_reason(
+                lv, plugin_on
             )
-        rd.write_json(C.ATTR_SUMMARY, summary)
-        return summary
+            att.levels.append(_unattributed(lv, why, None, {}))
+        rd.write_json(C.ATTR_SUMMARY, att.to_json())
+        return att
 
     aligned = align(coll)
     # Analysis once: the aligned records and the one-step timeline the report draws are written here.
@@ -155,13 +129,13 @@ def analyse_run_dir(
     rd.write_table(C.ATTR_STEPS_BY_RANK, by_rank)
     rd.write_table(C.ATTR_STEPS, dsteps)
     tp = tp_from_records(coll, hook_status)
-    summary["conditions"].update(
+    att.conditions.update(
         tp=tp,
         ranks=sorted(int(r) for r in coll["rank"].unique()),
         backends=sorted(coll["backend"].unique().tolist()),
         timing=sorted(coll["timing"].unique().tolist()),
     )
-    summary["alignment"] = alignment_quality(aligned)
+    att.alignment = alignment_quality(aligned)
     aligned_lv = assign_levels(aligned, windows)
     plans: dict = {}
     for lv in levels:
@@ -169,11 +143,6 @@ def analyse_run_dir(
         st = dsteps[(dsteps["concurrency"] == c) & (dsteps["repeat"] == rep)]
         al = aligned_lv[(aligned_lv["concurrency"] == c) & (aligned_lv["repeat"] == rep)]
         rows = by_rank[(by_rank["concurrency"] == c) & (by_rank["repeat"] == rep)]
-        sp = engine_split(rows)
-        sp["top_sites"] = top_sites(al, st)
-        lreq = req[(req["concurrency"] == c) & (req["repeat"] == rep)] if req is not None else pd.DataFrame()
-        tok = tokens[(tokens["concurrency"] == c) & (tokens["repeat"] == rep)]
-        cs = client_side(lreq, tok, sp["engine_ms_per_token"], c, first_interval_ms(rows))
         obs = observed_per_step(al, st)
         if obs["batch"] not in plans:
             plans[obs["batch"]] = planned_per_step(plan_src, tp, obs["batch"], plan_label)
@@ -184,48 +153,144 @@ def analyse_run_dir(
         else:
             cc = compare(obs, planned, plan_note)
         cc["plan_config"] = plan_prov["source"]
-        for site in sp.get("top_sites") or []:
-            site["plan_sites"] = sites.get((site["group"], site["op"], int(site["bytes"])), [])
         win = next((w for w in windows if (w["concurrency"], w["repeat"]) == (c, rep)), None)
-        doc = {
-            "concurrency": c,
-            "repeat": rep,
-            "window": win,
-            "decode_steps": int(len(st)),
-            "itl_ms_p50": lv.get("itl_ms_p50"),
-            "itl_ms_mean": lv.get("itl_ms_mean"),
-            "itl_burst_pct": lv.get("itl_burst_pct"),
-            **sp,
-            **cs,
-            "collectives_per_step": cc,
-        }
-        if (lv.get("itl_burst_pct") or 0) > 10:
-            doc["note"] = (
-                f"the client received {lv['itl_burst_pct']:.0f}% of tokens in bursts: its ITL p50 is not a "
-                "per-token time at this level"
-            )
         if lv.get("hook_problem") or not obs["steps"]:
             # Another client started or stopped recording mid-level, a TP worker died, or the run ended before
-            # the level's records were pulled: the records do not cover the window.
-            # Nothing of the split stays: neither its terms nor what engine_split derives from them.
-            for k in (*SPLIT_DERIVED, "top_sites"):
-                doc.pop(k, None)
-            doc.update(
-                per_token_ms=None,
-                engine_ms_per_token=None,
-                by_rank=[],
-                delivery_ms=None,
-                delivery=None,
-                closure={**doc.get("closure", {}), "judged": False, "ok": None},
-                note=f"not attributed: {_no_records_reason(lv, True)}",
-            )
-        summary["levels"].append(doc)
-        if text := closure_text(doc):
-            summary["notes"].append(text)
+            # the level's records were pulled: the records do not cover the window, and nothing of a split stays.
+            att.levels.append(_unattributed(lv, f"not attributed: {_no_records_reason(lv, True)}", win, cc))
+            continue
+        lreq = req[(req["concurrency"] == c) & (req["repeat"] == rep)] if req is not None else pd.DataFrame()
+        tok = tokens[(tokens["concurrency"] == c) & (tokens["repeat"] == rep)]
+        doc = _level(lv, win, rows, al, st, lreq, tok, cc, sites)
+        att.levels.append(doc)
+        if text := closure_text(c, rep, doc.closure, doc.stalls):
+            att.notes.append(text)
         if cc["match"] is False:
-            summary["notes"].append(f"C={c}: collectives per decode step differ from the plan: {cc['detail']}")
-    rd.write_json(C.ATTR_SUMMARY, summary)
-    return summary
+            att.notes.append(f"C={c}: collectives per decode step differ from the plan: {cc['detail']}")
+    head = _headline(att.levels)
+    if head is not None:
+        att.headline = {"concurrency": head.concurrency, "repeat": head.repeat}
+        att.verdict = bottleneck.measured(head.per_token_ms)
+    rd.write_json(C.ATTR_SUMMARY, att.to_json())
+    return att
+
+
+def client_side(rows: pd.DataFrame, requests: pd.DataFrame, tokens: pd.DataFrame, concurrency: int) -> dict:
+    """One level's client side beside its engine rows (rank_steps rows of the level, all kinds): the engine's
+    split over the whole window, stalls, each request paired with its own steps (pairing.py), the closure and
+    delivery over the compared requests (closure.py), and the split again over those requests' decode steps
+    when the closure is judged (the headline and the closure then rest on the same requests)."""
+    whole = engine_split(rows)
+    stalls = find_stalls(tokens, whole["engine_ms_per_token"])
+    ok = requests[requests["ok"]] if "ok" in requests.columns else requests
+    spans = pairing.client_spans(ok, tokens, whole["engine_ms_per_token"])
+    if concurrency == 1:
+        pairs, problem = pairing.by_prefill(rows, spans, ok)
+        how = "prefill segments"
+    else:
+        pairs, problem = pairing.by_client_times(rows, spans), None
+        how = "client times"
+    cz, dl, compared = closure(pairs, concurrency, how, stalls.requests, problem)
+    held = sorted(int(r) for r in spans.loc[~spans["observed"], "request_id"])
+    split = whole
+    if cz.judged and compared:
+        own = {s for ids in pairs.loc[pairs["request_id"].isin(compared), "steps"] for s in ids}
+        split = engine_split(rows[rows["step"].isin(own)])
+    return {
+        "whole": whole,
+        "split": split,
+        "stalls": stalls,
+        "pairs": pairs,
+        "closure": cz,
+        "delivery": dl,
+        "compared": compared,
+        "client": client_figures(requests, tokens, held, stalls),
+    }
+
+
+def _level(lv, win, rows, al, st, lreq, tok, cc, sites) -> LevelSplit:
+    """One level's split, client side and closure (see the module docstring and closure.py)."""
+    c, rep = lv["concurrency"], lv["repeat"]
+    cs = client_side(rows, lreq, tok, c)
+    whole, sp = cs["whole"], cs["split"]
+    terms = Terms(**sp["per_token_ms"]) if sp["per_token_ms"] else None
+    ms = sp["engine_ms_per_token"]
+    flags = []
+    if (lv.get("itl_burst_pct") or 0) > 10:
+        flags.append(
+            f"the client received {lv['itl_burst_pct']:.0f}% of tokens in bursts: its ITL p50 is not a per-token time"
+        )
+    top = top_sites(al, st)
+    for s in top:
+        s["plan_sites"] = sites.get((s["group"], s["op"], int(s["bytes"])), [])
+    return LevelSplit(
+        concurrency=c,
+        repeat=rep,
+        attributed=terms is not None,
+        note=sp.get("note"),
+        window=win,
+        source="hook",
+        clock=sp.get("clock", "host"),
+        engine_ms_per_token=ms,
+        per_token_ms=terms,
+        shares_pct=shares_pct(terms.as_dict(), ms) if terms and ms else None,
+        by_rank=[
+            RankTerms(r["rank"], r["period_ms"], Terms(**r["per_token_ms"]), r["pairs"], r["sampled_pairs"])
+            for r in sp["by_rank"]
+        ],
+        decode_pairs=int(sp["decode_pairs"]),
+        sampled_pairs_share=sp.get("sampled_pairs_share"),
+        seqs_per_step=sp.get("seqs_per_step"),
+        steps_in_window=whole["steps_in_window"],
+        ceilings_tok_per_s={k: sp.get(k) for k in CEILINGS},
+        client=cs["client"],
+        stalls=cs["stalls"],
+        closure=cs["closure"],
+        delivery=cs["delivery"],
+        top_sites=[Site(**s) for s in top],
+        collectives_per_step=cc,
+        flags=flags,
+    )
+
+
+CEILINGS = ("comm_only_tok_per_s", "comm_and_wait_only_tok_per_s", "compute_only_tok_per_s")
+
+
+def _unattributed(lv: dict, why: str, win: dict | None, cc: dict) -> LevelSplit:
+    return LevelSplit(
+        concurrency=lv["concurrency"],
+        repeat=lv["repeat"],
+        attributed=False,
+        note=why,
+        window=win,
+        source="hook",
+        clock="host",
+        engine_ms_per_token=None,
+        per_token_ms=None,
+        shares_pct=None,
+        by_rank=[],
+        decode_pairs=0,
+        sampled_pairs_share=None,
+        seqs_per_step=None,
+        steps_in_window={},
+        ceilings_tok_per_s={},
+        client=None,
+        stalls=None,
+        closure=None,
+        delivery=None,
+        top_sites=[],
+        collectives_per_step=cc,
+    )
+
+
+def _headline(levels: list[LevelSplit]) -> LevelSplit | None:
+    """The level the headline comes from: the lowest concurrency with a split, its median repeat."""
+    split = [x for x in levels if x.attributed and x.per_token_ms is not None and x.engine_ms_per_token]
+    if not split:
+        return None
+    c = min(x.concurrency for x in split)
+    reps = sorted((x for x in split if x.concurrency == c), key=lambda x: x.engine_ms_per_token)
+    return reps[len(reps) // 2]
 
 
 def _no_records_reason(lv: dict, plugin_on: bool) -> str:

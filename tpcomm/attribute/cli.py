@@ -29,7 +29,16 @@ class _UserError(click.ClickException):
 
 @click.command("attribute")
 @click.option(
-    "--server-url", required=True, help="Base URL of the vLLM OpenAI-compatible server, e.g. http://localhost:8000."
+    "--server-url",
+    default=None,
+    help="Base URL of the vLLM OpenAI-compatible server, e.g. http://localhost:8000 (required unless --reanalyse).",
+)
+@click.option(
+    "--reanalyse",
+    "reanalyse",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Redo the analysis of an existing run directory from its own records (no server; e.g. after a tpcomm upgrade).",
 )
 @click.option("--model", default=None, help="Served model name (default: the only model the server serves).")
 @click.option(
@@ -122,6 +131,7 @@ class _UserError(click.ClickException):
 @click.option("--json", "as_json", is_flag=True, help="Print the result document as JSON instead of tables.")
 def attribute(
     server_url,
+    reanalyse,
     model,
     api_key,
     concurrency,
@@ -148,7 +158,20 @@ def attribute(
     without it the client-side figures are still measured and written.
     """
     from tpcomm.attribute.load import LoadSpec
-    from tpcomm.attribute.run import Attribute, AttributeConfig
+    from tpcomm.attribute.run import Attribute, AttributeConfig, reanalyse_run_dir
+    from tpcomm.attribute.show import RichProgress, render
+
+    if reanalyse:
+        if server_url:
+            raise click.UsageError("--reanalyse reads a run directory: give it without --server-url")
+        try:
+            res = reanalyse_run_dir(reanalyse, model_config, argv=sys.argv)
+        except InputError as e:
+            raise _UserError(str(e)) from None
+        click.echo(json.dumps(res, indent=2, default=str)) if as_json else render(res)
+        return
+    if not server_url:
+        raise click.UsageError("--server-url is required (or --reanalyse RUN_DIR to redo an existing run's analysis)")
 
     spec = LoadSpec(
         api=api,
@@ -173,8 +196,6 @@ def attribute(
         profile_dir=profile_dir,
         model_config=model_config,
     )
-    from tpcomm.attribute.show import RichProgress, render
-
     progress = None if as_json else RichProgress()
     try:
         res = Attribute(cfg, progress).run(argv=sys.argv)

@@ -146,6 +146,9 @@ def _payload(info: ServerInfo, spec: LoadSpec, prompt) -> tuple[str, dict]:
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
+        # Each chunk's token ids (vLLM >= 0.10): how many tokens a chunk holds when the API server coalesced
+        # several, so the closure can place each token (pairing.py).
+        "return_token_ids": True,
     }
     if spec.api == "chat":
         return "/v1/chat/completions", {**common, "messages": prompt}
@@ -155,10 +158,12 @@ def _payload(info: ServerInfo, spec: LoadSpec, prompt) -> tuple[str, dict]:
 async def stream_request(
     client: httpx.AsyncClient, info: ServerInfo, spec: LoadSpec, prompt, pause: tuple[int, float] | None = None
 ) -> dict:
-    """One streaming request. Returns its row for requests.parquet plus 'token_ns' (arrival of each token chunk)."""
+    """One streaming request. Returns its row for requests.parquet plus 'token_ns' (arrival of each token chunk)
+    and 'token_counts' (tokens in each chunk, -1 where the server did not say)."""
     path, payload = _payload(info, spec, prompt)
     row = {"ok": False, "error": "", "prompt_tokens": None, "output_tokens": None}
     tokens: list[int] = []
+    counts: list[int] = []
     t0 = now_ns()
     try:
         async with client.stream(
@@ -188,6 +193,10 @@ async def stream_request(
                         ):
                             continue
                         tokens.append(t)
+                        ids = choices[0].get("token_ids")
+                        if ids is None and isinstance(delta, dict):
+                            ids = delta.get("token_ids")
+                        counts.append(len(ids) if isinstance(ids, list) else -1)
                         if pause and len(tokens) == pause[0]:
                             await asyncio.sleep(pause[1])
                     elif usage := msg.get("usage"):
@@ -204,7 +213,7 @@ async def stream_request(
         row["error"] = f"{type(e).__name__}: {e}"
     t1 = tokens[-1] if tokens else now_ns()
     n_out = row["output_tokens"] or len(tokens)
-    row.update(t_start_ns=t0, t_end_ns=t1, token_ns=tokens)
+    row.update(t_start_ns=t0, t_end_ns=t1, token_ns=tokens, token_counts=counts)
     if tokens:
         ttft = (tokens[0] - t0) / 1e6
         e2e = (t1 - t0) / 1e6

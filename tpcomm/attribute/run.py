@@ -328,6 +328,7 @@ class Attribute:
         for r in rows:
             r.update(concurrency=c, repeat=rep, round=rnd, in_stats=in_stats)
             t = r.pop("token_ns", [])
+            n = r.pop("token_counts", None) or [-1] * len(t)
             toks.append(
                 pd.DataFrame(
                     {
@@ -336,6 +337,7 @@ class Attribute:
                         "repeat": rep,
                         "token_idx": range(len(t)),
                         "t_ns": t,
+                        "n_tokens": n,
                     }
                 )
             )
@@ -435,7 +437,7 @@ class Attribute:
             "run_dir": str(self.rd.path),
             "plugin": self.plugin_on,
             "levels": self.levels,
-            "attribution": getattr(self, "summary", None),
+            "attribution": self.summary.to_json() if getattr(self, "summary", None) is not None else None,
             "profile": getattr(self, "profile_doc", None),
             "notes": self.notes,
             "config": {**asdict(self.cfg), "api_key": "***" if self.cfg.api_key else None},
@@ -450,5 +452,35 @@ def _empty_tokens() -> pd.DataFrame:
             "repeat": pd.Series(dtype="int64"),
             "token_idx": pd.Series(dtype="int64"),
             "t_ns": pd.Series(dtype="int64"),
+            "n_tokens": pd.Series(dtype="int64"),
         }
     )
+
+
+def reanalyse_run_dir(run_dir: str, model_config: str | None = None, argv: list[str] | None = None) -> dict:
+    """`tpcomm attribute --reanalyse RUN_DIR`: the analysis again from the run's own records (load/*, hook/*),
+    with this tpcomm; the result document as `Attribute.run` returns it. Nothing is measured."""
+    from tpcomm.attribute.analysis import analyse_run_dir
+    from tpcomm.errors import InputError
+
+    rd = RunDir(run_dir, create=False)
+    levels = rd.read_json(C.LOAD_LEVELS)
+    if levels is None:
+        raise InputError(
+            f"--reanalyse {run_dir}", "has no load/levels.json", "a run directory written by tpcomm attribute"
+        )
+    status = rd.read_json(C.STATUS) or {}
+    rd.record_command("attribute --reanalyse", argv)
+    att = analyse_run_dir(rd, model_source=model_config, notes=[f"re-analysed from the run's records ({rd.path})"])
+    state = (status.get("attribute") or {}).get("state", "complete")
+    return {
+        "complete": state == "complete",
+        "incomplete_reason": (status.get("attribute") or {}).get("reason"),
+        "run_dir": str(rd.path),
+        "plugin": att.plugin,
+        "levels": levels,
+        "attribution": att.to_json(),
+        "profile": None,
+        "notes": att.notes,
+        "config": {"reanalyse": str(rd.path), "model_config": model_config},
+    }

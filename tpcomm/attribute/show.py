@@ -9,8 +9,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tpcomm.attribute.closure import DELIVERY_CELL_NOTE, closure_text, delivery_cell
+from tpcomm.attribute.closure import closure_text
 from tpcomm.attribute.run import Progress as ProgressHooks
+from tpcomm.columns import LOAD, SPLIT, table
+from tpcomm.judge import definitions
+from tpcomm.results import Attribution
 
 
 class RichProgress(ProgressHooks):
@@ -46,136 +49,50 @@ class RichProgress(ProgressHooks):
         self.bar.stop()
 
 
-def _f(v, fmt="{:.2f}"):
-    return "-" if v is None else fmt.format(v)
+def _rich_table(header: list[str], rows: list[list[str]]) -> Table:
+    t = Table(show_lines=False)
+    for h in header:
+        t.add_column(h, justify="right")
+    for r in rows:
+        t.add_row(*r)
+    return t
 
 
 def render(res: dict, console: Console | None = None) -> None:
+    """The load table and the per-level split, from the same column specs as the report (tpcomm/columns.py)."""
     # Piped output (logs, the demo) has no terminal width: wide enough that numbers are never cut.
-    con = console or (Console() if sys.stdout.isatty() else Console(width=200))
+    con = console or (Console() if sys.stdout.isatty() else Console(width=220))
     levels = res["levels"]
-    cond = levels[0]["conditions"] if levels else {}
+    cond = levels[0]["conditions"] if levels and levels[0].get("conditions") else {}
     con.print(
         f"[bold]Load[/bold] on {cond.get('server_url')} model {cond.get('model')} ({cond.get('api')}, "
         f"input {cond.get('input_len')} / output {cond.get('output_len')} tokens, client clock)"
     )
-    t = Table(show_lines=False)
-    for col in (
-        "C",
-        "rep",
-        "req",
-        "failed",
-        "out tok/s",
-        "TTFT p50 ms",
-        "TPOT p50 ms",
-        "ITL p50 ms",
-        "ITL p99 ms",
-        "E2E p50 ms",
-        "steady",
-        "spread %",
-    ):
-        t.add_column(col, justify="right")
+    con.print(_rich_table(*table(LOAD, levels)[:2]))
     for lv in levels:
-        t.add_row(
-            str(lv["concurrency"]),
-            str(lv["repeat"]),
-            str(lv["requests"]),
-            f"[red]{lv['failed']}" if lv["failed"] else "0",
-            _f(lv["output_tok_per_s"], "{:.1f}"),
-            _f(lv["ttft_ms_p50"]),
-            _f(lv["tpot_ms_p50"]),
-            _f(lv["itl_ms_p50"]),
-            _f(lv["itl_ms_p99"]),
-            _f(lv["e2e_ms_p50"], "{:.1f}"),
-            {True: "yes", False: "[red]no", None: "?"}[lv["steady"]],
-            _f(lv.get("repeat_spread_pct"), "{:.1f}"),
-        )
-    con.print(t)
-    for lv in levels:
-        for flag in lv["flags"]:
+        for flag in lv.get("flags") or []:
             con.print(f"[yellow]! {flag}")
-    att = res.get("attribution") or {}
-    if att.get("plugin") and any(a.get("per_token_ms") for a in att.get("levels", [])):
-        c = att.get("conditions", {})
+    att = Attribution.from_json(res["attribution"]) if res.get("attribution") else None
+    if att is not None and att.plugin and any(a.attributed for a in att.levels):
+        c = att.conditions
         con.print(
             f"[bold]Per-token split[/bold] (hook records: TP {c.get('tp')}, backends {', '.join(c.get('backends', []))}, "
             f"timing {', '.join(c.get('timing', []))}; server {_versions(c.get('server_versions'))})"
         )
-        t = Table()
-        for col in (
-            "C",
-            "rep",
-            "engine ms/token",
-            "compute",
-            "transfer",
-            "wait",
-            "host gap",
-            "client TPOT p50",
-            "held TPOT p50",
-            "held p50, no stalls",
-            "delivery",
-            "closure (judged C=1, 10%)",
-            "stalls",
-            "comm-only tok/s",
-            "collectives/step vs plan",
-        ):
-            t.add_column(col, justify="right")
-        for a in att["levels"]:
-            p = a.get("per_token_ms")
-            if not p:
-                t.add_row(str(a["concurrency"]), str(a["repeat"]), *["-"] * 12, a.get("note", ""))
-                continue
-            cc, cz, st = a["collectives_per_step"], a.get("closure") or {}, a.get("stalls") or {}
-            verdict = "[green]match" if cc["match"] else "[red]MISMATCH" if cc["match"] is False else "not compared"
-            closure = (
-                "-"
-                if cz.get("diff_pct") is None
-                else f"{cz['diff_pct']:+.1f}% "
-                + {True: "[green]ok", False: "[red]FAILED"}.get(cz.get("ok"), "not judged")
-            )
-            t.add_row(
-                str(a["concurrency"]),
-                str(a["repeat"]),
-                _f(a["engine_ms_per_token"]),
-                _f(p["compute"]),
-                _f(p["transfer"]),
-                _f(p["wait"]),
-                _f(p["host_gap"]),
-                _f((a.get("client") or {}).get("tpot_ms_p50")),
-                _f((a.get("client") or {}).get("tpot_held_ms_p50")),
-                _f(cz.get("client_tpot_ms_p50")),
-                delivery_cell(a.get("delivery"), _f),
-                closure,
-                f"{st.get('count', 0)} ({st.get('total_ms', 0):.0f} ms)",
-                _f(a["comm_only_tok_per_s"], "{:.0f}"),
-                f"{cc['observed_total']} vs {cc['planned_total'] if cc['planned_total'] is not None else '-'} {verdict}",
-            )
-        con.print(t)
-        con.print(
-            "[dim]per-token ms on the server's step clock: mean start-to-start period of consecutive decode steps "
-            "in the level's steady window = compute + transfer + wait + host gap (mean over ranks); collective time "
-            "= transfer + wait, wait = rank skew. Client TPOT p50 beside it, and the held TPOT p50 (a stream held back "
-            f"whole counts by its end-to-end time); {DELIVERY_CELL_NOTE}; stalls "
-            "(token gaps > 20 periods) enter no term, and the closure compares the engine with the held TPOT p50 of "
-            "the requests without a stall"
-        )
-        top = next((a["top_sites"] for a in att["levels"] if a.get("top_sites")), [])
-        if top:
-            con.print(
-                "Top collective sites at the first level (per decode step per rank): "
-                + "; ".join(
-                    f"{s['group']} {s['op']} {s['bytes']} B x{s['count_per_step']:.1f} = {s['time_us_per_step']:.0f} us "
-                    f"({s['transfer_us_per_step']:.0f} transfer)"
-                    for s in top[:4]
-                )
-            )
-        for a in att["levels"]:
-            cc = a.get("collectives_per_step") or {}
-            if cc.get("match") is False or cc.get("match") is None:
-                con.print(f"[yellow]C={a['concurrency']}: {cc.get('detail', '')}")
-            if a.get("note"):
-                con.print(f"[yellow]C={a['concurrency']} repeat {a['repeat']}: {a['note']}")
-            if text := closure_text(a):
+        con.print(_rich_table(*table(SPLIT, att.levels)[:2]))
+        for line in (definitions.TERM["per_token"], definitions.TERM["closure"], definitions.DELIVERY_CELLS):
+            con.print(f"[dim]{line}")
+        if att.verdict is not None:
+            con.print(f"[bold]{att.verdict.statement}")
+        for a in att.levels:
+            if a.closure:
+                for why, ids in a.closure.excluded.items():
+                    con.print(
+                        f"[dim]C={a.concurrency}: compared on neither side: {why}: {', '.join(map(str, ids[:12]))}"
+                    )
+            if a.note:
+                con.print(f"[yellow]C={a.concurrency} repeat {a.repeat}: {a.note}")
+            if text := closure_text(a.concurrency, a.repeat, a.closure, a.stalls):
                 con.print(f"[red]{text}")
     for n in res.get("notes", []):
         con.print(f"[yellow]{n}")

@@ -130,18 +130,6 @@ def _rank_terms(p: pd.DataFrame, coll_steps: float) -> dict:
     }
 
 
-# What engine_split derives from the per-token terms (a level that is not attributed drops them with the terms).
-SPLIT_DERIVED = (
-    "terms_sum_ms",
-    "shares_pct",
-    "sampled_pairs_share",
-    "seqs_per_step",
-    "comm_only_tok_per_s",
-    "comm_and_wait_only_tok_per_s",
-    "compute_only_tok_per_s",
-)
-
-
 def engine_split(rank_rows: pd.DataFrame) -> dict:
     """The engine's per-token time of one level and its four terms, per rank and averaged over ranks.
 
@@ -155,6 +143,7 @@ def engine_split(rank_rows: pd.DataFrame) -> dict:
         "by_rank": [],
         "decode_pairs": 0,
         "steps_in_window": {k: int(v // ranks_n) for k, v in kinds.items()},
+        "clock": "host",
     }
     if pairs.empty:
         out["note"] = "no two consecutive decode steps recorded in this level's window"
@@ -175,12 +164,10 @@ def engine_split(rank_rows: pd.DataFrame) -> dict:
         engine_ms_per_token=total,
         per_token_ms=terms,
         by_rank=by_rank,
-        terms_sum_ms=sum(terms.values()),
         decode_pairs=int(len(pairs) // max(len(by_rank), 1)),
         sampled_pairs_share=float(np.mean([r["sampled_pairs"] / r["pairs"] for r in by_rank])),
         seqs_per_step=float(pairs["num_seqs"].mean()),
     )
-    out["shares_pct"] = {k: 100.0 * v / total for k, v in terms.items()} if total > 0 else None
     seqs = out["seqs_per_step"]
     tr, wa = terms["transfer"], terms["wait"]
     # Ceilings: what one stream would get if a single term were all there is (tok/s per stream x streams/step).
@@ -229,14 +216,11 @@ def top_sites(aligned_level: pd.DataFrame, step_rows: pd.DataFrame, n: int = 8) 
     return [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in g[cols].to_dict("records")]
 
 
-def first_interval_ms(rank_rows: pd.DataFrame) -> float | None:
-    """Mean over the level's requests of the interval from a prefill step's end to the next decode step's end
-    (the engine's time between a stream's first and second token), rank-averaged; None without such a pair."""
-    if rank_rows.empty:
-        return None
-    s = rank_rows.groupby("step", sort=True).agg(kind=("kind", "first"), t_end_ns=("t_end_ns", "mean")).reset_index()
-    kinds, ends = s["kind"].to_numpy(), s["t_end_ns"].to_numpy()
-    gaps = [
-        (ends[i + 1] - ends[i]) / 1e6 for i in range(len(s) - 1) if kinds[i] == "prefill" and kinds[i + 1] == "decode"
-    ]
-    return float(np.mean(gaps)) if gaps else None
+def shares_pct(terms: dict[str, float], total: float) -> dict[str, float]:
+    """Shares of `total` rounded to 0.1 so that the printed shares sum to exactly 100.0 (largest remainder)."""
+    raw = {k: 1000.0 * v / total for k, v in terms.items()}  # in tenths of a percent
+    floor = {k: int(v // 1) for k, v in raw.items()}
+    left = 1000 - sum(floor.values())
+    for k in sorted(raw, key=lambda k: raw[k] - floor[k], reverse=True)[: max(left, 0)]:
+        floor[k] += 1
+    return {k: floor[k] / 10.0 for k in terms}

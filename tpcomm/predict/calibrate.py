@@ -11,9 +11,11 @@ what-if replaces only the part it changes, and says how:
   non-collective time, transfer modelled at the new world size, wait scaled
   by the collective count, host kept;
 - batch B: compute and transfer scaled by the model's ratios at B vs 1.
-Terms read by name: compute, transfer, wait, and the host term (host_gap in
-split format 2, host_overhead before); the run's own per-token time is
-engine_ms_per_token where present, else the sum of those terms.
+The terms are read from the typed summary (tpcomm.results.Attribution) at its
+headline level: compute, transfer, wait, host_gap, and the run's own per-token
+time engine_ms_per_token. The two what-ifs the measured split alone sizes
+(collectives free, no rank skew) come from tpcomm/judge/levers.py, the same
+entries the report shows without predict.
 
 Units: *_ms milliseconds per token (one stream), tok/s.
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from tpcomm import contract as C
 from tpcomm.errors import InputError
+from tpcomm.judge.levers import measured_whatifs
 from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED
 from tpcomm.plan.layout import Layout
 from tpcomm.predict import described, plan_for
@@ -34,62 +37,40 @@ from tpcomm.predict.latency_range import LEVELS, LatencyRange, make_range
 from tpcomm.predict.model import Knobs, step_time
 from tpcomm.predict.ranges import central_knobs, range_inputs
 
-HOST_KEYS = ("host_gap", "host_overhead", "host")
-TOTAL_KEYS = ("engine_ms_per_token",)
 ZERO = LatencySource("zero", "free", lambda op, b, n: 0.0)
 
 
-def _num(v):
-    if isinstance(v, dict):  # tolerate {"ms": x} / {"mean": x} shapes
-        v = next((v[k] for k in ("ms", "mean", "value") if k in v), None)
-    return float(v) if isinstance(v, (int, float)) else None
-
-
 def read_attribution(run_dir: str | Path) -> dict:
+    from tpcomm.results import Attribution
     from tpcomm.rundir import RunDir
 
-    summ = RunDir(run_dir, create=False).read_json(C.ATTR_SUMMARY)
-    if not summ or not summ.get("levels"):
+    doc = RunDir(run_dir, create=False).read_json(C.ATTR_SUMMARY)
+    if not doc or not doc.get("levels"):
         raise InputError(
             f"--attribution {run_dir}",
             "has no attribution/summary.json with levels",
             "a run directory written by `tpcomm attribute --out`",
         )
-    levels = [
-        lv for lv in summ["levels"] if isinstance(lv.get("per_token_ms"), dict) and lv.get("concurrency") is not None
-    ]
-    if not levels:
+    att = Attribution.from_json(doc)
+    lv = att.headline_level()
+    if lv is None:
         raise InputError(
             f"--attribution {run_dir}",
-            "has no per-token split (the server ran without the tpcomm plugin)",
+            "has no per-token split (the server ran without the tpcomm plugin, or no level was attributed)",
             "a tpcomm attribute run against a server started with VLLM_PLUGINS=tpcomm",
         )
-    lv = min(levels, key=lambda x: (x["concurrency"], x.get("repeat") or 0))
-    pt = lv["per_token_ms"]
-    host_key = next((k for k in HOST_KEYS if k in pt), None)
-    keys = {"compute": "compute", "transfer": "transfer", "wait": "wait", "host": host_key}
-    terms = {name: _num(pt.get(key)) if key else None for name, key in keys.items()}
-    missing = [name for name, v in terms.items() if v is None]
-    if missing:
-        raise InputError(
-            f"--attribution {run_dir}",
-            f"per_token_ms lacks {', '.join(missing)} (has {', '.join(pt)})",
-            "compute, transfer, wait and a host term (host_gap or host_overhead)",
-        )
-    total_key = next((k for k in TOTAL_KEYS if _num(lv.get(k))), None)
-    measured = _num(lv[total_key]) if total_key else sum(terms.values())
+    t = lv.per_token_ms
+    where = f"levels[concurrency={lv.concurrency}, repeat={lv.repeat}]"
     return {
         "run_dir": str(run_dir),
-        "concurrency": lv["concurrency"],
-        "terms_ms": terms,
-        "measured_ms_per_token": measured,
-        "measured_from": f"{total_key} of the level"
-        if total_key
-        else "the sum of the four terms (no engine_ms_per_token)",
-        "keys_read": [f"levels[concurrency={lv['concurrency']}].per_token_ms.{k}" for k in keys.values()]
-        + ([f"levels[concurrency={lv['concurrency']}].{total_key}"] if total_key else []),
-        "seqs_per_step": _num(lv.get("seqs_per_step")) or 1.0,
-        "conditions": summ.get("conditions") or {},
+        "concurrency": lv.concurrency,
+        "terms_ms": {"compute": t.compute, "transfer": t.transfer, "wait": t.wait, "host": t.host_gap},
+        "measured_ms_per_token": lv.engine_ms_per_token,
+        "measured_from": f"engine_ms_per_token of {where}",
+        "keys_read": [f"{where}.per_token_ms.{k}" for k in ("compute", "transfer", "wait", "host_gap")]
+        + [f"{where}.engine_ms_per_token"],
+        "seqs_per_step": lv.seqs_per_step or 1.0,
+        "conditions": att.conditions,
     }
 
 
@@ -151,17 +132,7 @@ def predict_calibrated(
             }
         )
 
-    same = lambda t: {lv: dict(t) for lv in LEVELS}
-    entry(
-        "no-interconnect-cost",
-        "collectives cost nothing: measured compute + host",
-        same({"compute": m["compute"], "host": m["host"]}),
-    )
-    entry(
-        "no-rank-skew",
-        "ranks reach each collective together: the measured wait removed",
-        same({"compute": m["compute"], "transfer": m["transfer"], "host": m["host"]}),
-    )
+    out.extend(measured_whatifs(m))  # collectives free, no rank skew: the measured terms alone size them
     link = hw["link"]
 
     def relinked(name, desc, rng: LatencyRange):

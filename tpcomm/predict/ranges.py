@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from itertools import product
 
+from tpcomm.judge import bottleneck
 from tpcomm.predict.latency import LatencySource
 from tpcomm.predict.latency_range import LatencyRange
 from tpcomm.predict.model import DEFAULT_KERNEL_OVERHEAD_US, DEFAULT_MEMORY_EFFICIENCY, step_time
@@ -31,16 +32,6 @@ KERNEL_OVERHEAD_SOURCE = (
 )
 MEMORY_EFFICIENCY_RANGE = (0.7, DEFAULT_MEMORY_EFFICIENCY, 0.85)
 MEMORY_EFFICIENCY_SOURCE = "assumption: typical achieved fraction of datasheet bandwidth for large streaming reads"
-# Same thresholds as tpcomm/report/verdict.py (a test holds them equal).
-BOTTLENECK_SHARE = 0.5
-MAJOR_SHARE = 0.25
-NAMES = {
-    "weights": "weight streaming from memory",
-    "overhead": "per-kernel launch and host overhead",
-    "kv_cache": "KV-cache reads",
-    "moe_kernel_penalty": "the MoE-kernel penalty (fitted extra term)",
-    "moe_kernel_bandwidth": "the MoE-kernel bandwidth penalty (fitted extra term)",
-}
 LAT_SAMPLES = 9  # latencies tried between low and high to see whether measuring latency alone decides
 
 
@@ -164,16 +155,8 @@ def summarize(central: dict, cs: list[dict]) -> dict:
 
 
 def classify(bd: dict) -> dict:
-    """What the verdict says for one breakdown: the interconnect's share, its class, the largest other term."""
-    total = sum(bd.values())
-    share = bd.get("collectives", 0.0) / total if total else 0.0
-    others = {k: v for k, v in bd.items() if k != "collectives" and v > 0}
-    return {
-        "share": share,
-        "bottleneck": share >= BOTTLENECK_SHARE,
-        "major": share >= MAJOR_SHARE,
-        "main_other": max(others, key=others.get) if others else None,
-    }
+    """What the verdict says for one breakdown: the one rule of tpcomm/judge/bottleneck.py."""
+    return bottleneck.classify(bd)
 
 
 def latency_decides(plan, hw: dict, ri: RangeInputs, k) -> bool:
@@ -204,61 +187,12 @@ def latency_decides(plan, hw: dict, ri: RangeInputs, k) -> bool:
     return True
 
 
-def pct(x: float) -> str:
-    s = f"{100 * x:.0f}"
-    # Next to a threshold, one more digit: "50%" must not print for 49.6% in a "not the bottleneck" sentence.
-    return f"{100 * x:.1f}" if s in ("25", "50") and abs(100 * x - int(s)) > 0.05 else s
-
-
 def verdict(central: dict, cs: list[dict], commands: dict, latency_alone_decides: bool) -> dict:
     """The model-based verdict: a statement only where every corner agrees, else 'cannot decide' and the
-    measurement that decides it. `commands` holds 'probe' and 'attribute' command lines."""
-    c = classify(central["breakdown_ms"])
-    at = [classify(x["breakdown_ms"]) for x in cs]
-    lo, hi = min(a["share"] for a in at + [c]), max(a["share"] for a in at + [c])
-    shares = (
-        f"{pct(lo)}-{pct(hi)}% of each token over the stated ranges (central {pct(c['share'])}%)"
-        if pct(lo) != pct(hi)
-        else f"{pct(c['share'])}% of each token (every input fixed as given)"
+    measurement that decides it (tpcomm/judge/bottleneck.py over_range). `commands`: 'probe' and 'attribute'."""
+    return bottleneck.over_range(
+        central["breakdown_ms"], [x["breakdown_ms"] for x in cs], commands, latency_alone_decides
     )
-    bn = {a["bottleneck"] for a in at}
-    out = {
-        "share": {"low": lo, "central": c["share"], "high": hi},
-        "decided": len(bn) == 1,
-        "interconnect_is_bottleneck": bn.pop() if len(bn) == 1 else None,
-        "main_other": None,
-        "decides": None,
-    }
-    if not out["decided"]:
-        cmd = commands["probe"] if latency_alone_decides else commands["attribute"]
-        out["decides"] = cmd
-        out["statement"] = (
-            f"The model cannot decide whether the interconnect is the bottleneck: it takes {shares}. "
-            f"The measurement that decides it: `{cmd}`."
-        )
-        return out
-    if out["interconnect_is_bottleneck"]:
-        out["statement"] = f"The interconnect is the bottleneck over the whole range of the model's inputs: {shares}."
-        return out
-    major = all(a["major"] for a in at)
-    out["statement"] = (
-        f"The interconnect is {'a major part but ' if major else ''}not the bottleneck over the whole range of "
-        f"the model's inputs: {shares}."
-    )
-    mains = {a["main_other"] for a in at}
-    if len(mains) == 1:
-        out["main_other"] = mains.pop()
-        out["statement"] += (
-            f" The largest term is {NAMES.get(out['main_other'], out['main_other'])} at every corner of the range."
-        )
-    else:
-        names = " or ".join(NAMES.get(m, m) for m in sorted(mains, key=str))
-        out["cause_decides"] = commands["attribute"]
-        out["statement"] += (
-            f" Which term is largest ({names}) the model cannot decide: it turns on the assumed per-kernel "
-            f"overhead and memory efficiency. The measurement that decides it: `{commands['attribute']}`."
-        )
-    return out
 
 
 def bounds(central: dict, cs: list[dict], summary: dict) -> dict:

@@ -20,8 +20,9 @@ from typing import Any
 
 from tpcomm import redact
 from tpcomm.attribute.closure import closure_text
+from tpcomm.judge import definitions
 from tpcomm.report import readers
-from tpcomm.report.verdict import build_verdict
+from tpcomm.report.first_page import page_one
 from tpcomm.rundir import RunDir
 
 # key -> title, in the order of the PDF.
@@ -98,7 +99,7 @@ def analyze(run_dir: str | Path) -> Report:
         "what_if": _what_if(inp, cmds),
     }
     sections["replay"] = _replay(inp, sections["breakdown"], cmds)
-    sections["verdict"] = build_verdict(inp, cmds, Section("verdict", SECTION_TITLES["verdict"], False))
+    sections["verdict"] = page_one(inp, cmds, Section("verdict", SECTION_TITLES["verdict"], False))
     sections["methods"] = _methods(inp, sections)
     for key, sec in sections.items():
         sec.unreadable = [inp.errors[f] for f in SECTION_FILES.get(key, ()) if f in inp.errors]
@@ -184,72 +185,39 @@ def _probe(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
 
 def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s = _new("breakdown")
-    summ = inp.attribution
-    if not summ or not summ.get("levels"):
+    att = inp.attribution
+    if att is None or not att.levels:
         s.missing("per-token split (compute / transfer / wait / host gap)", cmds["attribute"])
         return s
     s.available = True
-    levels = []
-    # An attribution written before split_format 2 (terms that did not add up) is not shown as a split.
-    fmt2 = summ.get("split_format") == 2
-    for lv in sorted(summ["levels"], key=lambda x: (x.get("concurrency", 0), x.get("repeat", 0))):
-        pt = (lv.get("per_token_ms") or {}) if fmt2 else {}
-        cps = lv.get("collectives_per_step") or {}
-        client = [
-            x
-            for x in readers.levels_list(inp.levels)
-            if x.get("concurrency") == lv.get("concurrency") and x.get("repeat") == lv.get("repeat", x.get("repeat"))
-        ]
-        cl, st, cz = lv.get("client") or {}, lv.get("stalls") or {}, lv.get("closure") or {}
-        levels.append(
-            {
-                "concurrency": lv.get("concurrency"),
-                "repeat": lv.get("repeat"),
-                "itl_ms_p50": lv.get("itl_ms_p50"),
-                "tpot_ms_p50": client[0].get("tpot_ms_p50") if client else cl.get("tpot_ms_p50"),
-                "tpot_ms_mean": cl.get("tpot_ms_mean"),
-                "engine_ms_per_token": lv.get("engine_ms_per_token") if fmt2 else None,
-                "compute_ms": pt.get("compute"),
-                "transfer_ms": pt.get("transfer"),
-                "wait_ms": pt.get("wait"),
-                "host_gap_ms": pt.get("host_gap"),
-                "total_ms": sum(
-                    v for v in (pt.get(k) for k in ("compute", "transfer", "wait", "host_gap")) if v is not None
-                ),
-                "delivery_ms": lv.get("delivery_ms"),
-                "delivery": lv.get("delivery"),
-                "seqs_per_step": lv.get("seqs_per_step"),
-                "stalls": st.get("count"),
-                "stall_ms": st.get("total_ms"),
-                "stall_requests": st.get("requests") or [],
-                "tpot_judged_ms_p50": cz.get("client_tpot_ms_p50"),  # held TPOT p50, requests without a stall
-                "closure_engine_ms": cz.get("engine_tpot_ms"),  # the engine's side, on TPOT's footing
-                "closure_diff_pct": cz.get("diff_pct"),
-                "closure_failed": closure_text(lv),
-                "closure_ok": cz.get("ok"),
-                "by_rank": lv.get("by_rank") or [],
-                "note": lv.get("note"),
-                "comm_only_tok_per_s": lv.get("comm_only_tok_per_s"),
-                "compute_only_tok_per_s": lv.get("compute_only_tok_per_s"),
-                "collectives_observed": readers.total_count(cps, "observed"),
-                "collectives_planned": readers.total_count(cps, "planned"),
-                "collectives_match": cps.get("match"),
-                "collectives_detail": cps.get("detail"),
-                "top_sites": lv.get("top_sites") or [],
-            }
-        )
+    levels = sorted(att.levels, key=lambda x: (x.concurrency, x.repeat))
     s.data["levels"] = levels
-    s.data["format_note"] = (
-        None
-        if fmt2
-        else "attribution/summary.json predates the closing split (split_format 2): re-run tpcomm attribute"
-    )
-    s.data["plugin"] = summ.get("plugin")
-    s.data["method"] = summ.get("method", "")
-    if summ.get("plugin") is False:
+    s.data["closure_failed"] = [
+        t for lv in levels if (t := closure_text(lv.concurrency, lv.repeat, lv.closure, lv.stalls))
+    ]
+    s.data["notes"] = [f"C={lv.concurrency} repeat {lv.repeat}: {lv.note}" for lv in levels if lv.note] + [
+        f"C={lv.concurrency}: {lv.collectives_per_step.get('detail')}"
+        for lv in levels
+        if lv.collectives_per_step.get("detail")
+    ]
+    s.data["excluded"] = [
+        f"C={lv.concurrency}: {why}: request(s) {', '.join(map(str, ids[:12]))}"
+        for lv in levels
+        if lv.closure
+        for why, ids in lv.closure.excluded.items()
+    ]
+    s.data["definitions"] = [
+        definitions.TERM[k]
+        for k in ("per_token", "compute", "transfer", "wait", "host_gap", "closure", "delivery", "held", "stall")
+    ] + [definitions.DELIVERY_CELLS]
+    s.data["plugin"] = att.plugin
+    s.data["method"] = att.method
+    if not att.plugin:
         s.missing("transfer vs wait split (the server ran without the tpcomm plugin)", cmds["attribute_plugin"])
-    s.conditions = readers.conditions_text(summ.get("conditions"))
-    s.data["plan_config"] = readers.plan_config_text(summ)
+    s.conditions = (
+        readers.conditions_text(att.conditions) + "; " + definitions.clock(levels[0].clock if levels else None)
+    )
+    s.data["plan_config"] = readers.plan_config_text(att)
     if s.data["plan_config"]:
         s.conditions += "; plan cross-check: " + s.data["plan_config"]
     return s
@@ -311,6 +279,8 @@ def _what_if(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         return s
     s.available = True
     ss = pred.get("single_stream") or {}
+    s.data["model_name"] = (pred.get("model") or {}).get("name")
+    s.data["tp"] = (pred.get("layout") or {}).get("tp")
     s.data["baseline_tok_per_s"] = ss.get("tok_per_s")
     s.data["baseline_ms_per_token"] = ss.get("ms_per_token")
     s.data["rows"] = [
@@ -383,9 +353,7 @@ def _methods(inp: readers.Inputs, sections: dict[str, Section]) -> Section:
             }
         )
     if inp.attribution:
-        items.append(
-            {"what": "per-token split", "how": inp.attribution.get("method") or "see attribution/summary.json"}
-        )
+        items.append({"what": "per-token split", "how": inp.attribution.method})
     if inp.levels:
         items.append(
             {

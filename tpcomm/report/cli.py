@@ -37,6 +37,7 @@ def report(run_dir: str, out: str | None, no_markdown: bool, as_json: bool) -> N
     from tpcomm.report.markdown import render_markdown
     from tpcomm.report.output import check_target
     from tpcomm.report.pdf import render_pdf
+    from tpcomm.results import to_json
     from tpcomm.rundir import RunDir
 
     rd = RunDir(run_dir, create=False)
@@ -61,7 +62,13 @@ def report(run_dir: str, out: str | None, no_markdown: bool, as_json: bool) -> N
                 {
                     "pdf": str(pdf),
                     "markdown": str(md) if md else None,
-                    "verdict": {k: rep.verdict.get(k) for k in ("source", "numbers", "sentences")},
+                    # Numbers as numbers (tpcomm.results' types as JSON), the sentences as printed.
+                    "page_one": to_json(
+                        {
+                            k: rep.verdict.get(k)
+                            for k in ("source", "headline", "numbers", "sentences", "verdict", "levers", "bounds")
+                        }
+                    ),
                     "sections": {
                         k: {"available": s.available, "not_measured": s.not_measured, "unreadable": s.unreadable}
                         for k, s in rep.sections.items()

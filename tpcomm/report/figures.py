@@ -55,25 +55,28 @@ def to_svg(fig: Figure, path) -> None:
     fig.savefig(path, format="svg", bbox_inches="tight", pad_inches=0.02)
 
 
-def fig_token_split(verdict: dict[str, Any]) -> Figure | None:
-    """One horizontal bar: where the milliseconds of one token go."""
-    head = verdict.get("split")
-    if not head:
+def fig_token_split(page: dict[str, Any]) -> Figure | None:
+    """One horizontal bar: where the milliseconds of one token go; it ends at the headline's per-token time."""
+    split = page.get("split")
+    if not split:
         return None
-    terms = {k: v for k, v in head["terms"].items() if isinstance(v, (int, float)) and v > 0}
-    fig = Figure(figsize=(WIDTH_IN, 1.1))
+    total = split["total_ms"]
+    terms = {k: v for k, v in split["terms"].items() if isinstance(v, (int, float)) and v > 0}
+    shares = split.get("shares_pct") or {k: 100.0 * v / total for k, v in terms.items()}
+    fig = Figure(figsize=(WIDTH_IN, 1.2))
     ax = fig.add_subplot()
     left = 0.0
     for k, v in terms.items():
-        ax.barh([0], [v], left=left, color=COLORS.get(k, None), label=f"{k.replace('_', ' ')} {v:.3g} ms")
+        label = f"{k.replace('_', ' ')} {v:.3g} ms ({shares.get(k, 0):.1f}%)"
+        ax.barh([0], [v], left=left, color=COLORS.get(k, None), label=label)
         left += v
-    tpot = head.get("client_tpot_ms_p50") if verdict.get("split_source") == "measured" else None
+    tpot = page.get("client_tpot_ms_p50") if split.get("source") == "measured" else None
     if tpot:
         ax.plot([tpot], [0], "k^", ms=5, mfc="white", label=f"client TPOT p50 {tpot:.3g} ms (not in the split)")
     ax.set_xlim(0, max(left, tpot or 0) * 1.05 or 1)
     ax.set_yticks([])
-    ax.set_xlabel(f"ms per token ({verdict.get('split_source')}; the bar ends at the headline {left:.3g} ms)")
-    ax.legend(ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ax.set_xlabel(f"ms per token ({split.get('source')}; the bar ends at the headline's {total:.3g} ms)")
+    ax.legend(ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.grid(False, axis="y")
     return fig
 
@@ -125,7 +128,7 @@ def fig_breakdown(breakdown: dict[str, Any]) -> Figure | None:
     xs = list(range(len(levels)))
     bottom = [0.0] * len(levels)
     for key in ("compute", "transfer", "wait", "host_gap"):
-        raw = [lv.get(f"{key}_ms") or 0.0 for lv in levels]
+        raw = [getattr(lv.per_token_ms, key) if lv.per_token_ms else 0.0 for lv in levels]
         # A negative term cannot be stacked: drawn as 0 and marked (a measured split has none: each term is a mean of durations).
         vals = [max(v, 0.0) for v in raw]
         ax.bar(xs, vals, bottom=bottom, color=COLORS[key], width=0.55, label=key.replace("_", " "))
@@ -140,10 +143,10 @@ def fig_breakdown(breakdown: dict[str, Any]) -> Figure | None:
                     fontsize=5,
                 )
         bottom = [b + v for b, v in zip(bottom, vals)]
-    itl = [(x, lv["tpot_ms_p50"]) for x, lv in zip(xs, levels) if lv.get("tpot_ms_p50") is not None]
+    itl = [(x, lv.client.tpot_ms_p50) for x, lv in zip(xs, levels) if lv.client and lv.client.tpot_ms_p50 is not None]
     if itl:
         ax.plot([p[0] + 0.33 for p in itl], [p[1] for p in itl], "k^", ms=4, mfc="white", label="client TPOT p50")
-    ax.set_xticks(xs, [f"C={lv['concurrency']}" + (f" r{lv['repeat']}" if lv.get("repeat") else "") for lv in levels])
+    ax.set_xticks(xs, [f"C={lv.concurrency}" + (f" r{lv.repeat}" if lv.repeat else "") for lv in levels])
     ax.set_ylabel("ms per token")
     ax.set_title("engine per-token time, split (bar top = engine ms per token) beside the client's TPOT p50", pad=14)
     ax.legend(fontsize=6, frameon=False, ncol=6, loc="lower center", bbox_to_anchor=(0.5, 0.98))

@@ -31,22 +31,32 @@ def render_markdown(report: Report, out: str | Path) -> Path:
             return
         figdir.mkdir(parents=True, exist_ok=True)
         F.to_svg(fig, figdir / f"{key}.svg")
-        parts.append(f"![{caption}]({figdir.name}/{key}.svg)\n\n_{caption}_")
+        parts.append(f"![{caption or key}]({figdir.name}/{key}.svg)" + (f"\n\n_{caption}_" if caption else ""))
 
     def missing(sec) -> None:
         parts.extend(f"**Could not read:** {e}" for e in sec.unreadable)
         parts.extend(f"**Not measured:** {m['what']}. Measure it with: `{m['command']}`" for m in sec.not_measured)
 
+    def blocks(items, data: dict) -> None:
+        for item in items:
+            kind = item[0]
+            if kind == "text":
+                parts.append(item[1])
+            elif kind == "headline":
+                parts.append(f"**{item[1]}**")
+            elif kind == "warning":
+                parts.append(f"**{item[1]}**")
+            elif kind == "small":
+                parts.append(f"_{item[1]}_")
+            elif kind == "table":
+                parts.append(_table(*item[1]))
+            elif kind == "figure":
+                figure(item[1], data, item[2])
+
     v = report["verdict"]
     parts.append(f"## {v.title}")
-    if v.conditions:
-        parts.append(f"_Conditions: {v.conditions}_")
-    parts.extend(v.data.get("sentences", []))
     missing(v)
-    if v.data.get("levers"):
-        parts.append(tables.LEVERS_INTRO)
-        parts.append(_table(*tables.levers(v.data["levers"])))
-    figure("token_split", v.data, tables.TOKEN_SPLIT_CAPTION)
+    blocks(tables.page_one_blocks(v.data), v.data)
     for key in ("system", "plan", "probe", "breakdown", "replay", "timeline", "ladder", "what_if", "methods"):
         sec = report[key]
         parts.append(f"## {sec.title}")
@@ -56,13 +66,7 @@ def render_markdown(report: Report, out: str | Path) -> Path:
         if not sec.available:
             parts.append("Not measured.")
             continue
-        for item in tables.section_blocks(sec):
-            if item[0] == "text":
-                parts.append(item[1])
-            elif item[0] == "table":
-                parts.append(_table(*item[1]))
-            elif item[0] == "figure":
-                figure(item[1], sec.data, item[2])
+        blocks(tables.section_blocks(sec), sec.data)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n\n".join(parts) + "\n")
     return out

@@ -43,6 +43,9 @@ ST = {
     "h1": ParagraphStyle("h1", parent=_ss["Heading1"], fontSize=13, spaceBefore=6, spaceAfter=4),
     "body": ParagraphStyle("b", parent=_ss["BodyText"], fontSize=9, leading=12),
     "verdict": ParagraphStyle("v", parent=_ss["BodyText"], fontSize=10.5, leading=14, spaceAfter=4),
+    "headline": ParagraphStyle(
+        "hl", parent=_ss["BodyText"], fontSize=12, leading=15, spaceAfter=3, fontName="Helvetica-Bold"
+    ),
     "cond": ParagraphStyle(
         "c", parent=_ss["BodyText"], fontSize=7.5, leading=9.5, textColor=colors.HexColor("#555555")
     ),
@@ -107,11 +110,13 @@ def render_pdf(report: Report, out: str | Path) -> Path:
         subject="tpcomm report",
     )
 
+    made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
     def footer(canv, _doc):
         canv.saveState()
         canv.setFont("Helvetica", 7)
         canv.setFillColor(colors.HexColor("#777777"))
-        canv.drawString(MARGIN, 10 * mm, f"{title}  |  run directory: {report.run_dir}"[:150])
+        canv.drawString(MARGIN, 10 * mm, f"{title}  |  run directory: {report.run_dir}  |  generated {made}"[:170])
         canv.drawRightString(A4[0] - MARGIN, 10 * mm, f"page {canv.getPageNumber()}")
         canv.restoreState()
 
@@ -140,7 +145,8 @@ def _figure(key: str, data: dict, caption: str, slots: list) -> list[Flowable]:
     fig = F.ALL[key][1](data)
     if fig is None:
         return []
-    return [KeepTogether([FigureSlot(key, F.to_pdf_bytes(fig), slots), P(caption, "cond"), Spacer(1, 4)])]
+    cap = [P(caption, "cond")] if caption else []
+    return [KeepTogether([FigureSlot(key, F.to_pdf_bytes(fig), slots), *cap, Spacer(1, 4)])]
 
 
 def _missing(sec) -> list[Flowable]:
@@ -170,24 +176,27 @@ def _table(header: list[str], rows: list[list], widths: list[float]) -> Table:
     return t
 
 
+def _blocks(blocks, data: dict, slots: list, text_style: str = "body") -> list[Flowable]:
+    """tables.py's blocks as flowables (the Markdown twin draws the same blocks)."""
+    out: list[Flowable] = []
+    for item in blocks:
+        kind = item[0]
+        if kind == "text":
+            out.append(P(item[1], text_style))
+        elif kind in ("small", "headline", "warning"):
+            out.append(P(item[1], {"small": "cond", "headline": "headline", "warning": "missing"}[kind]))
+        elif kind == "table":
+            out += [_table(*item[1]), Spacer(1, 4)]
+        elif kind == "figure":
+            out += _figure(item[1], data, item[2], slots)
+    return out
+
+
 def _story(report: Report, slots: list) -> list[Flowable]:
-    st: list[Flowable] = [
-        P(tables.title(report), "title"),
-        P(f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from {report.run_dir}", "cond"),
-    ]
+    st: list[Flowable] = [P(tables.title(report), "title")]
     v = report["verdict"]
-    st.append(P(v.title, "h1"))
-    if v.conditions:
-        st.append(P("Conditions: " + v.conditions, "cond"))
-    for s in v.data.get("sentences", []):
-        st.append(P(s, "verdict"))
-    st += _missing(v)
-    if v.data.get("levers"):
-        st.append(P(tables.LEVERS_INTRO, "body"))
-        hdr, rows, w = tables.levers(v.data["levers"])
-        st.append(_table(hdr, rows, w))
-        st.append(Spacer(1, 4))
-    st += _figure("token_split", v.data, tables.TOKEN_SPLIT_CAPTION, slots)
+    st += [P(v.title, "h1")] + _missing(v)
+    st += _blocks(tables.page_one_blocks(v.data), v.data, slots, "verdict")
     st.append(PageBreak())
     for key in ("system", "plan", "probe", "breakdown", "replay", "timeline", "ladder", "what_if", "methods"):
         sec = report[key]
@@ -198,14 +207,7 @@ def _story(report: Report, slots: list) -> list[Flowable]:
         if not sec.available:
             st.append(KeepTogether(head + [P("Not measured.", "missing")]))
             continue
-        body: list[Flowable] = []
-        for item in tables.section_blocks(sec):
-            if item[0] == "text":
-                body.append(P(item[1]))
-            elif item[0] == "table":
-                body += [_table(*item[1]), Spacer(1, 4)]
-            elif item[0] == "figure":
-                body += _figure(item[1], sec.data, item[2], slots)
+        body = _blocks(tables.section_blocks(sec), sec.data, slots)
         # A heading never ends a page alone: it travels with a leading figure, or starts a new page when
         # less than a few table rows of room are left (a long table itself may then split across pages).
         if body and isinstance(body[0], KeepTogether):

@@ -16,6 +16,7 @@ from typing import Any
 
 from tpcomm import contract as C
 from tpcomm.contract import SchemaError
+from tpcomm.results import Attribution
 from tpcomm.rundir import RunDir
 
 
@@ -32,7 +33,7 @@ class Inputs:
     timeline: dict | None = None  # attribution/timeline.json: `attribute` aligned the records, the report draws
     replay: dict | None = None  # probe/replay.json
     levels: Any = None  # load/levels.json as written
-    attribution: dict | None = None
+    attribution: Attribution | None = None  # attribution/summary.json, typed (tpcomm/results.py)
     attribution_steps: Any = None
     files_present: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # file -> one-line contract error
@@ -63,7 +64,10 @@ def load_inputs(rd: RunDir) -> Inputs:
     for attr, spec in READ.items():
         try:
             setattr(inp, attr, rd.read_table(spec) if spec.format == "table" else rd.read_json(spec))
+            if attr == "attribution" and inp.attribution is not None:
+                inp.attribution = Attribution.from_json(inp.attribution)
         except SchemaError as e:
+            inp.attribution = None if attr == "attribution" else inp.attribution
             inp.errors[spec.path] = str(e)
     if inp.probe is None and rd.exists(C.PROBE_RESULTS_JSON) and C.PROBE_RESULTS.path not in inp.errors:
         import pandas as pd
@@ -110,19 +114,19 @@ def incomplete_stages(inp: Inputs) -> list[str]:
 
 def no_split_reason(inp: Inputs) -> str:
     """Why there is no measured per-token split, from what the run directory says (never a guess)."""
-    summ = inp.attribution or {}
-    if summ.get("plugin") is False:
+    att = inp.attribution
+    if att is not None and not att.plugin:
         return "the server ran without the tpcomm plugin (no hook records)"
-    notes = sorted({str(lv.get("note")) for lv in summ.get("levels") or [] if lv.get("note")})
+    notes = sorted({lv.note for lv in (att.levels if att else []) if lv.note})
     why = "; ".join(notes) if notes else "no level with a split"
     if stopped := incomplete_stages(inp):
         why = f"the run is incomplete: {', '.join(stopped)}; {why}"
     return why
 
 
-def plan_config_text(summ: dict | None) -> str | None:
+def plan_config_text(att: Attribution | None) -> str | None:
     """Which model config the cross-check planned from, as attribution/summary.json records it."""
-    pc = (summ or {}).get("plan_config")
+    pc = att.plan_config if att else None
     if not isinstance(pc, dict):
         return None
     if pc.get("source") is None:  # no config: the cross-check was not made, the text says why
@@ -147,6 +151,7 @@ def commands_for(inp: Inputs) -> dict[str, str]:
         "attribute": f"tpcomm attribute --server-url URL --out {out}",
         "attribute_plugin": f"VLLM_PLUGINS=tpcomm vllm serve ... (tpcomm installed in vLLM's environment), then tpcomm attribute --server-url URL --out {out}",
         "predict": f"tpcomm predict --model {model} --tp {tp} --gpu {hw} --probe {out} --out {out}",
+        "predict_attribution": f"tpcomm predict --model {model} --tp {tp} --gpu {hw} --attribution {out} --out {out}",
     }
 
 
@@ -324,6 +329,32 @@ def conditions_text(cond: dict | None) -> str:
     return "; ".join(parts)
 
 
+SHORT_KEYS = ("model", "tp", "backends", "timing", "output_len")
+
+
+def short_conditions(cond: dict | None) -> str:
+    """Page one's one line of conditions (the full list is under the breakdown section)."""
+    if not cond:
+        return "conditions not recorded"
+    names = {"tp": "TP", "backends": "backend", "output_len": "output tokens/request"}
+    parts = [f"{names.get(k, k)} {_plain(cond[k])}" for k in SHORT_KEYS if cond.get(k) is not None]
+    v = cond.get("server_versions") or cond.get("versions") or {}
+    if isinstance(v, dict) and v.get("vllm"):
+        parts.insert(0, f"vLLM {v['vllm']}" + (f", torch {v['torch']}" if v.get("torch") else ""))
+    return "; ".join(parts)
+
+
+def short_predict_conditions(pred: dict) -> str:
+    hw, lay, model = pred.get("hardware") or {}, pred.get("layout") or {}, pred.get("model") or {}
+    bits = [
+        f"{model.get('name', '?')}"
+        + (f" ({model['quantization'].split(',')[0]})" if model.get("quantization") else ""),
+        layout_text(lay),
+        f"{hw.get('name', hw.get('profile', '?'))}" + (f", link {link_text(hw['link'])}" if hw.get("link") else ""),
+    ]
+    return "; ".join(bits) + "; every input and its source in the what-if section"
+
+
 def _plain(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "/".join(str(x) for x in v)
@@ -332,7 +363,7 @@ def _plain(v: Any) -> str:
 
 def serving_config(inp: Inputs) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
-    for cond in (levels_conditions(inp.levels), (inp.attribution or {}).get("conditions")):
+    for cond in (levels_conditions(inp.levels), inp.attribution.conditions if inp.attribution else None):
         for k, v in (cond or {}).items():
             if not isinstance(v, dict) and k not in {r[0] for r in rows}:
                 rows.append((k, _plain(v)))
@@ -340,7 +371,7 @@ def serving_config(inp: Inputs) -> list[tuple[str, str]]:
 
 
 def served_model_name(inp: Inputs) -> str | None:
-    for cond in (levels_conditions(inp.levels), (inp.attribution or {}).get("conditions")):
+    for cond in (levels_conditions(inp.levels), inp.attribution.conditions if inp.attribution else None):
         if cond and cond.get("model"):
             return str(cond["model"])
     return None
@@ -420,4 +451,4 @@ def _f(v: Any) -> float | None:
     return None if math.isnan(x) else x
 
 
-from tpcomm.report.topology import topo_summary  # noqa: E402, F401  (re-exported for analysis.py and verdict.py)
+from tpcomm.report.topology import topo_summary  # noqa: E402, F401  (re-exported for analysis.py)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpcomm.columns import fmt
 from tpcomm.probe.replay_format import conditions_line
-from tpcomm.report.verdict import fmt
 
 
 def _allreduce(e: dict) -> dict | None:
@@ -22,18 +22,18 @@ def _allreduce(e: dict) -> dict | None:
 def serving_c1(breakdown: dict | None) -> dict | None:
     """The hook's C=1 figures from the breakdown section: per-token transfer + wait, and the
     per-call all-reduce time (mean over calls: the attribution keeps per-site sums)."""
-    levels = [lv for lv in (breakdown or {}).get("levels") or [] if lv.get("concurrency") == 1]
+    levels = [lv for lv in (breakdown or {}).get("levels") or [] if lv.concurrency == 1 and lv.per_token_ms]
     if not levels:
         return None
     lv = levels[0]
-    out: dict[str, Any] = {"transfer_ms": lv.get("transfer_ms"), "wait_ms": lv.get("wait_ms")}
-    ars = [s for s in lv.get("top_sites") or [] if s.get("op") == "all_reduce" and s.get("count_per_step")]
+    out: dict[str, Any] = {"transfer_ms": lv.per_token_ms.transfer, "wait_ms": lv.per_token_ms.wait}
+    ars = [s for s in lv.top_sites if s.op == "all_reduce" and s.count_per_step]
     if ars:
-        s = min(ars, key=lambda x: x["bytes"])
+        s = min(ars, key=lambda x: x.bytes)
         out.update(
-            allreduce_bytes=s["bytes"],
-            allreduce_us_per_call=s["time_us_per_step"] / s["count_per_step"],
-            allreduce_backend=s.get("backend"),
+            allreduce_bytes=s.bytes,
+            allreduce_us_per_call=s.time_us_per_step / s.count_per_step,
+            allreduce_backend=s.backend,
         )
     return out
 

@@ -7,26 +7,53 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpcomm.attribute.closure import DELIVERY_CELL_NOTE, delivery_cell
-from tpcomm.report.verdict import fmt
+from tpcomm import columns as K
+from tpcomm.columns import fmt
 
-LEVERS_INTRO = (
-    "Levers and what-ifs, ranked by predicted effect on single-stream tok/s (model-based rows come from "
-    "tpcomm predict; bounds from the measurement assume everything else stays as measured):"
-)
-TOKEN_SPLIT_CAPTION = "Where one token's time goes (conditions as stated above)."
-Block = tuple  # ("text", str) | ("table", (header, rows, widths)) | ("figure", key, caption)
+# ("text", str) | ("small", str) | ("headline", str) | ("warning", str) | ("table", (header, rows, widths))
+# | ("figure", key, caption)
+Block = tuple
 
 
 def title(report) -> str:
     plan = report["plan"].data
-    pred = report.verdict.get("predicted") or {}
+    pred = report.sections["what_if"].data if report.sections["what_if"].available else {}
     model = plan.get("served_name") or (plan.get("model") or {}).get("name") or pred.get("model_name")
     tp = (plan.get("layout") or {}).get("tp") or pred.get("tp")
     src = report.verdict.get("source")
     return (
         "tpcomm report" + (f": {model}" if model else "") + (f", TP {tp}" if tp else "") + (f" ({src})" if src else "")
     )
+
+
+def page_one_blocks(d: dict) -> list[Block]:
+    """Page one: the headline, the bar of where each token goes, the verdict (at most three sentences), the
+    levers with what to set, and one line defining each term used (first_page.py holds the data)."""
+    out: list[Block] = []
+    if d.get("warning"):
+        out.append(("warning", d["warning"]))
+    if d.get("headline"):
+        out.append(("headline", d["headline"]))
+    if d.get("conditions"):
+        out.append(("small", "Conditions: " + d["conditions"]))
+    if d.get("split"):
+        out.append(("figure", "token_split", ""))
+    if d.get("definitions"):  # one line per term the page uses, right under the bar that uses them
+        rows = [x.split(": ", 1) for x in d["definitions"]]
+        out.append(("table", (["term", "what it is"], rows, [0.8, 6])))
+    out += [("text", x) for x in d.get("sentences", [])[:3]]
+    if d.get("levers"):
+        out.append(("table", K.table(K.LEVERS, d["levers"])))
+    for b in d.get("bounds") or []:
+        out.append(
+            (
+                "small",
+                f"Bound: at most {fmt(b.tok_per_s)} tok/s ({K.signed_pct(b.change_pct)}) if collectives cost nothing.",
+            )
+        )
+    if d.get("levers_note"):
+        out.append(("small", d["levers_note"]))
+    return out
 
 
 def _b(n: Any) -> str:
@@ -41,27 +68,7 @@ def _b(n: Any) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:+.0f}%"
-
-
-def levers(levers: list[dict]) -> tuple[list[str], list[list], list[float]]:
-    rows = [
-        [
-            lv["rank"],
-            lv["name"],
-            lv.get("description", ""),
-            fmt(lv.get("tok_per_s")) if lv.get("tok_per_s") else "not sized",
-            _pct(lv.get("change_pct")),
-            lv.get("source", ""),
-        ]
-        for lv in levers
-        if lv.get("top", True)
-    ]
-    if len(rows) < len(levers):
-        rows.append(
-            ["", f"{len(levers) - len(rows)} more", "ranked lower: see the what-if and system sections", "", "", ""]
-        )
-    return ["#", "lever", "what it means", "tok/s", "change", "source"], rows, [0.3, 2, 4, 0.8, 0.8, 2]
+    return K.signed_pct(x)
 
 
 def section_blocks(sec) -> list[Block]:
@@ -308,86 +315,18 @@ def _breakdown(d: dict) -> list[Block]:
             "the client's TPOT p50 beside it (not part of the split).",
         )
     ]
-    if d.get("format_note"):
-        out.append(("text", d["format_note"]))
-    rows = [
-        [
-            lv["concurrency"],
-            fmt(lv.get("engine_ms_per_token")),
-            fmt(lv["compute_ms"]),
-            fmt(lv["transfer_ms"]),
-            fmt(lv["wait_ms"]),
-            fmt(lv.get("host_gap_ms")),
-            fmt(lv.get("tpot_ms_p50")),
-            fmt(lv.get("tpot_judged_ms_p50")),
-            delivery_cell(lv.get("delivery"), fmt),
-            _closure(lv),
-            f"{lv.get('stalls') or 0} ({fmt(lv.get('stall_ms') or 0.0)} ms)",
-            f"{lv['collectives_observed']} / {lv['collectives_planned']}"
-            + ("" if lv["collectives_match"] in (None, True) else " (mismatch)"),
-        ]
-        for lv in d.get("levels", [])
-    ]
-    out.append(
-        (
-            "table",
-            (
-                [
-                    "C",
-                    "engine ms/token",
-                    "compute ms",
-                    "transfer ms",
-                    "wait ms",
-                    "host gap ms",
-                    "client TPOT p50 ms",
-                    "held TPOT p50, no stalls ms",
-                    "delivery ms",
-                    "closure: engine on TPOT's footing vs no-stall p50 (judged C=1, 10%)",
-                    "client stalls",
-                    "collectives/step seen / planned",
-                ],
-                rows,
-                [0.4, 0.7, 0.7, 0.7, 0.6, 0.7, 0.7, 0.8, 0.7, 1.0, 0.9, 1.1],
-            ),
-        )
-    )
-    out.append(("text", DELIVERY_CELL_NOTE[0].upper() + DELIVERY_CELL_NOTE[1:] + "."))
-    for lv in d.get("levels", []):
-        if lv.get("closure_failed"):
-            out.append(("text", f"{lv['closure_failed']}; cause not determined."))
-        if lv.get("collectives_detail"):
-            out.append(("text", f"C={lv['concurrency']}: {lv['collectives_detail']}"))
-    ranks = [(lv["concurrency"], r) for lv in d.get("levels", []) for r in lv.get("by_rank") or []]
+    levels = d.get("levels", [])
+    out.append(("table", K.table(K.SPLIT, levels)))
+    out += [("text", f"{x}; cause not determined.") for x in d.get("closure_failed", [])]
+    out += [("text", x) for x in d.get("notes", [])]
+    if d.get("excluded"):
+        out.append(("text", "Compared on neither side of the closure: " + "; ".join(d["excluded"]) + "."))
+    ranks = [(lv.concurrency, r) for lv in levels for r in lv.by_rank]
     if ranks:
         out.append(("text", "The same split per rank (each rank's terms add up to its own mean decode-step period):"))
-        out.append(
-            (
-                "table",
-                (
-                    ["C", "rank", "period ms", "compute ms", "transfer ms", "wait ms", "host gap ms", "decode steps"],
-                    [
-                        [
-                            c,
-                            r["rank"],
-                            fmt(r["period_ms"]),
-                            *(fmt(r["per_token_ms"][k]) for k in ("compute", "transfer", "wait", "host_gap")),
-                            r["pairs"],
-                        ]
-                        for c, r in ranks
-                    ],
-                    [0.4, 0.5, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8],
-                ),
-            )
-        )
+        out.append(("table", K.table(K.BY_RANK, ranks)))
+    out += [("small", x) for x in d.get("definitions", [])]
     return out
-
-
-def _closure(lv: dict) -> str:
-    if lv.get("closure_diff_pct") is None:
-        return "n/a"
-    verdict = {True: "ok", False: "FAILED"}.get(lv.get("closure_ok"), "not judged")
-    engine = f"{fmt(lv['closure_engine_ms'])} ms: " if lv.get("closure_engine_ms") is not None else ""
-    return f"{engine}{lv['closure_diff_pct']:+.1f}% {verdict}"
 
 
 def _timeline(d: dict) -> list[Block]:
@@ -414,53 +353,17 @@ def _timeline(d: dict) -> list[Block]:
 
 
 def _ladder(d: dict) -> list[Block]:
-    rows = [
-        [
-            r["concurrency"],
-            r["repeat"],
-            f"{r['requests']}/{r['failed']}",
-            fmt(r["output_tok_per_s"]),
-            fmt(r["ttft_ms_p50"]),
-            fmt(r["tpot_ms_p50"]),
-            fmt(r["itl_ms_p50"]),
-            fmt(r["itl_ms_p99"]),
-            fmt(r["e2e_ms_p50"]),
-            {True: "yes", False: "NO"}.get(r["steady"], "n/a"),
-            fmt(r["repeat_spread_pct"]),
-            "; ".join(r.get("flags") or []) or (r.get("steady_note") or ""),
-        ]
-        for r in d.get("rows", [])
-    ]
     out: list[Block] = [
         (
             "figure",
             "ladder",
             "Output throughput (left axis) and TPOT p50 (right axis) vs concurrency, each repeat shown.",
-        )
+        ),
+        ("table", K.table(K.LOAD, d.get("rows", []))),
     ]
-    out.append(
-        (
-            "table",
-            (
-                [
-                    "C",
-                    "rep",
-                    "req/failed",
-                    "out tok/s",
-                    "TTFT p50 ms",
-                    "TPOT p50 ms",
-                    "ITL p50 ms",
-                    "ITL p99 ms",
-                    "E2E p50 ms",
-                    "steady",
-                    "repeat spread %",
-                    "flags",
-                ],
-                rows,
-                [0.4, 0.5, 0.8, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.8, 2.2],
-            ),
-        )
-    )
+    for r in d.get("rows", []):
+        for f in r.get("flags") or []:
+            out.append(("text", f"C={r['concurrency']} repeat {r['repeat']}: {f}"))
     if d.get("flagged"):
         out.append(
             (

@@ -1,0 +1,144 @@
+"""Each request's time per token, on the client's clock and on the engine's, over the same tokens.
+
+The client sees each token arrive; the engine makes token 0 at the end of the request's prefill step and
+token k at the end of its k-th decode step. Over tokens k0..k1 of one request:
+
+    client_ms_per_token = (arrival of token k1 - arrival of token k0) / (k1 - k0)
+    engine_ms_per_token = (end of the step that made k1 - end of the step that made k0) / (k1 - k0)
+
+A fixed delay between engine and client (API server, network) cancels in each difference. Which tokens:
+the client's first and last burst. An API server that falls behind delivers several tokens at once (in one
+chunk, or in chunks back to back); such a burst arrives when its LAST token was made, so a burst counts
+at the index of its last token (chunk token counts come from the server's token_ids). Tokens k0..k1 run
+from the first burst's last token to the last token. When every token arrives on its own this is the
+textbook TPOT ((E2E - TTFT) / (tokens - 1)). A request whose bursts leave less than half its tokens between
+k0 and k1 was held back (nearly) whole: the client did not observe its pace, and it is compared on
+neither side (closure.py names it).
+
+Which engine steps are a request's:
+- "prefill segments" (one stream at a time, C=1): every request starts with one prefill step; the decode
+  steps up to the next prefill step are its own. The k-th prefill step of the level's window is the k-th
+  request by start time; a segment must hold exactly tokens - 1 decode steps, else the request is not
+  paired. No clock is shared with the client.
+- "client times" (C > 1, several streams per step): the steps that ended by the client's receipt of
+  token k0 and of token k1; this needs the client and the server on one wall clock (one host, or clocks
+  kept together) and is used where the closure is compared, not judged.
+
+Units: *_ms milliseconds, t_*_ns wall clock (or the GPU timeline placed on it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+PREFILL = "prefill"
+DECODE = "decode"
+BURST_GAP_FRACTION = 0.1  # chunks closer than this fraction of the engine's period arrived in one burst
+MIN_OBSERVED = 0.5  # share of a request's tokens that must lie between k0 and k1
+
+
+def client_spans(requests: pd.DataFrame, tokens: pd.DataFrame, period_ms: float | None) -> pd.DataFrame:
+    """Per request: k0, k1 (token indices), a0_ns, a1_ns (their arrivals), client_ms_per_token, observed."""
+    rows = []
+    gap_ns = BURST_GAP_FRACTION * period_ms * 1e6 if period_ms else 0.0
+    by_req = {rid: g for rid, g in tokens.sort_values(["request_id", "token_idx"]).groupby("request_id")}
+    for _, r in requests.iterrows():
+        rid, n = int(r["request_id"]), r["output_tokens"]
+        g = by_req.get(rid)
+        if g is None or not np.isfinite(n) or n < 2:
+            rows.append((rid, -1, -1, 0, 0, np.nan, False))
+            continue
+        t = g["t_ns"].to_numpy(dtype=np.int64)
+        cnt = g["n_tokens"].to_numpy() if "n_tokens" in g.columns else np.full(len(t), -1)
+        if (cnt < 0).any():
+            if len(t) != int(n):  # chunks that coalesced tokens, and no count to place them
+                rows.append((rid, -1, -1, 0, 0, np.nan, False))
+                continue
+            cnt = np.ones(len(t), dtype=np.int64)
+        last_tok = np.cumsum(cnt) - 1  # index of the last token in each chunk
+        # A chunk that follows the previous within gap_ns belongs to its burst: only a burst's last chunk counts.
+        ends = np.append(np.diff(t) >= gap_ns, True)
+        bt, bk = t[ends], last_tok[ends]
+        k0, k1 = int(bk[0]), int(bk[-1])
+        observed = k1 > k0 and (k1 - k0) >= MIN_OBSERVED * (int(n) - 1)
+        ms = (bt[-1] - bt[0]) / 1e6 / (k1 - k0) if k1 > k0 else np.nan
+        rows.append((rid, k0, k1, int(bt[0]), int(bt[-1]), ms, bool(observed)))
+    return pd.DataFrame(rows, columns=["request_id", "k0", "k1", "a0_ns", "a1_ns", "client_ms_per_token", "observed"])
+
+
+def step_ends(rank_rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per step of the level (all kinds): kind and end time averaged over ranks, on the GPU's timeline
+    where the step rows carry it (gpu_end_ns), else the host's."""
+    gpu = "gpu_end_ns" in rank_rows.columns and rank_rows["gpu_end_ns"].notna().all()
+    return (
+        rank_rows.groupby("step", sort=True)
+        .agg(kind=("kind", "first"), t_end_ns=("gpu_end_ns" if gpu else "t_end_ns", "mean"))
+        .reset_index()
+    )
+
+
+def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """Engine time per token of each request (one stream at a time) over the client's k0..k1. Returns
+    (spans + engine_ms_per_token, steps (its segment's step ids), paired, why), and a level-wide reason when
+    the requests and the prefill steps do not match one to one."""
+    s = step_ends(rank_rows)
+    out = spans.copy()
+    out["engine_ms_per_token"], out["paired"], out["why"] = np.nan, False, ""
+    out["steps"] = [[] for _ in range(len(out))]
+    order = requests.sort_values("t_start_ns")["request_id"].tolist()
+    starts = np.flatnonzero(s["kind"].to_numpy() == PREFILL)
+    if len(starts) != len(order):
+        out["why"] = "not paired"
+        return (
+            out,
+            f"{len(starts)} prefill steps in the level's window for {len(order)} requests (one expected per request)",
+        )
+    kinds, ends, ids = s["kind"].to_numpy(), s["t_end_ns"].to_numpy(dtype=float), s["step"].to_numpy()
+    bounds = list(starts) + [len(s)]
+    n_tok = requests.set_index("request_id")["output_tokens"]
+    pos = {rid: i for i, rid in enumerate(out["request_id"])}
+    for k, rid in enumerate(order):
+        i = pos.get(int(rid))
+        if i is None:
+            continue
+        a, b = bounds[k], bounds[k + 1]
+        out.at[i, "steps"] = [int(x) for x in ids[a:b]]
+        n_dec = int((kinds[a:b] == DECODE).sum())
+        if n_dec != b - a - 1:  # a mixed step (another request's prefill with decodes): not one stream
+            out.at[i, "why"] = "a mixed step in its segment"
+            continue
+        n = n_tok.get(rid)
+        if n is None or not np.isfinite(n) or n_dec != int(n) - 1:
+            out.at[i, "why"] = f"{n_dec} decode steps in its segment for {n} tokens"
+            continue
+        k0, k1 = int(out.at[i, "k0"]), int(out.at[i, "k1"])
+        if k1 <= k0:
+            out.at[i, "why"] = "no token span observed"
+            continue
+        out.at[i, "engine_ms_per_token"] = (ends[a + k1] - ends[a + k0]) / 1e6 / (k1 - k0)
+        out.at[i, "paired"] = True
+    return out, None
+
+
+def by_client_times(rank_rows: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
+    """Engine time per token of each request (several streams per step): the steps that ended by the client's
+    receipt of tokens k0 and k1 (one wall clock assumed). Same columns as by_prefill."""
+    s = step_ends(rank_rows)
+    ends, ids = s["t_end_ns"].to_numpy(dtype=float), s["step"].to_numpy()
+    out = spans.copy()
+    out["engine_ms_per_token"], out["paired"], out["why"] = np.nan, False, ""
+    out["steps"] = [[] for _ in range(len(out))]
+    for i, r in out.iterrows():
+        if r["k1"] <= r["k0"]:
+            out.at[i, "why"] = "no token span observed"
+            continue
+        i0 = np.searchsorted(ends, r["a0_ns"], side="right") - 1
+        i1 = np.searchsorted(ends, r["a1_ns"], side="right") - 1
+        if i0 < 0 or i1 <= i0:
+            out.at[i, "why"] = "its tokens fall outside the recorded steps"
+            continue
+        out.at[i, "engine_ms_per_token"] = (ends[i1] - ends[i0]) / 1e6 / (r["k1"] - r["k0"])
+        out.at[i, "steps"] = [int(x) for x in ids[i0 : i1 + 1]]
+        out.at[i, "paired"] = True
+    return out

@@ -1,0 +1,133 @@
+"""One table layer: each table is a list of column specs (header, how to get the value, how to print it,
+relative width), rendered by the PDF, the Markdown twin and the terminal (`attribute`'s summary) alike, so a
+column is added in one place.
+
+`table(columns, rows)` gives (header, cells, widths): what pdf.py, markdown.py and attribute/show.py draw.
+Cells are text; numbers go through `fmt` (about 3 significant digits, no exponent). Units are in headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tpcomm.attribute.closure import delivery_cell
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    """Numbers as every output prints them: ~3 significant digits, no exponent; None as n/a."""
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and 10 <= abs(x) < 1e6):
+        return f"{int(x)}"
+    ax = abs(x)
+    if ax >= 100 or ax == 0:
+        return f"{x:.0f}"
+    if ax >= 10:
+        return f"{x:.1f}"
+    if ax >= 1:
+        return f"{x:.2f}"
+    return f"{x:.{digits}f}"
+
+
+def signed_pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.0f}%"
+
+
+@dataclass(frozen=True)
+class Col:
+    header: str
+    value: Callable[[Any], Any]
+    width: float = 1.0
+    show: Callable[[Any], str] = lambda v: v if isinstance(v, str) else fmt(v)
+
+
+def table(columns: list[Col], rows: list[Any]) -> tuple[list[str], list[list[str]], list[float]]:
+    return (
+        [c.header for c in columns],
+        [[c.show(c.value(r)) for c in columns] for r in rows],
+        [c.width for c in columns],
+    )
+
+
+# ---- the per-level split (report breakdown section, attribute's terminal summary) -------------------------
+def _term(name: str) -> Callable:
+    return lambda lv: getattr(lv.per_token_ms, name) if lv.per_token_ms else None
+
+
+def _closure_cell(lv) -> str:
+    c = lv.closure
+    if c is None or c.diff_pct is None:
+        return "n/a" if c is None else f"not compared ({c.why_not_judged})" if c.why_not_judged else "n/a"
+    verdict = {True: "ok", False: "FAILED"}.get(c.ok, "not judged")
+    return f"{fmt(c.engine_ms)} vs {fmt(c.client_ms)} ms ({c.requests} req): {c.diff_pct:+.1f}% {verdict}"
+
+
+def _plan_cell(lv) -> str:
+    cc = lv.collectives_per_step or {}
+    seen, planned = cc.get("observed_total"), cc.get("planned_total")
+    mark = {True: "", False: " MISMATCH"}.get(cc.get("match"), " (not compared)")
+    return f"{fmt(seen)} / {fmt(planned)}{mark}"
+
+
+SPLIT = [
+    Col("C", lambda lv: lv.concurrency, 0.35),
+    Col("rep", lambda lv: lv.repeat, 0.35),
+    Col("engine ms/token", lambda lv: lv.engine_ms_per_token, 0.7),
+    Col("compute ms", _term("compute"), 0.7),
+    Col("transfer ms", _term("transfer"), 0.7),
+    Col("wait ms", _term("wait"), 0.6),
+    Col("host gap ms", _term("host_gap"), 0.7),
+    Col("clock", lambda lv: lv.clock, 0.5),
+    Col("client TPOT p50 ms", lambda lv: lv.client.tpot_ms_p50 if lv.client else None, 0.75),
+    Col("closure per request: engine vs client p50", _closure_cell, 1.5),
+    Col("delivery ms", lambda lv: lv.delivery, 0.9, lambda d: delivery_cell(d, fmt)),
+    Col("stalls", lambda lv: f"{lv.stalls.count} ({fmt(lv.stalls.total_ms)} ms)" if lv.stalls else "n/a", 0.7),
+    Col("collectives/step seen / planned", _plan_cell, 1.0),
+]
+
+BY_RANK = [
+    Col("C", lambda x: x[0], 0.4),
+    Col("rank", lambda x: x[1].rank, 0.5),
+    Col("period ms", lambda x: x[1].period_ms, 0.8),
+    Col("compute ms", lambda x: x[1].per_token_ms.compute, 0.8),
+    Col("transfer ms", lambda x: x[1].per_token_ms.transfer, 0.8),
+    Col("wait ms", lambda x: x[1].per_token_ms.wait, 0.8),
+    Col("host gap ms", lambda x: x[1].per_token_ms.host_gap, 0.8),
+    Col("decode steps", lambda x: x[1].pairs, 0.8),
+]
+
+# ---- the load ladder (load/levels.json rows) --------------------------------------------------------------
+LOAD = [
+    Col("C", lambda r: r["concurrency"], 0.4),
+    Col("rep", lambda r: r["repeat"], 0.4),
+    Col("req/failed", lambda r: f"{r['requests']}/{r['failed']}", 0.7),
+    Col("out tok/s", lambda r: r.get("output_tok_per_s"), 0.7),
+    Col("TTFT p50 ms", lambda r: r.get("ttft_ms_p50"), 0.7),
+    Col("TPOT p50 ms", lambda r: r.get("tpot_ms_p50"), 0.7),
+    Col("ITL p50 ms", lambda r: r.get("itl_ms_p50"), 0.7),
+    Col("ITL p99 ms", lambda r: r.get("itl_ms_p99"), 0.7),
+    Col("E2E p50 ms", lambda r: r.get("e2e_ms_p50"), 0.7),
+    Col("steady", lambda r: {True: "yes", False: "NO"}.get(r.get("steady"), "n/a"), 0.5),
+    Col("repeat spread %", lambda r: r.get("repeat_spread_pct"), 0.7),
+]
+
+
+# ---- levers (page one) ---------------------------------------------------------------------------------------
+def _range(lv) -> str:
+    r = lv.tok_per_s_range
+    if not r or r.get("low") is None or fmt(r["low"]) == fmt(r["high"]):
+        return ""
+    return f" ({fmt(r['low'])}-{fmt(r['high'])})"
+
+
+LEVERS = [
+    Col("lever", lambda lv: lv.name, 1.1),
+    Col("what to set", lambda lv: lv.setting, 3.6),
+    Col("tok/s (range)", lambda lv: (fmt(lv.tok_per_s) if lv.tok_per_s else "not sized") + _range(lv), 1.0),
+    Col("change", lambda lv: signed_pct(lv.change_pct), 0.6),
+    Col("basis", lambda lv: lv.basis, 1.8),
+]

@@ -1,0 +1,57 @@
+"""The one-line definitions every output prints where it uses a term, built from the constants the analysis
+and the judgements use (so "10%" or "20 periods" never drift from the code).
+
+Units: as in the text of each line.
+"""
+
+from __future__ import annotations
+
+from tpcomm.attribute.closure import (
+    CLOSURE_TOL_PCT,
+    INTERVAL_COVERAGE,
+    MIN_CLOSURE_REQUESTS,
+    STALL_FACTOR,
+    STALL_MIN_MS,
+)
+from tpcomm.attribute.pairing import BURST_GAP_FRACTION, MIN_OBSERVED
+from tpcomm.judge.bottleneck import BOTTLENECK_SHARE, MAJOR_SHARE
+
+TERM = {
+    "per_token": "per-token time: the mean start-to-start period of consecutive decode steps (one token per stream per step)",
+    "compute": "compute: the step minus its collectives (kernels, weight reads)",
+    "transfer": "transfer: per collective, the shortest time any rank spent in it: all ranks inside together, the link at work",
+    "wait": "wait: each rank's time in a collective beyond that shortest: rank skew, which a faster link does not remove",
+    "host_gap": "host gap: from a decode step's end to the next one's start (scheduling, output processing)",
+    "closure": (
+        f"closure: per request, the engine's and the client's time per token over the same tokens, p50 over the "
+        f"same requests; judged at C=1 within {CLOSURE_TOL_PCT:g}% (at least {MIN_CLOSURE_REQUESTS} requests)"
+    ),
+    "delivery": (
+        f"delivery: p50 over those requests of client - engine time per token (API server, network, client), "
+        f"with the p50's {INTERVAL_COVERAGE:.0%} distribution-free interval"
+    ),
+    "held": (
+        f"held stream: tokens arriving within {BURST_GAP_FRACTION:g} of an engine period of each other count as one "
+        f"burst, at its last token; a request whose bursts span less than {MIN_OBSERVED:.0%} of its tokens was held "
+        "back by the API server and is compared on neither side"
+    ),
+    "stall": (
+        f"stall: a gap between a request's tokens over {STALL_FACTOR:g} engine periods and at least "
+        f"{STALL_MIN_MS:g} ms; counted apart, in no term, and the request compared on neither side"
+    ),
+    "bottleneck": (
+        f"bottleneck rule: the interconnect is the bottleneck when transfer is at least {BOTTLENECK_SHARE:.0%} of "
+        f"each token (more than everything else together), a major part from {MAJOR_SHARE:.0%}; wait is rank "
+        "skew, which a faster link does not remove"
+    ),
+    "clock_host": "clock: the host's (step start/end as the worker saw them; collectives timed on the host)",
+    "clock_gpu": "clock: the GPU's (step start/end as events on the GPU timeline; collectives timed by CUDA events)",
+}
+DELIVERY_CELLS = (
+    "delivery cells: the figure when its interval excludes 0; n.s. (interval): not separable from zero; n.r.: "
+    "fewer than 6 requests, no 95% interval; n/a: not measured"
+)
+
+
+def clock(name: str | None) -> str:
+    return TERM["clock_gpu"] if name == "gpu" else TERM["clock_host"]

@@ -1,0 +1,212 @@
+"""Page one: the headline, where each token goes, the verdict and the levers, as data the renderers lay out.
+
+Nothing is judged here: the split and the measured verdict come from attribution/summary.json
+(`tpcomm.results.Attribution`, written by attribute), the model-based verdict and the what-ifs from
+predict.json, the levers from tpcomm/judge/levers.py, the definitions from tpcomm/judge/definitions.py.
+One denominator: the headline is the engine's per-token time at the headline level and the split's terms
+sum to it (the bar ends there); the client's TPOT stands beside it, never in it.
+
+Units: *_ms milliseconds per token, tok/s per stream, *_pct percent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpcomm.columns import fmt
+from tpcomm.judge import bottleneck, definitions
+from tpcomm.judge import levers as L
+from tpcomm.report import readers
+from tpcomm.results import Attribution, LevelSplit, Verdict
+
+TOP_LEVERS = 5
+TERM_ORDER = ("compute", "transfer", "wait", "host_gap")
+
+
+def page_one(inp: readers.Inputs, cmds: dict[str, str], s):
+    d: dict[str, Any] = {"source": None, "sentences": [], "levers": [], "bounds": [], "definitions": [], "numbers": {}}
+    s.data = d
+    att: Attribution | None = inp.attribution
+    head = att.headline_level() if att else None
+    pred = inp.predict if (inp.predict or {}).get("single_stream", {}).get("tok_per_s") else None
+    if stopped := readers.incomplete_stages(inp):
+        d["warning"] = f"INCOMPLETE run: {', '.join(stopped)} (status.json); below is what was measured before that."
+    if head is not None:
+        _measured(d, att, head, inp)
+    elif client := _client_only(inp):
+        d.update(client)
+        d["sentences"].append(
+            f"Where each token goes: not measured ({readers.no_split_reason(inp)}). Measure it with: "
+            f"{cmds['attribute_plugin']}"
+        )
+        s.missing("per-token split (compute / transfer / wait / host gap)", cmds["attribute_plugin"])
+    elif pred:
+        _model(d, pred, inp)
+    else:
+        d["sentences"].append("No measurement and no prediction in this run directory: nothing to conclude yet.")
+        s.missing("single-stream tok/s and its split (measured)", cmds["attribute"])
+        s.missing("single-stream tok/s (model-based)", cmds["predict"])
+        return s
+    s.available = True
+    s.conditions = d["conditions"]
+    d["levers"], d["bounds"], d["levers_note"] = _levers(inp, head, pred, cmds)
+    d["definitions"] = _definitions(d)
+    return s
+
+
+def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) -> None:
+    t, ms = lv.per_token_ms, lv.engine_ms_per_token
+    cond = att.conditions
+    d.update(
+        source="measured",
+        level=lv,
+        verdict=att.verdict,
+        split={"terms": t.as_dict(), "total_ms": ms, "shares_pct": lv.shares_pct, "source": "measured"},
+        client_tpot_ms_p50=lv.client.tpot_ms_p50 if lv.client else None,
+    )
+    n = d["numbers"]
+    n.update(tok_per_s=1e3 / ms, ms_per_token=ms, concurrency=lv.concurrency, clock=lv.clock)
+    n.update({f"{k}_ms": v for k, v in t.as_dict().items()})
+    n.update({f"{k}_pct": v for k, v in (lv.shares_pct or {}).items()})
+    d["headline"] = (
+        f"Single stream: {fmt(1e3 / ms)} tok/s ({fmt(ms)} ms per token, engine, {lv.clock} clock, C={lv.concurrency})"
+    )
+    c = lv.client.tpot_ms_p50 if lv.client else None
+    if c:
+        n["client_tpot_ms_p50"] = c
+        d["headline"] += f"; the client's TPOT p50 {fmt(c)} ms ({fmt(1e3 / c)} tok/s)"
+    d["conditions"] = "measured: " + readers.short_conditions(cond)
+    d["sentences"].append(att.verdict.statement)
+    d["sentences"].append(_closure_sentence(lv))
+
+
+def _closure_sentence(lv: LevelSplit) -> str:
+    c = lv.closure
+    if c is None:
+        return "Closure: not compared (no client timings for this level)."
+    if not c.judged:
+        return f"Closure not judged: {c.why_not_judged}."
+    both = f"engine {fmt(c.engine_ms)} vs client {fmt(c.client_ms)} ms per token, {c.diff_pct:+.1f}% ({c.statistic})"
+    if c.ok:
+        return f"Closure: the split accounts for what the client saw ({both}; tolerance {c.tolerance_pct:g}%)."
+    return (
+        f"CLOSURE FAILED: {both}, beyond {c.tolerance_pct:g}%: the split explains the engine's time, not the "
+        "client's; cause not determined."
+    )
+
+
+def _client_only(inp: readers.Inputs) -> dict | None:
+    """No split (plugin off): the headline is the client's TPOT p50 at the lowest concurrency."""
+    levels = [x for x in readers.levels_list(inp.levels) if x.get("tpot_ms_p50")]
+    if not levels:
+        return None
+    c = min(x["concurrency"] for x in levels)
+    tps = sorted(x["tpot_ms_p50"] for x in levels if x["concurrency"] == c)
+    ms = tps[len(tps) // 2]  # the median repeat
+    cond = readers.short_conditions(readers.levels_conditions(inp.levels))
+    return {
+        "source": "measured",
+        "headline": f"Single stream: {fmt(1e3 / ms)} tok/s (client TPOT p50 {fmt(ms)} ms, C={c}); no per-token split",
+        "numbers": {"tok_per_s": 1e3 / ms, "ms_per_token": ms, "concurrency": c, "client_tpot_ms_p50": ms},
+        "conditions": "measured (client only): " + cond,  # no split: the load's own conditions
+    }
+
+
+def _model(d: dict, pred: dict, inp: readers.Inputs) -> None:
+    ss = pred["single_stream"]
+    rg = pred.get("range") or {}
+    tr = (rg.get("single_stream") or {}).get("tok_per_s")
+    br = {k: v for k, v in (ss.get("breakdown_ms") or {}).items() if isinstance(v, (int, float))}
+    total = sum(br.values())
+    v = bottleneck.from_range(rg["verdict"]) if rg.get("verdict") else None
+    if v is None:  # a model with every input fixed: one breakdown, one verdict
+        c = bottleneck.classify(br)
+        v = Verdict(
+            "model-based",
+            True,
+            c["bottleneck"],
+            c["share"],
+            c["share"],
+            c["main_other"],
+            None,
+            f"The interconnect is {'' if c['bottleneck'] else 'not '}the bottleneck in the model: "
+            f"{bottleneck.pct(c['share'])}% of each token.",
+        )
+    d.update(source="model-based", verdict=v, split={"terms": br, "total_ms": total, "source": "model-based"})
+    fitted = next(
+        (
+            b.get("fitted_to_tok_per_s")
+            for b in pred.get("batches") or []
+            if b.get("batch") == 1 and b.get("fitted_to_tok_per_s")
+        ),
+        None,
+    )
+    rng = f", {fmt(tr['low'])}-{fmt(tr['high'])} over the model's stated input ranges" if tr else ""
+    d["headline"] = (
+        f"Single stream (MODEL-BASED, not measured): {fmt(ss['tok_per_s'])} tok/s central{rng} ({fmt(ss.get('ms_per_token') or 1e3 / ss['tok_per_s'])} ms per token)"
+    )
+    if fitted:
+        d["headline"] += (
+            f"; extra terms fitted to the measured {fmt(fitted)} tok/s: this reproduces that fit, it does not predict it"
+        )
+    d["numbers"].update(
+        tok_per_s=ss["tok_per_s"],
+        ms_per_token=ss.get("ms_per_token"),
+        **({"tok_per_s_low": tr["low"], "tok_per_s_high": tr["high"]} if tr else {}),
+    )
+    d["conditions"] = "model-based: " + readers.short_predict_conditions(pred)
+    d["sentences"].append(v.statement)
+    if (rg.get("bounds") or {}).get("statement"):
+        d["sentences"].append(rg["bounds"]["statement"])
+
+
+def machine(inp: readers.Inputs, head: LevelSplit | None) -> L.Machine:
+    """What the levers depend on: the measured machine (topo.json, meta.json) when this run measured one,
+    else the hardware predict.json modelled (a model-based run says nothing of the machine it ran on)."""
+    hw = (inp.predict or {}).get("hardware") or {}
+    link = hw.get("link") if isinstance(hw.get("link"), dict) else {}
+    tp = ((inp.plan or inp.predict or {}).get("layout") or {}).get("tp")
+    if head is None:
+        kind = link.get("type")
+        return L.Machine(platform="cpu" if kind == "shm" else "cuda", link=kind, p2p=link.get("p2p"), tp=tp)
+    topo = inp.topo or {}
+    gpu, vllm = topo.get("gpu") or {}, topo.get("vllm") or {}
+    p2p = gpu.get("p2p_read")
+    cpu = vllm.get("platform") == "cpu" or ((inp.meta or {}).get("versions") or {}).get("vllm_build") == "cpu"
+    return L.Machine(
+        platform="cpu" if cpu else "cuda",
+        link="shm" if cpu else link.get("type"),
+        p2p=all(all(r) for r in p2p) if p2p else link.get("p2p"),
+        tp=inp.attribution.conditions.get("tp") or tp,
+        gpus=len(gpu.get("gpus") or []) or None,
+        allreduce_paths=list(vllm.get("allreduce_paths") or []),
+    )
+
+
+def _levers(inp: readers.Inputs, head: LevelSplit | None, pred: dict | None, cmds: dict[str, str]):
+    m = machine(inp, head)
+    cal = (pred or {}).get("calibration") or {}
+    anchored = bool(cal) and head is not None
+    note = None
+    if head is not None and anchored:
+        whatifs, basis = pred.get("what_if") or [], "predict anchored on this run's measured split"
+    elif head is not None:
+        t = head.per_token_ms.as_dict()
+        whatifs, basis = L.measured_whatifs(t), "the measured split (one term removed)"
+        note = f"More levers, sized on this run's split: {cmds['predict_attribution']}"
+    elif pred:
+        whatifs, basis = pred.get("what_if") or [], "model-based (tpcomm predict), range over its stated inputs"
+    else:
+        return [], [], None
+    got, _ = L.levers(whatifs, m, basis)
+    levers = [x for x in got if x.kind == "lever"][:TOP_LEVERS]
+    # A model's bounds are stated by its verdict (over the whole range); a measured split's as a line.
+    bounds = [x for x in got if x.kind == "bound"] if head is not None else []
+    return levers, bounds, note  # what is not offered (and why) stays in the what-if section
+
+
+def _definitions(d: dict) -> list[str]:
+    t = definitions.TERM
+    if d.get("source") == "measured" and d.get("split"):
+        return [t["transfer"], t["wait"], t["host_gap"], t["closure"]]
+    return []

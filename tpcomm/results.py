@@ -1,0 +1,304 @@
+"""The typed results that `attribute` and `predict` write and `report` reads unchanged: one name per value.
+
+attribution/summary.json is `Attribution.to_json()`; a reader gets it back with `Attribution.from_json()`,
+which checks every field's type and names the first that is wrong (a `SchemaError`, exit 2 at the CLI),
+so nothing downstream needs `.get(..) or {}`. The page-one judgements (`Verdict`, `Lever`) are built by
+tpcomm/judge/ from these and carried the same way.
+
+What each value means (the definitions the report prints come from tpcomm/judge/definitions.py):
+- `Terms`: one token's engine time split; compute + transfer + wait + host_gap = the per-token time it
+  explains (means over the same decode periods add up exactly; attribute/split.py).
+- `LevelSplit.engine_ms_per_token`: the mean start-to-start period of consecutive decode steps over the
+  level's decode periods (on `clock`: "gpu" where the hook put step boundaries on the GPU timeline,
+  "host" otherwise); the headline at the lowest concurrency.
+- `Closure`: per request, the engine's time per token for that request's own decode steps against the
+  client's TPOT of the same request; the same statistic (p50 over the same requests) on both sides.
+- `Delivery`: p50 over those requests of client - engine, with the p50's distribution-free interval.
+
+Units: *_ms milliseconds (per token unless named otherwise), *_pct percent, *_ns wall clock ns, tok/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpcomm.contract import ATTR_SUMMARY, FileSpec, SchemaError
+
+TERMS = ("compute", "transfer", "wait", "host_gap")
+
+
+@dataclass
+class Terms:
+    compute: float
+    transfer: float
+    wait: float
+    host_gap: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.transfer + self.wait + self.host_gap
+
+    @property
+    def collective(self) -> float:
+        """Collective time = transfer + wait."""
+        return self.transfer + self.wait
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in TERMS}
+
+
+@dataclass
+class RankTerms:
+    rank: int
+    period_ms: float
+    per_token_ms: Terms
+    pairs: int
+    sampled_pairs: int
+
+
+@dataclass
+class Client:
+    """The client's figures over the level's successful requests (load/*.parquet)."""
+
+    requests: int
+    tpot_ms_p50: float | None
+    tpot_ms_mean: float | None
+    itl_ms_p50: float | None
+    itl_ms_mean: float | None
+    held_requests: list[int] = field(default_factory=list)  # streams the API server held back whole
+    stalled_requests: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Stalls:
+    count: int
+    total_ms: float
+    threshold_ms: float
+    requests: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Delivery:
+    """p50 over the compared requests of (client TPOT - engine time per token), with the p50's interval."""
+
+    ms: float
+    lo_ms: float
+    hi_ms: float
+    coverage: float
+    requests: int
+    resolved: bool
+
+
+@dataclass
+class Closure:
+    statistic: str  # what is compared on both sides, e.g. "p50 over 14 requests, paired by prefill"
+    pairing: str  # "prefill segments" | "client times" | "none"
+    requests: int  # compared (paired, not stalled, not held)
+    excluded: dict[str, list[int]]  # why -> request ids left out of both sides
+    engine_ms: float | None
+    client_ms: float | None
+    diff_pct: float | None
+    tolerance_pct: float
+    judged: bool
+    ok: bool | None
+    why_not_judged: str | None = None
+
+
+@dataclass
+class Site:
+    group: str
+    op: str
+    bytes: int
+    backend: str
+    count_per_step: float
+    time_us_per_step: float
+    transfer_us_per_step: float
+    wait_us_per_step: float
+    plan_sites: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LevelSplit:
+    concurrency: int
+    repeat: int
+    attributed: bool  # False: no split (see note); the terms below are then None
+    note: str | None
+    window: dict[str, int] | None
+    source: str  # "hook" | "trace"
+    clock: str  # "host" | "gpu": the clock every term of this level is on
+    engine_ms_per_token: float | None
+    per_token_ms: Terms | None
+    shares_pct: dict[str, float] | None  # printed shares (0.1 steps, sum exactly 100.0)
+    by_rank: list[RankTerms]
+    decode_pairs: int
+    sampled_pairs_share: float | None
+    seqs_per_step: float | None
+    steps_in_window: dict[str, int]
+    ceilings_tok_per_s: dict[str, float | None]
+    client: Client | None
+    stalls: Stalls | None
+    closure: Closure | None
+    delivery: Delivery | None
+    top_sites: list[Site]
+    collectives_per_step: dict[str, Any]  # the plan cross-check (attribute/crosscheck.py compare())
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def tok_per_s(self) -> float | None:
+        """One stream's tok/s from the engine's per-token time (x sequences per step at C > 1)."""
+        if not self.engine_ms_per_token:
+            return None
+        return 1e3 / self.engine_ms_per_token * (self.seqs_per_step or 1.0)
+
+
+@dataclass
+class Verdict:
+    """The one bottleneck judgement (tpcomm/judge/bottleneck.py) on one split, measured or model-based."""
+
+    source: str  # "measured" | "model-based"
+    decided: bool
+    interconnect_is_bottleneck: bool | None
+    transfer_share: float | None  # fraction of the token (low-high over a model's range: see share_range)
+    collective_share: float | None
+    main_term: str | None  # the largest term other than the collectives
+    wait_exceeds_transfer: bool | None
+    statement: str
+    decides: str | None = None  # the measurement that would decide it, when not decided
+    share_range: dict[str, float] | None = None  # model-based: {low, central, high} of the transfer share
+
+
+@dataclass
+class Lever:
+    """Something the operator can set, with its predicted effect on single-stream tok/s (judge/levers.py)."""
+
+    name: str
+    setting: str  # what to set: a vLLM flag, an environment variable, or the action
+    tok_per_s: float | None
+    tok_per_s_range: dict[str, float] | None
+    change_pct: float | None
+    basis: str  # where the figure comes from
+    kind: str = "lever"  # "lever" | "bound"
+
+
+@dataclass
+class Attribution:
+    """attribution/summary.json."""
+
+    source: str  # "hook" | "trace"
+    plugin: bool
+    plugin_note: str | None
+    method: str
+    conditions: dict[str, Any]
+    plan_config: dict[str, Any]
+    windows: list[dict[str, int]]
+    notes: list[str]
+    levels: list[LevelSplit]
+    alignment: dict[str, Any] | None = None
+    verdict: Verdict | None = None  # the measured verdict at the headline level (lowest C with a split)
+    headline: dict[str, int] | None = None  # {concurrency, repeat} of the level the headline comes from
+
+    def headline_level(self) -> LevelSplit | None:
+        if self.headline is None:
+            return None
+        return next(
+            (
+                lv
+                for lv in self.levels
+                if (lv.concurrency, lv.repeat) == (self.headline["concurrency"], self.headline["repeat"])
+            ),
+            None,
+        )
+
+    def to_json(self) -> dict:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Attribution:
+        return from_json(cls, doc, ATTR_SUMMARY)
+
+
+# ---- (de)serialisation with type checks ---------------------------------------
+def to_json(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return obj.item()
+    return obj
+
+
+def from_json(cls: type, doc: Any, spec: FileSpec | str, where: str = "") -> Any:
+    """`doc` as an instance of dataclass `cls`, every field checked against its annotation."""
+    return _load(cls, doc, spec, where)
+
+
+def _load(tp: Any, v: Any, spec, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if v is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _load(a, v, spec, where)
+            except SchemaError as e:
+                errors.append(e)
+        raise errors[0] if errors else _bad(spec, where, v, tp)
+    if origin is list:
+        (a,) = typing.get_args(tp) or (Any,)
+        if not isinstance(v, list):
+            raise _bad(spec, where, v, "a list")
+        return [_load(a, x, spec, f"{where}[{i}]") for i, x in enumerate(v)]
+    if origin is dict:
+        ka, va = typing.get_args(tp) or (str, Any)
+        if not isinstance(v, dict):
+            raise _bad(spec, where, v, "an object")
+        return {k: _load(va, x, spec, f"{where}.{k}") for k, x in v.items()}
+    if tp is Any:
+        return v
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(v, dict):
+            raise _bad(spec, where, v, "an object")
+        hints = typing.get_type_hints(tp)
+        kw = {}
+        for f in dataclasses.fields(tp):
+            name = f"{where}.{f.name}" if where else f.name
+            if f.name not in v:
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                    continue
+                raise SchemaError(spec, "lacks a required key", name)
+            kw[f.name] = _load(hints[f.name], v[f.name], spec, name)
+        return tp(**kw)
+    if tp is float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _bad(spec, where, v, "a number")
+        return float(v)
+    if tp is int:
+        if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
+            raise _bad(spec, where, v, "an integer")
+        return int(v)
+    if tp is bool:
+        if not isinstance(v, bool):
+            raise _bad(spec, where, v, "true or false")
+        return v
+    if tp is str:
+        if not isinstance(v, str):
+            raise _bad(spec, where, v, "text")
+        return v
+    raise TypeError(f"results.py cannot load {tp!r}")  # a programming error: an annotation this loader lacks
+
+
+def _bad(spec, where: str, v: Any, expected: Any) -> SchemaError:
+    names = {str: "text", bool: "true/false", int: "a number", float: "a number", list: "a list", dict: "an object"}
+    got = "null" if v is None else names.get(type(v), type(v).__name__)
+    return SchemaError(spec, f"holds {got} where {expected} was expected", where or None)
