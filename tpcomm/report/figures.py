@@ -70,9 +70,9 @@ def fig_token_split(page: dict[str, Any]) -> Figure | None:
         label = f"{k.replace('_', ' ')} {v:.3g} ms ({shares.get(k, 0):.1f}%)"
         ax.barh([0], [v], left=left, color=COLORS.get(k, None), label=label)
         left += v
-    tpot = page.get("client_tpot_ms_p50") if split.get("source") == "measured" else None
+    tpot = page.get("client_ms") if split.get("source") == "measured" else None
     if tpot:
-        ax.plot([tpot], [0], "k^", ms=5, mfc="white", label=f"client TPOT p50 {tpot:.3g} ms (not in the split)")
+        ax.plot([tpot], [0], "k^", ms=5, mfc="white", label=f"client {tpot:.3g} ms per token (p50; not in the split)")
     ax.set_xlim(0, max(left, tpot or 0) * 1.05 or 1)
     ax.set_yticks([])
     ax.set_xlabel(f"ms per token ({split.get('source')}; the bar ends at the headline's {total:.3g} ms)")

@@ -62,7 +62,6 @@ def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) ->
         level=lv,
         verdict=att.verdict,
         split={"terms": t.as_dict(), "total_ms": ms, "shares_pct": lv.shares_pct, "source": "measured"},
-        client_tpot_ms_p50=lv.client.tpot_ms_p50 if lv.client else None,
     )
     n = d["numbers"]
     n.update(tok_per_s=1e3 / ms, ms_per_token=ms, concurrency=lv.concurrency, clock=lv.clock)
@@ -71,10 +70,15 @@ def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) ->
     d["headline"] = (
         f"Single stream: {fmt(1e3 / ms)} tok/s ({fmt(ms)} ms per token, engine, {lv.clock} clock, C={lv.concurrency})"
     )
-    c = lv.client.tpot_ms_p50 if lv.client else None
-    if c:
-        n["client_tpot_ms_p50"] = c
-        d["headline"] += f"; the client's TPOT p50 {fmt(c)} ms ({fmt(1e3 / c)} tok/s)"
+    # The client beside it: what the closure compares (per request, over the tokens it could time), never the
+    # plain TPOT p50 alone, which held-back streams pull towards 0.
+    cz = lv.closure
+    if cz is not None and cz.client_ms:
+        n["client_ms_per_token_p50"] = cz.client_ms
+        d["client_ms"] = cz.client_ms
+        d["headline"] += f"; the client {fmt(cz.client_ms)} ms per token (p50 of {cz.requests} requests it could time)"
+    if lv.client and lv.client.tpot_ms_p50:
+        n["client_tpot_ms_p50"] = lv.client.tpot_ms_p50
     d["conditions"] = "measured: " + readers.short_conditions(cond)
     d["sentences"].append(att.verdict.statement)
     d["sentences"].append(_closure_sentence(lv))
