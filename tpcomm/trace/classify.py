@@ -147,7 +147,7 @@ def op_of(name: str, rule: Rule | None, meta: dict | None = None) -> str:
         return _COLLECTIVE_NAMES[coll.lower()]
     if rule is not None and rule.op:
         return rule.op
-    head = name.split("(")[0]
+    head = name.replace("(anonymous namespace)", "").split("(")[0]
     for pat, op in _OPS:
         if pat.search(head):
             return op

@@ -157,6 +157,7 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
     # ---- communication ------------------------------------------------------------------------------------
     ext = np.frombuffer(tr.ext, dtype=np.int64)
     meta_by_ext = {int(ext[i]): a for i, a in tr.args.items() if host[i] and names[name[i]] == "record_param_comms"}
+    launchers = _Launchers(tr, host, names, name, ts, dur, tid, cat) if timeline == K.DEVICE else None
     coll, odd = [], {}
     tl_mask = dev if timeline == K.DEVICE else host
     cand = sorted((i for i in tr.args if tl_mask[i]), key=lambda i: ts[i])
@@ -169,28 +170,42 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
                                               and (VLLM_STEP.match(nm) or PROFILER_STEP.match(nm))):
                 o = odd.setdefault(nm, [0, 0.0])
                 o[0] += 1
-                o[1] += dur[i] / 1e3
+                o[1] += float(dur[i]) / 1e3
             continue
         if timeline == K.HOST:  # count the outermost op only (a shm op inside another counted one is one transfer)
             if ts[i] < open_until.get(int(tid[i]), -1):
                 continue
             open_until[int(tid[i])] = int(ts[i] + dur[i])
         a = tr.args[i]
-        md = a if "Collective name" in a or "In msg nelems" in a else meta_by_ext.get(int(ext[i]), a)
-        nbytes, dtype, bfrom = _bytes(md)
-        if nbytes < 0 and md is not a:
-            nbytes, dtype, bfrom = _bytes(a)
+        # Metadata: the kernel's own, else the CPU op that launched it (same External id, or the innermost
+        # communication op around its launch: record_param_comms, nccl:<op>, c10d::<op>).
+        cands = [a, meta_by_ext.get(int(ext[i]))] + (launchers.around(i) if launchers else [])
+        cands = [c for c in cands if c]
+        md = next((c for c in cands if "Collective name" in c or "In msg nelems" in c), None)
+        nbytes, dtype, bfrom = _bytes(md) if md else (-1, "", "not recorded")
+        for c in cands:
+            if nbytes >= 0:
+                break
+            nbytes, dtype, bfrom = _bytes(c)
+        md = md or a
+        if timeline == K.DEVICE and "Collective name" not in md and launchers:
+            nm_op = launchers.op_name(i)  # a kernel shared by several collectives (SendRecv for all_to_all)
+        else:
+            nm_op = None
         gsize = _int(md.get("Group size")) or group_size or 1
         k = step_of[i] if step_of is not None else int(step_of_host_time(np.array([ts[i]]))[0])
         coll.append(
-            (tr.rank, _group(md), tr.rank % gsize, gsize, K.op_of(nm, rule, md), nbytes, dtype, rule.family,
+            (tr.rank, _group(md), tr.rank % gsize, gsize, (nm_op or K.op_of(nm, rule, md)), nbytes, dtype, rule.family,
              int(step_no[k]) if k >= 0 else -1, 0, base + int(ts[i]), base + int(ts[i] + dur[i]), dur[i] / 1e3,
-             f"kineto-{timeline}", rule.path, "trace", nm, bfrom)
+             f"kineto-{timeline}", rule.path, "trace", nm, bfrom, launchers.issued(i) if launchers else int(ts[i]))
         )
-    cdf = pd.DataFrame(coll, columns=COLL_COLS)
+    cdf = pd.DataFrame(coll, columns=[*COLL_COLS, "t_issue"])
     if len(cdf):
-        cdf = cdf.sort_values(["step", "t_start_ns"], kind="stable").reset_index(drop=True)
+        # call_idx in issue order, as the hook counts calls: kernels by their launch on the host (streams may
+        # run them in another order), host ops by their start.
+        cdf = cdf.sort_values(["step", "t_issue", "t_start_ns"], kind="stable").reset_index(drop=True)
         cdf["call_idx"] = cdf.groupby("step").cumcount().astype(np.int64)
+    cdf = cdf.drop(columns="t_issue")
     unclassified = [{"name": n, "count": c, "time_us": t} for n, (c, t) in sorted(odd.items(), key=lambda x: -x[1][1])]
     return RankTables(tr.rank, timeline, source, steps, cdf, unclassified, base + first, base + last)
 
@@ -212,6 +227,41 @@ def _host_step_ends(srows, ts, dur, tid, host) -> np.ndarray:
         end = int(e[lo:hi].max()) if hi > lo else int(ts[i] + dur[i])
         out.append(min(max(end, int(ts[i] + dur[i])), int(nxt[k])))
     return np.array(out, dtype=np.int64)
+
+
+class _Launchers:
+    """For a kernel: the host ops around its launch (CUDA correlation id -> the launch -> enclosing ops)."""
+
+    def __init__(self, tr, host, names, name, ts, dur, tid, cat):
+        corr = np.frombuffer(tr.corr, dtype=np.int64)
+        rt = np.flatnonzero(np.isin(cat, list(RUNTIME_CATS)))
+        self.launch = {int(corr[j]): (int(ts[j]), int(tid[j])) for j in rt}
+        w = [j for j in tr.args if host[j] and (K.is_wrapper(names[name[j]]) or K.LOOKS_LIKE_COMM.search(names[name[j]]))]
+        self.w = sorted(w, key=lambda j: ts[j])
+        self.tr, self.names, self.name, self.ts, self.dur, self.tid, self.corr = tr, names, name, ts, dur, tid, corr
+
+    def _around(self, i) -> list[int]:
+        hit = self.launch.get(int(self.corr[i]))
+        if hit is None:
+            return []
+        t, th = hit
+        out = [j for j in self.w if self.tid[j] == th and self.ts[j] <= t <= self.ts[j] + self.dur[j]]
+        return out[::-1]  # innermost first
+
+    def issued(self, i) -> int:
+        """When the kernel was launched on the host (trace clock), else when it started on the device."""
+        hit = self.launch.get(int(self.corr[i]))
+        return hit[0] if hit else int(self.ts[i])
+
+    def around(self, i) -> list[dict]:
+        return [self.tr.args[j] for j in self._around(i)]
+
+    def op_name(self, i) -> str | None:
+        for j in self._around(i):
+            nm = self.names[self.name[j]]
+            if nm.startswith(("nccl:", "gloo:")):
+                return K.op_of(nm.split(":", 1)[1], None)
+        return None
 
 
 def _bytes(md: dict) -> tuple[int, str, str]:
