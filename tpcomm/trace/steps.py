@@ -34,24 +34,56 @@ import pandas as pd
 from tpcomm.trace import classify as K
 from tpcomm.trace.reader import CAT_CODE, DEVICE_CATS, HOST_CATS, RUNTIME_CATS, RankTrace
 
-VLLM_STEP = re.compile(
-    r"^execute_(?:\d+_)?context_(\d+)\((?:sq)?(\d+)[^)]*\)_generation_(\d+)\((?:sq)?(\d+)[^)]*\)$"
-)
+VLLM_STEP = re.compile(r"^execute_(?:\d+_)?context_(\d+)\((?:sq)?(\d+)[^)]*\)_generation_(\d+)\((?:sq)?(\d+)[^)]*\)$")
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 DTYPE_BYTES = {
     # Kineto collective metadata (`dtype`)
-    "Float": ("float32", 4), "BFloat16": ("bfloat16", 2), "Half": ("float16", 2), "Double": ("float64", 8),
-    "Long": ("int64", 8), "Int": ("int32", 4), "Short": ("int16", 2), "Byte": ("uint8", 1), "Char": ("int8", 1),
-    "Bool": ("bool", 1), "Float8_e4m3fn": ("float8_e4m3fn", 1), "Float8_e5m2": ("float8_e5m2", 1),
+    "Float": ("float32", 4),
+    "BFloat16": ("bfloat16", 2),
+    "Half": ("float16", 2),
+    "Double": ("float64", 8),
+    "Long": ("int64", 8),
+    "Int": ("int32", 4),
+    "Short": ("int16", 2),
+    "Byte": ("uint8", 1),
+    "Char": ("int8", 1),
+    "Bool": ("bool", 1),
+    "Float8_e4m3fn": ("float8_e4m3fn", 1),
+    "Float8_e5m2": ("float8_e5m2", 1),
     # record_shapes' `Input type`
-    "float": ("float32", 4), "c10::BFloat16": ("bfloat16", 2), "c10::Half": ("float16", 2), "double": ("float64", 8),
-    "long int": ("int64", 8), "int": ("int32", 4), "short int": ("int16", 2), "unsigned char": ("uint8", 1),
-    "signed char": ("int8", 1), "bool": ("bool", 1), "c10::Float8_e4m3fn": ("float8_e4m3fn", 1),
+    "float": ("float32", 4),
+    "c10::BFloat16": ("bfloat16", 2),
+    "c10::Half": ("float16", 2),
+    "double": ("float64", 8),
+    "long int": ("int64", 8),
+    "long": ("int64", 8),
+    "int": ("int32", 4),
+    "short int": ("int16", 2),
+    "unsigned char": ("uint8", 1),
+    "signed char": ("int8", 1),
+    "bool": ("bool", 1),
+    "c10::Float8_e4m3fn": ("float8_e4m3fn", 1),
 }
 STEP_COLS = ["rank", "step", "t_start_ns", "t_end_ns", "duration_us", "num_seqs", "num_tokens", "kind", "source"]
 COLL_COLS = [
-    "rank", "group", "group_rank", "group_size", "op", "bytes", "dtype", "backend", "step", "call_idx", "t_start_ns",
-    "t_end_ns", "duration_us", "timing", "path", "source", "name", "bytes_from",
+    "rank",
+    "group",
+    "group_rank",
+    "group_size",
+    "op",
+    "bytes",
+    "dtype",
+    "backend",
+    "step",
+    "call_idx",
+    "t_start_ns",
+    "t_end_ns",
+    "duration_us",
+    "timing",
+    "path",
+    "source",
+    "name",
+    "bytes_from",
 ]
 
 
@@ -59,7 +91,9 @@ def keep_args(cat: int, name: str) -> bool:
     """Whose args the reader keeps: communication, its metadata carriers, and step ranges."""
     if cat in HOST_CATS or cat == CAT_CODE["kernel"]:
         return bool(
-            K.LOOKS_LIKE_COMM.search(name) or K.WRAPPERS.search(name) or VLLM_STEP.match(name)
+            K.LOOKS_LIKE_COMM.search(name)
+            or K.WRAPPERS.search(name)
+            or VLLM_STEP.match(name)
             or PROFILER_STEP.match(name)
         )
     return False
@@ -166,8 +200,11 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
         nm = names[name[i]]
         rule = K.rule_for(nm, timeline)
         if rule is None:
-            if K.looks_like_comm(nm) and not (timeline == K.HOST and cat[i] == CAT_CODE["user_annotation"]
-                                              and (VLLM_STEP.match(nm) or PROFILER_STEP.match(nm))):
+            if K.looks_like_comm(nm) and not (
+                timeline == K.HOST
+                and cat[i] == CAT_CODE["user_annotation"]
+                and (VLLM_STEP.match(nm) or PROFILER_STEP.match(nm))
+            ):
                 o = odd.setdefault(nm, [0, 0.0])
                 o[0] += 1
                 o[1] += float(dur[i]) / 1e3
@@ -195,9 +232,27 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
         gsize = _int(md.get("Group size")) or group_size or 1
         k = step_of[i] if step_of is not None else int(step_of_host_time(np.array([ts[i]]))[0])
         coll.append(
-            (tr.rank, _group(md), tr.rank % gsize, gsize, (nm_op or K.op_of(nm, rule, md)), nbytes, dtype, rule.family,
-             int(step_no[k]) if k >= 0 else -1, 0, base + int(ts[i]), base + int(ts[i] + dur[i]), dur[i] / 1e3,
-             f"kineto-{timeline}", rule.path, "trace", nm, bfrom, launchers.issued(i) if launchers else int(ts[i]))
+            (
+                tr.rank,
+                _group(md),
+                tr.rank % gsize,
+                gsize,
+                (nm_op or K.op_of(nm, rule, md)),
+                nbytes,
+                dtype,
+                rule.family,
+                int(step_no[k]) if k >= 0 else -1,
+                0,
+                base + int(ts[i]),
+                base + int(ts[i] + dur[i]),
+                dur[i] / 1e3,
+                f"kineto-{timeline}",
+                rule.path,
+                "trace",
+                nm,
+                bfrom,
+                launchers.issued(i) if launchers else int(ts[i]),
+            )
         )
     cdf = pd.DataFrame(coll, columns=[*COLL_COLS, "t_issue"])
     if len(cdf):
@@ -236,7 +291,9 @@ class _Launchers:
         corr = np.frombuffer(tr.corr, dtype=np.int64)
         rt = np.flatnonzero(np.isin(cat, list(RUNTIME_CATS)))
         self.launch = {int(corr[j]): (int(ts[j]), int(tid[j])) for j in rt}
-        w = [j for j in tr.args if host[j] and (K.is_wrapper(names[name[j]]) or K.LOOKS_LIKE_COMM.search(names[name[j]]))]
+        w = [
+            j for j in tr.args if host[j] and (K.is_wrapper(names[name[j]]) or K.LOOKS_LIKE_COMM.search(names[name[j]]))
+        ]
         self.w = sorted(w, key=lambda j: ts[j])
         self.tr, self.names, self.name, self.ts, self.dur, self.tid, self.corr = tr, names, name, ts, dur, tid, corr
 

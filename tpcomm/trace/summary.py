@@ -47,8 +47,10 @@ def split_lines(doc: dict) -> list[str]:
         out.append(f"  engine ms/{unit} {_ms(sp['engine_ms_per_token'])} = {terms}  ({sp['decode_pairs']} pairs/rank)")
     else:
         out.append(f"  no split: {sp.get('note', 'no two consecutive steps')}")
-    out.append(f"  {'rank':>4} {'steps':>6} {'span ms':>9} {'compute':>9} {'collective':>10} {'transfer':>9} "
-               f"{'wait':>8} {'gap ms':>8} {'calls':>6}")
+    out.append(
+        f"  {'rank':>4} {'steps':>6} {'span ms':>9} {'compute':>9} {'collective':>10} {'transfer':>9} "
+        f"{'wait':>8} {'gap ms':>8} {'calls':>6}"
+    )
     for r in doc["ranks"]:
         out.append(
             f"  {r['rank']:>4} {r['steps']:>6} {r['span_us'] / 1e3:>9.3f} {r['compute_us'] / 1e3:>9.3f} "

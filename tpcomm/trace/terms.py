@@ -76,6 +76,7 @@ def crosscheck(aligned: pd.DataFrame, steps: pd.DataFrame, model_source, window=
 
 def _compare_counts(obs: dict, planned: dict, note: str) -> dict:
     """Sizes not in the trace (the profiler ran without record_shapes): counts per (group, op) only."""
+
     def per_op(sig):
         out: dict = {}
         for (g, op, _), n in sig.items():
