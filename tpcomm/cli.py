@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "topo": ("tpcomm.topo.cli", "topo", "GPUs, links, P2P, NUMA and NCCL settings; what they mean for vLLM."),
     "probe": ("tpcomm.probe.cli", "probe", "Microbenchmark the model's collectives on vLLM's backends."),
     "attribute": ("tpcomm.attribute.cli", "attribute", "Drive load on a vLLM server and split each token's latency."),
+    "trace": ("tpcomm.trace.cli", "trace", "Read torch-profiler traces (one per rank) into the same per-token split."),
     "report": ("tpcomm.report.cli", "report", "Render a run directory into a PDF (and Markdown) report."),
     "demo": ("tpcomm.demo", "demo", "The whole job end to end on real vLLM-CPU with a tiny generated model."),
     "selfcheck": ("tpcomm.selfcheck.cli", "selfcheck", "PASS/FAIL of tpcomm's GPU paths here (torch only)."),

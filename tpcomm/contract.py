@@ -284,6 +284,76 @@ ALL: dict[str, FileSpec] = {
 }
 
 
+# ---- torch-profiler (Kineto) traces read into the hook's record tables (issue 18) ---------------------------
+# Written by `tpcomm trace TRACE_DIR --out RUN_DIR` and by `attribute --profile`: the same columns as the hook's
+# records plus `source` ("trace"), so the same alignment and split read them.
+TRACE_WRITER = "tpcomm trace TRACE_DIR --out RUN_DIR (or tpcomm attribute --profile --profile-dir DIR)"
+TRACE_COLLECTIVES = FileSpec(
+    "trace/collectives.parquet",
+    "table",
+    TRACE_WRITER,
+    "one row per collective per rank read from the traces (kernel or op name, bytes from metadata or shapes, "
+    "-1 when the trace holds none), aligned across ranks: transfer_us and wait_us per call",
+    columns=_cols(_HOOK_COLL + " source:s transfer_us:f wait_us:f"),
+    optional=_HOOK_COLL_OPTIONAL,
+)
+TRACE_STEPS = FileSpec(
+    "trace/steps.parquet",
+    "table",
+    TRACE_WRITER,
+    "one row per engine step per rank read from the traces (vLLM's execute ranges, else ProfilerStep#N)",
+    columns=_cols(_HOOK_STEP + " source:s"),
+)
+TRACE_STEPS_BY_RANK = FileSpec(
+    "trace/steps_by_rank.parquet",
+    "table",
+    TRACE_WRITER,
+    "per rank and step: span, compute, collective, transfer, wait, gap to the next step (us)",
+    columns=_cols("rank:i step:i step_us:f compute_us:f coll_us:f transfer_us:f wait_us:f gap_us:f"),
+)
+TRACE_SUMMARY = FileSpec(
+    "trace/summary.json",
+    "json",
+    TRACE_WRITER,
+    "the traces' split (per token, or per step for training traces), per rank totals, plan cross-check, "
+    "unclassified communication-like names, conditions",
+    keys=("source", "split", "ranks"),
+)
+TRACE_COMPARE = FileSpec(
+    "trace/compare.json",
+    "json",
+    ATTRIBUTE + " --profile",
+    "both instruments on one window: per term hook ms, trace ms, difference",
+    keys=("terms",),
+)
+TRACE_PERFETTO = FileSpec("trace/perfetto.json", "aux", TRACE_WRITER, "aligned steps and collectives (Perfetto)")
+HOOK_PERFETTO = FileSpec(
+    "trace/hook_perfetto.json", "aux", "tpcomm trace --from-hook RUN_DIR", "the hook's aligned records (Perfetto)"
+)
+PROFILE_HOOK_STEPS = FileSpec(
+    "profile/hook_steps.parquet",
+    "table",
+    ATTRIBUTE + " --profile",
+    "hook step rows of the profiled requests",
+    columns=_cols(_HOOK_STEP),
+)
+ALL.update(
+    {
+        s.path: s
+        for s in (
+            TRACE_COLLECTIVES,
+            TRACE_STEPS,
+            TRACE_STEPS_BY_RANK,
+            TRACE_SUMMARY,
+            TRACE_COMPARE,
+            TRACE_PERFETTO,
+            HOOK_PERFETTO,
+            PROFILE_HOOK_STEPS,
+        )
+    }
+)
+
+
 def spec_for(name: FileSpec | str) -> FileSpec | None:
     return name if isinstance(name, FileSpec) else ALL.get(str(name))
 

@@ -1,21 +1,23 @@
 """`--profile`: capture vLLM's torch-profiler traces around a short C=1 round
-and count communication in them, next to the hook's totals for the same window.
+and read them as a second instrument beside the hook, on the same window.
 
-Communication in a Kineto trace: NCCL kernels (`nccl*`), vLLM's own
-all-reduce kernels (`cross_device_reduce_*`, quick/one-shot variants) and on
-CPU the `_C::shm_allreduce` op (plus the shm all-gather/gather ops). The
-server must run with --profiler-config '{"profiler":"torch","torch_profiler_dir":DIR}';
+The traces are read by tpcomm/trace (the same classifier, step reading and
+alignment as `tpcomm trace`) into the run directory's trace/ folder; the
+hook's records of the same requests go to profile/. Both are split by the
+same function (trace/terms.py -> attribute/split.py) over the same window
+(the profiled requests, on the one clock both share on one host), and
+trace/compare.json holds per term: hook, trace, difference. The counts per
+rank and op name (profile/comm_events.parquet) stay beside it.
+
+The server must run with --profiler-config '{"profiler":"torch","torch_profiler_dir":DIR}';
 the traces are read from DIR (the client must see it: same host or shared disk).
 
-Units: *_us microseconds (Kineto `dur`), counts per rank over the window.
+Units: *_us microseconds, *_ms milliseconds per token, t_*_ns Unix clock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gzip
-import json
-import re
 import time
 from pathlib import Path
 
@@ -25,67 +27,28 @@ import pandas as pd
 from tpcomm import contract as C
 from tpcomm.attribute import load, records
 from tpcomm.attribute.server import ServerInfo
+from tpcomm.errors import InputError
 
-COMM_PATTERNS = [
-    ("nccl", re.compile(r"^nccl", re.I)),
-    ("custom_ar", re.compile(r"cross_device_reduce|one_shot|two_shot|quickreduce|allreduce_kernel", re.I)),
-    ("shm", re.compile(r"^_C::shm_(allreduce|all_gather|gather)|shm_allreduce", re.I)),
-]
 PROFILER_HINT = (
     'start the server with --profiler-config \'{"profiler":"torch","torch_profiler_dir":"/tmp/vllm_prof"}\' '
     "and pass --profile-dir /tmp/vllm_prof"
 )
 
 
-def comm_events(trace: dict) -> pd.DataFrame:
-    """Communication events of one Kineto trace: name, kind (nccl/custom_ar/shm), cat, ts_us, dur_us."""
-    rows = []
-    for ev in trace.get("traceEvents", []):
-        if ev.get("ph") != "X":
-            continue
-        name = ev.get("name", "")
-        cat = ev.get("cat", "")
-        # Kernels count on the device; CPU ops only for the shm path (a CUDA op's CPU launch would double count).
-        for kind, pat in COMM_PATTERNS:
-            if pat.search(name) and (cat in ("kernel", "gpu_user_annotation") or kind == "shm"):
-                if kind == "shm" and cat not in ("cpu_op", "user_annotation", ""):
-                    continue
-                rows.append(
-                    {
-                        "name": name,
-                        "kind": kind,
-                        "cat": cat,
-                        "ts_us": float(ev.get("ts", 0)),
-                        "dur_us": float(ev.get("dur", 0)),
-                    }
-                )
-                break
-    return pd.DataFrame(rows, columns=["name", "kind", "cat", "ts_us", "dur_us"])
-
-
-def read_trace(path: Path) -> dict:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return json.load(f)
-
-
-def trace_rank(path: Path, trace: dict) -> int | None:
-    info = trace.get("distributedInfo") or {}
-    if isinstance(info.get("rank"), int):
-        return info["rank"]
-    m = re.search(r"rank(\d+)", path.name)
-    return int(m.group(1)) if m else None
-
-
 def summarise_traces(paths: list[Path]) -> pd.DataFrame:
-    """One row per (rank, kind, name): count and total time."""
+    """One row per (rank, kind, name): count and total time (us) of the communication the trace rules count."""
+    from tpcomm.trace.reader import read_trace
+    from tpcomm.trace.steps import keep_args, rank_tables
+
     frames = []
     for p in paths:
-        tr = read_trace(p)
-        ev = comm_events(tr)
-        ev["rank"] = trace_rank(p, tr)
-        ev["file"] = p.name
-        frames.append(ev)
+        tr = read_trace(p, keep_args)
+        coll = rank_tables(tr, tr.world_size).collectives
+        frames.append(
+            pd.DataFrame(
+                {"rank": tr.rank, "kind": coll["backend"], "name": coll["name"], "dur_us": coll["duration_us"]}
+            )
+        )
     if not frames:
         return pd.DataFrame(columns=["rank", "kind", "name", "count", "time_us"])
     ev = pd.concat(frames, ignore_index=True)
@@ -96,7 +59,9 @@ def summarise_traces(paths: list[Path]) -> pd.DataFrame:
     )
 
 
-def profile_run(info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, profile_dir: str | None, rd) -> dict:
+def profile_run(
+    info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, profile_dir: str | None, rd, model_config=None
+) -> dict:
     prefix = f"tpcomm{time.strftime('%H%M%S')}"
     try:
         r = httpx.post(info.url + "/start_profile", json={"profile_prefix": prefix}, headers=info.headers, timeout=120)
@@ -122,12 +87,15 @@ def profile_run(info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, pr
         "output_len": small.output_len,
         "window_ns": [t0, t1],
     }
-    hook = None
+    hook = hook_coll = hook_steps = None
     if plugin:
         records.stop(info)
-        coll, _, _ = records.fetch(info)
-        coll = coll[(coll["t_start_ns"] >= t0) & (coll["t_end_ns"] <= t1)]
-        rd.write_table(C.PROFILE_HOOK, coll)
+        coll, steps, _ = records.fetch(info)
+        hook_coll = coll[(coll["t_start_ns"] >= t0) & (coll["t_end_ns"] <= t1)]
+        hook_steps = steps[(steps["t_start_ns"] >= t0) & (steps["t_end_ns"] <= t1)]
+        rd.write_table(C.PROFILE_HOOK, hook_coll)
+        rd.write_table(C.PROFILE_HOOK_STEPS, hook_steps)
+        coll = hook_coll
         hook = (
             coll.groupby(["rank", "op"])
             .agg(count=("duration_us", "size"), time_us=("duration_us", "sum"))
@@ -141,18 +109,61 @@ def profile_run(info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, pr
     if not paths:
         doc["note"] = f"no trace named {prefix}* appeared in {profile_dir}"
         return doc
+    paths = [p for p in paths if "async_llm" not in p.name]  # the API server's own trace holds no rank
     summ = summarise_traces(paths)
     rd.write_table(C.PROFILE_EVENTS, summ)
     doc["traces"] = [str(p) for p in paths]
     doc["trace_comm"] = summ.to_dict("records")
     doc["comparison"] = compare_with_hook(summ, hook)
-    doc["summary_line"] = "; ".join(
-        f"rank {c['rank']}: trace {c['trace_count']} comm events "
-        f"({c['trace_time_us']:.0f} us), hook {c['hook_count']} "
-        f"({c['hook_time_us']:.0f} us)"
-        for c in doc["comparison"]
-    )
+    lines = [
+        "; ".join(
+            f"rank {c['rank']}: trace {c['trace_count']} comm events "
+            f"({c['trace_time_us']:.0f} us), hook {c['hook_count']} "
+            f"({c['hook_time_us']:.0f} us)"
+            for c in doc["comparison"]
+        )
+    ]
+    try:
+        from tpcomm.attribute.crosscheck import plan_config
+
+        plan_src, _ = plan_config(model_config, info.plugin)  # --model-config, else the server-reported config
+        cmp_doc = both_instruments(rd, paths, hook_coll, hook_steps, (t0, t1), plan_src)
+        doc["instruments"] = cmp_doc
+        from tpcomm.trace.summary import compare_lines
+
+        if cmp_doc.get("terms"):
+            lines += compare_lines(cmp_doc)
+    except InputError as e:  # traces that cannot be read: said, and nothing measured is lost
+        doc["instruments"] = {"error": str(e)}
+        lines.append(f"traces not split: {e}")
+    doc["summary_line"] = "\n".join(lines)
     return doc
+
+
+def both_instruments(rd, paths: list[Path], hook_coll, hook_steps, window: tuple[int, int], model_config=None) -> dict:
+    """Split the traces (into trace/) and, with hook records, the hook's records over the same window with the same
+    function; write trace/compare.json: per term hook, trace, difference (ms per token)."""
+    from tpcomm.attribute.align import align
+    from tpcomm.trace import importer, terms
+
+    imp = importer.analyse(importer.load(paths), model_config, window)
+    importer.write(rd, imp, {"window_ns": list(window), "source": "attribute --profile"})
+    out = {
+        "window_ns": list(window),
+        "window_text": f"the {len(paths)} profiled ranks' steps starting in the profiled requests' "
+        f"{(window[1] - window[0]) / 1e9:.2f} s",
+        "trace": imp.split,
+        "trace_collectives_per_step": imp.crosscheck,
+        "hook": None,
+        "terms": [],
+    }
+    if hook_coll is not None and not hook_coll.empty and hook_steps is not None:
+        aligned = align(hook_coll)
+        out["hook"] = terms.split(aligned, hook_steps, window)
+        out["hook_collectives_per_step"] = terms.crosscheck(aligned, hook_steps, model_config, window)
+        out["terms"] = terms.comparison(out["hook"], imp.split)
+    rd.write_json(C.TRACE_COMPARE, out)
+    return out
 
 
 def compare_with_hook(summ: pd.DataFrame, hook: pd.DataFrame | None) -> list[dict]:

@@ -1,0 +1,112 @@
+"""`tpcomm trace`: read a folder of per-rank Kineto traces into a run
+directory's trace/ folder, split, cross-check and export them. Usable from
+Python without click: `import_traces("prof/", "runs/r1")`.
+
+Everything is read and checked before anything is written, so a bad input
+(exit 2) leaves the run directory as it was; what is written goes to trace/
+only (atomic writes), never over the hook's own files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpcomm import contract as C
+from tpcomm.errors import InputError
+from tpcomm.rundir import RunDir
+from tpcomm.trace import export, terms
+from tpcomm.trace.instances import TraceSet, check_and_align
+from tpcomm.trace.reader import read_trace
+from tpcomm.trace.steps import keep_args, rank_tables
+from tpcomm.trace.summary import write_summary
+
+# vLLM's front-end trace (the API server's AsyncLLM) holds no worker: not a rank.
+_FRONTEND = re.compile(r"async_llm", re.I)
+
+
+def find_traces(source: str | Path, prefix: str | None = None) -> list[Path]:
+    d = Path(source)
+    if d.is_file():
+        return [d]
+    if not d.is_dir():
+        raise InputError(f"trace folder {d}", "does not exist", "a folder holding one Kineto trace per rank")
+    found = sorted(
+        p
+        for p in d.iterdir()
+        if p.is_file()
+        and p.name.endswith((".json", ".json.gz"))
+        and not _FRONTEND.search(p.name)
+        and (prefix is None or p.name.startswith(prefix))
+    )
+    if not found:
+        raise InputError(
+            f"trace folder {d}", "holds no *.json or *.json.gz trace", "one Kineto trace per rank (*.pt.trace.json.gz)"
+        )
+    return found
+
+
+@dataclass
+class Imported:
+    traces: TraceSet
+    by_rank: object  # DataFrame: terms.by_rank_steps
+    split: dict
+    crosscheck: dict
+    ranks: list[dict]
+
+
+def load(paths: list[Path], subset: bool = False) -> TraceSet:
+    traces = [read_trace(p, keep_args) for p in paths]
+    worlds = {t.world_size for t in traces if t.world_size}
+    gsize = max(worlds) if worlds else len(traces)
+    tables = [rank_tables(t, gsize) for t in traces]
+    return check_and_align(tables, traces, subset)
+
+
+def analyse(ts: TraceSet, model_config=None, window: tuple[int, int] | None = None) -> Imported:
+    by_rank = terms.by_rank_steps(ts.collectives, ts.steps)
+    sp = terms.split(ts.collectives, ts.steps, window, ts.multi_host)
+    cc = terms.crosscheck(ts.collectives, ts.steps, model_config, window)
+    return Imported(ts, by_rank, sp, cc, terms.rank_summary(terms.in_window(by_rank, window)))
+
+
+def write(rd: RunDir, imp: Imported, conditions: dict | None = None) -> dict:
+    ts = imp.traces
+    cols = [c for c in ts.collectives.columns if c not in ("name", "bytes_from")] + ["name", "bytes_from"]
+    rd.write_table(C.TRACE_COLLECTIVES, ts.collectives[cols])
+    rd.write_table(C.TRACE_STEPS, ts.steps)
+    rd.write_table(C.TRACE_STEPS_BY_RANK, imp.by_rank)
+    export.write(rd / C.TRACE_PERFETTO, export.perfetto(ts.collectives, ts.steps, "trace"))
+    return write_summary(rd, ts, imp.split, imp.crosscheck, imp.ranks, conditions or {})
+
+
+def import_traces(
+    source: str | Path, out: str | Path, model_config=None, subset: bool = False, argv: list[str] | None = None
+) -> dict:
+    if model_config:  # checked before anything is read: a bad config is the user's to fix
+        from tpcomm.models import load_model
+
+        load_model(model_config)
+    paths = find_traces(source)
+    imp = analyse(load(paths, subset), model_config)
+    rd = RunDir(out)
+    rd.record_command("trace", argv)
+    doc = write(rd, imp, {"trace_folder": str(source), "model_config": str(model_config) if model_config else None})
+    rd.mark("trace", "complete", ranks=imp.traces.ranks)
+    return doc
+
+
+def export_hook(run_dir: str | Path) -> Path:
+    """trace/hook_perfetto.json from a run directory's hook records (aligned as attribute aligns them)."""
+    from tpcomm.attribute.align import align
+
+    rd = RunDir(run_dir, create=False)
+    coll, steps = rd.read_table(C.HOOK_COLLECTIVES), rd.read_table(C.HOOK_STEPS)
+    if coll is None or steps is None or coll.empty:
+        raise InputError(
+            f"run directory {rd.path}",
+            "holds no hook records (hook/collectives.parquet)",
+            "a run directory written by `tpcomm attribute` with the plugin on",
+        )
+    return export.write(rd / C.HOOK_PERFETTO, export.perfetto(align(coll), steps, "hook"))

@@ -1,0 +1,231 @@
+"""Read one Kineto (torch-profiler) trace per rank, streaming, into compact columns.
+
+A Kineto trace is one JSON object whose `traceEvents` array holds every event;
+vLLM's traces run to tens of MB per rank, a GPU run's to hundreds. json.load
+would hold the whole text and a dict per event at once, so the reader walks the
+top-level object itself and decodes one event at a time with
+json.JSONDecoder.raw_decode over a sliding buffer (stdlib only). What it keeps
+per complete event ("ph": "X") is a row of integers in array columns
+(category, interned name, thread, start, duration, correlation, external id),
+plus the args of the few events whose metadata the analysis reads
+(communication and step annotations, launch records). Memory grows with the
+number of events, never with the size of their args or the JSON text.
+
+Time: Kineto `ts`/`dur` are microseconds (floats); `baseTimeNanoseconds`, when
+the trace has it, is the offset to the Unix epoch: t_ns = base + ts * 1000. On
+one host that is the clock tpcomm's hook records with (time.time_ns()).
+
+Rank: `distributedInfo.rank`, else a `rank<N>` / `rank-<N>` in the file name,
+else an error naming the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import zlib
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpcomm.errors import InputError
+
+CHUNK = 1 << 20  # characters read per refill
+# Event categories kept, as small integers in the `cat` column.
+CATS = (
+    "cpu_op",
+    "user_annotation",
+    "kernel",
+    "gpu_memcpy",
+    "gpu_memset",
+    "gpu_user_annotation",
+    "cuda_runtime",
+    "cuda_driver",
+    "python_function",
+)
+CAT_CODE = {c: i for i, c in enumerate(CATS)}
+DEVICE_CATS = {CAT_CODE[c] for c in ("kernel", "gpu_memcpy", "gpu_memset")}
+HOST_CATS = {CAT_CODE[c] for c in ("cpu_op", "user_annotation")}
+RUNTIME_CATS = {CAT_CODE[c] for c in ("cuda_runtime", "cuda_driver")}
+_WS = re.compile(r"[ \t\n\r]*")
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
+EXPECTED = "a Kineto trace as torch.profiler writes it (*.pt.trace.json[.gz], one JSON object with traceEvents)"
+
+
+@dataclass
+class RankTrace:
+    """One rank's trace: header fields and the kept events as columns (see the module docstring)."""
+
+    path: Path
+    rank: int
+    rank_from: str  # "distributedInfo" | "file name"
+    header: dict  # top-level keys except traceEvents
+    names: list[str] = field(default_factory=list)  # name id -> name
+    cat: array = field(default_factory=lambda: array("b"))
+    name: array = field(default_factory=lambda: array("l"))
+    tid: array = field(default_factory=lambda: array("q"))
+    ts_ns: array = field(default_factory=lambda: array("q"))  # trace clock, ns (ts * 1000)
+    dur_ns: array = field(default_factory=lambda: array("q"))
+    corr: array = field(default_factory=lambda: array("q"))  # CUDA correlation id, -1 if none
+    ext: array = field(default_factory=lambda: array("q"))  # Kineto External id, -1 if none
+    args: dict[int, dict] = field(default_factory=dict)  # row -> args, for rows keep_args selected
+
+    @property
+    def base_ns(self) -> int:
+        b = self.header.get("baseTimeNanoseconds")
+        return int(b) if isinstance(b, int | float) else 0
+
+    @property
+    def world_size(self) -> int | None:
+        w = (self.header.get("distributedInfo") or {}).get("world_size")
+        return int(w) if isinstance(w, int) else None
+
+    @property
+    def host(self) -> str | None:
+        h = self.header.get("host_name")
+        return str(h) if h else None
+
+    def __len__(self) -> int:
+        return len(self.ts_ns)
+
+
+def read_trace(path: str | Path, keep_args) -> RankTrace:
+    """Stream one trace file. `keep_args(cat, name) -> bool` says whose args to keep (the rest are dropped)."""
+    path = Path(path)
+    what = f"trace {path}"
+    try:
+        raw = path.open("rb")
+    except OSError as e:
+        raise InputError(what, f"cannot be read ({e.strerror})", EXPECTED) from None
+    with raw:
+        magic = raw.read(2)
+        raw.seek(0)
+        binary = gzip.GzipFile(fileobj=raw) if magic == b"\x1f\x8b" else raw
+        text = io.TextIOWrapper(binary, encoding="utf-8", errors="strict")
+        try:
+            tr = _Parser(text, what).parse(path, keep_args)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise InputError(what, f"is truncated or not valid gzip ({e})", EXPECTED) from None
+        except UnicodeDecodeError:
+            raise InputError(what, "is not UTF-8 text", EXPECTED) from None
+    info = tr.header.get("distributedInfo") or {}
+    if isinstance(info.get("rank"), int):
+        tr.rank, tr.rank_from = int(info["rank"]), "distributedInfo"
+    else:
+        m = _RANK_IN_NAME.search(path.name)
+        if not m:
+            raise InputError(
+                what,
+                "names no rank (no distributedInfo.rank in it, no rank<N> in its file name)",
+                "a trace written under torch.distributed, or a file named like *rank0*.json.gz",
+            )
+        tr.rank, tr.rank_from = int(m.group(1)), "file name"
+    return tr
+
+
+class _Parser:
+    """The top-level object, key by key; `traceEvents` element by element."""
+
+    def __init__(self, f, what: str):
+        self.f, self.what = f, what
+        self.buf, self.pos, self.eof = "", 0, False
+        self.dec = json.JSONDecoder()
+
+    def _fill(self) -> bool:
+        if self.eof:
+            return False
+        more = self.f.read(CHUNK)
+        if not more:
+            self.eof = True
+            return False
+        self.buf = self.buf[self.pos :] + more
+        self.pos = 0
+        return True
+
+    def _peek(self) -> str:
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._fill():
+                return ""
+
+    def _expect(self, chars: str) -> str:
+        c = self._peek()
+        if not c:
+            raise InputError(self.what, "ends in the middle of the JSON (truncated)", EXPECTED)
+        if c not in chars:
+            raise InputError(self.what, f"has {c!r} where one of {chars!r} was expected: not a Kineto trace", EXPECTED)
+        self.pos += 1
+        return c
+
+    def _value(self):
+        self._peek()
+        while True:
+            try:
+                v, end = self.dec.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as e:
+                # An incomplete value at the buffer's end: read more and decode again; at EOF it is truncated.
+                if self._fill():
+                    continue
+                raise InputError(self.what, f"is not valid JSON ({e.msg}): truncated?", EXPECTED) from None
+            if end == len(self.buf) and not self.eof and self._fill():
+                continue  # a number may go on in the next chunk
+            self.pos = end
+            return v
+
+    def parse(self, path: Path, keep_args) -> RankTrace:
+        if self._peek() != "{":
+            raise InputError(self.what, "is not a JSON object: not a Kineto trace", EXPECTED)
+        self.pos += 1
+        tr = RankTrace(path, -1, "", {})
+        seen_events = False
+        if self._peek() == "}":
+            self.pos += 1
+        else:
+            while True:
+                key = self._value()
+                self._expect(":")
+                if key == "traceEvents":
+                    self._events(tr, keep_args)
+                    seen_events = True
+                else:
+                    tr.header[key] = self._value()
+                if self._expect(",}") == "}":
+                    break
+        if not seen_events:
+            raise InputError(self.what, "has no traceEvents array: not a Kineto trace", EXPECTED)
+        return tr
+
+    def _events(self, tr: RankTrace, keep_args) -> None:
+        self._expect("[")
+        if self._peek() == "]":
+            self.pos += 1
+            return
+        ids: dict[str, int] = {}
+        cat_code, names = CAT_CODE, tr.names
+        while True:
+            ev = self._value()
+            if isinstance(ev, dict) and ev.get("ph") == "X":
+                c = cat_code.get(ev.get("cat"))
+                if c is not None:
+                    nm = ev.get("name", "")
+                    i = ids.get(nm)
+                    if i is None:
+                        i = ids[nm] = len(names)
+                        names.append(nm)
+                    a = ev.get("args") or {}
+                    tid = ev.get("tid", 0)
+                    tr.cat.append(c)
+                    tr.name.append(i)
+                    tr.tid.append(tid if isinstance(tid, int) else hash(tid) & 0x7FFFFFFF)
+                    tr.ts_ns.append(round(float(ev.get("ts", 0)) * 1000))
+                    tr.dur_ns.append(round(float(ev.get("dur", 0)) * 1000))
+                    tr.corr.append(int(a.get("correlation", -1)))
+                    tr.ext.append(int(a.get("External id", -1)))
+                    if keep_args(c, nm):
+                        tr.args[len(tr.ts_ns) - 1] = a
+            if self._expect(",]") == "]":
+                return
