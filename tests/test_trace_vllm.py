@@ -74,3 +74,31 @@ def test_plan_crosscheck_counts_per_decode_step(ts):
 
 def _config() -> dict:
     return json.loads((DATA / "attribute_tiny_tp2/model_config.json").read_text())
+
+
+def test_a_trace_import_is_a_run_directory_the_report_renders_as_its_split(tmp_path):
+    """`tpcomm trace DIR --out RUN` then `tpcomm report RUN`: the traces' split is attribution/summary.json (typed,
+    source "trace"), page one says where it came from, and the headline is the split's total."""
+    from click.testing import CliRunner
+
+    from tpcomm.cli import cli
+    from tpcomm.report.analysis import analyze
+    from tpcomm.results import Attribution
+
+    run = tmp_path / "run"
+    r = CliRunner().invoke(cli, ["trace", str(VLLM), "--out", str(run)])
+    assert r.exit_code == 0, r.output
+    att = Attribution.from_json(json.loads((run / "attribution/summary.json").read_text()))
+    lv = att.headline_level()
+    assert att.source == "trace" and lv.source == "trace" and lv.clock == "host" and lv.closure is None
+    assert lv.per_token_ms.total == pytest.approx(lv.engine_ms_per_token, rel=1e-9)
+    assert att.verdict is not None and att.verdict.transfer_share == pytest.approx(
+        lv.per_token_ms.transfer / lv.engine_ms_per_token
+    )
+    v = analyze(run).verdict
+    assert v["source"] == "measured" and "torch-profiler traces" in v["conditions"]
+    assert (
+        v["numbers"]["ms_per_token"] == lv.engine_ms_per_token and "no client timings in traces" in v["sentences"][-1]
+    )
+    r = CliRunner().invoke(cli, ["report", str(run)])
+    assert r.exit_code == 0, r.output

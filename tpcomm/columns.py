@@ -33,8 +33,8 @@ def fmt(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
-def signed_pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:+.0f}%"
+def signed_pct(x: float | None, digits: int = 0) -> str:
+    return "n/a" if x is None else f"{x:+.{digits}f}%"
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,15 @@ BY_RANK = [
     Col("wait ms", lambda x: x[1].per_token_ms.wait, 0.8),
     Col("host gap ms", lambda x: x[1].per_token_ms.host_gap, 0.8),
     Col("decode steps", lambda x: x[1].pairs, 0.8),
+]
+
+# ---- two instruments on one window (trace/compare.json rows) -------------------------------------------------
+INSTRUMENTS = [
+    Col("term", lambda r: r["term"].replace("_", " "), 1.0),
+    Col("hook ms", lambda r: r.get("hook_ms"), 1.0),
+    Col("trace ms", lambda r: r.get("trace_ms"), 1.0),
+    Col("trace - hook ms", lambda r: r.get("diff_ms"), 1.0),
+    Col("% of the per-token time", lambda r: signed_pct(r.get("diff_pct_of_per_token"), 1), 1.2),
 ]
 
 # ---- the load ladder (load/levels.json rows) --------------------------------------------------------------

@@ -61,7 +61,7 @@ SECTION_FILES = {
     "system": ("meta.json", "topo.json", "status.json"),
     "plan": ("plan.json",),
     "probe": ("probe/results.parquet", "probe/results.json", "probe/fit.json"),
-    "breakdown": ("attribution/summary.json", "attribution/steps.parquet"),
+    "breakdown": ("attribution/summary.json", "attribution/steps.parquet", "trace/compare.json"),
     "timeline": ("attribution/timeline.json",),
     "replay": ("probe/replay.json",),
     "ladder": ("load/levels.json", "load/requests.parquet"),
@@ -212,6 +212,7 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     ] + [definitions.DELIVERY_CELLS]
     s.data["plugin"] = att.plugin
     s.data["method"] = att.method
+    s.data["instruments"] = inp.trace_compare  # attribute --profile: the hook's split and the traces', one window
     if not att.plugin:
         s.missing("transfer vs wait split (the server ran without the tpcomm plugin)", cmds["attribute_plugin"])
     s.conditions = (

@@ -79,7 +79,8 @@ def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) ->
         d["headline"] += f"; the client {fmt(cz.client_ms)} ms per token (p50 of {cz.requests} requests it could time)"
     if lv.client and lv.client.tpot_ms_p50:
         n["client_tpot_ms_p50"] = lv.client.tpot_ms_p50
-    d["conditions"] = "measured: " + readers.short_conditions(cond)
+    src = "measured from torch-profiler traces" if att.source == "trace" else "measured (tpcomm hook)"
+    d["conditions"] = f"{src}: " + readers.short_conditions(cond)
     d["sentences"].append(att.verdict.statement)
     d["sentences"].append(_closure_sentence(lv))
 
@@ -87,7 +88,9 @@ def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) ->
 def _closure_sentence(lv: LevelSplit) -> str:
     c = lv.closure
     if c is None:
-        return "Closure: not compared (no client timings for this level)."
+        return (
+            f"Closure: not compared (no client timings{' in traces' if lv.source == 'trace' else ''} for this level)."
+        )
     if not c.judged:
         return f"Closure not judged: {c.why_not_judged}."
     both = f"engine {fmt(c.engine_ms)} vs client {fmt(c.client_ms)} ms per token, {c.diff_pct:+.1f}% ({c.statistic})"

@@ -32,6 +32,7 @@ class Inputs:
     probe_fit: dict | None = None
     timeline: dict | None = None  # attribution/timeline.json: `attribute` aligned the records, the report draws
     replay: dict | None = None  # probe/replay.json
+    trace_compare: dict | None = None  # trace/compare.json: the hook and the traces on one window
     levels: Any = None  # load/levels.json as written
     attribution: Attribution | None = None  # attribution/summary.json, typed (tpcomm/results.py)
     attribution_steps: Any = None
@@ -53,6 +54,7 @@ READ = {
     "attribution_steps": C.ATTR_STEPS,
     "timeline": C.ATTR_TIMELINE,
     "replay": C.REPLAY,
+    "trace_compare": C.TRACE_COMPARE,
 }
 FILES = [s.path for s in C.ALL.values() if s.format != "aux"]
 

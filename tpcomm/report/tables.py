@@ -321,6 +321,16 @@ def _breakdown(d: dict) -> list[Block]:
     out += [("text", x) for x in d.get("notes", [])]
     if d.get("excluded"):
         out.append(("text", "Compared on neither side of the closure: " + "; ".join(d["excluded"]) + "."))
+    inst = d.get("instruments")
+    if inst and inst.get("terms"):
+        out.append(
+            (
+                "text",
+                "The same split from the server's torch-profiler traces (a second instrument, tpcomm/trace), on the "
+                f"same window as the hook's ({inst.get('window_text', '')}):",
+            )
+        )
+        out.append(("table", K.table(K.INSTRUMENTS, inst["terms"])))
     ranks = [(lv.concurrency, r) for lv in levels for r in lv.by_rank]
     if ranks:
         out.append(("text", "The same split per rank (each rank's terms add up to its own mean decode-step period):"))

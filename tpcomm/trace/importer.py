@@ -20,7 +20,7 @@ from tpcomm.trace import export, terms
 from tpcomm.trace.instances import TraceSet, check_and_align
 from tpcomm.trace.reader import read_trace
 from tpcomm.trace.steps import keep_args, rank_tables
-from tpcomm.trace.summary import write_summary
+from tpcomm.trace.summary import attribution, write_summary
 
 # vLLM's front-end trace (the API server's AsyncLLM) holds no worker: not a rank.
 _FRONTEND = re.compile(r"async_llm", re.I)
@@ -93,6 +93,12 @@ def import_traces(
     rd = RunDir(out)
     rd.record_command("trace", argv)
     doc = write(rd, imp, {"trace_folder": str(source), "model_config": str(model_config) if model_config else None})
+    # The report's split: the traces', unless the hook already attributed this run directory (then both are
+    # kept, and attribute --profile's trace/compare.json sets them side by side).
+    if not rd.exists(C.ATTR_SUMMARY):
+        rd.write_json(C.ATTR_SUMMARY, attribution(doc).to_json())
+    else:
+        doc["notes"].append("attribution/summary.json (the hook's) kept: the trace's split is in trace/summary.json")
     rd.mark("trace", "complete", ranks=imp.traces.ranks)
     return doc
 

@@ -4,6 +4,9 @@ terminal tables for it and for the two instruments side by side."""
 from __future__ import annotations
 
 from tpcomm import contract as C
+from tpcomm.attribute.split import shares_pct
+from tpcomm.judge import bottleneck
+from tpcomm.results import Attribution, LevelSplit, RankTerms, Terms
 
 SUMMARY_FORMAT = 1
 
@@ -28,6 +31,63 @@ def write_summary(rd, ts, split: dict, crosscheck: dict, ranks: list[dict], cond
     }
     rd.write_json(C.TRACE_SUMMARY, doc)
     return doc
+
+
+def attribution(doc: dict) -> Attribution:
+    """The trace import as the typed attribution summary (source "trace"), so `tpcomm report` renders a run
+    directory that has traces and no hook exactly as it renders the hook's: one level, the traces' window.
+    Traces carry no client timings: no client figures and no closure. The concurrency is the sequences
+    per decode step the traces saw (rounded)."""
+    sp = doc["split"]
+    pt = sp.get("per_token_ms")
+    split_ok = bool(pt) and pt.get("transfer") is not None and sp.get("unit") == "token"
+    terms = Terms(**{k: pt[k] for k in ("compute", "transfer", "wait", "host_gap")}) if split_ok else None
+    ms = sp.get("engine_ms_per_token") if split_ok else None
+    note = None if split_ok else (sp.get("note") or "no per-token split from these traces")
+    lv = LevelSplit(
+        concurrency=max(1, round(sp.get("seqs_per_step") or 1)),
+        repeat=0,
+        attributed=split_ok,
+        note=note,
+        window=None,
+        source="trace",
+        clock="gpu" if doc["timeline"] == "gpu" else "host",
+        engine_ms_per_token=ms,
+        per_token_ms=terms,
+        shares_pct=shares_pct(terms.as_dict(), ms) if terms and ms else None,
+        by_rank=[
+            RankTerms(r["rank"], r["period_ms"], Terms(**r["per_token_ms"]), r["pairs"], r["sampled_pairs"])
+            for r in sp.get("by_rank") or []
+        ]
+        if split_ok
+        else [],
+        decode_pairs=int(sp.get("decode_pairs") or 0),
+        sampled_pairs_share=sp.get("sampled_pairs_share"),
+        seqs_per_step=sp.get("seqs_per_step"),
+        steps_in_window=sp.get("steps_in_window") or {},
+        ceilings_tok_per_s={},
+        client=None,
+        stalls=None,
+        closure=None,
+        delivery=None,
+        top_sites=[],
+        collectives_per_step=doc.get("collectives_per_step") or {},
+    )
+    cond = {**doc.get("conditions", {}), "source": "torch-profiler traces", "timeline": doc["timeline"]}
+    return Attribution(
+        source="trace",
+        plugin=False,
+        plugin_note=None,
+        method="Kineto traces read into the hook's record tables (tpcomm/trace), aligned and split by the hook's own "
+        "code (attribute/align.py, split.py): " + ", ".join(doc.get("step_source") or []),
+        conditions=cond,
+        plan_config={"source": None, "path": cond.get("model_config"), "text": None},
+        windows=[],
+        notes=list(doc.get("notes", [])),
+        levels=[lv],
+        verdict=bottleneck.measured(terms) if terms else None,
+        headline={"concurrency": lv.concurrency, "repeat": 0} if terms else None,
+    )
 
 
 def _ms(v) -> str:
