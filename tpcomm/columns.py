@@ -109,6 +109,22 @@ INSTRUMENTS = [
     Col("% of the per-token time", lambda r: signed_pct(r.get("diff_pct_of_per_token"), 1), 1.2),
 ]
 
+# ---- the ranks' machines and clocks (Attribution.nodes and .clocks, keyed by rank) ----------------------------
+def _offset(c: dict | None) -> str:
+    if not c:
+        return "reference (rank 0)" if c is None else "n/a"
+    half = max(c["hi_us"] - c["offset_us"], c["offset_us"] - c["lo_us"])
+    what = "applied" if c.get("applied") else "not applied"
+    return f"{c['offset_us']:+.1f} us +- {half:.1f} ({c['instances']} collectives; {what}: {c.get('why', '')})"
+
+
+NODES = [
+    Col("rank", lambda r: r[0], 0.4),
+    Col("host", lambda r: (r[1] or {}).get("host") or "not reported", 1.0),
+    Col("boot id", lambda r: ((r[1] or {}).get("boot_id") or "not reported")[:8], 0.7),
+    Col("clock offset from rank 0", lambda r: _offset(r[2]), 3.5),
+]
+
 # ---- the load ladder (load/levels.json rows) --------------------------------------------------------------
 LOAD = [
     Col("C", lambda r: r["concurrency"], 0.4),

@@ -198,6 +198,9 @@ class Attribution:
     notes: list[str]
     levels: list[LevelSplit]
     alignment: dict[str, Any] | None = None
+    # rank -> {host, boot_id, pid} as the hook reported them; rank -> clock offset estimate (attribute/clocks.py)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    clocks: dict[str, dict[str, Any]] = field(default_factory=dict)
     verdict: Verdict | None = None  # the measured verdict at the headline level (lowest C with a split)
     headline: dict[str, int] | None = None  # {concurrency, repeat} of the level the headline comes from
 

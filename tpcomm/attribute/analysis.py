@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tpcomm import contract as C
-from tpcomm.attribute import pairing
+from tpcomm.attribute import clocks, pairing
 from tpcomm.attribute.align import align, alignment_quality
 from tpcomm.attribute.closure import client_figures, closure, closure_text, find_stalls
 from tpcomm.attribute.crosscheck import (
@@ -119,10 +119,21 @@ def analyse_run_dir(
         return att
 
     aligned = align(coll)
+    # Ranks on other clocks (another machine, or a per-process clock) onto rank 0's, from the collectives'
+    # exit times (clocks.py); the durations, and so the split, do not depend on it.
+    nodes = clocks.ranks_nodes(hook_status)
+    offsets = clocks.decide(clocks.estimate(aligned), nodes)
+    if any(o["applied"] for o in offsets.values()):
+        times = ("t_start_ns", "t_end_ns", "gpu_start_ns", "gpu_end_ns")
+        coll, steps = clocks.apply(coll, offsets, times), clocks.apply(steps, offsets, times)
+        aligned = align(coll)
+    att.nodes = {str(r): n for r, n in sorted(nodes.items())}
+    att.clocks = {str(r): o for r, o in sorted(offsets.items())}
     # Analysis once: the aligned records and the one-step timeline the report draws are written here.
     rd.write_table(C.ATTR_COLLECTIVES, aligned)
     timeline = one_step_timeline(aligned, steps)
     if timeline is not None:
+        timeline["clock_uncertainty_us"] = clocks.entry_skew_separable(offsets)
         rd.write_json(C.ATTR_TIMELINE, timeline)
     by_rank = assign_levels(rank_steps(aligned, steps), windows)
     dsteps = decode_steps(by_rank)

@@ -122,6 +122,9 @@ def _system(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s.data["topo"] = topo
     if inp.topo is None:
         s.missing("GPUs, links, P2P, NUMA and NCCL settings", cmds["topo"])
+    att = inp.attribution
+    if att is not None and att.nodes:
+        s.data["nodes"] = [(int(r), n, att.clocks.get(r) if r != "0" else None) for r, n in att.nodes.items()]
     serving = readers.serving_config(inp)
     s.data["serving"] = serving
     if not serving:

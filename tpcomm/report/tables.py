@@ -155,6 +155,16 @@ def _system(d: dict) -> list[Block]:
                 ),
             )
         )
+    if d.get("nodes"):
+        hosts = {(n or {}).get("boot_id") or (n or {}).get("host") for _, n, _ in d["nodes"]}
+        out.append(
+            (
+                "text",
+                f"The ranks' machines ({len(hosts)} machine(s), from the hook's status) and their clocks, put on rank "
+                "0's from the collectives' exit times (the split uses durations and needs no common clock):",
+            )
+        )
+        out.append(("table", K.table(K.NODES, d["nodes"])))
     if d.get("versions"):
         out.append(("table", (["software", "version"], [list(r) for r in d["versions"]], [1, 3])))
     if d.get("serving"):
@@ -345,6 +355,12 @@ def _timeline(d: dict) -> list[Block]:
         + (f" ({d['num_seqs']} sequence(s))" if d.get("num_seqs") is not None else "")
         + f": {d['n_collectives']} collectives per rank; step {fmt(d.get('step_us'))} us across ranks; largest entry skew "
         f"{fmt(d.get('max_entry_skew_us'))} us, summed over the step's collectives {fmt(d.get('sum_entry_skew_us'))} us."
+        + (
+            f" Ranks on other clocks were put on rank 0's to within {fmt(d['clock_uncertainty_us'])} us: an entry "
+            "skew smaller than that does not tell which rank arrived last."
+            if d.get("clock_uncertainty_us") is not None
+            else ""
+        )
     )
     rows = [
         [
