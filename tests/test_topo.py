@@ -417,3 +417,41 @@ def test_fusion_batch_invariant_comes_from_the_server_when_known(monkeypatch):
     monkeypatch.delenv("VLLM_BATCH_INVARIANT")
     assert "assumed the server's" in allreduce_fusion("9.0", 8, True, t)["why"]
     assert not allreduce_fusion("9.0", 8, True, t, server_batch_invariant=True)["enabled"]
+
+
+def test_network_reads_nics_and_rdma_ports_from_sysfs(tmp_path, monkeypatch):
+    """A sysfs tree as a RoCE host has it (files as the kernel lays them out): NICs with speed, RDMA ports with
+    state, rate and link layer; loopback left out; the inter-node settings named."""
+    from tpcomm.topo import network as N
+
+    net, ib = tmp_path / "net", tmp_path / "infiniband"
+    for name, typ, speed in (("lo", "772", None), ("ens1f0", "1", "100000"), ("veth0", "1", "-1")):
+        d = net / name
+        d.mkdir(parents=True)
+        (d / "type").write_text(typ + "\n")
+        (d / "operstate").write_text("up\n")
+        (d / "mtu").write_text("9000\n")
+        if speed:
+            (d / "speed").write_text(speed + "\n")
+    port = ib / "mlx5_0" / "ports" / "1"
+    port.mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "rate").write_text("100 Gb/sec (4X EDR)\n")
+    (port / "link_layer").write_text("Ethernet\n")
+    nics = N.nics(net)
+    assert [n["name"] for n in nics] == ["ens1f0", "veth0"]
+    assert nics[0]["speed_Mbps"] == 100000 and nics[1]["speed_Mbps"] is None and nics[0]["mtu"] == 9000
+    assert N.rdma(ib) == [
+        {
+            "name": "mlx5_0",
+            "ports": [{"port": "1", "state": "4: ACTIVE", "rate": "100 Gb/sec (4X EDR)", "link_layer": "Ethernet"}],
+        }
+    ]
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ens1f0")
+    monkeypatch.setattr(N, "SYS_NET", net)
+    monkeypatch.setattr(N, "SYS_IB", ib)
+    doc = N.network()
+    text = "\n".join(N.format_network({**doc, "nics": N.nics(net), "rdma": N.rdma(ib)}))
+    assert "NIC ens1f0: up, 100 Gb/s" in text and "RDMA mlx5_0: port 1 4: ACTIVE" in text
+    assert "NCCL_SOCKET_IFNAME=ens1f0" in text
+    assert N.nics(tmp_path / "absent") == [] and N.rdma(tmp_path / "absent") == []

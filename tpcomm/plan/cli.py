@@ -28,9 +28,16 @@ from tpcomm.cli_common import batch_option, layout_options, model_option, out_op
     help="Whether FlashInfer is usable in the server (vLLM's has_flashinfer(): installed, with flashinfer-cubin "
     "or nvcc and ninja); the fusion needs it. Omitted: not known, judged as if usable and said so.",
 )
+@click.option(
+    "--nnodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Nodes the layout spans (vLLM's --nnodes: world size / N consecutive ranks per node): marks the "
+    "collectives that cross the inter-node network.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 @out_option
-def plan(model, tp, ep, dp, pp, dcp, batch, sm, flashinfer, as_json, out):
+def plan(model, tp, ep, dp, pp, dcp, batch, sm, flashinfer, nnodes, as_json, out):
     """The exact collectives vLLM issues per decode step (op, group, bytes at
     batch B, count, site), the weight bytes each GPU reads per token, and the
     KV-cache bytes per context token. Derived from vLLM 0.32's model code."""
@@ -41,10 +48,19 @@ def plan(model, tp, ep, dp, pp, dcp, batch, sm, flashinfer, as_json, out):
         raise click.UsageError(f"--sm {sm!r} is not a compute capability such as 9.0 or 12.0")
     p = build_plan(model, tp=tp, ep=ep, dp=dp, pp=pp, dcp=dcp, batches=list(batch), sm=sm, flashinfer=flashinfer)
     doc = p.to_dict()
+    if nnodes:
+        from tpcomm.plan.nodes import annotate
+
+        annotate(doc, p.layout, nnodes)
     if out:
         from tpcomm.rundir import RunDir
 
         rd = RunDir(out)
         rd.record_command("plan")
         rd.write_json(C.PLAN, doc)
-    click.echo(json.dumps(doc, indent=2) if as_json else format_plan(doc))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    from tpcomm.plan.nodes import format_nodes
+
+    click.echo("\n".join([format_plan(doc), *format_nodes(doc)]))

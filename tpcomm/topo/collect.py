@@ -44,6 +44,9 @@ VLLM_ENV = (
 )
 
 
+from tpcomm.topo.network import format_network, network  # noqa: E402
+
+
 def environment() -> dict:
     env = {k: os.environ.get(k) for k in NCCL_ENV + VLLM_ENV}
     env.update({k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
@@ -55,7 +58,14 @@ def collect_topology(tp: int | None = None) -> dict:
     cpu = cpu_topology()
     gpu, why_not = read_gpus(cpu["logical_cpus"] or 1)
     vllm_installed = importlib.util.find_spec("vllm") is not None
-    doc = {"cpu": cpu, "gpu": gpu, "gpu_absent_reason": why_not, "env": environment(), "vllm_installed": vllm_installed}
+    doc = {
+        "cpu": cpu,
+        "gpu": gpu,
+        "gpu_absent_reason": why_not,
+        "env": environment(),
+        "vllm_installed": vllm_installed,
+        "network": network(),
+    }
     if gpu and gpu["gpus"]:
         n = tp or len(gpu["gpus"])
         tables = vllm_tables()
@@ -145,6 +155,8 @@ def format_topology(doc: dict) -> str:
             f"  {'yes' if p['eligible'] else 'no ':3} {p['path']:<20} {p['why']}"
             + (f"  [lever: {p['lever']}]" if p.get("lever") else "")
         )
+    if doc.get("network"):
+        out += format_network(doc["network"])
     set_env = {k: val for k, val in doc["env"].items() if val is not None}
     out.append(
         "Environment that changes NCCL/vLLM choices: "
