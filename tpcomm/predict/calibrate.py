@@ -100,7 +100,12 @@ def predict_calibrated(
     gpu: str = "rtx-pro-6000",
     batches=(1,),
     knobs: Knobs | None = None,
+    engine: str | None = None,
 ) -> dict:
+    """The measured host gap replaces the engine's host term (engine.py): it is kept as measured in every
+    what-if; the engine named (or the default) only describes the run."""
+    from tpcomm.predict.engine import resolve_engine
+
     layout = layout or Layout()
     tp = layout.tp
     att = read_attribution(run_dir)
@@ -119,7 +124,9 @@ def predict_calibrated(
         lat, lat_err = make_range(hw, probe_dir=run_dir if probe.is_file() else None, n=tp), None
     except InputError as e:  # CPU without a probe: no latency model, so what-ifs that need one say so
         lat, lat_err = None, str(e)
-    kc = central_knobs(range_inputs(hw, k.memory_efficiency, k.kernel_overhead_us, lat), k)
+    eng = resolve_engine(engine)
+    # No engine here: the host term is the run's measured host gap, so the model's ratios exclude it.
+    kc = central_knobs(range_inputs(hw, k, lat), k)
     m = att["terms_ms"]
     base_ms = sum(m.values())
 
@@ -260,6 +267,12 @@ def predict_calibrated(
         )
     doc = {
         **described(plan, hw),
+        "engine": {
+            **eng.as_dict(),
+            "host_ms": {"low": m["host"], "central": m["host"], "high": m["host"]},
+            "host_source": f"measured host gap of {run_dir} (replaces the engine's host term {eng.host_ms[0]:g}-"
+            f"{eng.host_ms[2]:g} ms)",
+        },
         "collective_latency_source": f"measured in {run_dir} (attribute); what-ifs: {lat.central.description if lat else lat_err}",
         "collective_latency_kind": "attribution",
         "single_stream": {
@@ -298,6 +311,8 @@ def predict_calibrated(
             f"compute ratios from the analytic model at memory efficiency {kc.memory_efficiency:g}, per-kernel overhead "
             f"{kc.kernel_overhead_us:g} us (central values; ratios only)",
             "rank skew (wait) per collective unchanged by a what-if; host term per step unchanged",
+            f"host term = the measured host gap {m['host']:.3f} ms per token (replaces the engine's host term of "
+            f"{eng.name}: {eng.host_ms[0]:g}-{eng.host_ms[2]:g} ms, {eng.host_source})",
         ],
         "what_if": out,
     }

@@ -9,8 +9,11 @@ ring all-reduce lat = base + 2(n-1) * hwLat; all-gather/reduce-scatter
 n-1 steps. LL128 only over NVLink; NCCL picks the fastest protocol. Protocol
 bandwidth efficiency LL 0.5 (8 of 16 bytes carry data), LL128 120/128,
 Simple 1.0, applied to the link's P2P bandwidth as the ring's busbw.
-P2P disabled: traffic stages through host memory; per-hop latency 12 us
-(measured 12-17 us without P2P vs 0.36-0.53 us with it, REFERENCE s3).
+P2P disabled: traffic stages through host memory (NCCL's SHM transport); per ring
+step 2.5 us: 8x RTX 4090 (GeForce: no P2P) measured 42.1 us for an 8-byte
+all-reduce in nccl-tests (NVIDIA/nccl issue 1530, REFERENCE s7) = 6.6 us base +
+14 ring-LL steps x 2.5 us. (A single host-staged copy measured 12-17 us,
+REFERENCE s3, but NCCL pipelines the steps of a ring through shared memory.)
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ HW_LAT_US = {
     "pcie": {"tree": {"LL": 1.0, "LL128": 1.9, "Simple": 4.0}, "ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7}},
 }
 PROTO_EFF = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
-NO_P2P_HOP_US = 12.0
+NO_P2P_HOP_US = 2.5
 
 
 def nccl_model_us(op: str, nbytes: float, n: int, link: dict) -> tuple[float, str]:
