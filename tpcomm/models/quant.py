@@ -65,7 +65,8 @@ class QuantScheme:
                     if re.match(pat[3:], name):
                         return True
                 elif any(c in pat for c in "*?["):
-                    if fnmatch.fnmatchcase(name, pat):
+                    # A glob names a module or a prefix of it ("model.layers.*.self_attn" covers its q/k/v/o).
+                    if fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(name, pat + ".*"):
                         return True
                 elif name == pat or name.endswith("." + pat):
                     return True

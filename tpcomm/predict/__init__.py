@@ -305,7 +305,11 @@ def _assumptions(ri, kc: Knobs, plan, fitted: list[dict], eng) -> list[str]:
 def _check_knobs(k: Knobs, allreduce_us):
     """Every bad knob at once."""
     bad: list[str] = []
-    checks = {"--memory-efficiency": (k.memory_efficiency, 0, 1), "--compute-efficiency": (k.compute_efficiency, 0, 1)}
+    checks = {
+        "--memory-efficiency": (k.memory_efficiency, 0, 1),
+        "--kv-efficiency": (k.kv_efficiency, 0, 1),
+        "--compute-efficiency": (k.compute_efficiency, 0, 1),
+    }
     for name, (v, lo, hi) in checks.items():
         if v is not None and not (lo < v <= hi):
             bad.append(f"{name} {v} is out of range (expected a fraction in ({lo}, {hi}])")

@@ -121,6 +121,12 @@ class FittedPoints(click.ParamType):
     f"{RAMP_US[2]:g} us, central {RAMP_US[1]:g} (assumption)].",
 )
 @click.option(
+    "--kv-efficiency",
+    type=float,
+    default=None,
+    help="Fraction of datasheet bandwidth decode attention reads the KV cache at, fixed [default: the fitted range].",
+)
+@click.option(
     "--host-ms", type=float, default=None, help="Engine host time per decode step, fixed [default: the engine's range]."
 )
 @click.option(
@@ -198,6 +204,7 @@ def predict(
     memory_efficiency,
     kernel_overhead_us,
     ramp_us,
+    kv_efficiency,
     host_ms,
     moe_layer_us,
     launch_us,
@@ -232,6 +239,7 @@ def predict(
         context=context,
         kernel_overhead_us=kernel_overhead_us,
         ramp_us=ramp_us,
+        kv_efficiency=kv_efficiency,
         host_ms=host_ms,
         moe_layer_us=moe_layer_us,
         launch_us=launch_us,

@@ -160,7 +160,8 @@ def resolve_engine(spec: str | None = None) -> Engine:
     )
     if not m:
         raise InputError(f"--engine {spec}", "is not an engine name", FORMS)
-    family, version, flags = m.group(1), m.group(2), set(filter(None, m.group(3).split("-")))
+    family, version = m.group(1), m.group(2)
+    flags = set(re.findall(r"eager|no-async|sync|v0", m.group(3)))
     family = "transformers" if family == "hf" else family
     eager = "eager" in flags
     if family == "transformers":
