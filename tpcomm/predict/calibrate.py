@@ -27,10 +27,10 @@ from tpcomm import contract as C
 from tpcomm.errors import InputError
 from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED
 from tpcomm.plan.layout import Layout
-from tpcomm.predict import described, plan_for
+from tpcomm.predict import described, plan_for, tables
 from tpcomm.predict.hardware import load_profile, with_interconnect
-from tpcomm.predict.latency import LatencySource, oneshot_allreduce_us
-from tpcomm.predict.latency_range import LEVELS, LatencyRange, make_range
+from tpcomm.predict.latency import LatencySource
+from tpcomm.predict.latency_range import LEVELS, LatencyRange, custom_ar_eligible, make_range
 from tpcomm.predict.model import Knobs, step_time
 from tpcomm.predict.ranges import central_knobs, range_inputs
 
@@ -182,16 +182,22 @@ def predict_calibrated(
             "NVLink4 instead of the measured link: transfer modelled (8x H100 SXM tables where they apply), wait kept",
             make_range(nv, n=tp),
         )
-    if link["type"] != "shm":
-        one = LatencySource(
-            "model",
-            "one-shot",
-            lambda op, b, n: oneshot_allreduce_us(b, n, link) if op == "all_reduce" else lat.central(op, b, n),
-        )
+    if link["type"] == "pcie" and link.get("p2p", True) and not custom_ar_eligible(link, tp, eng) and lat is not None:
+
+        def one(i):
+            return LatencySource(
+                "oneshot",
+                "one-shot",
+                lambda op, b, n: (
+                    tables.oneshot_4rank_us(b, n)[i] if op == "all_reduce" and n > 1 else lat.central(op, b, n)
+                ),
+            )
+
         relinked(
             "one-shot-allreduce",
-            "a one-shot custom all-reduce: transfer modelled, wait kept",
-            LatencyRange(one, one, one, "model", {}),
+            "a one-shot P2P all-reduce (FlashInfer PCIe IPC or a custom kernel): transfer from the measured 4-rank "
+            "one-shot figures (REFERENCE s5, s7), wait kept",
+            LatencyRange(one(0), one(1), one(2), "oneshot", {}),
         )
     n_coll = sum(c.count for c in plan.for_batch(1))
     for t in (1, 2, 4, 8):

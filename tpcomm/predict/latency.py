@@ -63,15 +63,6 @@ def nccl_model_us(op: str, nbytes: float, n: int, link: dict) -> tuple[float, st
     return best
 
 
-def oneshot_allreduce_us(nbytes: float, n: int, link: dict) -> float:
-    """A one-shot custom all-reduce: each rank reads the n-1 peer buffers over P2P.
-    Base 7.5 us over PCIe (lowest measured one-shot kernel on 8x RTX PRO 6000, REFERENCE s5),
-    10 us over NVLink (vLLM custom all-reduce at 512 B on 8x H100, REFERENCE s5)."""
-    base = 10.0 if link["type"] == "nvlink" else 7.5
-    bw = float(link.get("nvlink_GBps") or link["p2p_GBps"])
-    return base + (n - 1) * nbytes / (1000.0 * bw)
-
-
 @dataclass
 class LatencySource:
     """How collective latencies are obtained, and the function that gives them."""
