@@ -143,6 +143,9 @@ def test_p2p_off_hop_is_solved_from_the_public_4090_figure():
     link = {"type": "pcie", "p2p": False, "p2p_GBps": 25}
     # 8x RTX 4090 (no P2P), nccl-tests 8 B: 42.1 us (REFERENCE s7) = ring LL 6.6 + 14 steps x 2.5 us.
     assert nccl_model_us("all_reduce", 8, 8, link)[0] == pytest.approx(6.6 + 14 * 2.5, abs=0.01)
+    # The high end: 12 us per step, one host-staged copy (REFERENCE s3).
+    r = make_range(load_profile("rtx-4090"), n=8, engine=VLLM)
+    assert r.high("all_reduce", 8, 8) == pytest.approx(6.6 + 14 * 12.0, abs=0.01) and "staged" in r.descriptions["high"]
 
 
 def test_json_what_if_keys():

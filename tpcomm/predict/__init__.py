@@ -280,6 +280,15 @@ def _assumptions(ri, kc: Knobs, plan, fitted: list[dict], eng) -> list[str]:
         f"kernel efficiency falls as TP shrinks each kernel ({rp.source})",
         f"launch gap {ko.low:g}-{ko.high:g} us, central {ko.central:g} us, x {n_k:.0f} kernels per step ({ko.source})",
     ]
+    kv = ri.kv_efficiency
+    out.append(
+        f"KV efficiency {kv.low:g}-{kv.high:g} of datasheet bandwidth for decode attention, central {kv.central:g} ({kv.source})"
+    )
+    if ri.quant_kernel_factor is not None:
+        q = ri.quant_kernel_factor
+        out.append(
+            f"quantized GEMMs at {q.low:g}-{q.high:g} x the memory efficiency, central {q.central:g} ({q.source})"
+        )
     if ri.moe_layer_us is not None:
         mo = ri.moe_layer_us
         out.append(

@@ -123,6 +123,8 @@ def format_predict(doc: dict) -> str:
 def _inputs_line(inp: dict) -> list[str]:
     names = {
         "memory_efficiency": ("memory efficiency", ""),
+        "kv_efficiency": ("KV efficiency", ""),
+        "quant_kernel_factor": ("quantized-GEMM factor", ""),
         "ramp_us": ("GEMM ramp", " us"),
         "kernel_overhead_us": ("launch gap", " us"),
         "moe_layer_us": ("MoE fixed", " us/layer"),

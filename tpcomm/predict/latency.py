@@ -13,7 +13,8 @@ P2P disabled: traffic stages through host memory (NCCL's SHM transport); per rin
 step 2.5 us: 8x RTX 4090 (GeForce: no P2P) measured 42.1 us for an 8-byte
 all-reduce in nccl-tests (NVIDIA/nccl issue 1530, REFERENCE s7) = 6.6 us base +
 14 ring-LL steps x 2.5 us. (A single host-staged copy measured 12-17 us,
-REFERENCE s3, but NCCL pipelines the steps of a ring through shared memory.)
+REFERENCE s3, but NCCL pipelines the steps of a ring through shared memory: that
+figure is the high end of a P2P-off range, NO_P2P_HOP_HIGH_US, in latency_range.py.)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ HW_LAT_US = {
 }
 PROTO_EFF = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
 NO_P2P_HOP_US = 2.5
+NO_P2P_HOP_HIGH_US = 12.0
 
 
 def nccl_model_us(op: str, nbytes: float, n: int, link: dict) -> tuple[float, str]:
@@ -43,7 +45,7 @@ def nccl_model_us(op: str, nbytes: float, n: int, link: dict) -> tuple[float, st
         for proto in protos:
             hop = HW_LAT_US[ltype][algo][proto]
             if not link.get("p2p", True):
-                hop = max(hop, NO_P2P_HOP_US)
+                hop = max(hop, link.get("no_p2p_hop_us", NO_P2P_HOP_US))
             bw = busbw * PROTO_EFF[proto]
             if op == "all_reduce":
                 steps = 2 * (n - 1)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpcomm.predict import tables
-from tpcomm.predict.latency import LatencySource, make_source, nccl_model_us
+from tpcomm.predict.latency import NO_P2P_HOP_HIGH_US, LatencySource, make_source, nccl_model_us
 
 LEVELS = ("low", "central", "high")
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024  # vLLM CustomAllreduce(max_size=8192 * 1024)
@@ -112,14 +112,12 @@ def make_range(
             if t:
                 c = lambda b, t=t: tables.table_us(t, b, beyond(m))  # noqa: E731
                 return "nccl", "table", lambda b: min(nccl(b, m), c(b)), c, None, tables.describe(t)
-        return (
-            "nccl",
-            "nccl-model",
-            lambda b: nccl(b, m),
-            lambda b: nccl(b, m),
-            None,
-            (f"{nccl_desc} (no measured table for this hardware and world size)"),
-        )
+        hi = None
+        if not p2p:  # host-staged: 2.5 us per ring step (8x RTX 4090 nccl-tests) up to 12 us (one staged copy)
+            slow = {**link, "no_p2p_hop_us": NO_P2P_HOP_HIGH_US}
+            hi = lambda b: nccl_model_us("all_reduce", b, m, slow)[0]  # noqa: E731
+        desc = f"{nccl_desc} (no measured table for this hardware and world size)"
+        return "nccl", "nccl-model", lambda b: nccl(b, m), lambda b: nccl(b, m), hi, desc
 
     def ar(level):
         def fn(b, m):
@@ -161,6 +159,9 @@ def make_range(
             if kind == "table"
             else f"{tables.custom_ar_reference(ltype).high_factor:g}x the higher reference table (assumption)"
         )
+    elif not p2p and kind == "nccl-model":
+        low_desc = f"{nccl_desc}: 2.5 us per ring step, solved from 8x RTX 4090 nccl-tests (42.1 us at 8 B)"
+        high_desc = f"the same with {NO_P2P_HOP_HIGH_US:g} us per ring step: one host-staged copy (REFERENCE s3)"
     else:
         low_desc = f"lower bound: {nccl_desc}" + (
             " (or the measured table where that is lower)" if kind == "table" else ""

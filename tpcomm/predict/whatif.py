@@ -171,7 +171,9 @@ def what_ifs(model, plan: Plan, hw, k, ri, base: tuple[dict, list[dict]], eng) -
                 )
             )
             continue
-        if ri.latency.kind == "user":
+        if not p2.for_batch(1):
+            lat, against, basis = make_range(hw, n=t, engine=eng), None, "none (no collectives at TP 1)"
+        elif ri.latency.kind == "user":
             lat, against, basis = ri.latency, None, "the given latency on both sides"
         else:
             lat = make_range(hw, n=t, engine=eng)
