@@ -55,6 +55,10 @@ def test_one_shot_what_if_uses_the_measured_four_rank_figure():
     low, central, high = tables.oneshot_4rank_us(16384, 4)
     assert central == pytest.approx(6.1 + (9.2 - 6.1) * (16384 - 1024) / (32768 - 1024))
     assert low <= central <= high and w["lever"] is True and w["delta_pct"] > 0
+    # At 8 ranks each rank reads 7 peers instead of 3: the part above the smallest size scales by 7/3.
+    assert tables.oneshot_4rank_us(16384, 8)[1] == pytest.approx(6.1 + (central - 6.1) * 7 / 3)
+    w8 = {x["name"]: x for x in predict("llama-3.1-70b", Layout(tp=8), gpu="rtx-pro-6000")["what_if"]}
+    assert "8x RTX PRO 6000, 7.5-26 us" in w8["one-shot-allreduce"]["collective_latency"]["high"]
     # Not offered where it cannot run (no P2P) or where the engine already runs its own one-shot kernel.
     for gpu, tp in (("rtx-4090", 4), ("rtx-pro-6000", 2), ("h100-sxm", 8)):
         names = {x["name"] for x in predict("llama-3.1-70b", Layout(tp=tp), gpu=gpu)["what_if"]}
