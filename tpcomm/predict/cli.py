@@ -218,16 +218,17 @@ def predict(
     as_json,
     out,
 ):
-    """Analytic per-token decode time: weight bytes / (efficiency x memory
-    bandwidth) + collectives x latency + kernels x per-kernel overhead + extra
-    terms. Every model-based number is a range over the uncertain inputs
-    (collective latency: NCCL's tuning model as the lower bound, the measured
-    table of the hardware as the central value, the highest public measurement
-    as the high end; per-kernel overhead; memory efficiency), and a verdict is
-    given only where the whole range agrees. --probe or --allreduce-us replace
-    the latency range with this hardware's own number; --attribution anchors
-    the model on a measured run. Every input and its source is listed in the
-    output's `assumptions`."""
+    """Analytic per-token decode time: the engine's host time per step + weight
+    bytes / (efficiency x bandwidth) with a fixed ramp per GEMM (kernel efficiency
+    falls as TP shrinks each kernel) + KV reads + collectives x the latency of the
+    all-reduce kernel the engine picks + launch gaps + a fixed cost per MoE layer
+    by kernel backend and dtype (eager engines: host + max(launch, GPU)). Every
+    model-based number is a range over the uncertain inputs, each with its public
+    source, and a verdict is given only where the whole range agrees; a layout that
+    does not fit says so first and gets none. --probe or --allreduce-us replace the
+    latency range with this hardware's own number; --attribution anchors the model
+    on a measured run. Every input and its source is listed in `assumptions`;
+    docs/predict.md has the validation table against public measurements."""
     from tpcomm.plan.layout import Layout
     from tpcomm.predict import Knobs
     from tpcomm.predict import predict as run
