@@ -95,7 +95,21 @@ def _summary(t: Terms, v) -> dict:
         [],
         {},
     )
-    return to_json(Attribution("hook", True, None, "", {}, {}, [], [], [lv], None, v, {"concurrency": 1, "repeat": 0}))
+    return to_json(
+        Attribution(
+            source="hook",
+            plugin=True,
+            plugin_note=None,
+            method="",
+            conditions={},
+            plan_config={},
+            windows=[],
+            notes=[],
+            levels=[lv],
+            verdict=v,
+            headline={"concurrency": 1, "repeat": 0},
+        )
+    )
 
 
 PCIE_TP8 = L.Machine(platform="cuda", link="pcie", p2p=True, tp=8, gpus=8)

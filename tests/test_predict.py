@@ -17,9 +17,10 @@ NVFP4_LADDER = {32: 464, 48: 657, 64: 803, 96: 1017, 128: 1238}
 NVFP4_FIT = {1: NVFP4_C1, 32: NVFP4_LADDER[32]}
 
 
-def test_kimi_int4_tp8_rtx_pro_6000_within_20pct_of_82():
+def test_kimi_int4_tp8_rtx_pro_6000_range_holds_82():
     d = predict("kimi-k2.5", Layout(tp=8), gpu="rtx-pro-6000")
-    assert d["single_stream"]["tok_per_s"] == pytest.approx(INT4_C1, rel=0.20)
+    r = d["range"]["single_stream"]["tok_per_s"]
+    assert r["low"] <= INT4_C1 <= r["high"], r  # the seed case (tpcomm's validation table marks it not held out)
     bd = d["single_stream"]["breakdown_ms"]
     assert sum(bd.values()) == pytest.approx(d["single_stream"]["ms_per_token"])
     assert d["single_stream"]["collectives_per_token"] == 124
@@ -30,7 +31,9 @@ def test_nvfp4_ladder_with_fitted_moe_terms_within_30pct():
     got = {b["batch"]: b["tok_per_s"] for b in d["batches"]}
     for c, measured in NVFP4_LADDER.items():
         assert got[c] == pytest.approx(measured, rel=0.30), (c, got[c], measured)
-    assert got[1] == pytest.approx(NVFP4_C1, rel=1e-6)  # fitted: reproduced, not predicted
+    # Fitted, reproduced (least squares with the penalty held at 0: an exact fit would make it negative).
+    assert got[1] == pytest.approx(NVFP4_C1, rel=0.02) and got[32] == pytest.approx(NVFP4_LADDER[32], rel=0.02)
+    assert any("least squares" in f["text"] for f in d["fitted"])
 
 
 def test_nvfp4_vs_int4_conclusion_names_the_kernels():
@@ -42,6 +45,8 @@ def test_nvfp4_vs_int4_conclusion_names_the_kernels():
             "kimi-k2.5",
             "--tp",
             "8",
+            "--gpu",
+            "rtx-pro-6000",
             "--compare-model",
             "kimi-k2.5-nvfp4",
             "--measured",
@@ -52,8 +57,10 @@ def test_nvfp4_vs_int4_conclusion_names_the_kernels():
     assert r.exit_code == 0, r.output
     cmp = json.loads(r.output)["compare"]
     assert cmp["same_collectives"] and cmp["same_weight_bytes"]
-    assert cmp["predicted_tok_per_s"][0] == pytest.approx(cmp["predicted_tok_per_s"][1])
-    assert "cannot come from the interconnect" in cmp["conclusion"]
+    # Same bytes, same collectives: only the MoE kernel backend term tells them apart (W4A16 Marlin vs W4A4 NVFP4).
+    assert cmp["moe_kernel_backend"] == ["default", "nvfp4-sm12"]
+    assert cmp["predicted_tok_per_s"][0] > cmp["predicted_tok_per_s"][1]
+    assert "cannot come from the interconnect" in cmp["conclusion"] and "nvfp4-sm12" in cmp["conclusion"]
     assert cmp["measured_gap_ms_per_token"] == pytest.approx(1e3 / 61.3 - 1e3 / 82)
 
 
@@ -69,7 +76,8 @@ def test_json_keys_and_ceilings():
     assert ce["compute_only_tok_per_s"] == pytest.approx(1e3 / (ss["ms_per_token"] - ss["breakdown_ms"]["collectives"]))
     assert [b["batch"] for b in d["batches"]] == [1, 16] and d["batches"][1]["tok_per_s"] > ss["tok_per_s"]
     names = {w["name"] for w in d["what_if"]}
-    assert {"one-shot-allreduce", "tp4"} <= names and "nvlink" not in names  # H200 is already NVLink
+    assert "tp4" in names and "nvlink" not in names  # H200 is already NVLink
+    assert "one-shot-allreduce" not in names  # vLLM already runs its one-shot custom all-reduce over NVLink
     assert any("assumption" in a for a in d["assumptions"])
 
 
@@ -85,10 +93,12 @@ def test_what_ifs_move_the_right_way():
 
 
 def test_json_carries_the_ranges():
-    r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", "--json"])
+    r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", "--gpu", "rtx-pro-6000", "--json"])
     d = json.loads(r.output)
     rg = d["range"]
-    assert set(rg) >= {"inputs", "single_stream", "corners", "verdict", "bounds"} and len(rg["corners"]) == 8
+    axes = [k for k, v in rg["inputs"].items() if k != "collective_latency" and v["low"] != v["high"]]
+    assert set(rg) >= {"inputs", "single_stream", "corners", "verdict", "bounds"}
+    assert len(rg["corners"]) == 2 ** (len(axes) + 1)  # every varying input, collective latency included
     ss = rg["single_stream"]
     for term, sp in ss["breakdown_ms"].items():
         assert sp["low"] <= d["single_stream"]["breakdown_ms"][term] <= sp["high"]
@@ -97,7 +107,7 @@ def test_json_carries_the_ranges():
 
 
 def test_allreduce_us_override_is_used():
-    d = predict("kimi-k2.5", Layout(tp=8), allreduce_us=25.0, what_if=False)
+    d = predict("kimi-k2.5", Layout(tp=8), gpu="rtx-pro-6000", allreduce_us=25.0, what_if=False)
     ar = sum(c["time_us"] for c in d["single_stream"]["top_collectives"] if c["op"] == "all_reduce")
     assert ar == pytest.approx(123 * 25.0)
     assert d["collective_latency_kind"] == "user"
@@ -139,12 +149,22 @@ def test_user_profile_file(tmp_path):
         (["--moe-bw-factor", "0.5"], "--moe-bw-factor 0.5"),
         (["--measured", "82,61"], "--measured needs --compare-model"),
         (["--compare-model", "kimi-k2.5-nvfp4", "--measured", "0,61"], "not a positive finite number"),
+        (["--gpu", "a100"], "is ambiguous: it could be a100-pcie or a100-sxm"),
+        (["--gpu", "h100"], "is ambiguous: it could be h100-pcie or h100-sxm"),
+        (["--gpu", "4090"], "did you mean rtx-4090?"),
+        (["--engine", "tgi-2"], "--engine tgi-2"),
     ],
 )
 def test_bad_predict_inputs(args, needle):
-    r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", *args])
+    gpu = [] if "--gpu" in args else ["--gpu", "rtx-pro-6000"]
+    r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8", *gpu, *args])
     assert r.exit_code == 2, r.output
     assert needle in r.output
+
+
+def test_missing_gpu_is_refused_with_the_choices():
+    r = CliRunner().invoke(cli, ["predict", "--model", "kimi-k2.5", "--tp", "8"])
+    assert r.exit_code == 2 and "--gpu: is required" in r.output and "rtx-pro-6000-server" in r.output
 
 
 def test_bad_profile_file(tmp_path):

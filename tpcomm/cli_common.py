@@ -39,9 +39,10 @@ def model_option(f):
         "-m",
         required=True,
         metavar="MODEL",
-        help="config.json path, a model folder holding one, or a preset "
-        "(kimi-k2.5, kimi-k2.5-nvfp4, deepseek-v3, deepseek-r1, llama-3.1-70b, qwen3-32b, "
-        "qwen3-235b-a22b, mixtral-8x7b, glm-4.5-air).",
+        help="config.json path, a model folder holding one, an org/name model id in the local Hugging Face "
+        "cache, or a preset (kimi-k2.5, kimi-k2.5-nvfp4, deepseek-v3, deepseek-r1, llama-3.1-70b, qwen3-32b, "
+        "qwen3-235b-a22b, mixtral-8x7b, glm-4.5-air, qwen2.5-72b, qwen2.5-32b, qwen2-72b, qwen2-57b-a14b, "
+        "qwen3.5-397b-a17b, gemma-3-27b, gpt-oss-120b, mistral-small-24b).",
     )(f)
 
 

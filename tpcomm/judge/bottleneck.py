@@ -27,8 +27,10 @@ NAMES = {
     "compute": "compute",
     "host_gap": "the host gap between steps",
     "weights": "weight streaming from memory",
-    "overhead": "per-kernel launch and host overhead",
-    "host": "the host term per step",
+    "overhead": "per-kernel launch gaps",
+    "host": "the engine's host time per step",
+    "launch_bound": "eager kernel launches (the CPU slower than the GPU)",
+    "moe_layers": "the fixed cost of the MoE kernels per layer",
     "kv_cache": "KV-cache reads",
     "moe_kernel_penalty": "the MoE-kernel penalty (fitted extra term)",
     "moe_kernel_bandwidth": "the MoE-kernel bandwidth penalty (fitted extra term)",
@@ -138,8 +140,8 @@ def over_range(
         names = " or ".join(NAMES.get(m, m) for m in sorted(mains, key=str))
         out["cause_decides"] = commands["attribute"]
         out["statement"] += (
-            f" Which term is largest ({names}) the model cannot decide: it turns on the assumed per-kernel "
-            f"overhead and memory efficiency. The measurement that decides it: `{commands['attribute']}`."
+            f" Which term is largest ({names}) the model cannot decide: it turns on the assumed kernel costs, "
+            f"memory efficiency and host time. The measurement that decides it: `{commands['attribute']}`."
         )
     return out
 

@@ -123,15 +123,27 @@ def _tp(name: str, w: dict, m: Machine) -> tuple[str | None, str | None]:
     return f"--tensor-parallel-size {n}", None
 
 
+ENGINE_SETTINGS = {
+    "cuda-graphs": "drop --enforce-eager (vLLM then replays decode steps from CUDA graphs)",
+    "async-scheduling": "vLLM >= 0.14 (async scheduling, on by default on CUDA), or --async-scheduling",
+    "nvlink": "an NVLink bridge between the two GPUs (this card takes one at TP 2)",
+}
+
+
 def setting(name: str, w: dict, m: Machine) -> tuple[str | None, str | None]:
-    """What to set for the what-if `name` on machine `m`, or why it is not a lever here."""
+    """What to set for the what-if `name` on machine `m`, or why it is not a lever here. predict's own
+    `lever: false` (with its note: no NVLink on this card, a risk, a bound, no fit) is final."""
+    if w.get("lever") is False:
+        return None, w.get("lever_note") or "predict marks it as no lever on this hardware"
+    if name in ENGINE_SETTINGS and w.get("lever"):
+        return ENGINE_SETTINGS[name], None
     if name == "one-shot-allreduce":
         return _one_shot(m)
     if name == "no-rank-skew":
         return _rank_skew(m)
     if name.startswith("tp") and name[2:].isdigit():
         return _tp(name, w, m)
-    if name in NOT_SETTABLE:
+    if name in NOT_SETTABLE and not w.get("lever"):
         return None, "not a setting: another link or a risk (see the what-ifs)"
     return None, "no setting known for this what-if"
 

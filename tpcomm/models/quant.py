@@ -7,7 +7,10 @@ vLLM naming (`model.layers.3.mlp.experts.7.down_proj`).
 Recognised `quantization_config` formats: compressed-tensors (config_groups +
 ignore, `re:` regexes), ModelOpt (NVFP4/FP8, `ignore` or `exclude_modules`
 globs), block FP8 (`quant_method: fp8`, DeepSeek style: every Linear except the
-router and lm_head), and none (the model dtype).
+router and lm_head), AWQ and GPTQ (AutoAWQ / AutoGPTQ / GPTQModel checkpoints:
+`bits`, `group_size`, `modules_to_not_convert`; every decoder Linear but the
+router and lm_head), MXFP4 (`quant_method: mxfp4`, GPT-OSS: the experts only),
+and none (the model dtype).
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ class QuantScheme:
                     if re.match(pat[3:], name):
                         return True
                 elif any(c in pat for c in "*?["):
-                    if fnmatch.fnmatchcase(name, pat):
+                    # A glob names a module or a prefix of it ("model.layers.*.self_attn" covers its q/k/v/o).
+                    if fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(name, pat + ".*"):
                         return True
                 elif name == pat or name.endswith("." + pat):
                     return True
@@ -136,6 +140,34 @@ def parse_quantization(qc: dict | None, base_bits: float, where: str) -> QuantSc
         scale_txt = f", a {w.get('scale_dtype') or default_scale} scale per {gsz}" if gsz else ""
         desc = f"{kind}{int(nb)}{scale_txt} = {bits:g} bits/weight ({method}); activations {acts}"
         return QuantScheme(method, bits, base_bits, acts, ignore, False, desc, notes)
+    if method in ("awq", "gptq"):
+        return _int_group(qc, method, base_bits, where)
+    if method == "mxfp4":
+        # OCP MX: E2M1 weights, one E8M0 scale per 32 (4 + 8/32 bits). GPT-OSS quantizes the experts only
+        # (modules_to_not_convert: attention, router, embeddings, lm_head).
+        ignore = tuple(qc.get("modules_to_not_convert") or ("self_attn", "router", "embed_tokens", "lm_head"))
+        desc = "MXFP4, an E8M0 scale per 32 = 4.25 bits/weight (mxfp4); activations unquantized (weight-only)"
+        return QuantScheme("mxfp4", 4.25, base_bits, "unquantized (weight-only)", ignore, False, desc)
     raise InputError(
-        where, f"unsupported quant_method {method!r}", "compressed-tensors, modelopt, fp8, or no quantization_config"
+        where,
+        f"unsupported quant_method {method!r}",
+        "compressed-tensors, modelopt, fp8, awq, gptq, mxfp4, or no quantization_config",
     )
+
+
+def _int_group(qc: dict, method: str, base_bits: float, where: str) -> QuantScheme:
+    """AWQ / GPTQ: integer weights, an FP16 scale and a packed zero point per group of `group_size` inputs."""
+    try:
+        nb = int(qc.get("bits", qc.get("w_bit", 4)))
+        gsz = int(qc.get("group_size", qc.get("q_group_size", 128)))
+    except (TypeError, ValueError):
+        raise InputError(where, f"{method} bits/group_size are not integers", "e.g. bits 4, group_size 128") from None
+    if nb not in (2, 3, 4, 8) or gsz == 0:
+        raise InputError(where, f"{method} has bits {nb}, group_size {gsz}", "bits 2/3/4/8 and a group_size")
+    per = gsz if gsz > 0 else None  # group_size -1: one scale per output channel
+    bits = nb + (
+        (16 + nb) / per if per else 0.0
+    )  # FP16 scale + a packed zero point per group (GPTQ stores qzeros always)
+    ignore = tuple(qc.get("modules_to_not_convert") or ()) + ("lm_head",)
+    desc = f"INT{nb}, an fp16 scale and zero point per {gsz if per else 'channel'} = {bits:.3g} bits/weight ({method}); activations unquantized (weight-only)"
+    return QuantScheme(method, bits, base_bits, "unquantized (weight-only)", ignore, False, desc)

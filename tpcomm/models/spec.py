@@ -21,7 +21,24 @@ FAMILIES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
     "Glm4MoeForCausalLM": "glm4_moe",
+    # Added for issue 19; each follows its vLLM 0.32 model file (tpcomm/plan/collectives.py lists the sites).
+    "MistralForCausalLM": "llama",  # vLLM's mistral.py subclasses llama.py: same layers and collectives
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3NextForCausalLM": "qwen3_5",  # hybrid: Gated DeltaNet linear attention + gated full attention
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4",
+    "GptOssForCausalLM": "gpt_oss",
 }
+
+# Per-layer attention kinds: "full" (KV grows with the context), "sliding" (KV read up to the window),
+# "linear" (a fixed recurrent state, Gated DeltaNet).
+LAYER_KINDS = ("full", "sliding", "linear")
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,25 @@ class ModelSpec:
     moe_layers: tuple[int, ...] = ()
     quant: QuantScheme = field(default_factory=QuantScheme)
     rms_norm_eps: float | None = None  # config.json's; None when it does not say
+    # Hybrid and windowed attention (empty layer_kinds: every layer "full").
+    layer_kinds: tuple[str, ...] = ()
+    sliding_window: int = 0
+    full_head_dim: int = 0  # Gemma 4 global layers (0: head_dim)
+    full_num_kv_heads: int = 0  # Gemma 4 global layers (0: num_kv_heads)
+    attn_output_gate: bool = False  # Qwen3-Next / Qwen3.5: q_proj also emits the output gate
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    shared_expert_intermediate_size: int = 0  # one gated shared expert (Qwen2-MoE, Qwen3-Next, Qwen3.5)
+    kv_shared_layers: int = 0  # Gemma 4: the last N layers reuse an earlier layer's K/V (no K/V weights/cache)
+
+    def kind(self, layer: int) -> str:
+        return self.layer_kinds[layer] if self.layer_kinds else "full"
+
+    def layers_of(self, kind: str) -> int:
+        return sum(1 for i in range(self.num_layers) if self.kind(i) == kind)
 
     @property
     def is_moe(self) -> bool:

@@ -64,6 +64,10 @@ class Plan:
                 "moe_layers": len(m.moe_layers),
                 "dense_layers": len(m.dense_layers),
                 "attention": m.attention,
+                "layer_kinds": {k: m.layers_of(k) for k in ("full", "sliding", "linear") if m.layers_of(k)}
+                if m.layer_kinds
+                else None,
+                "sliding_window": m.sliding_window or None,
                 "num_heads": m.num_heads,
                 "num_kv_heads": m.num_kv_heads,
                 "vocab_size": m.vocab_size,

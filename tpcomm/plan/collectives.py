@@ -28,6 +28,17 @@ Where each one comes from (vLLM 0.32.0, vllm/model_executor/...):
 - DCP (MLA decode, models/../attention/mla_attention.py + v1/attention/ops/dcp.py
   cp_lse_ag_out_rs): per layer the query is all-gathered over DCP, the LSE
   all-gathered and the output reduce-scattered.
+- Families added in issue 19 issue the same per-layer pattern (read from their
+  model files): qwen3_5.py (Qwen3-Next/3.5/3.6) all-reduces the Gated DeltaNet
+  out_proj (RowParallelLinear, layers/mamba/gdn/qwen_gdn_linear_attn.py) or the
+  gated attention's o_proj once per layer, and the MoE block (routed + shared
+  expert) once, late; with sequence-parallel MoE it reduce-scatters like
+  DeepSeek (use_attn_reduce_scatter_for_moe). qwen2_moe.py: shared expert with
+  reduce_results=False, summed into the one late MoE all-reduce. gemma3.py /
+  gemma4.py / mistral.py (llama.py): o_proj and down_proj row-parallel;
+  sliding-window layers change the KV read, not the collectives.
+  gpt_oss.py: o_proj row-parallel, the MoE (FusedMoE, router replicated)
+  reduced once, late.
 """
 
 from __future__ import annotations
@@ -111,7 +122,7 @@ def decode_collectives(m: ModelSpec, lay: Layout, batch: int) -> list[Collective
                 n,
                 "model.layers.*.self_attn (DCP output combine)",
             )
-        if sp_moe and m.family != "deepseek_v2":
+        if sp_moe and m.family not in ("deepseek_v2", "qwen3_5"):
             # qwen3_moe & co: attention keeps its all-reduce; the MoE input is chunked (no comm) and its output all-gathered.
             add(
                 "all_reduce",

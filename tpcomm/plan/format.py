@@ -8,7 +8,17 @@ from tpcomm.table import human_bytes, render
 def format_plan(doc: dict) -> str:
     m, lay = doc["model"], doc["layout"]
     head = (
-        f"{m['name']} ({m['architecture']}, {m['attention'].upper()}, {m['num_layers']} layers: "
+        f"{m['name']} ({m['architecture']}, {m['attention'].upper()}"
+        + (
+            " ("
+            + ", ".join(f"{n} {k}" for k, n in m["layer_kinds"].items())
+            + " attention layers"
+            + (f", window {m['sliding_window']}" if m.get("layer_kinds", {}).get("sliding") else "")
+            + ")"
+            if m.get("layer_kinds")
+            else ""
+        )
+        + f", {m['num_layers']} layers: "
         f"{m['dense_layers']} dense + {m['moe_layers']} MoE), weights {m['quantization']['description']}\n"
         f"layout TP={lay['tp']} EP={'on (size ' + str(lay['ep_size']) + ')' if lay['ep'] else 'off'} DP={lay['dp']} "
         f"PP={lay['pp']} DCP={lay['dcp']} | collectives per decode step as issued by vLLM {doc['vllm_version_followed']} (derived from its model code)"

@@ -55,6 +55,17 @@ class Layout:
                     f"and the {kv} KV heads of {m.name} do not divide one another",
                     "TP dividing num_key_value_heads, or a multiple of it",
                 )
+        if m.layers_of("linear"):
+            for field, v in (
+                ("linear_num_value_heads", m.linear_num_value_heads),
+                ("linear_num_key_heads", m.linear_num_key_heads),
+            ):
+                if v % self.tp:
+                    raise InputError(
+                        f"--tp {self.tp}",
+                        f"does not divide the {v} {field} of {m.name}'s linear-attention layers",
+                        "a TP size dividing the Gated DeltaNet head counts (vLLM divides them over TP)",
+                    )
         pv = padded_vocab(m.vocab_size)
         if pv % self.tp:
             raise InputError(

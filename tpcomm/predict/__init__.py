@@ -1,6 +1,7 @@
 """`tpcomm predict`: the analytic what-if, no GPU needed.
 
     >>> from tpcomm.plan.layout import Layout
+from tpcomm.plan.weights import weight_components
     >>> from tpcomm.predict import predict
     >>> doc = predict("kimi-k2.5", Layout(tp=8), gpu="rtx-pro-6000")
     >>> doc["single_stream"]["tok_per_s"]          # central value
@@ -20,18 +21,21 @@ from tpcomm.errors import InputError
 from tpcomm.plan import Plan, build_plan
 from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED
 from tpcomm.plan.layout import Layout
+from tpcomm.plan.weights import weight_components
+from tpcomm.predict.engine import resolve_engine
 from tpcomm.predict.hardware import load_profile, with_interconnect
 from tpcomm.predict.latency_range import make_range
 from tpcomm.predict.model import KERNELS, Knobs, fits_memory, kernels_per_step
 from tpcomm.predict.ranges import (
+    bottleneck_verdict,
     bounds,
     central_knobs,
     evaluate,
     latency_decides,
+    no_fit_verdict,
     range_inputs,
     span,
     summarize,
-    verdict,
 )
 
 __all__ = ["predict", "Knobs", "Layout"]
@@ -66,10 +70,35 @@ def described(plan: Plan, hw: dict) -> dict:
     }
 
 
+def load_inputs(model, layout: Layout, gpu, interconnect, batches, engine, knobs: Knobs, allreduce_us):
+    """Hardware, plan, engine and knobs, every problem of the inputs reported at once (one InputError)."""
+    problems: list[InputError] = []
+
+    def attempt(fn):
+        try:
+            return fn()
+        except InputError as e:
+            problems.append(e)
+            return None
+
+    attempt(lambda: _check_knobs(knobs, allreduce_us))
+    hw = attempt(lambda: with_interconnect(load_profile(gpu), interconnect))
+    plan = attempt(lambda: plan_for(model, layout, batches))
+    eng = attempt(lambda: resolve_engine(engine))
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise InputError(
+            f"{len(problems)} problems with the inputs",
+            " | ".join(str(e) for e in problems),
+        )
+    return hw, plan, eng
+
+
 def predict(
     model,
     layout: Layout | None = None,
-    gpu: str = "rtx-pro-6000",
+    gpu: str | None = None,
     interconnect: str | None = None,
     batches=(1,),
     allreduce_us: float | None = None,
@@ -78,24 +107,33 @@ def predict(
     what_if: bool = True,
     fitted_to: dict[int, float] | None = None,
     out: str | None = None,
+    engine: str | None = None,
 ) -> dict:
-    """`fitted_to` {batch: measured tok/s}: the points the extra terms (--moe-penalty-us, --moe-bw-factor) were fitted to."""
+    """`fitted_to` {batch: measured tok/s}: the points the extra terms (--moe-penalty-us, --moe-bw-factor) were
+    fitted to. `gpu`: a profile name or file (required). `engine`: see engine.py (None: the installed vLLM)."""
     layout = layout or Layout()
     k = knobs or Knobs()
-    _check_knobs(k, allreduce_us)
-    hw = with_interconnect(load_profile(gpu), interconnect)
-    batches = sorted(set([1, *batches]))
-    plan = plan_for(model, layout, batches)
+    # The points a fit uses are planned too (their collectives), and shown in the batch table, labelled fitted.
+    batches = sorted(set([1, *batches, *(fitted_to or {})]))
+    hw, plan, eng = load_inputs(model, layout, gpu, interconnect, batches, engine, k, allreduce_us)
+    eng = engine_on(eng, hw)
     main = max(plan.for_batch(1), key=lambda c: c.count, default=None)
     lat = make_range(
-        hw, allreduce_us, probe, n=main.group_size if main else layout.tp, nbytes=main.bytes if main else 0
+        hw,
+        allreduce_us,
+        probe,
+        n=main.group_size if main else layout.tp,
+        nbytes=main.bytes if main else 0,
+        engine=eng,
     )
-    ri = range_inputs(hw, k.memory_efficiency, k.kernel_overhead_us, lat)
+    ri = range_inputs(hw, k, lat, eng, plan.model)
+    fit_method = None
     if fitted_to and not (k.moe_penalty_us or k.moe_bw_factor != 1.0):
         from tpcomm.predict.fit import fit_moe_terms
 
-        pen, fac = fit_moe_terms(plan, hw, lat.central, central_knobs(ri, k), fitted_to)
-        k = replace(k, moe_penalty_us=pen, moe_bw_factor=fac)
+        pen, fac, fit_method = fit_moe_terms(plan, hw, lat.central, central_knobs(ri, k), fitted_to, eager=ri.eager)
+        k = replace(k, moe_penalty_us=pen, moe_bw_factor=fac, moe_layer_us=0.0)
+        ri = range_inputs(hw, k, lat, eng, plan.model)  # the fitted penalty stands in for the per-layer cost
     kc = central_knobs(ri, k)
     steps = [evaluate(plan, b, hw, ri, k) for b in batches]
     ss, corners = steps[0]
@@ -104,14 +142,19 @@ def predict(
     non_coll = ss["step_ms"] - coll
     fits, stored = fits_memory(plan.model, layout, hw)
     summary = summarize(ss, corners)
-    cmds = decide_commands(model, plan.layout.world_size, gpu, out)
-    # A fixed latency (probe, --allreduce-us) leaves only the other inputs: measuring latency again decides nothing.
-    rv = verdict(ss, corners, cmds, not lat.fixed and latency_decides(plan, hw, ri, k))
-    fitted = _fitted(k, fitted_to or {}, plan.model)
+    cmds = decide_commands(model, plan.layout.world_size, hw["profile"], out, engine)
+    if fits:
+        # A fixed latency (probe, --allreduce-us) leaves only the other inputs: measuring latency again decides nothing.
+        rv = bottleneck_verdict(ss, corners, cmds, not lat.fixed and latency_decides(plan, hw, ri, k))
+    else:
+        rv = no_fit_verdict(stored / 1e9, hw["memory_GB"], layout.tp)
+    fitted = _fitted(k, fitted_to or {}, plan.model, fit_method)
     doc = {
         **described(plan, hw),
+        "engine": eng.as_dict(),
         "collective_latency_source": lat.central.description,
         "collective_latency_kind": lat.kind,
+        "collective_latency_kernel": lat.kernel or None,
         "single_stream": {
             "ms_per_token": ss["step_ms"],
             "tok_per_s": ss["tok_per_s"],
@@ -119,6 +162,7 @@ def predict(
             "bound": ss["bound"],
             "collectives_per_token": sum(c["count"] for c in ss["collectives"]),
             "top_collectives": ss["collectives"][:5],
+            "kernel_efficiency": ss["kernel_efficiency"],
             "value": "central",
         },
         "ceilings": {
@@ -143,7 +187,16 @@ def predict(
             }
             for s, cs in steps
         ],
-        "memory": {"weights_stored_per_gpu_GB": stored / 1e9, "fits_90pct": fits},
+        "memory": {
+            "weights_stored_per_gpu_GB": stored / 1e9,
+            "fits_90pct": fits,
+            "statement": (
+                f"The weights fit: {stored / 1e9:.1f} GB per GPU of {hw['memory_GB']:g} GB."
+                if fits
+                else f"DOES NOT FIT: {stored / 1e9:.0f} GB of weights per GPU at TP {layout.tp} against 90% of "
+                f"{hw['memory_GB']:g} GB; no verdict is given, and every time below is what the model gives if it did."
+            ),
+        },
         "fitted": fitted,
         "conditions": {
             "phase": "decode",
@@ -151,33 +204,43 @@ def predict(
             "knobs": asdict(kc),
             "kernels_per_step": kernels_per_step(plan.model),
             "kernels_per_site": KERNELS,
+            "engine": eng.describe(),
             "model": "analytic (tpcomm predict): not a measurement",
             "vllm_version_followed": VLLM_VERSION_FOLLOWED,
         },
-        "assumptions": _assumptions(ri, kc, plan, fitted),
+        "assumptions": _assumptions(ri, kc, plan, fitted, eng),
     }
     if what_if:
         from tpcomm.predict.whatif import what_ifs
 
-        doc["what_if"] = what_ifs(model, plan, hw, k, ri, (ss, corners))
+        doc["what_if"] = what_ifs(model, plan, hw, k, ri, (ss, corners), eng)
     return doc
 
 
-def decide_commands(model, world: int, gpu: str, out: str | None) -> dict:
+def engine_on(eng, hw: dict):
+    """The engine as it runs on this hardware: vLLM's CPU platform forces async scheduling off."""
+    if hw["link"]["type"] == "shm" and eng.runner == "vllm-v1-async":
+        sync = resolve_engine(f"vllm-{eng.version}-no-async" if eng.version else "vllm-no-async")
+        return replace(sync, name=eng.name, notes=(*eng.notes, "vLLM's CPU platform forces async scheduling off"))
+    return eng
+
+
+def decide_commands(model, world: int, gpu: str, out: str | None, engine: str | None = None) -> dict:
     run = out or "RUN_DIR"
+    eng = f" --engine {engine}" if engine else ""
     return {
         "probe": f"tpcomm probe --gpus {world} --model {model} --out {run}, then tpcomm predict --model {model} --tp {world} "
-        f"--gpu {gpu} --probe {run}",
+        f"--gpu {gpu}{eng} --probe {run}",
         "attribute": f"tpcomm attribute --server-url URL --out {run} (server started with VLLM_PLUGINS=tpcomm), then "
-        f"tpcomm predict --model {model} --tp {world} --gpu {gpu} --attribution {run}",
+        f"tpcomm predict --model {model} --tp {world} --gpu {gpu}{eng} --attribution {run}",
     }
 
 
-def _fitted(k: Knobs, fitted_to: dict[int, float], m) -> list[dict]:
+def _fitted(k: Knobs, fitted_to: dict[int, float], m, method: str | None = None) -> list[dict]:
     """The extra terms and what they were fitted to; a term given without --fitted-to is labelled as given."""
     pts = ", ".join(f"{v:g} tok/s at batch {b}" for b, v in sorted(fitted_to.items()))
     how = (
-        f"fitted to measured {pts}"
+        f"fitted to measured {pts}" + (f" ({method})" if method and method != "exact" else "")
         if fitted_to
         else "given by the user (an extra term, not fitted here; --fitted-to fits it)"
     )
@@ -206,12 +269,39 @@ def _fitted(k: Knobs, fitted_to: dict[int, float], m) -> list[dict]:
     return out
 
 
-def _assumptions(ri, kc: Knobs, plan, fitted: list[dict]) -> list[str]:
-    me, ko = ri.memory_efficiency, ri.kernel_overhead_us
+def _assumptions(ri, kc: Knobs, plan, fitted: list[dict], eng) -> list[str]:
+    me, ko, rp, ho = ri.memory_efficiency, ri.kernel_overhead_us, ri.ramp_us, ri.host_ms
     n_k = kernels_per_step(plan.model)
-    return [
+    n_gemm = sum(c.kernels for c in weight_components(plan.model, plan.layout, 1))
+    out = [
+        f"engine {eng.describe()} ({ho.source})",
         f"memory efficiency {me.low:g}-{me.high:g} of datasheet bandwidth, central {me.central:g} ({me.source})",
-        f"per-kernel overhead {ko.low:g}-{ko.high:g} us, central {ko.central:g} us, x {n_k:.0f} kernels per step ({ko.source})",
+        f"GEMM ramp {rp.low:g}-{rp.high:g} us, central {rp.central:g} us, x {n_gemm:.0f} weight kernels per step: "
+        f"kernel efficiency falls as TP shrinks each kernel ({rp.source})",
+        f"launch gap {ko.low:g}-{ko.high:g} us, central {ko.central:g} us, x {n_k:.0f} kernels per step ({ko.source})",
+    ]
+    kv = ri.kv_efficiency
+    out.append(
+        f"KV efficiency {kv.low:g}-{kv.high:g} of datasheet bandwidth for decode attention, central {kv.central:g} ({kv.source})"
+    )
+    if ri.quant_kernel_factor is not None:
+        q = ri.quant_kernel_factor
+        out.append(
+            f"quantized GEMMs at {q.low:g}-{q.high:g} x the memory efficiency, central {q.central:g} ({q.source})"
+        )
+    if ri.moe_layer_us is not None:
+        mo = ri.moe_layer_us
+        out.append(
+            f"MoE fixed cost {mo.low:g}-{mo.high:g} us per MoE layer, central {mo.central:g} "
+            f"(kernel backend {ri.moe_backend}: {mo.source})"
+        )
+    if ri.launch_us is not None:
+        la = ri.launch_us
+        out.append(
+            f"eager launch {la.low:g}-{la.high:g} us per kernel, central {la.central:g}; a step is host + max(launch, "
+            f"GPU) ({la.source})"
+        )
+    return out + [
         f"collective latency low: {ri.latency.descriptions['low']}",
         f"collective latency central: {ri.latency.descriptions['central']}",
         f"collective latency high: {ri.latency.descriptions['high']}",
@@ -222,18 +312,34 @@ def _assumptions(ri, kc: Knobs, plan, fitted: list[dict]) -> list[str]:
 
 
 def _check_knobs(k: Knobs, allreduce_us):
-    checks = {"--memory-efficiency": (k.memory_efficiency, 0, 1), "--compute-efficiency": (k.compute_efficiency, 0, 1)}
+    """Every bad knob at once."""
+    bad: list[str] = []
+    checks = {
+        "--memory-efficiency": (k.memory_efficiency, 0, 1),
+        "--kv-efficiency": (k.kv_efficiency, 0, 1),
+        "--compute-efficiency": (k.compute_efficiency, 0, 1),
+    }
     for name, (v, lo, hi) in checks.items():
         if v is not None and not (lo < v <= hi):
-            raise InputError(f"{name} {v}", "is out of range", f"a fraction in ({lo}, {hi}]")
+            bad.append(f"{name} {v} is out of range (expected a fraction in ({lo}, {hi}])")
     for name, v in (
         ("--kernel-overhead-us", k.kernel_overhead_us),
+        ("--ramp-us", k.ramp_us),
+        ("--host-ms", k.host_ms),
+        ("--moe-layer-us", k.moe_layer_us),
+        ("--launch-us", k.launch_us),
         ("--moe-penalty-us", k.moe_penalty_us),
         ("--context", k.context),
     ):
         if v is not None and v < 0:
-            raise InputError(f"{name} {v}", "is negative", "a value >= 0")
+            bad.append(f"{name} {v} is negative (expected a value >= 0)")
     if k.moe_bw_factor < 1:
-        raise InputError(f"--moe-bw-factor {k.moe_bw_factor}", "is below 1", "a factor >= 1 (1 = roofline)")
+        bad.append(f"--moe-bw-factor {k.moe_bw_factor} is below 1 (expected a factor >= 1, 1 = roofline)")
     if allreduce_us is not None and allreduce_us <= 0:
-        raise InputError(f"--allreduce-us {allreduce_us}", "is not positive", "microseconds > 0")
+        bad.append(f"--allreduce-us {allreduce_us} is not positive (expected microseconds > 0)")
+    if len(bad) == 1:
+        what, _, rest = bad[0].partition(" is ")
+        problem, _, expected = rest.partition(" (expected ")
+        raise InputError(what, "is " + problem, expected.rstrip(")"))
+    if bad:
+        raise InputError("options", "; ".join(bad))

@@ -30,10 +30,10 @@ from tpcomm.errors import InputError
 from tpcomm.judge.levers import measured_whatifs
 from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED
 from tpcomm.plan.layout import Layout
-from tpcomm.predict import described, plan_for
+from tpcomm.predict import described, plan_for, tables
 from tpcomm.predict.hardware import load_profile, with_interconnect
-from tpcomm.predict.latency import LatencySource, oneshot_allreduce_us
-from tpcomm.predict.latency_range import LEVELS, LatencyRange, make_range
+from tpcomm.predict.latency import LatencySource
+from tpcomm.predict.latency_range import LEVELS, LatencyRange, custom_ar_eligible, make_range
 from tpcomm.predict.model import Knobs, step_time
 from tpcomm.predict.ranges import central_knobs, range_inputs
 
@@ -81,7 +81,12 @@ def predict_calibrated(
     gpu: str = "rtx-pro-6000",
     batches=(1,),
     knobs: Knobs | None = None,
+    engine: str | None = None,
 ) -> dict:
+    """The measured host gap replaces the engine's host term (engine.py): it is kept as measured in every
+    what-if; the engine named (or the default) only describes the run."""
+    from tpcomm.predict.engine import resolve_engine
+
     layout = layout or Layout()
     tp = layout.tp
     att = read_attribution(run_dir)
@@ -100,7 +105,9 @@ def predict_calibrated(
         lat, lat_err = make_range(hw, probe_dir=run_dir if probe.is_file() else None, n=tp), None
     except InputError as e:  # CPU without a probe: no latency model, so what-ifs that need one say so
         lat, lat_err = None, str(e)
-    kc = central_knobs(range_inputs(hw, k.memory_efficiency, k.kernel_overhead_us, lat), k)
+    eng = resolve_engine(engine)
+    # No engine here: the host term is the run's measured host gap, so the model's ratios exclude it.
+    kc = central_knobs(range_inputs(hw, k, lat), k)
     m = att["terms_ms"]
     base_ms = sum(m.values())
 
@@ -146,16 +153,22 @@ def predict_calibrated(
             "NVLink4 instead of the measured link: transfer modelled (8x H100 SXM tables where they apply), wait kept",
             make_range(nv, n=tp),
         )
-    if link["type"] != "shm":
-        one = LatencySource(
-            "model",
-            "one-shot",
-            lambda op, b, n: oneshot_allreduce_us(b, n, link) if op == "all_reduce" else lat.central(op, b, n),
-        )
+    if link["type"] == "pcie" and link.get("p2p", True) and not custom_ar_eligible(link, tp, eng) and lat is not None:
+
+        def one(i):
+            return LatencySource(
+                "oneshot",
+                "one-shot",
+                lambda op, b, n: (
+                    tables.oneshot_4rank_us(b, n)[i] if op == "all_reduce" and n > 1 else lat.central(op, b, n)
+                ),
+            )
+
         relinked(
             "one-shot-allreduce",
-            "a one-shot custom all-reduce: transfer modelled, wait kept",
-            LatencyRange(one, one, one, "model", {}),
+            "a one-shot P2P all-reduce (FlashInfer PCIe IPC or a custom kernel): transfer from the measured 4-rank "
+            "one-shot figures (REFERENCE s5, s7), wait kept",
+            LatencyRange(one(0), one(1), one(2), "oneshot", {}),
         )
     n_coll = sum(c.count for c in plan.for_batch(1))
     for t in (1, 2, 4, 8):
@@ -231,6 +244,12 @@ def predict_calibrated(
         )
     doc = {
         **described(plan, hw),
+        "engine": {
+            **eng.as_dict(),
+            "host_ms": {"low": m["host"], "central": m["host"], "high": m["host"]},
+            "host_source": f"measured host gap of {run_dir} (replaces the engine's host term {eng.host_ms[0]:g}-"
+            f"{eng.host_ms[2]:g} ms)",
+        },
         "collective_latency_source": f"measured in {run_dir} (attribute); what-ifs: {lat.central.description if lat else lat_err}",
         "collective_latency_kind": "attribution",
         "single_stream": {
@@ -269,6 +288,8 @@ def predict_calibrated(
             f"compute ratios from the analytic model at memory efficiency {kc.memory_efficiency:g}, per-kernel overhead "
             f"{kc.kernel_overhead_us:g} us (central values; ratios only)",
             "rank skew (wait) per collective unchanged by a what-if; host term per step unchanged",
+            f"host term = the measured host gap {m['host']:.3f} ms per token (replaces the engine's host term of "
+            f"{eng.name}: {eng.host_ms[0]:g}-{eng.host_ms[2]:g} ms, {eng.host_source})",
         ],
         "what_if": out,
     }

@@ -8,6 +8,9 @@ import click
 
 from tpcomm import contract as C
 from tpcomm.cli_common import IntList, batch_option, layout_options, model_option, out_option
+from tpcomm.predict.engine import FORMS
+from tpcomm.predict.hardware import INTERCONNECTS, profile_names
+from tpcomm.predict.kernels import RAMP_US
 from tpcomm.predict.model import (
     DEFAULT_COMPUTE_EFFICIENCY,
     DEFAULT_CONTEXT,
@@ -17,8 +20,10 @@ from tpcomm.predict.model import (
 from tpcomm.predict.ranges import KERNEL_OVERHEAD_RANGE_US, MEMORY_EFFICIENCY_RANGE
 
 GPU_HELP = (
-    "Hardware profile: rtx-pro-6000, rtx-4090, rtx-5090, l40s, a100-pcie, a100-sxm, h100-pcie, h100-sxm, h200, b200, cpu, "
-    "or a JSON profile file (memory_bandwidth_GBps, memory_GB, bf16_tflops, link {type, p2p, p2p_GBps})."
+    "Hardware profile (required): "
+    + ", ".join(profile_names())
+    + ", or a JSON profile file (memory_bandwidth_GBps, memory_GB, bf16_tflops, link {type, p2p, p2p_GBps}). "
+    "An ambiguous name (a100, h100) is refused with the choices."
 )
 
 
@@ -60,10 +65,17 @@ class FittedPoints(click.ParamType):
 @click.command("predict")
 @model_option
 @layout_options
-@click.option("--gpu", default="rtx-pro-6000", show_default=True, help=GPU_HELP)
+@click.option("--gpu", default=None, help=GPU_HELP)
+@click.option(
+    "--engine",
+    default=None,
+    metavar="ENGINE",
+    help=f"Serving engine and version: {FORMS}. Sets the host time per step, eager launch costs and the all-reduce "
+    "kernel [default: the installed vLLM, else the version tpcomm's plan follows].",
+)
 @click.option(
     "--interconnect",
-    type=click.Choice(["nvlink4", "nvlink5", "pcie4", "pcie5", "pcie-no-p2p"]),
+    type=click.Choice(list(INTERCONNECTS)),
     default=None,
     help="Replace the profile's GPU-GPU link.",
 )
@@ -97,9 +109,37 @@ class FittedPoints(click.ParamType):
     "--kernel-overhead-us",
     type=float,
     default=None,
-    help=f"Fixed cost per kernel, launch gap + small-kernel ramp, fixed [default: the range {KERNEL_OVERHEAD_RANGE_US[0]:g}-"
+    help=f"Launch gap per kernel (CUDA-graph replay), fixed [default: the range {KERNEL_OVERHEAD_RANGE_US[0]:g}-"
     f"{KERNEL_OVERHEAD_RANGE_US[2]:g} us, central {DEFAULT_KERNEL_OVERHEAD_US:g} us on GPUs (assumption), the profile's "
-    "range on cpu; tpcomm attribute measures it].",
+    "range on cpu; tpcomm attribute measures the whole step].",
+)
+@click.option(
+    "--ramp-us",
+    type=float,
+    default=None,
+    help=f"Fixed ramp per weight GEMM (kernel efficiency falls with bytes per kernel), fixed [default: {RAMP_US[0]:g}-"
+    f"{RAMP_US[2]:g} us, central {RAMP_US[1]:g} (assumption)].",
+)
+@click.option(
+    "--kv-efficiency",
+    type=float,
+    default=None,
+    help="Fraction of datasheet bandwidth decode attention reads the KV cache at, fixed [default: the fitted range].",
+)
+@click.option(
+    "--host-ms", type=float, default=None, help="Engine host time per decode step, fixed [default: the engine's range]."
+)
+@click.option(
+    "--moe-layer-us",
+    type=float,
+    default=None,
+    help="Fixed MoE-kernel cost per MoE layer, fixed [default: the range for the checkpoint's kernel backend and dtype].",
+)
+@click.option(
+    "--launch-us",
+    type=float,
+    default=None,
+    help="Eager engines: host launch cost per kernel, fixed [default: the engine's range].",
 )
 @click.option(
     "--compute-efficiency",
@@ -155,6 +195,7 @@ def predict(
     pp,
     dcp,
     gpu,
+    engine,
     interconnect,
     allreduce_us,
     probe_dir,
@@ -162,6 +203,11 @@ def predict(
     context,
     memory_efficiency,
     kernel_overhead_us,
+    ramp_us,
+    kv_efficiency,
+    host_ms,
+    moe_layer_us,
+    launch_us,
     compute_efficiency,
     moe_penalty_us,
     moe_bw_factor,
@@ -172,16 +218,17 @@ def predict(
     as_json,
     out,
 ):
-    """Analytic per-token decode time: weight bytes / (efficiency x memory
-    bandwidth) + collectives x latency + kernels x per-kernel overhead + extra
-    terms. Every model-based number is a range over the uncertain inputs
-    (collective latency: NCCL's tuning model as the lower bound, the measured
-    table of the hardware as the central value, the highest public measurement
-    as the high end; per-kernel overhead; memory efficiency), and a verdict is
-    given only where the whole range agrees. --probe or --allreduce-us replace
-    the latency range with this hardware's own number; --attribution anchors
-    the model on a measured run. Every input and its source is listed in the
-    output's `assumptions`."""
+    """Analytic per-token decode time: the engine's host time per step + weight
+    bytes / (efficiency x bandwidth) with a fixed ramp per GEMM (kernel efficiency
+    falls as TP shrinks each kernel) + KV reads + collectives x the latency of the
+    all-reduce kernel the engine picks + launch gaps + a fixed cost per MoE layer
+    by kernel backend and dtype (eager engines: host + max(launch, GPU)). Every
+    model-based number is a range over the uncertain inputs, each with its public
+    source, and a verdict is given only where the whole range agrees; a layout that
+    does not fit says so first and gets none. --probe or --allreduce-us replace the
+    latency range with this hardware's own number; --attribution anchors the model
+    on a measured run. Every input and its source is listed in `assumptions`;
+    docs/predict.md has the validation table against public measurements."""
     from tpcomm.plan.layout import Layout
     from tpcomm.predict import Knobs
     from tpcomm.predict import predict as run
@@ -192,6 +239,11 @@ def predict(
         compute_efficiency=compute_efficiency,
         context=context,
         kernel_overhead_us=kernel_overhead_us,
+        ramp_us=ramp_us,
+        kv_efficiency=kv_efficiency,
+        host_ms=host_ms,
+        moe_layer_us=moe_layer_us,
+        launch_us=launch_us,
         moe_penalty_us=moe_penalty_us,
         moe_bw_factor=moe_bw_factor,
     )
@@ -202,7 +254,7 @@ def predict(
 
         if compare_model or measured or probe_dir:
             raise click.UsageError("--attribution answers from a measured run: drop --compare-model/--measured/--probe")
-        doc = predict_calibrated(model, attribution_dir, lay, gpu=gpu, batches=batch, knobs=k)
+        doc = predict_calibrated(model, attribution_dir, lay, gpu=gpu, batches=batch, knobs=k, engine=engine)
         _write(out, doc)
         click.echo(json.dumps(doc, indent=2) if as_json else format_calibrated(doc))
         return
@@ -217,6 +269,7 @@ def predict(
         knobs=k,
         fitted_to=fitted_to,
         out=out,
+        engine=engine,
     )
     if measured and not compare_model:
         raise click.UsageError("--measured needs --compare-model (two values: --model's tok/s, then --compare-model's)")
@@ -240,6 +293,7 @@ def predict(
             probe=probe_dir,
             knobs=plain,
             what_if=False,
+            engine=engine,
         )
         base = run(model, **same) if doc.get("fitted") else doc
         doc["compare"] = compare_models(model, compare_model, base, run(compare_model, **same), lay, measured)

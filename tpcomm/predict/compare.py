@@ -24,14 +24,25 @@ def compare_models(
         "predicted_tok_per_s": [doc_a["single_stream"]["tok_per_s"], doc_b["single_stream"]["tok_per_s"]],
         "quantization": [pa.model.quant.description, pb.model.quant.description],
     }
+    backends = [
+        ((d.get("range") or {}).get("inputs") or {}).get("moe_layer_us", {}).get("backend") for d in (doc_a, doc_b)
+    ]
+    out["moe_kernel_backend"] = backends
     if same_coll and same_bytes:
+        pa_, pb_ = out["predicted_tok_per_s"]
         text = (
             f"{a} and {b} issue the same collectives and read the same weight bytes per GPU per token "
-            f"({wa / 1e9:.2f} GB), so this model predicts the same single-stream speed for both (before any extra term). "
-            "A measured gap between them cannot come from the interconnect or from weight streaming: "
-            "it comes from a term that differs, i.e. the kernels (for example W4A4 activation quantization "
-            "and the FP4 MoE GEMM path versus INT4 weight-only kernels)."
+            f"({wa / 1e9:.2f} GB), so a gap between them cannot come from the interconnect or from weight streaming: "
+            "it comes from a term that differs, i.e. the kernels"
         )
+        if backends[0] != backends[1]:
+            text += (
+                f". The model's MoE kernel-backend term differs ({backends[0]} vs {backends[1]}: e.g. W4A4 "
+                f"activation quantization and the FP4 grouped GEMM versus INT4 weight-only Marlin kernels), so it "
+                f"predicts {pa_:.1f} vs {pb_:.1f} tok/s."
+            )
+        else:
+            text += f"; the model has no term that tells them apart and predicts the same speed ({pa_:.1f} tok/s)."
     else:
         text = (
             f"{a} and {b} differ in "

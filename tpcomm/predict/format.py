@@ -26,20 +26,27 @@ def format_predict(doc: dict) -> str:
     fit1 = next(
         (b["fitted_to_tok_per_s"] for b in doc["batches"] if b["batch"] == 1 and b.get("fitted_to_tok_per_s")), None
     )
-    lines = _header(doc, "MODEL-BASED PREDICTION (not a measurement)") + [
-        "collective latency per call (range):",
-        *[f"  {lv:<7} {inp['collective_latency'][lv]}" for lv in ("low", "central", "high")],
-        f"per-kernel overhead {_r(inp['kernel_overhead_us'], 'g')} us (central {inp['kernel_overhead_us']['central']:g}); "
-        f"memory efficiency {_r(inp['memory_efficiency'], 'g')} (central {inp['memory_efficiency']['central']:g})",
-        "",
-        f"single stream: {ss['tok_per_s']:.1f} tok/s central, {_r(s1['tok_per_s'])} tok/s over the stated ranges "
-        f"({ss['ms_per_token']:.2f} ms/token, {_r(s1['ms_per_token'], '.2f')}; {ss['bound']}-bound)"
-        + (
-            f"; the extra terms were fitted to the measured {fit1:g} tok/s here: this reproduces the fit, it is not a prediction of it"
-            if fit1
-            else ""
-        ),
-    ]
+    mem = doc.get("memory") or {}
+    first = [mem["statement"]] if mem.get("fits_90pct") is False else []
+    lines = (
+        first
+        + _header(doc, "MODEL-BASED PREDICTION (not a measurement)")
+        + [
+            f"engine {doc['conditions']['engine']}",
+            "collective latency per call (range; the kernel the engine picks: "
+            f"{doc.get('collective_latency_kernel') or 'n/a'}):",
+            *[f"  {lv:<7} {inp['collective_latency'][lv]}" for lv in ("low", "central", "high")],
+            "kernel costs: " + "; ".join(_inputs_line(inp)),
+            "",
+            f"single stream: {ss['tok_per_s']:.1f} tok/s central, {_r(s1['tok_per_s'])} tok/s over the stated ranges "
+            f"({ss['ms_per_token']:.2f} ms/token, {_r(s1['ms_per_token'], '.2f')}; {ss['bound']}-bound)"
+            + (
+                f"; the extra terms were fitted to the measured {fit1:g} tok/s here: this reproduces the fit, it is not a prediction of it"
+                if fit1
+                else ""
+            ),
+        ]
+    )
     rows = [
         [
             k,
@@ -113,13 +120,30 @@ def format_predict(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _inputs_line(inp: dict) -> list[str]:
+    names = {
+        "memory_efficiency": ("memory efficiency", ""),
+        "kv_efficiency": ("KV efficiency", ""),
+        "quant_kernel_factor": ("quantized-GEMM factor", ""),
+        "ramp_us": ("GEMM ramp", " us"),
+        "kernel_overhead_us": ("launch gap", " us"),
+        "moe_layer_us": ("MoE fixed", " us/layer"),
+        "launch_us": ("eager launch", " us/kernel"),
+    }
+    return [
+        f"{label} {_r(inp[key], 'g')}{unit} (central {inp[key]['central']:g})"
+        for key, (label, unit) in names.items()
+        if inp.get(key)
+    ]
+
+
 def _what_if_table(rows: list[dict]) -> str:
     def chg(w):
         d = w.get("delta_pct_range")
         return f"{d['low']:+.0f}..{d['high']:+.0f}%" if d else "-"
 
     return render(
-        ["scenario", "tok/s", "range", "change", "change range", "description"],
+        ["scenario", "tok/s", "range", "change", "change range", "lever", "description"],
         [
             [
                 w["name"],
@@ -127,11 +151,12 @@ def _what_if_table(rows: list[dict]) -> str:
                 _r(w["tok_per_s_range"]) if w.get("tok_per_s_range") else "-",
                 "-" if w["delta_pct"] is None else f"{w['delta_pct']:+.0f}%",
                 chg(w),
-                w["description"],
+                "-" if w.get("lever") is None else ("yes" if w["lever"] else "no"),
+                w["description"] + (f" [{w['lever_note']}]" if w.get("lever_note") else ""),
             ]
             for w in rows
         ],
-        "lrrrrl",
+        "lrrrrll",
     )
 
 

@@ -26,25 +26,48 @@ def profile_names() -> list[str]:
     )
 
 
+def _profiles() -> dict[str, dict]:
+    return {
+        n: json.loads(resources.files("tpcomm.predict").joinpath("profiles", n + ".json").read_text())
+        for n in profile_names()
+    }
+
+
+def _key(name: str) -> str:
+    return name.lower().replace("_", "-").replace(" ", "-")
+
+
 def _builtin(name: str) -> dict | None:
-    key = name.lower().replace("_", "-").replace(" ", "-")
-    for n in profile_names():
-        prof = json.loads(resources.files("tpcomm.predict").joinpath("profiles", n + ".json").read_text())
+    key = _key(name)
+    for n, prof in _profiles().items():
         if key == n or key in prof.get("aliases", []):
             return prof
     return None
 
 
-def load_profile(name_or_path: str) -> dict:
+def _refusal(name: str) -> InputError:
+    """A name that is not a profile: ambiguous (several profiles contain it) or unknown (a close match offered)."""
+    import difflib
+
+    key = _key(name)
+    names = profile_names()
+    holders = [n for n, p in _profiles().items() if any(key in x for x in [n, *p.get("aliases", [])])]
+    choices = "one of " + ", ".join(names) + ", or a JSON profile file"
+    if len(holders) > 1:
+        return InputError(f"--gpu {name}", "is ambiguous: it could be " + " or ".join(holders), "say which: " + choices)
+    close = holders or difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return InputError(f"--gpu {name}", "is neither a built-in profile nor a profile file" + hint, choices)
+
+
+def load_profile(name_or_path: str | None) -> dict:
+    if not name_or_path:
+        raise InputError("--gpu", "is required (the model has no default GPU)", "one of " + ", ".join(profile_names()))
     prof = _builtin(name_or_path)
     if prof is None:
         p = Path(name_or_path).expanduser()
         if not p.is_file():
-            raise InputError(
-                f"--gpu {name_or_path}",
-                "is neither a built-in profile nor a profile file",
-                "one of " + ", ".join(profile_names()) + ", or a JSON profile file",
-            )
+            raise _refusal(name_or_path)
         try:
             prof = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -87,6 +110,7 @@ def with_interconnect(prof: dict, interconnect: str | None) -> dict:
     presets = {
         "nvlink4": {"type": "nvlink", "generation": 4, "p2p": True, "p2p_GBps": 450, "nvlink_GBps": 450},
         "nvlink5": {"type": "nvlink", "generation": 5, "p2p": True, "p2p_GBps": 900, "nvlink_GBps": 900},
+        "nvlink3": {"type": "nvlink", "generation": 3, "p2p": True, "p2p_GBps": 300, "nvlink_GBps": 300},
         "pcie4": {"type": "pcie", "generation": 4, "p2p": True, "p2p_GBps": 25, "nvlink_GBps": None},
         "pcie5": {"type": "pcie", "generation": 5, "p2p": True, "p2p_GBps": 53, "nvlink_GBps": None},
     }
@@ -96,10 +120,10 @@ def with_interconnect(prof: dict, interconnect: str | None) -> dict:
         p["link"] = presets[interconnect]
     else:
         raise InputError(
-            f"--interconnect {interconnect}", "is not known", "nvlink4, nvlink5, pcie4, pcie5 or pcie-no-p2p"
+            f"--interconnect {interconnect}", "is not known", "nvlink3, nvlink4, nvlink5, pcie4, pcie5 or pcie-no-p2p"
         )
     p["interconnect_override"] = interconnect
     return p
 
 
-INTERCONNECTS = ("nvlink4", "nvlink5", "pcie4", "pcie5", "pcie-no-p2p")
+INTERCONNECTS = ("nvlink3", "nvlink4", "nvlink5", "pcie4", "pcie5", "pcie-no-p2p")

@@ -9,8 +9,12 @@ ring all-reduce lat = base + 2(n-1) * hwLat; all-gather/reduce-scatter
 n-1 steps. LL128 only over NVLink; NCCL picks the fastest protocol. Protocol
 bandwidth efficiency LL 0.5 (8 of 16 bytes carry data), LL128 120/128,
 Simple 1.0, applied to the link's P2P bandwidth as the ring's busbw.
-P2P disabled: traffic stages through host memory; per-hop latency 12 us
-(measured 12-17 us without P2P vs 0.36-0.53 us with it, REFERENCE s3).
+P2P disabled: traffic stages through host memory (NCCL's SHM transport); per ring
+step 2.5 us: 8x RTX 4090 (GeForce: no P2P) measured 42.1 us for an 8-byte
+all-reduce in nccl-tests (NVIDIA/nccl issue 1530, REFERENCE s7) = 6.6 us base +
+14 ring-LL steps x 2.5 us. (A single host-staged copy measured 12-17 us,
+REFERENCE s3, but NCCL pipelines the steps of a ring through shared memory: that
+figure is the high end of a P2P-off range, NO_P2P_HOP_HIGH_US, in latency_range.py.)
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ HW_LAT_US = {
     "pcie": {"tree": {"LL": 1.0, "LL128": 1.9, "Simple": 4.0}, "ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7}},
 }
 PROTO_EFF = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
-NO_P2P_HOP_US = 12.0
+NO_P2P_HOP_US = 2.5
+NO_P2P_HOP_HIGH_US = 12.0
 
 
 def nccl_model_us(op: str, nbytes: float, n: int, link: dict) -> tuple[float, str]:
@@ -40,7 +45,7 @@ def nccl_model_us(op: str, nbytes: float, n: int, link: dict) -> tuple[float, st
         for proto in protos:
             hop = HW_LAT_US[ltype][algo][proto]
             if not link.get("p2p", True):
-                hop = max(hop, NO_P2P_HOP_US)
+                hop = max(hop, link.get("no_p2p_hop_us", NO_P2P_HOP_US))
             bw = busbw * PROTO_EFF[proto]
             if op == "all_reduce":
                 steps = 2 * (n - 1)
@@ -58,15 +63,6 @@ def nccl_model_us(op: str, nbytes: float, n: int, link: dict) -> tuple[float, st
             if best is None or t < best[0]:
                 best = (t, f"NCCL model {algo}/{proto}")
     return best
-
-
-def oneshot_allreduce_us(nbytes: float, n: int, link: dict) -> float:
-    """A one-shot custom all-reduce: each rank reads the n-1 peer buffers over P2P.
-    Base 7.5 us over PCIe (lowest measured one-shot kernel on 8x RTX PRO 6000, REFERENCE s5),
-    10 us over NVLink (vLLM custom all-reduce at 512 B on 8x H100, REFERENCE s5)."""
-    base = 10.0 if link["type"] == "nvlink" else 7.5
-    bw = float(link.get("nvlink_GBps") or link["p2p_GBps"])
-    return base + (n - 1) * nbytes / (1000.0 * bw)
 
 
 @dataclass

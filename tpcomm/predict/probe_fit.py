@@ -32,7 +32,12 @@ def probe_latency(run_dir: str | Path, link: dict):
             f"measured {', '.join(backends)}, which does not match the {link['type']} link of the hardware profile",
             "a probe run on the hardware being predicted (GPU backends for a GPU profile, gloo/shm for --gpu cpu)",
         )
-    desc = f"probe fit from {run_dir} (backends {', '.join(backends)}; world size {', '.join(map(str, sizes))}; isolated p50 per call)"
+    how = (
+        "nccl-tests back-to-back average per call (imported with tpcomm probe import: pipelined, not an isolated call)"
+        if _only_pipelined_nccl(fits)
+        else "isolated p50 per call"
+    )
+    desc = f"probe fit from {run_dir} (backends {', '.join(backends)}; world size {', '.join(map(str, sizes))}; {how})"
 
     def fn(op: str, nbytes: float, n: int) -> float:
         if n <= 1:
@@ -60,6 +65,20 @@ def probe_latency(run_dir: str | Path, link: dict):
         return hit["us"] if hit else fn(op, nbytes, n)
 
     return in_context, desc + "; " + _replay_desc(run_dir, replayed)
+
+
+def _only_pipelined_nccl(fits: list[dict]) -> bool:
+    ar = [m for m in fits if m["op"] == "all_reduce"]
+    return bool(ar) and all(m["timing"] == "pipelined" and m["backend"] == "nccl" for m in ar)
+
+
+def imported_nccl_tests_only(run_dir) -> bool:
+    """True when the run's all-reduce latencies are an imported nccl-tests table only (no isolated probe rows)."""
+    from tpcomm.probe.fit import load_latency_model
+
+    if not (Path(run_dir) / "probe" / "fit.json").exists():
+        return False
+    return _only_pipelined_nccl(load_latency_model(run_dir).doc["models"])
 
 
 def _replayed(run_dir) -> dict:

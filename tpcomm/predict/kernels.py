@@ -1,0 +1,133 @@
+"""GPU-side costs of a decode step that weight bytes alone do not show, each a range with its source.
+
+- Kernel efficiency falls with the bytes one kernel reads: a GEMM of b bytes takes
+  b / (memory efficiency x bandwidth) + ramp, the ramp being the time to fill the GPU and drain the tail, a
+  fixed cost per kernel (RAMP_US). So a kernel reads at an effective fraction
+  e(b) = e_max x b / (b + ramp x e_max x bandwidth) of the bandwidth, which falls as TP shrinks each shard:
+  at 1.5 us of ramp on a 1792 GB/s GPU, a 2 MB shard reaches ~40% of e_max and a 50 MB shard ~95%.
+- Launch gap (the per-kernel overhead input): the idle time between consecutive kernels replayed from a CUDA
+  graph, every kernel of the step.
+- A fixed cost per MoE layer by kernel backend and weight dtype (MOE_LAYER_US): routing, alignment and the
+  grouped GEMM's per-expert tiles at batch 1 cost time that the expert bytes do not show, and some paths
+  (W4A4 NVFP4 on SM 12.x, SGLang 0.4's GPTQ-Marlin MoE) cost far more. The INT4 (Marlin W4A16) and NVFP4
+  checkpoints of one model read the same bytes and issue the same collectives, so this term is what predicts
+  them apart.
+
+Units: *_us microseconds, bytes, GB/s = 1e9 B/s.
+"""
+
+from __future__ import annotations
+
+from tpcomm.models.spec import ModelSpec
+
+RAMP_US = (
+    1.0,
+    10.0,
+    23.0,
+    "fixed cost per weight GEMM at batch 1 (fill the GPU, drain the tail; as fitted it also carries the fixed cost "
+    "of the layer's other kernels, which TP-1 data cannot tell apart and which does not shrink with TP either): "
+    "not fitted for this GPU. Two GPU/engine pairs are fitted to public TP-1 rows (H20 + SGLang 0.4.6: 6.5 us, "
+    "4-9; A100 + vLLM 0.6.3: 15.5 us, 10.5-23; profiles h20, a100-*): central = their geometric mean, high = the "
+    "highest fitted, low = 1 us (assumption: a newer stack may fuse or shorten these kernels below either fit)",
+)
+KV_EFFICIENCY = (
+    0.3,
+    0.45,
+    0.6,
+    "fitted: decode attention at batch 1 reads the KV cache at 0.3-0.6 of datasheet bandwidth: Qwen2.5-7B and 14B "
+    "at 31-65k context at TP 1 on one A100 with vLLM 0.6.3 (Qwen2.5 speed benchmark, rows marked fitted in "
+    "validation.json), given that GPU's fitted weight efficiency and ramp",
+)
+LAUNCH_GAP_US = (
+    0.5,
+    1.0,
+    2.0,
+    "assumption: idle time between consecutive kernels replayed from a CUDA graph (launch gap only; the ramp of "
+    "small kernels is the separate ramp term); tpcomm attribute measures the whole step",
+)
+# us per MoE layer per decode step at batch 1, beyond the experts' bytes and the kernels counted in KERNELS.
+MOE_LAYER_US = {
+    "default": (
+        0.0,
+        5.0,
+        15.0,
+        "assumption: routing (top-k), moe_align_block_size and the sum are counted as kernels; the grouped "
+        "GEMM's per-expert tiles at batch 1 run below the roofline by 0-15 us per layer (Triton fused_moe for "
+        "BF16/FP8, Marlin for INT4 W4A16 / MXFP4)",
+    ),
+    "nvfp4-sm12": (
+        35.0,
+        50.0,
+        65.0,
+        "fitted: NVFP4 W4A4 MoE on SM 12.x (per-token FP4 activation quantization + CUTLASS FP4 grouped GEMM) "
+        "measured 78.5-80.5 tok/s against 104.4 tok/s for the AWQ W4A16 checkpoint of the same model "
+        "(Qwen3.5-397B-A17B, 4x RTX PRO 6000 Server, TP 4, vLLM 0.17, batch 1: "
+        "github.com/local-inference-lab/rtx6kpro benchmarks/inference-throughput, rows marked fitted in "
+        "validation.json): 47-53 us more per MoE layer",
+    ),
+    "mxfp4-sm8": (
+        65.0,
+        90.0,
+        115.0,
+        "fitted: gpt-oss-120b (MXFP4 experts: Marlin MXFP4 MoE and Triton attention with sinks on Ampere) ran at 90 "
+        "tok/s at TP 1 on one A100 80GB with vLLM's gptoss image (vLLM issue 22331, row marked fitted): ~90 us "
+        "per MoE layer beyond its bytes and kernels (+-25 us: the A100 fit's own spread)",
+    ),
+    "sglang-gptq-moe": (
+        450.0,
+        560.0,
+        700.0,
+        "fitted: SGLang 0.4.6's GPTQ-Marlin MoE path measured 14.69 tok/s for Qwen3-235B-A22B GPTQ-INT4 against "
+        "71.65 tok/s for its FP8 checkpoint at TP 4 on 4x H20 (Qwen3 speed benchmark; the publisher notes that "
+        "GPTQ-INT4 in SGLang needs improvement; row marked fitted): ~0.56 ms more per MoE layer",
+    ),
+}
+
+
+# Weight GEMM kernels that read quantized weights below the streaming efficiency of the others: a factor on
+# the memory efficiency of the quantized layers' bytes (low, central, high, source).
+WEIGHT_KERNEL = {
+    "awq-gemm": (
+        0.3,
+        0.43,
+        0.55,
+        "fitted: vLLM before 0.5.3 ran AWQ checkpoints on its own AWQ GEMM kernel (AWQ-Marlin came with vLLM PR "
+        "6612, July 2024): Qwen2-7B AWQ ran at 96.65 tok/s against 143.40 for GPTQ-Int4 (GPTQ-Marlin) at TP 1 on "
+        "one A100 with vLLM 0.4.2 (Qwen2 speed benchmark, rows marked fitted): 0.43 of the streaming efficiency "
+        "gives the measured AWQ/GPTQ ratio, 0.3 the AWQ figure itself",
+    ),
+}
+
+
+def weight_kernel(m: ModelSpec, engine) -> str:
+    """The WEIGHT_KERNEL key for this checkpoint on this engine ('' = the quantized GEMMs stream like the rest)."""
+    if m.quant.method == "awq" and engine is not None and engine.family == "vllm" and engine.version:
+        parts = tuple(int(x) for x in engine.version.split(".")[:3] if x.isdigit())
+        if parts < (0, 5, 3):
+            return "awq-gemm"
+    return ""
+
+
+def moe_backend(m: ModelSpec, engine, hw: dict) -> str:
+    """The MOE_LAYER_US key for this checkpoint on this engine and GPU."""
+    if not m.is_moe:
+        return ""
+    q = m.quant
+    cc = str(hw.get("compute_capability") or "")
+    if q.activations.startswith("fp4") and cc.startswith("12."):
+        return "nvfp4-sm12"
+    if q.method == "mxfp4" and cc.startswith("8."):
+        return "mxfp4-sm8"
+    if q.method == "gptq" and engine.family == "sglang" and (engine.version or "0.4").startswith("0."):
+        major_minor = tuple(int(x) for x in (engine.version or "0.4").split(".")[:2] if x.isdigit())
+        if major_minor <= (0, 4):
+            return "sglang-gptq-moe"
+    return "default"
+
+
+def effective_efficiency(nbytes: float, e_max: float, bw_GBps: float, ramp_us: float) -> float:
+    """Fraction of datasheet bandwidth a kernel reading `nbytes` reaches (see the module docstring)."""
+    if nbytes <= 0:
+        return 0.0
+    t = nbytes / (e_max * bw_GBps * 1e9) + ramp_us * 1e-6
+    return nbytes / (bw_GBps * 1e9) / t
