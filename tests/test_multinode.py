@@ -119,7 +119,10 @@ def test_a_clock_offset_on_node_1_is_estimated_and_taken_off(runs):
     s0, s1 = plain["alignment"]["instance_entry_skew_us_p50"], summ["alignment"]["instance_entry_skew_us_p50"]
     assert abs(s1 - s0) < 0.25 * OFFSET_US, (s0, s1)
     tl = json.loads((run / "attribution/timeline.json").read_text())
-    assert tl["clock_uncertainty_us"] is not None and tl["max_entry_skew_us"] < OFFSET_US
+    assert tl["clock_uncertainty_us"] is not None and tl["clock_uncertainty_us"] < 50
+    print(
+        f"offset {o['offset_us']:.1f} us ({o['lo_us']:.1f} to {o['hi_us']:.1f}, {o['instances']} collectives); entry skew p50 {s0:.1f} us plain, {s1:.1f} us offset and aligned"
+    )
     # The split uses durations only: unchanged within 10% per term of the per-token time.
     a, b = _c1(plain), _c1(summ)
     for k in a["per_token_ms"]:
