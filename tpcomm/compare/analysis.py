@@ -17,23 +17,26 @@ from tpcomm.compare.levels import level_diff
 from tpcomm.compare.model import model_diff
 from tpcomm.compare.results import Comparison
 from tpcomm.compare.runs import check_pair, load_run
-from tpcomm.compare.verdict import gate, verdict, verdict_level
+from tpcomm.compare.verdict import caveat, gate, verdict, verdict_level
 
 METHOD = (
     "Per concurrency level present in both runs: the per-token time (the mean start-to-start period of "
-    "consecutive decode steps, attribute's headline statistic) and its four terms (compute, collective "
-    "transfer, collective wait, host gap) of A and B, and B - A. The terms add up to the per-token time in each "
-    "run (means over the same decode pairs add), so their differences add up to the difference of the per-token "
-    "times. Delivery (the client's p50 over requests of client - engine time per token) is compared beside "
-    "them, outside that sum. Intervals: each run is resampled on its own (block bootstrap, "
-    f"{REPLICATES} replicates): where the split rests on whole requests (one stream at a time) each request's "
-    "decode steps are one block, otherwise runs of consecutive decode steps as long as one request's decode "
-    "(decode steps are autocorrelated: a slow patch lasts many steps); each replicate recomputes the statistics "
-    "exactly as attribute does. B - A per replicate gives the spread of the difference; the intervals of one "
-    f"level form one simultaneous {LEVEL:.0%} band (max-|t| over the level's differences), so all of a level's "
-    "statements hold together. A difference whose interval excludes 0 is resolved ('changed by'); otherwise "
-    "'no change that this comparison can resolve'. Spread between runs that neither run shows within itself "
-    "(a restart, a neighbour arriving) is not in the intervals."
+    "consecutive decode steps, attribute's headline statistic, over the decode steps its headline uses) and its "
+    "four terms (compute, collective transfer, collective wait, host gap) of A and B, and B - A; with several "
+    "repeats of a level in a run, their mean. The terms add up to the per-token time in each run (means over the "
+    "same decode pairs add), so their differences add up to the difference of the per-token times. Delivery (the "
+    "client's p50 over requests of client - engine time per token) is compared beside them, outside that sum. "
+    f"Intervals: each repeat is resampled on its own (block bootstrap, {REPLICATES} draws): where the split rests "
+    "on whole requests (one stream at a time) each request's decode steps are one block, otherwise runs of "
+    "consecutive decode steps as long as one request's decode (decode steps are autocorrelated: a slow patch lasts "
+    "many steps); each draw recomputes the statistics exactly as attribute does; the spread is scaled by K/(K-1) "
+    "for K blocks and given t-like tails (Welch's df). With several repeats on a side, the spread between repeats "
+    "beyond their own (pooled over both runs) is added as a multivariate t with repeats - 2 df. B - A per draw "
+    f"gives the spread of the difference; the intervals of one level form one simultaneous {LEVEL:.0%} band "
+    "(max-|t| over the level's differences), so all of a level's statements hold together. A difference whose "
+    "interval excludes 0 is resolved ('changed by'); otherwise 'no change that this comparison can resolve'. "
+    "Spread between runs that no run shows within itself (with one repeat per run: a restart, a neighbour "
+    "arriving) is not in the intervals."
 )
 
 
@@ -78,6 +81,7 @@ def compare_runs(
         conditions=conditions.diff(a, b),
         model=model,
         verdict=text,
+        caveat=caveat(head),
         verdict_level=head.concurrency if head else None,
         method=METHOD,
         notes=notes,

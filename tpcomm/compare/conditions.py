@@ -131,6 +131,13 @@ def facts(run) -> list[tuple[str, str, Any, str]]:
     hw = (run.predict or {}).get("hardware") or {}
     if hw:
         add("hardware", "predict profile", hw.get("name") or hw.get("profile"), "predict.json")
+    plan_by_level = _plan_rows(att)
+    for k, v in plan_by_level.items():
+        add("plan", k, v, "summary (the plan cross-check per level)")
+    totals = (run.plan or {}).get("totals") or {}
+    for batch, ops in sorted(totals.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
+        for op, t in sorted((ops or {}).items()):
+            add("plan", f"plan.json batch {batch} {op}", f"{t.get('count')} calls, {t.get('bytes')} bytes", "plan.json")
     for k in ("api", "input_len", "output_len", "requests_per_round", "prompt"):
         if k in cond:
             add("load", k, cond.get(k), "attribution conditions")
@@ -145,13 +152,6 @@ def facts(run) -> list[tuple[str, str, Any, str]]:
                 else (lv.note or "no split")
             )
             add("load", f"C={lv.concurrency} repeat {lv.repeat} window", what, "summary")
-    plan_by_level = _plan_rows(att)
-    for k, v in plan_by_level.items():
-        add("plan", k, v, "summary (the plan cross-check per level)")
-    totals = (run.plan or {}).get("totals") or {}
-    for batch, ops in sorted(totals.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
-        for op, t in sorted((ops or {}).items()):
-            add("plan", f"plan.json batch {batch} {op}", f"{t.get('count')} calls, {t.get('bytes')} bytes", "plan.json")
     return out
 
 
@@ -162,7 +162,8 @@ def _plan_rows(att: Attribution | None) -> dict[str, str]:
         for side in ("planned", "observed"):
             rows = cc.get(side) or []
             if rows:
-                out[f"C={lv.concurrency} {side} per step"] = "; ".join(
+                batch = f"batch {cc['batch']}: " if cc.get("batch") is not None else ""
+                out[f"C={lv.concurrency} {side} per step"] = batch + "; ".join(
                     f"{r.get('count')} x {r.get('op')} {r.get('group')} {r.get('bytes')} B" for r in rows
                 )
             elif side in cc:

@@ -64,7 +64,7 @@ def replicates(sample: LevelSample, rng: np.random.Generator, n: int = REPLICATE
     weights = np.bincount((idx + np.arange(n)[:, None] * k).ravel(), minlength=n * k).reshape(n, k).astype(float)
     out = estimates(sample, weights)
     d = sample.delivery_ms
-    if d.size and np.isfinite(d).all():
+    if d.size >= 2 and np.isfinite(d).all():  # one request's p50 has no spread to draw from
         # Jointly with the engine's blocks where each block is a request; else the compared requests on their own.
         didx = idx if sample.delivery_joint else rng.integers(0, d.size, size=(n, d.size))
         out["delivery"] = np.percentile(d[didx], 50, axis=1)

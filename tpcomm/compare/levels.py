@@ -12,6 +12,8 @@ Units: ms per token, tok/s, us per call.
 
 from __future__ import annotations
 
+import math
+
 from tpcomm.columns import fmt
 from tpcomm.compare.intervals import LEVEL, REPLICATES, differences
 from tpcomm.compare.results import LevelDiff, SiteDiff, TermDiff
@@ -76,6 +78,8 @@ def level_diff(
         x, y = va.get(name), vb.get(name)
         d = y - x if x is not None and y is not None else None
         iv = ivs.get(name)
+        if iv is not None and not (math.isfinite(iv.lo) and math.isfinite(iv.hi)):
+            iv = None
         terms.append(
             TermDiff(
                 name=name,
@@ -88,7 +92,7 @@ def level_diff(
                 hi=iv.hi if iv else None,
                 resolved=iv.resolved if iv else None,
                 in_sum=in_sum,
-                statement=statement(d, x, unit, iv, problem if d is not None else _absent(name, x, y)),
+                statement=statement(d, x, unit, iv, _why_none(name, problem) if d is not None else _absent(name, x, y)),
             )
         )
     dsum = [t.diff for t in terms if t.in_sum]
@@ -127,6 +131,12 @@ def statement(d: float | None, a: float | None, unit: str, iv, why: str | None) 
     if iv.resolved:
         return f"changed by {signed(d)} {unit} ({span}{pct})"
     return f"no change that this comparison can resolve ({signed(d)} {unit}; {span})"
+
+
+def _why_none(name: str, problem: str | None) -> str:
+    if problem:
+        return problem
+    return "fewer than 2 compared requests in a run" if name == "delivery" else "not resampled"
 
 
 def _absent(name: str, a, b) -> str:

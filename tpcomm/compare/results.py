@@ -129,6 +129,7 @@ class Comparison:
     model: ModelDiff | None
     verdict: str
     verdict_level: int | None  # the concurrency the verdict speaks of
+    caveat: str | None  # what the verdict's intervals do not hold (one repeat per run), printed with it
     method: str
     notes: list[str] = field(default_factory=list)
     gate: Gate | None = None

@@ -138,6 +138,8 @@ def level_sample(
     sample.sums, sample.ranks = block_sums(pairs, block_idx, len(order))
     sample.point = point_estimate(sample)
     sample.problem = _reproduces(sample, lv, cs["split"])
+    if sample.problem is None and sample.blocks < 2:
+        sample.problem = f"one {'request' if by_request else 'block of steps'} only: nothing to resample"
     return sample
 
 

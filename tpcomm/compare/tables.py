@@ -30,7 +30,7 @@ TERMS = [
     Col("B", lambda t: t.b, 0.6),
     Col("B - A", lambda t: signed(t.diff), 0.6),
     Col("B - A %", lambda t: "n/a" if t.diff_pct is None else f"{t.diff_pct:+.1f}%", 0.6),
-    Col("interval of B - A", _iv, 1.1),
+    Col("B - A interval (95%, one band per level)", _iv, 1.2),
     Col("unit", lambda t: t.unit, 0.45),
     Col("what it says", _said, 1.4),
 ]
@@ -103,6 +103,8 @@ def sections(cmp: Comparison) -> list[tuple[str, list]]:
     """(title, blocks) in the order the PDF and the Markdown print them."""
     out: list[tuple[str, list]] = []
     head: list = [("headline", cmp.verdict)]
+    if cmp.caveat:
+        head.append(("text", cmp.caveat))
     if cmp.gate is not None:
         kind = "warning" if cmp.gate.tripped else "text"
         head.append(
@@ -113,9 +115,11 @@ def sections(cmp: Comparison) -> list[tuple[str, list]]:
         )
     head.append(("small", f"A = {cmp.run_a}; B = {cmp.run_b}; {cmp.kind} comparison."))
     differ = [c for c in cmp.conditions if not c.same]
-    if differ:
-        shown = "; ".join(f"{c.name}: {_val(c.a)} -> {_val(c.b)}" for c in differ[:6])
-        head.append(("small", f"What differs ({len(differ)}): {shown}" + (" ..." if len(differ) > 6 else "")))
+    # The first few that differ, the windows left out (every two runs' windows differ): the table has them all.
+    shown = [c for c in differ if c.section != "load" or not c.name.endswith(" window")]
+    if shown:
+        text = "; ".join(f"{c.name}: {_val(c.a)} -> {_val(c.b)}" for c in shown[:5])
+        head.append(("small", f"What differs: {text}" + (" (more in the conditions table)" if len(shown) > 5 else "")))
     if cmp.levels:
         head.append(("figure", "compare_terms", "B - A per term with its interval (solid: resolved; pale: not)"))
     out.append(("Verdict", head))

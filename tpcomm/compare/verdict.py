@@ -56,13 +56,17 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
     d = lv.term("delivery")
     if d is not None and d.resolved:
         parts.append(f"delivery to the client changed by {signed(d.diff)} ms (outside the engine's time)")
-    text = head + "; " + ", ".join(parts) + "."
-    if not lv.between_repeats:
-        text += (
-            " Intervals from the runs' own spread only (one repeat each): a restart or the host's load can move "
-            "a whole run by more; `tpcomm attribute --repeat 3` on both sides puts that spread in."
-        )
-    return text
+    return head + "; " + ", ".join(parts) + "."
+
+
+def caveat(lv: LevelDiff | None) -> str | None:
+    """What the verdict's intervals do not hold, when it matters: one repeat per run."""
+    if lv is None or lv.problem is not None or lv.between_repeats:
+        return None
+    return (
+        "Intervals from the runs' own spread only (one repeat each): a restart or the host's load can move a whole "
+        "run by more; `tpcomm attribute --repeat 3` on both sides puts that spread in."
+    )
 
 
 def _name(term: str) -> str:
