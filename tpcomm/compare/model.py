@@ -74,19 +74,19 @@ def model_diff(pa: dict, pb: dict) -> ModelDiff:
         corners=len(shared),
         terms=terms,
         tok_per_s=[sa.get("tok_per_s"), sb.get("tok_per_s")],
-        statement=_statement(terms, len(shared)),
+        statement=_statement(terms, len(shared), {f.get("term") for p in (pa, pb) for f in p.get("fitted") or []}),
         notes=notes,
     )
 
 
-def _statement(terms: list[ModelTerm], corners: int) -> str:
+def _statement(terms: list[ModelTerm], corners: int, fitted: set) -> str:
     head = terms[0]
     if head.diff_ms is None:
         return "Model-based: one of the predictions has no per-token time."
     lo, hi = head.diff_low_ms, head.diff_high_ms
     over = f" over the {corners} input corners both share: {signed(lo)} to {signed(hi)} ms" if corners else ""
     moved = sorted((t for t in terms[1:] if t.diff_ms), key=lambda t: -abs(t.diff_ms))
-    which = ", ".join(f"{t.name} {signed(t.diff_ms)} ms" for t in moved[:3])
+    which = ", ".join(f"{t.name} {signed(t.diff_ms)} ms" + (" (fitted)" if t.name in fitted else "") for t in moved[:3])
     if all(abs(t.diff_ms or 0) < 1e-12 for t in terms) and (not corners or max(abs(lo), abs(hi)) < 1e-12):
         return (
             "Model-based: the model predicts the same per-token time for A and B, 0 ms in every term"
