@@ -33,6 +33,7 @@ def sample(
     gap_us: float = 800.0,
     ranks: int = 2,
     block: str = "request",
+    collectives: bool = True,
 ) -> LevelSample:
     """Decode pairs of one single-stream level: compute = compute_us + shift_us + offset_us + AR(1) noise per
     step (stationary sd `sd_us`, correlation `ar` step to step); `block`: "request" (each request's steps one
@@ -45,6 +46,8 @@ def sample(
     for i in range(1, n):
         e[i] = ar * e[i - 1] + innov[i]
     compute = compute_us + shift_us + offset_us + e
+    if not collectives:
+        ranks, transfer_us, wait_us = 1, 0.0, 0.0
     rows = []
     for r in range(ranks):
         tr = transfer_us * rng.uniform(0.9, 1.1, size=n)
@@ -61,7 +64,7 @@ def sample(
                     "period_us": step + gap,
                     "transfer_us": tr,
                     "wait_us": wa,
-                    "n_collectives": 10,
+                    "n_collectives": 10 if collectives else 0,
                     "num_seqs": 1,
                 }
             )
@@ -81,7 +84,7 @@ def sample(
         blocks=blocks,
         ranks=r,
         sums=sums,
-        collectives=True,
+        collectives=collectives,
         delivery_ms=delivery,
         delivery_joint=block == "request",
     )

@@ -79,6 +79,21 @@ def test_a_run_level_offset_needs_the_repeats():
     assert band.between_df == 3
 
 
+def test_a_term_that_never_varies_on_one_side_keeps_its_spread_from_the_other():
+    """TP 1 (one repeat, no collectives: transfer and wait exactly 0) against TP 2 (three repeats, each offset
+    by N(0, 0.3 ms)): the spread between B's repeats is B's alone, so the collectives (0.1 ms transfer, 0.7 ms
+    wait per token) are resolved; the per-token time, which moves by a repeat's offset, is not."""
+    rng = np.random.default_rng(3)
+    a = [sample(1, collectives=False, compute_us=4800.0)]
+    b = [sample(2 + 2 * j, offset_us=rng.normal(0, 300.0)) for j in range(3)]
+    band = differences(a, b, n=N_DRAWS)
+    iv = band.intervals
+    assert band.between_df == 2
+    for k in ("transfer", "wait", "collective"):
+        assert iv[k].resolved and iv[k].lo > 0, (k, iv[k])
+    assert not iv["per_token"].resolved, iv["per_token"]
+
+
 def test_terms_add_up_in_every_draw():
     """Any weighting of the blocks gives terms that add up to its per-token time (means over the same pairs)."""
     s = sample(5)

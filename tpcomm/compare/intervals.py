@@ -93,23 +93,36 @@ def differences(a: list[LevelSample], b: list[LevelSample], seed: int = SEED, n:
     df = len(a) + len(b) - 2
     between_sd = None
     if df > 0:
-        cov = _between_cov(pa, pb, da + db, df) * (1 / len(a) + 1 / len(b))
+        # A statistic that never varies on a side (transfer and wait without collectives, TP 1) has no spread
+        # between that side's repeats either: the between part applies per side where it varies.
+        va, vb = _varies(da), _varies(db)
+        cov = _between_cov(pa, pb, da, db, va, vb)
+        per_side = np.outer(va, va) / len(a) + np.outer(vb, vb) / len(b)
         # Multivariate t: one chi-square scale per draw carries the uncertainty of the covariance's estimate.
-        z = rng.multivariate_normal(np.zeros(len(names)), cov, size=n, method="eigh")
+        z = rng.multivariate_normal(np.zeros(len(names)), cov * per_side, size=n, method="eigh")
         dev = dev + z * np.sqrt(df / rng.chisquare(df, size=n))[:, None]
         if names[0] == "per_token":
-            between_sd = float(np.sqrt(max(cov[0, 0], 0.0) / (1 / len(a) + 1 / len(b))))
-    se = np.nanstd(dev, axis=0, ddof=1)
-    spread = se > 0
+            between_sd = float(np.sqrt(max(cov[0, 0], 0.0)))
+    # Each difference's scale: half its central 68% range (the standard error for normal draws; finite for the
+    # heavy tails a few repeats give); c makes the band of scale multiples cover LEVEL of the draws at once.
+    lo_q, hi_q = np.nanquantile(dev, [0.158655, 0.841345], axis=0)
+    scale = (hi_q - lo_q) / 2
+    scale = np.where(scale > 0, scale, np.nanstd(dev, axis=0))
+    spread = scale > 0
     c = 0.0
     if spread.any():
-        zmax = np.nanmax(np.abs(dev[:, spread]) / se[spread], axis=1)
+        zmax = np.nanmax(np.abs(dev[:, spread]) / scale[spread], axis=1)
         c = float(np.nanquantile(zmax, LEVEL))
     ivs = {
-        k: Interval(float(point[i]), float(point[i] - c * se[i]), float(point[i] + c * se[i]), float(se[i]))
+        k: Interval(float(point[i]), float(point[i] - c * scale[i]), float(point[i] + c * scale[i]), float(scale[i]))
         for i, k in enumerate(names)
     }
     return Band(ivs, c, df, between_sd)
+
+
+def _varies(devs: list[np.ndarray]) -> np.ndarray:
+    """Per statistic: 1.0 where any repeat of the side shows spread, else 0.0."""
+    return np.array([float(any(np.ptp(d[:, i]) > 0 for d in devs)) for i in range(devs[0].shape[1])])
 
 
 def _centred(sample: LevelSample, draws: dict[str, np.ndarray], names: list[str]) -> np.ndarray:
@@ -120,12 +133,24 @@ def _centred(sample: LevelSample, draws: dict[str, np.ndarray], names: list[str]
     return (d - d.mean(axis=0)) * np.sqrt(k / (k - 1))
 
 
-def _between_cov(pa: np.ndarray, pb: np.ndarray, within: list[np.ndarray], df: int) -> np.ndarray:
-    """The between-repeat covariance of one repeat's statistics: the repeats' pooled covariance around their
-    side's mean, less the mean within-repeat (bootstrap) covariance that it also holds; clipped to be
-    positive semi-definite (a between part below the within part's noise is taken as none)."""
-    dev = np.vstack([pa - pa.mean(axis=0), pb - pb.mean(axis=0)])
-    pooled = dev.T @ dev / df
-    inner = np.mean([np.atleast_2d(np.cov(d, rowvar=False)) for d in within], axis=0)
-    w, v = np.linalg.eigh(pooled - inner)
-    return (v * np.clip(w, 0, None)) @ v.T
+def _between_cov(
+    pa: np.ndarray, pb: np.ndarray, da: list[np.ndarray], db: list[np.ndarray], va: np.ndarray, vb: np.ndarray
+) -> np.ndarray:
+    """The between-repeat covariance of one repeat's statistics: the repeats' covariance around their side's
+    mean, pooled over the sides where both statistics vary, less the mean within-repeat (bootstrap) covariance
+    that it also holds; clipped to be positive semi-definite (a between part below the within part's noise is
+    taken as none)."""
+    k = pa.shape[1]
+    prod, dfs, inner, reps = np.zeros((k, k)), np.zeros((k, k)), np.zeros((k, k)), np.zeros((k, k))
+    for p, devs, v in ((pa, da, va), (pb, db, vb)):
+        both = np.outer(v, v)
+        d = p - p.mean(axis=0)
+        prod += both * (d.T @ d)
+        dfs += both * (len(p) - 1)
+        for x in devs:
+            inner += both * np.atleast_2d(np.cov(x, rowvar=False))
+            reps += both
+    pooled = np.divide(prod, dfs, out=np.zeros_like(prod), where=dfs > 0)
+    inner = np.divide(inner, reps, out=np.zeros_like(inner), where=reps > 0)
+    w, vec = np.linalg.eigh(np.where(dfs > 0, pooled - inner, 0.0))
+    return (vec * np.clip(w, 0, None)) @ vec.T
