@@ -87,7 +87,8 @@ def level_diff(
                 a=x,
                 b=y,
                 diff=d,
-                diff_pct=100.0 * d / x if d is not None and x else None,
+                # Delivery is a small difference of two clocks, often near 0: a percentage of it says nothing.
+                diff_pct=100.0 * d / x if d is not None and x and name != "delivery" else None,
                 lo=iv.lo if iv else None,
                 hi=iv.hi if iv else None,
                 resolved=iv.resolved if iv else None,
@@ -111,8 +112,13 @@ def level_diff(
         problem=problem,
         clock=" vs ".join(clocks),
         sites=sites(a[0], b[0]),
-        notes=[n for lv in a for n in _notes(lv, "A")] + [n for lv in b for n in _notes(lv, "B")],
+        notes=[n for lv in a for n in _notes(lv, _side("A", lv, a))]
+        + [n for lv in b for n in _notes(lv, _side("B", lv, b))],
     )
+
+
+def _side(side: str, lv: LevelSplit, levels: list[LevelSplit]) -> str:
+    return f"{side} repeat {lv.repeat}" if len(levels) > 1 else side
 
 
 def _mean_values(levels: list[LevelSplit]) -> dict[str, float | None]:
@@ -155,7 +161,10 @@ def _resampled(sa: list[LevelSample], sb: list[LevelSample], band) -> str:
     def side(ss: list[LevelSample]) -> str:
         if len(ss) == 1:
             return one(ss[0])
-        return f"{len(ss)} repeats, each " + "; ".join(one(s) for s in ss)
+        if all(s.unit == "request" for s in ss):
+            n = ", ".join(str(s.blocks) for s in ss)
+            return f"{len(ss)} repeats of {n} requests (each request's decode steps one block, delivery with it)"
+        return f"{len(ss)} repeats: " + "; ".join(one(s) for s in ss)
 
     if band.between_df:
         between = (

@@ -135,7 +135,8 @@ def sections(cmp: Comparison) -> list[tuple[str, list]]:
         blocks.append(("small", "Intervals: " + lv.resampled))
         blocks += [("small", n) for n in lv.notes]
         if lv.sites:
-            blocks.append(("text", "Collective sites (attribute's top sites by time per decode step):"))
+            which = "the first repeat of each run; " if len(lv.repeats_a) > 1 or len(lv.repeats_b) > 1 else ""
+            blocks.append(("text", f"Collective sites ({which}attribute's top sites by time per decode step):"))
             blocks.append(("table", table(SITES, lv.sites)))
         out.append((f"Per token, term by term: {level_title(lv)}", blocks))
     not_compared = [("text", f"Only in A: {x}") for x in cmp.only_in_a] + [
