@@ -94,6 +94,25 @@ MODEL = [
 ]
 
 
+SUMMARY = (  # (section, name, how it reads) of the conditions every run states in one line
+    ("model", "served name", "model {}"),
+    ("model", "architecture", "{}"),
+    ("model", "dtype", "{}"),
+    ("layout", "tp", "TP {}"),
+    ("backends", "backends seen by the hook", "backends {}"),
+    ("backends", "timing", "timing {}"),
+    ("versions", "server vllm", "vLLM {}"),
+    ("hardware", "summary", "{}"),
+    ("hardware", "predict profile", "predicted for {}"),
+)
+
+
+def _conditions(cmp: Comparison, side: str) -> str:
+    got = {(c.section, c.name): (c.a if side == "A" else c.b) for c in cmp.conditions}
+    parts = [f.format(_val(got[(s, n)])) for s, n, f in SUMMARY if got.get((s, n)) not in (None, [], "")]
+    return ", ".join(parts) or "not recorded"
+
+
 def level_title(lv: LevelDiff) -> str:
     reps = lambda r: f"{len(r)} repeats" if len(r) > 1 else f"repeat {r[0]}"  # noqa: E731
     return f"C={lv.concurrency} (A {reps(lv.repeats_a)}, B {reps(lv.repeats_b)}; clock: {lv.clock})"
@@ -114,6 +133,7 @@ def sections(cmp: Comparison) -> list[tuple[str, list]]:
             )
         )
     head.append(("small", f"A = {cmp.run_a}; B = {cmp.run_b}; {cmp.kind} comparison."))
+    head.append(("small", "Conditions: " + "; ".join(f"{side}: {_conditions(cmp, side)}" for side in ("A", "B"))))
     differ = [c for c in cmp.conditions if not c.same]
     # The first few that differ, the windows left out (every two runs' windows differ): the table has them all.
     shown = [c for c in differ if c.section != "load" or not c.name.endswith(" window")]
