@@ -347,7 +347,13 @@ class Demo:
         if st.state != "ok":
             self.stages.append(Stage("compare", "skipped", note="the TP 1 run failed"))
             return
-        self.tpcomm("compare", [str(self.out / "tp1"), run, "--out", str(self.out / "compare")], 120)
+        # The TP 1 run's plan and topology too, so that the comparison's conditions hold the same files on both sides.
+        tp1 = str(self.out / "tp1")
+        for args in (["plan", "--model", model, "--tp", "1", "--batch", CONCURRENCY], ["topo", "--tp", "1"]):
+            subprocess.run(
+                [sys.executable, "-m", "tpcomm.cli", *args, "--out", tp1], stdout=subprocess.DEVNULL, check=False
+            )
+        self.tpcomm("compare", [tp1, run, "--out", str(self.out / "compare")], 120)
 
     def _report(self) -> str:
         from tpcomm.report import render

@@ -55,19 +55,21 @@ def model_identity(run) -> dict[str, Any] | None:
 
 
 def quantization(run) -> str | None:
+    """The checkpoint's quantization: from the config the server loaded when the run has it (both runs of a
+    measured comparison then read it from the same place), else plan.json's or predict.json's description."""
+    cfg = (run.hook_status or {}).get("model_config") or {}
+    if cfg:
+        qc = cfg.get("quantization_config")
+        if isinstance(qc, dict):
+            return str(qc.get("quant_method") or qc.get("format") or "quantized (method not named)")
+        return "none"
     q = ((run.plan or {}).get("model") or {}).get("quantization")
     if isinstance(q, dict):
         return q.get("description") or q.get("method")
     if q:
         return str(q)
     pq = ((run.predict or {}).get("model") or {}).get("quantization")
-    if pq:
-        return str(pq)
-    cfg = (run.hook_status or {}).get("model_config") or {}
-    qc = cfg.get("quantization_config")
-    if isinstance(qc, dict):
-        return qc.get("quant_method") or "quantized"
-    return "unquantized" if cfg else None
+    return str(pq) if pq else None
 
 
 def _dtype(run) -> str | None:
@@ -94,7 +96,7 @@ def facts(run) -> list[tuple[str, str, Any, str]]:
         cond.get("model_root") or ((run.plan or {}).get("model") or {}).get("source"),
         "attribution conditions / plan.json",
     )
-    add("model", "quantization", quantization(run), "plan.json, else predict.json or the model config")
+    add("model", "quantization", quantization(run), "hook/status.json model config, else plan.json or predict.json")
     add("model", "dtype", _dtype(run), "hook/status.json model config, else plan.json")
     layout = (run.plan or {}).get("layout") or (run.predict or {}).get("layout") or {}
     add("layout", "tp", cond.get("tp") or layout.get("tp"), "attribution conditions / plan.json")
@@ -136,8 +138,8 @@ def facts(run) -> list[tuple[str, str, Any, str]]:
         add("plan", k, v, "summary (the plan cross-check per level)")
     totals = (run.plan or {}).get("totals") or {}
     for batch, ops in sorted(totals.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
-        for op, t in sorted((ops or {}).items()):
-            add("plan", f"plan.json batch {batch} {op}", f"{t.get('count')} calls, {t.get('bytes')} bytes", "plan.json")
+        per = "; ".join(f"{t.get('count')} x {op}, {t.get('bytes')} bytes" for op, t in sorted((ops or {}).items()))
+        add("plan", f"plan.json per step at batch {batch}", per or "none", "plan.json")
     for k in ("api", "input_len", "output_len", "requests_per_round", "prompt"):
         if k in cond:
             add("load", k, cond.get(k), "attribution conditions")

@@ -134,9 +134,14 @@ def sections(cmp: Comparison) -> list[tuple[str, list]]:
         )
     head.append(("small", f"A = {cmp.run_a}; B = {cmp.run_b}; {cmp.kind} comparison."))
     head.append(("small", "Conditions: " + "; ".join(f"{side}: {_conditions(cmp, side)}" for side in ("A", "B"))))
-    differ = [c for c in cmp.conditions if not c.same]
+    # Recorded in both runs first; then what one run recorded and the other did not.
+    differ = sorted((c for c in cmp.conditions if not c.same), key=lambda c: c.a is None or c.b is None)
     # The first few that differ, the windows left out (every two runs' windows differ): the table has them all.
-    shown = [c for c in differ if c.section != "load" or not c.name.endswith(" window")]
+    shown = [
+        c
+        for c in differ
+        if (c.section != "load" or not c.name.endswith(" window")) and c.a is not None and c.b is not None
+    ]
     if shown:
         text = "; ".join(f"{c.name}: {_val(c.a)} -> {_val(c.b)}" for c in shown[:5])
         head.append(("small", f"What differs: {text}" + (" (more in the conditions table)" if len(shown) > 5 else "")))
