@@ -100,6 +100,11 @@ def level_diff(
     total = terms[0].diff
     residual = total - sum(dsum) if total is not None and None not in dsum else None
     clocks = sorted({lv.clock for lv in a + b})
+    clock_note = (
+        [f"the runs' terms are on different clocks ({', '.join(clocks)}): their differences mix the two"]
+        if len(clocks) > 1
+        else []
+    )
     return LevelDiff(
         concurrency=a[0].concurrency,
         repeats_a=[lv.repeat for lv in a],
@@ -112,7 +117,8 @@ def level_diff(
         problem=problem,
         clock=" vs ".join(clocks),
         sites=sites(a[0], b[0]),
-        notes=[n for lv in a for n in _notes(lv, _side("A", lv, a))]
+        notes=clock_note
+        + [n for lv in a for n in _notes(lv, _side("A", lv, a))]
         + [n for lv in b for n in _notes(lv, _side("B", lv, b))],
     )
 
