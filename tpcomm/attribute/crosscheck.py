@@ -22,8 +22,17 @@ import pandas as pd
 
 def observed_per_step(aligned: pd.DataFrame, decode_steps: pd.DataFrame) -> dict:
     """The most common per-step signature {(group, op, bytes): count} on the lowest rank, and how common it is."""
-    if aligned.empty or decode_steps.empty:
+    if decode_steps.empty:
         return {"signature": {}, "share": None, "steps": 0, "batch": None}
+    if aligned.empty:  # no collective in any decode step (TP 1): every step has the empty signature
+        batch = decode_steps["num_seqs"].mode()
+        return {
+            "signature": {},
+            "share": 1.0,
+            "steps": len(decode_steps),
+            "batch": int(batch.iloc[0]),
+            "distinct_signatures": 1,
+        }
     ref = aligned["rank"].min()
     a = aligned[(aligned["rank"] == ref) & aligned["step"].isin(decode_steps["step"])]
     sigs = Counter()
@@ -141,6 +150,8 @@ def tp_from_records(coll: pd.DataFrame, status: dict | None = None) -> int | Non
     tp = coll.loc[coll["group"] == "tp", "group_size"] if not coll.empty else pd.Series(dtype=int)
     if len(tp):
         return int(tp.mode().iloc[0])
+    if coll.empty and status and status.get("ranks") == [0]:
+        return 1  # one worker and no collective at all: TP 1
     if status:
         for k in ("tp", "tp_size", "tensor_parallel_size"):
             if isinstance(status.get(k), int):

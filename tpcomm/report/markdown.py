@@ -20,43 +20,43 @@ def _table(header, rows, _widths) -> str:
     return "\n".join(lines)
 
 
+def render_blocks(items, data: dict, figdir: Path) -> list[str]:
+    """tables.py's blocks as Markdown paragraphs; figures as SVG files in `figdir` (pdf.py draws the same blocks)."""
+    parts: list[str] = []
+    for item in items:
+        kind = item[0]
+        if kind == "text":
+            parts.append(item[1])
+        elif kind in ("headline", "warning"):
+            parts.append(f"**{item[1]}**")
+        elif kind == "small":
+            parts.append(f"_{item[1]}_")
+        elif kind == "table":
+            parts.append(_table(*item[1]))
+        elif kind == "figure":
+            key, caption = item[1], item[2]
+            fig = F.ALL[key][1](data)
+            if fig is None:
+                continue
+            figdir.mkdir(parents=True, exist_ok=True)
+            F.to_svg(fig, figdir / f"{key}.svg")
+            parts.append(f"![{caption or key}]({figdir.name}/{key}.svg)" + (f"\n\n_{caption}_" if caption else ""))
+    return parts
+
+
 def render_markdown(report: Report, out: str | Path) -> Path:
     out = Path(out)
     figdir = out.parent / (out.stem + "_figures")
     parts: list[str] = [f"# {tables.title(report)}", f"_Run directory: `{report.run_dir}`_"]
 
-    def figure(key: str, data: dict, caption: str) -> None:
-        fig = F.ALL[key][1](data)
-        if fig is None:
-            return
-        figdir.mkdir(parents=True, exist_ok=True)
-        F.to_svg(fig, figdir / f"{key}.svg")
-        parts.append(f"![{caption or key}]({figdir.name}/{key}.svg)" + (f"\n\n_{caption}_" if caption else ""))
-
     def missing(sec) -> None:
         parts.extend(f"**Could not read:** {e}" for e in sec.unreadable)
         parts.extend(f"**Not measured:** {m['what']}. Measure it with: `{m['command']}`" for m in sec.not_measured)
 
-    def blocks(items, data: dict) -> None:
-        for item in items:
-            kind = item[0]
-            if kind == "text":
-                parts.append(item[1])
-            elif kind == "headline":
-                parts.append(f"**{item[1]}**")
-            elif kind == "warning":
-                parts.append(f"**{item[1]}**")
-            elif kind == "small":
-                parts.append(f"_{item[1]}_")
-            elif kind == "table":
-                parts.append(_table(*item[1]))
-            elif kind == "figure":
-                figure(item[1], data, item[2])
-
     v = report["verdict"]
     parts.append(f"## {v.title}")
     missing(v)
-    blocks(tables.page_one_blocks(v.data), v.data)
+    parts += render_blocks(tables.page_one_blocks(v.data), v.data, figdir)
     for key in ("system", "plan", "probe", "breakdown", "replay", "timeline", "ladder", "what_if", "methods"):
         sec = report[key]
         parts.append(f"## {sec.title}")
@@ -66,7 +66,7 @@ def render_markdown(report: Report, out: str | Path) -> Path:
         if not sec.available:
             parts.append("Not measured.")
             continue
-        blocks(tables.section_blocks(sec), sec.data)
+        parts += render_blocks(tables.section_blocks(sec), sec.data, figdir)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n\n".join(parts) + "\n")
     return out

@@ -93,11 +93,16 @@ def P(text: str, style: str = "body") -> Paragraph:
 
 
 def render_pdf(report: Report, out: str | Path) -> Path:
-    out = Path(out)
     slots: list[dict] = []
     story = _story(report, slots)
+    return write_pdf(story, slots, tables.title(report), "tpcomm report", f"run directory: {report.run_dir}", out)
+
+
+def write_pdf(story: list[Flowable], slots: list[dict], title: str, subject: str, footer: str, out: str | Path) -> Path:
+    """Lay out `story` on A4 with the footer line, stamp the figures into their slots, write `out` atomically
+    (the report's and the comparison's PDFs alike)."""
+    out = Path(out)
     buf = io.BytesIO()
-    title = tables.title(report)
     doc = SimpleDocTemplate(
         buf,
         pagesize=A4,
@@ -107,20 +112,20 @@ def render_pdf(report: Report, out: str | Path) -> Path:
         bottomMargin=MARGIN,
         title=title,
         author="tpcomm",
-        subject="tpcomm report",
+        subject=subject,
     )
 
     made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
-    def footer(canv, _doc):
+    def draw_footer(canv, _doc):
         canv.saveState()
         canv.setFont("Helvetica", 7)
         canv.setFillColor(colors.HexColor("#777777"))
-        canv.drawString(MARGIN, 10 * mm, f"{title}  |  run directory: {report.run_dir}  |  generated {made}"[:170])
+        canv.drawString(MARGIN, 10 * mm, f"{title}  |  {footer}  |  generated {made}"[:170])
         canv.drawRightString(A4[0] - MARGIN, 10 * mm, f"page {canv.getPageNumber()}")
         canv.restoreState()
 
-    doc.build(story, onFirstPage=footer, onLaterPages=footer)
+    doc.build(story, onFirstPage=draw_footer, onLaterPages=draw_footer)
     _stamp(buf.getvalue(), slots, out)
     return out
 

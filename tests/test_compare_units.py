@@ -1,0 +1,287 @@
+"""`tpcomm compare` on run directories that attribute's own code analysed: synthetic runs with a known answer
+(tests/compare_synthetic.py), the real recorded run (tests/data/attribute_tiny_tp2), the sample predictions
+(reports/runs); the CLI's outputs and its one-line refusals; the comparison PDF read back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from compare_synthetic import run_dir
+from measured_run import measured_run
+
+from tpcomm import contract as C
+from tpcomm.cli import cli
+from tpcomm.compare.analysis import compare_runs
+from tpcomm.compare.results import Comparison
+from tpcomm.compare.samples import load_samples
+from tpcomm.results import Attribution
+from tpcomm.rundir import RunDir
+
+ROOT = Path(__file__).resolve().parent.parent
+KIMI_INT4 = ROOT / "reports/runs/kimi-k2.5-int4-tp8-rtx-pro-6000"
+KIMI_NVFP4 = ROOT / "reports/runs/kimi-k2.5-nvfp4-tp8-rtx-pro-6000"
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    """Synthetic single-stream runs: A, A2 (same configuration, another seed), SLOW (compute +20%)."""
+    d = tmp_path_factory.mktemp("synth")
+    return {
+        "a": run_dir(d / "a", seed=1),
+        "a2": run_dir(d / "a2", seed=2),
+        "slow": run_dir(d / "slow", seed=3, compute_us=3600.0),
+    }
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    return measured_run(tmp_path_factory.mktemp("real") / "run")
+
+
+def test_samples_reproduce_the_summary_of_a_real_run(real, tmp_path):
+    """The per-step files of a real vLLM-CPU run give back the summary's headline and terms exactly (attribute's
+    own pairing and pairs); trimmed files do not, and the level then gets no interval (said, not guessed)."""
+    rd = RunDir(real, create=False)
+    att = Attribution.from_json(rd.read_json(C.ATTR_SUMMARY))
+    samples, why = load_samples(rd, att)
+    assert why is None and samples
+    for lv in att.levels:
+        s = samples[(lv.concurrency, lv.repeat)]
+        assert s.problem is None, s.problem
+        assert s.point["per_token"] == pytest.approx(lv.engine_ms_per_token, rel=1e-9)
+        for k, v in lv.per_token_ms.as_dict().items():
+            assert s.point[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+    trimmed = tmp_path / "trimmed"
+    shutil.copytree(real, trimmed)
+    t = RunDir(trimmed, create=False)
+    rows = t.read_table(C.ATTR_STEPS_BY_RANK)
+    t.write_table(C.ATTR_STEPS_BY_RANK, rows.iloc[: len(rows) // 2])
+    cmp = compare_runs(real, trimmed)
+    lv = cmp.levels[0]
+    assert lv.problem and "no interval" in lv.problem and lv.term("per_token").resolved is None
+    assert "cannot be said" in cmp.verdict
+
+
+def test_a_run_against_itself_changes_nothing(real):
+    cmp = compare_runs(real, real)
+    lv = cmp.levels[0]
+    assert all(t.diff == 0 for t in lv.terms if t.diff is not None)
+    assert not any(t.resolved for t in lv.terms)
+    assert all(c.same for c in cmp.conditions)
+
+
+def test_synthetic_a_a_resolves_nothing_and_the_terms_add_up(synth):
+    cmp = compare_runs(synth["a"], synth["a2"])
+    (lv,) = cmp.levels
+    assert lv.problem is None and lv.concurrency == 1 and "16 requests" in lv.resampled
+    assert [t.name for t in lv.terms if t.resolved] == []
+    d = {t.name: t.diff for t in lv.terms}
+    assert d["per_token"] == pytest.approx(d["compute"] + d["transfer"] + d["wait"] + d["host_gap"], abs=1e-12)
+    assert abs(lv.sum_residual_ms) < 1e-12
+    assert "no change in the per-token time that this comparison can resolve" in cmp.verdict
+    assert "collectives unchanged" in cmp.verdict and "one repeat each" in cmp.caveat
+
+
+def test_synthetic_compute_shift_is_named_in_the_verdict(synth):
+    """B's compute is 0.6 ms per step slower (the generator's compute_us 3000 -> 3600): the per-token time and
+    compute are resolved with B slower and compute named first; the transfer (the generator's, not scaled) is
+    not called changed. (The generator's rank skew grows with compute, so the wait moves too, and says so.)"""
+    cmp = compare_runs(synth["a"], synth["slow"])
+    lv = cmp.levels[0]
+    pt, comp = lv.term("per_token"), lv.term("compute")
+    assert pt.resolved and pt.diff > 0 and comp.resolved and comp.diff > 0
+    assert 0.45 < comp.diff < 0.75, comp
+    assert not lv.term("transfer").resolved
+    assert cmp.verdict.startswith(f"At C=1: B is {pt.diff:.3g} ms per token slower than A")
+    assert f"; {comp.diff:.3f} ms of it is compute," in cmp.verdict
+    assert "transfer -0.000 ms not resolved" in cmp.verdict or "transfer +0.000 ms not resolved" in cmp.verdict
+    assert lv.term("tok_per_s").diff < 0
+
+
+def test_tp1_against_tp2_moves_the_collectives(tmp_path):
+    """A TP 1 run has step records and no collectives: attribute splits it (transfer and wait exactly 0, the plan
+    of TP 1 matched), and against TP 2 the collectives are resolved, positive, with the plan's bytes named."""
+    from tpcomm.attribute.analysis import analyse_run_dir
+    from tpcomm.tinymodel import TINY_CONFIG
+
+    tp2 = run_dir(tmp_path / "tp2", seed=4)
+    tp1 = tmp_path / "tp1"
+    shutil.copytree(tp2, tp1)
+    rd = RunDir(tp1, create=False)
+    steps = rd.read_table(C.HOOK_STEPS)
+    rd.write_table(C.HOOK_STEPS, steps[steps["rank"] == 0])
+    rd.write_table(C.HOOK_COLLECTIVES, rd.read_table(C.HOOK_COLLECTIVES).iloc[0:0])
+    rd.write_json(C.HOOK_STATUS, {"enabled": True, "ranks": [0], "model_config": TINY_CONFIG})
+    att = analyse_run_dir(rd, conditions={"model": "synthetic", "output_len": 64})
+    lv = att.levels[0]
+    assert lv.attributed and lv.per_token_ms.transfer == 0 and lv.per_token_ms.wait == 0
+    assert att.conditions["tp"] == 1 and lv.collectives_per_step["match"] is True
+    assert lv.collectives_per_step["planned_total"] == 0
+    r2 = RunDir(tp2, create=False)
+    r2.write_json(C.HOOK_STATUS, {"enabled": True, "ranks": [0, 1], "model_config": TINY_CONFIG})
+    analyse_run_dir(r2, conditions={"model": "synthetic", "output_len": 64})
+    cmp = compare_runs(tp1, tp2)
+    lv = cmp.levels[0]
+    for k in ("transfer", "wait", "collective"):
+        t = lv.term(k)
+        assert t.a == 0 and t.resolved and t.lo > 0, t
+    planned = {c.name: (c.a, c.b) for c in cmp.conditions if c.section == "plan" and not c.same}
+    assert planned["C=1 planned per step"][0] == "none" and "all_reduce tp 512 B" in planned["C=1 planned per step"][1]
+    assert any(c.name == "tp" and (c.a, c.b) == (1, 2) for c in cmp.conditions)
+    assert {s.match for s in lv.sites} == {"B only"}
+    assert "collectives +" in cmp.verdict
+
+
+def test_model_based_comparison_of_two_checkpoints():
+    """INT4 against NVFP4 of Kimi-K2.5 (predict.json only): the same model with another checkpoint, compared
+    model-based with the ranges over the input corners both share; the fitted MoE terms are named as fitted."""
+    cmp = compare_runs(KIMI_INT4, KIMI_NVFP4)
+    assert cmp.kind == "model-based" and cmp.levels == [] and cmp.model is not None
+    m = cmp.model
+    terms = {t.name: t for t in m.terms}
+    assert m.corners == 8
+    assert (
+        terms["collectives"].diff_ms == 0 and terms["collectives"].diff_low_ms == 0 == terms["collectives"].diff_high_ms
+    )
+    assert terms["moe_kernel_penalty"].a_ms == 0 and terms["moe_kernel_penalty"].diff_ms > 3
+    head = terms["ms_per_token"]
+    assert head.diff_low_ms > 0 and head.diff_low_ms <= head.diff_ms <= head.diff_high_ms
+    assert cmp.verdict.startswith("Model-based: B is") and "slower" in cmp.verdict
+    assert any("fitted to measured" in n for n in m.notes)
+    quant = next(c for c in cmp.conditions if c.name == "quantization")
+    assert not quant.same and "INT4" in quant.a and "FP4" in quant.b
+    same = compare_runs(KIMI_INT4, KIMI_INT4)
+    assert "the same per-token time" in same.model.statement
+
+
+def _cli(*args):
+    return CliRunner().invoke(cli, ["compare", *map(str, args)])
+
+
+def test_json_has_numbers_and_loads_back(synth):
+    r = _cli(synth["a"], synth["slow"], "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    t = doc["levels"][0]["terms"][0]
+    assert t["name"] == "per_token" and isinstance(t["diff"], float) and isinstance(t["lo"], float)
+    assert isinstance(t["resolved"], bool) and isinstance(doc["levels"][0]["concurrency"], int)
+    assert Comparison.from_json(doc).verdict == doc["verdict"]
+
+
+def test_fail_if_slower_gates_only_a_resolved_slowdown(synth, tmp_path):
+    slow = _cli(synth["a"], synth["slow"], "--fail-if-slower", "5")
+    assert slow.exit_code == 1 and "slower per token than A at C=1 (resolved" in slow.output
+    assert _cli(synth["a"], synth["slow"], "--fail-if-slower", "50").exit_code == 0  # slower, but by less than 50%
+    assert _cli(synth["slow"], synth["a"], "--fail-if-slower", "5").exit_code == 0  # faster
+    assert _cli(synth["a"], synth["a2"], "--fail-if-slower", "0").exit_code == 0  # not resolved
+    nosteps = tmp_path / "nosteps"
+    shutil.copytree(synth["a2"], nosteps)
+    for f in ("attribution/steps_by_rank.parquet", "hook/collectives.parquet", "hook/steps.parquet"):
+        (nosteps / f).unlink()
+    r = _cli(synth["a"], nosteps, "--fail-if-slower", "5")
+    assert r.exit_code == 2 and "cannot be judged" in r.output, r.output
+
+
+def test_bad_input_is_one_line_exit_2(synth, tmp_path):
+    other = tmp_path / "other-schema"
+    shutil.copytree(synth["a2"], other)
+    doc = json.loads((other / "attribution/summary.json").read_text())
+    doc["schema_version"] = 1
+    (other / "attribution/summary.json").write_text(json.dumps(doc))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bigger = tmp_path / "bigger"
+    shutil.copytree(synth["a2"], bigger)
+    RunDir(bigger, create=False).write_json(
+        C.HOOK_STATUS, {"model_config": {"architectures": ["X"], "hidden_size": 512}}
+    )
+    smaller = tmp_path / "smaller"
+    shutil.copytree(synth["a"], smaller)
+    RunDir(smaller, create=False).write_json(
+        C.HOOK_STATUS, {"model_config": {"architectures": ["X"], "hidden_size": 256}}
+    )
+    cases = [
+        ((synth["a"], other), "written by an older tpcomm"),
+        ((synth["a"], empty), "has no attribution"),
+        ((synth["a"], tmp_path / "absent"), "does not exist"),
+        ((smaller, bigger), "different models (hidden_size 256 vs 512)"),
+        ((synth["a"], KIMI_INT4), "has no attribution"),
+    ]
+    for args, want in cases:
+        p = subprocess.run(
+            [sys.executable, "-m", "tpcomm.cli", "compare", *map(str, args)], capture_output=True, text=True
+        )
+        assert p.returncode == 2, (args, p.stdout, p.stderr)
+        lines = [x for x in p.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and want in lines[0], (want, p.stderr)
+        assert "Traceback" not in p.stderr
+    assert _cli(smaller, bigger, "--allow-different-models").exit_code == 0
+
+
+def test_comparison_pdf_and_markdown_read_back(synth, tmp_path):
+    import pdfplumber
+
+    out = tmp_path / "cmp"
+    r = _cli(synth["a"], synth["slow"], "--out", out)
+    assert r.exit_code == 0, r.output
+    cmp = Comparison.from_json(json.loads((out / "compare.json").read_text()))
+    with pdfplumber.open(out / "compare.pdf") as pdf:
+        text = "\n".join(p.extract_text() or "" for p in pdf.pages)
+    flat = " ".join(text.split())
+    assert " ".join(cmp.verdict.split())[:80] in flat
+    lv = cmp.levels[0]
+    comp = lv.term("compute")
+    assert f"changed by +{comp.diff:.3f}"[:16] in flat or f"changed by +{comp.diff:.2f}" in flat
+    for word in (
+        "Per token, term by term: C=1",
+        "collective transfer",
+        "Collective sites",
+        "Conditions that differ",
+        "Method",
+    ):
+        assert word in flat, word
+    md = (out / "compare.md").read_text()
+    assert "| per-token time (engine) |" in md and "compare_figures/compare_terms.svg" in md
+    assert (out / "compare_figures/compare_terms.svg").exists()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["commands"][-1]["command"] == "compare"
+
+
+def test_levels_in_one_run_only_are_named(synth, tmp_path):
+    extra = tmp_path / "extra"
+    shutil.copytree(synth["a2"], extra)
+    rd = RunDir(extra, create=False)
+    doc = rd.read_json(C.ATTR_SUMMARY)
+    lv = json.loads(json.dumps(doc["levels"][0]))
+    lv.update(concurrency=4, attributed=False, note="not attributed: the test says so")
+    doc["levels"].append(lv)
+    rd.write_json(C.ATTR_SUMMARY, doc)
+    cmp = compare_runs(synth["a"], extra)
+    assert [lv.concurrency for lv in cmp.levels] == [1]
+    assert cmp.only_in_b == ["C=4 (measured in B only)"]
+    req = pd.read_parquet(extra / "load/requests.parquet")
+    assert set(req["concurrency"]) == {1}
+
+
+def test_demo_compare_says_why_it_did_not_run(tmp_path):
+    """`tpcomm demo --compare` without the TP 2 run's attribution (server skipped): the TP 1 run and the
+    comparison are not run, and say why (no server starts here; the full demo with --compare is `make
+    demo-compare`)."""
+    out = tmp_path / "demo"
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "demo", "--out", str(out), "--skip", "server,probe,replay", "--compare"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    stages = json.loads((out / "status.json").read_text())["demo"]["stages"]
+    assert stages["tp1"] == stages["compare"] == "skipped"
+    assert "tp1 and compare: not run (the TP 2 run has no attribution)" in p.stdout

@@ -1,0 +1,252 @@
+"""One concurrency level of A against the same level of B: every statistic's difference with its interval,
+and the collective sites side by side.
+
+The values are the summaries' own (the headline as `attribute` computed it); the intervals come from
+resampling each run's per-step files (samples.py, intervals.py), which first check that those files give
+the same values. compute + transfer + wait + host gap = the per-token time in each run, so their differences
+add up to the difference of the per-token times (`sum_residual_ms` keeps the float rounding, and a test checks
+that it stays at rounding).
+
+Units: ms per token, tok/s, us per call.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tpcomm.columns import fmt
+from tpcomm.compare.intervals import LEVEL, REPLICATES, differences
+from tpcomm.compare.results import LevelDiff, SiteDiff, TermDiff
+from tpcomm.compare.samples import LevelSample
+from tpcomm.results import TERMS, LevelSplit
+
+# (name, unit, one of the four engine terms), in the order every output prints them.
+ROWS = (
+    ("per_token", "ms", False),
+    ("compute", "ms", True),
+    ("transfer", "ms", True),
+    ("wait", "ms", True),
+    ("host_gap", "ms", True),
+    ("collective", "ms", False),
+    ("delivery", "ms", False),
+    ("tok_per_s", "tok/s", False),
+)
+LABELS = {
+    "per_token": "per-token time (engine)",
+    "compute": "compute",
+    "transfer": "collective transfer",
+    "wait": "collective wait",
+    "host_gap": "host gap",
+    "collective": "collectives (transfer + wait)",
+    "delivery": "delivery (client - engine, p50)",
+    "tok_per_s": "tok/s",
+}
+
+
+def signed(x: float | None) -> str:
+    return "n/a" if x is None else ("+" if x >= 0 else "-") + fmt(abs(x))
+
+
+def values(lv: LevelSplit) -> dict[str, float | None]:
+    t = lv.per_token_ms
+    out: dict[str, float | None] = {"per_token": lv.engine_ms_per_token}
+    out.update({k: getattr(t, k) if t else None for k in TERMS})
+    out["collective"] = t.collective if t else None
+    out["delivery"] = lv.delivery.ms if lv.delivery else None
+    out["tok_per_s"] = lv.tok_per_s
+    return out
+
+
+def level_diff(
+    a: list[LevelSplit],
+    b: list[LevelSplit],
+    sa: list[LevelSample | None],
+    sb: list[LevelSample | None],
+    why: str | None,
+) -> LevelDiff:
+    """One concurrency level: `a`, `b` its attributed repeats in each run (with their samples, or None)."""
+    va, vb = _mean_values(a), _mean_values(b)
+    problem = why
+    for side, ss in (("A", sa), ("B", sb)):
+        for s in ss:
+            if problem is None and (s is None or s.problem):
+                problem = f"{side}: " + (s.problem if s is not None else "no per-step data for this level")
+    band = differences(sa, sb) if problem is None else None
+    ivs = band.intervals if band else {}
+    terms = []
+    for name, unit, in_sum in ROWS:
+        x, y = va.get(name), vb.get(name)
+        d = y - x if x is not None and y is not None else None
+        iv = ivs.get(name)
+        if iv is not None and not (math.isfinite(iv.lo) and math.isfinite(iv.hi)):
+            iv = None
+        terms.append(
+            TermDiff(
+                name=name,
+                unit=unit,
+                a=x,
+                b=y,
+                diff=d,
+                # Delivery is a small difference of two clocks, often near 0: a percentage of it says nothing.
+                diff_pct=100.0 * d / x if d is not None and x and name != "delivery" else None,
+                lo=iv.lo if iv else None,
+                hi=iv.hi if iv else None,
+                resolved=iv.resolved if iv else None,
+                in_sum=in_sum,
+                statement=statement(d, x, unit, iv, _why_none(name, problem) if d is not None else _absent(name, x, y)),
+            )
+        )
+    dsum = [t.diff for t in terms if t.in_sum]
+    total = terms[0].diff
+    residual = total - sum(dsum) if total is not None and None not in dsum else None
+    clocks = sorted({lv.clock for lv in a + b})
+    clock_note = (
+        [f"the runs' terms are on different clocks ({', '.join(clocks)}): their differences mix the two"]
+        if len(clocks) > 1
+        else []
+    )
+    return LevelDiff(
+        concurrency=a[0].concurrency,
+        repeats_a=[lv.repeat for lv in a],
+        repeats_b=[lv.repeat for lv in b],
+        terms=terms,
+        sum_residual_ms=residual,
+        resampled=_resampled(sa, sb, band) if band else (problem or "no interval"),
+        critical_value=band.critical_value if band else None,
+        between_repeats=band.between_df > 0 if band else None,
+        problem=problem,
+        clock=" vs ".join(clocks),
+        sites=sites(a[0], b[0]),
+        notes=clock_note
+        + [n for lv in a for n in _notes(lv, _side("A", lv, a))]
+        + [n for lv in b for n in _notes(lv, _side("B", lv, b))],
+    )
+
+
+def _side(side: str, lv: LevelSplit, levels: list[LevelSplit]) -> str:
+    return f"{side} repeat {lv.repeat}" if len(levels) > 1 else side
+
+
+def _mean_values(levels: list[LevelSplit]) -> dict[str, float | None]:
+    """Each statistic's mean over the level's repeats (one repeat: its own values)."""
+    vals = [values(lv) for lv in levels]
+    return {k: (sum(v[k] for v in vals) / len(vals) if all(v[k] is not None for v in vals) else None) for k in vals[0]}
+
+
+def statement(d: float | None, a: float | None, unit: str, iv, why: str | None) -> str:
+    if d is None:
+        return f"not compared ({why})" if why else "not compared"
+    pct = f", {d / a * 100:+.1f}%" if a else ""
+    if iv is None:
+        return f"{signed(d)} {unit}{pct}; no interval ({why or 'no per-step data'})"
+    span = f"interval {signed(iv.lo)} to {signed(iv.hi)} {unit}"
+    if iv.resolved:
+        return f"changed by {signed(d)} {unit} ({span}{pct})"
+    return f"no change that this comparison can resolve ({signed(d)} {unit}; {span})"
+
+
+def _why_none(name: str, problem: str | None) -> str:
+    if problem:
+        return problem
+    return "fewer than 2 compared requests in a run" if name == "delivery" else "not resampled"
+
+
+def _absent(name: str, a, b) -> str:
+    side = "A" if a is None and b is not None else "B" if b is None and a is not None else "either run"
+    return f"no {LABELS[name]} in {side}"
+
+
+def _resampled(sa: list[LevelSample], sb: list[LevelSample], band) -> str:
+    def one(s: LevelSample) -> str:
+        if s.unit == "request":
+            return f"{s.blocks} requests (each request's decode steps one block, delivery with it)"
+        return f"{s.blocks} blocks of {s.block_len} consecutive decode steps" + (
+            f", delivery over {s.delivery_ms.size} requests" if s.delivery_ms.size else ""
+        )
+
+    def side(ss: list[LevelSample]) -> str:
+        if len(ss) == 1:
+            return one(ss[0])
+        if all(s.unit == "request" for s in ss):
+            n = ", ".join(str(s.blocks) for s in ss)
+            return f"{len(ss)} repeats of {n} requests (each request's decode steps one block, delivery with it)"
+        return f"{len(ss)} repeats: " + "; ".join(one(s) for s in ss)
+
+    if band.between_df:
+        between = (
+            f"plus the spread between repeats (pooled over both runs, {band.between_df} df"
+            + (
+                f", {fmt(band.between_ms)} ms per token between repeats beyond their own spread"
+                if band.between_ms is not None
+                else ""
+            )
+            + ")"
+        )
+    else:
+        between = (
+            "within-run spread only: one repeat per run, so the spread between runs (a restart, the host's load "
+            "changing) is not in the intervals; `tpcomm attribute --repeat 3` measures it"
+        )
+    c = f"c = {band.critical_value:.2f}" if band.critical_value else "nothing varies"
+    return (
+        f"block bootstrap, {REPLICATES} draws: A {side(sa)}; B {side(sb)}; {between}; one simultaneous "
+        f"{LEVEL:.0%} band over the level's differences ({c})"
+    )
+
+
+def _notes(lv: LevelSplit, side: str) -> list[str]:
+    out = []
+    cz = lv.closure
+    if cz is not None and cz.ok is False:
+        out.append(f"{side}: closure failed ({cz.diff_pct:+.1f}% engine vs client, {cz.requests} requests)")
+    elif cz is not None and not cz.judged and cz.why_not_judged:
+        out.append(f"{side}: closure not judged ({cz.why_not_judged})")
+    if lv.stalls and lv.stalls.count:
+        out.append(f"{side}: {lv.stalls.count} client stalls ({fmt(lv.stalls.total_ms)} ms), in no term")
+    out += [f"{side}: {f}" for f in lv.flags]
+    return out
+
+
+def sites(a: LevelSplit, b: LevelSplit) -> list[SiteDiff]:
+    """A's and B's sites matched: the same (group, op, bytes, backend) first, then the same (group, op) in
+    order of time per step (another dtype or batch changes bytes; another backend the backend)."""
+    left, right = list(a.top_sites), list(b.top_sites)
+    pairs = []
+    for s in list(left):
+        t = next((t for t in right if (t.group, t.op, t.bytes, t.backend) == (s.group, s.op, s.bytes, s.backend)), None)
+        if t is not None:
+            pairs.append((s, t, "same site"))
+            left.remove(s)
+            right.remove(t)
+    for s in list(left):
+        t = next((t for t in right if (t.group, t.op) == (s.group, s.op)), None)
+        if t is not None:
+            pairs.append((s, t, "bytes differ" if s.bytes != t.bytes else "backend differs"))
+            left.remove(s)
+            right.remove(t)
+    pairs += [(s, None, "A only") for s in left] + [(None, t, "B only") for t in right]
+
+    def per_call(s, k):
+        return getattr(s, k) / s.count_per_step if s is not None and s.count_per_step else None
+
+    out = []
+    for s, t, m in pairs:
+        one = s or t
+        out.append(
+            SiteDiff(
+                group=one.group,
+                op=one.op,
+                bytes_a=s.bytes if s else None,
+                bytes_b=t.bytes if t else None,
+                backend_a=s.backend if s else None,
+                backend_b=t.backend if t else None,
+                calls_per_step_a=s.count_per_step if s else None,
+                calls_per_step_b=t.count_per_step if t else None,
+                transfer_us_per_call_a=per_call(s, "transfer_us_per_step"),
+                transfer_us_per_call_b=per_call(t, "transfer_us_per_step"),
+                wait_us_per_call_a=per_call(s, "wait_us_per_step"),
+                wait_us_per_call_b=per_call(t, "wait_us_per_step"),
+                match=m,
+            )
+        )
+    return out

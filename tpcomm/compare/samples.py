@@ -1,0 +1,230 @@
+"""One level of one run as the comparison resamples it: the decode pairs the headline was computed over,
+cut into blocks, each block's sums per rank, and the per-request delivery.
+
+The pairs are found by attribute's own code on the run's own files (attribution/steps_by_rank.parquet,
+load/*.parquet), so the statistic resampled is exactly the headline's: `client_side` (attribute/analysis.py)
+decides which decode steps the level's split rests on (at C=1 the compared requests' own steps when the
+closure is judged, else the whole steady window) and `decode_pairs` (attribute/split.py) which of them are
+pairs. The point estimate from the block sums must equal the summary's figure; a level whose files do not
+reproduce its summary gets no interval (its `problem` says why).
+
+Blocks (decode steps are autocorrelated: a slow patch on a shared host lasts many steps, so single steps are
+not independent draws):
+- "request": where the split rests on the compared requests (one stream at a time, C=1), each request's
+  decode pairs are one block, and its delivery (client - engine time per token) goes with it;
+- "steps": otherwise, runs of `block_len` consecutive decode steps (one request's decode length, at least
+  the cube root of the pairs), with the delivery resampled over the compared requests on its own.
+
+Per block and rank the sums add exactly: period = step + gap and step = compute + transfer + wait per pair,
+so any weighting of blocks gives terms that add up to its per-token time (means of sums).
+
+Units: *_us microseconds in the sums, *_ms milliseconds in what leaves this module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tpcomm import contract as C
+from tpcomm.attribute.analysis import client_side
+from tpcomm.attribute.split import decode_pairs
+from tpcomm.results import Attribution, LevelSplit
+from tpcomm.rundir import RunDir
+
+# Block sums per (block, rank): the columns of `LevelSample.sums`.
+SUMS = ("n", "n_sampled", "step_us", "gap_us", "period_us", "transfer_us", "wait_us", "seqs")
+MIN_BLOCKS = 8  # fewer blocks than this: shorter blocks (a bootstrap over 3 blocks says little)
+REPRODUCE_REL = 1e-6  # recomputed headline vs summary: relative tolerance (float sums in another order)
+
+
+@dataclass
+class LevelSample:
+    concurrency: int
+    repeat: int
+    unit: str  # "request" | "steps"
+    block_len: int | None  # decode steps per block ("steps"), None for requests
+    blocks: int
+    ranks: int
+    sums: np.ndarray  # (blocks, ranks, len(SUMS))
+    collectives: bool  # the level's steps carry collectives (TP > 1); else transfer and wait are 0
+    delivery_ms: np.ndarray  # per compared request: client - engine time per token
+    delivery_joint: bool  # delivery_ms[i] belongs to block i (resampled together)
+    problem: str | None = None  # why no interval: the files do not reproduce the summary
+    point: dict[str, float] = field(default_factory=dict)
+
+
+def load_samples(rd: RunDir, att: Attribution) -> tuple[dict[tuple[int, int], LevelSample], str | None]:
+    """Every attributed level's sample, or ({}, why) when the run directory lacks the per-step data."""
+    rows_all, why = _rank_rows(rd, att)
+    if rows_all is None:
+        return {}, why
+    req, tok = rd.read_table(C.LOAD_REQUESTS), rd.read_table(C.LOAD_TOKENS)
+    if req is None or tok is None:
+        return {}, "load/requests.parquet or load/tokens.parquet is missing"
+    if "in_stats" in req.columns:  # as analyse_run_dir: only the requests the level's statistics use
+        req = req[req["in_stats"]]
+        tok = tok[tok["request_id"].isin(req["request_id"])]
+    out = {}
+    for lv in att.levels:
+        if not lv.attributed or lv.engine_ms_per_token is None:
+            continue
+        c, rep = lv.concurrency, lv.repeat
+        rows = rows_all[(rows_all["concurrency"] == c) & (rows_all["repeat"] == rep)]
+        lreq = req[(req["concurrency"] == c) & (req["repeat"] == rep)]
+        ltok = tok[(tok["concurrency"] == c) & (tok["repeat"] == rep)]
+        out[(c, rep)] = level_sample(lv, rows, lreq, ltok, att.conditions.get("output_len"))
+    return out, None
+
+
+def _rank_rows(rd: RunDir, att: Attribution) -> tuple[pd.DataFrame | None, str | None]:
+    rows = rd.read_table(C.ATTR_STEPS_BY_RANK)
+    if rows is not None and {"concurrency", "repeat", "kind", "t_start_ns", "t_end_ns"} <= set(rows.columns):
+        return rows, None
+    # Older run directories: the same rows from the hook records, as analyse_run_dir makes them.
+    coll, steps = rd.read_table(C.HOOK_COLLECTIVES), rd.read_table(C.HOOK_STEPS)
+    if coll is None or steps is None or coll.empty or steps.empty:
+        return None, "neither attribution/steps_by_rank.parquet nor the hook records (hook/*.parquet) are in it"
+    from tpcomm.attribute.align import align
+    from tpcomm.attribute.split import assign_levels, rank_steps
+
+    return assign_levels(rank_steps(align(coll), steps), att.windows), None
+
+
+def level_sample(
+    lv: LevelSplit, rows: pd.DataFrame, req: pd.DataFrame, tok: pd.DataFrame, output_len: int | None
+) -> LevelSample:
+    """The level's decode pairs in blocks (see the module docstring); `point` = the block sums' estimate."""
+    c = lv.concurrency
+    cs = client_side(rows, req, tok, c)
+    compared = cs["compared"]
+    pairs_doc = cs["pairs"]
+    by_request = bool(cs["closure"].judged and compared)
+    if by_request:  # the split rests on the compared requests' own steps (client_side)
+        own = pairs_doc[pairs_doc["request_id"].isin(compared)]
+        step_req = {s: int(r) for r, ids in zip(own["request_id"], own["steps"]) for s in ids}
+        pairs = decode_pairs(rows[rows["step"].isin(list(step_req))])
+        order = sorted(compared)
+        block_idx = np.searchsorted(np.array(order), pairs["step"].map(step_req).to_numpy())
+        block_len = None
+    else:
+        pairs = decode_pairs(rows) if not rows.empty else rows
+        steps = np.sort(pairs["step"].unique()) if len(pairs) else np.array([], dtype=np.int64)
+        block_len = _block_len(len(steps), output_len)
+        block_idx = np.searchsorted(steps, pairs["step"].to_numpy()) // block_len if len(steps) else np.array([])
+        order = list(range(int(math.ceil(len(steps) / block_len)))) if len(steps) else []
+    d = pairs_doc[pairs_doc["request_id"].isin(compared)].set_index("request_id")
+    delivery = (
+        (d["client_ms_per_token"] - d["engine_ms_per_token"]).reindex(order if by_request else compared).to_numpy()
+    )
+    sample = LevelSample(
+        concurrency=c,
+        repeat=lv.repeat,
+        unit="request" if by_request else "steps",
+        block_len=block_len,
+        blocks=len(order),
+        ranks=0,
+        sums=np.zeros((0, 0, len(SUMS))),
+        collectives=bool((rows["n_collectives"] > 0).any()) if len(rows) else False,
+        delivery_ms=np.asarray(delivery, dtype=float),
+        delivery_joint=by_request,
+    )
+    if pairs.empty:
+        sample.problem = "no decode pairs in the level's files"
+        return sample
+    sample.sums, sample.ranks = block_sums(pairs, block_idx, len(order))
+    sample.point = point_estimate(sample)
+    sample.problem = _reproduces(sample, lv, cs["split"])
+    if sample.problem is None and sample.blocks < 2:
+        sample.problem = f"one {'request' if by_request else 'block of steps'} only: nothing to resample"
+    return sample
+
+
+def _block_len(n_steps: int, output_len: int | None) -> int:
+    """One request's decode length (a slow patch as long as a request stays in one block), at least the cube
+    root of the pairs, and short enough to leave MIN_BLOCKS blocks."""
+    want = max((output_len or 0) - 1, math.ceil(n_steps ** (1 / 3)), 1)
+    return max(1, min(want, n_steps // MIN_BLOCKS)) if n_steps >= MIN_BLOCKS else max(1, n_steps)
+
+
+def block_sums(pairs: pd.DataFrame, block_idx: np.ndarray, blocks: int) -> tuple[np.ndarray, int]:
+    ranks = np.sort(pairs["rank"].unique())
+    r_idx = np.searchsorted(ranks, pairs["rank"].to_numpy())
+    sampled = (pairs["n_collectives"].to_numpy() > 0).astype(float)
+    cols = {
+        "n": np.ones(len(pairs)),
+        "n_sampled": sampled,
+        "step_us": pairs["step_us"].to_numpy(dtype=float),
+        "gap_us": pairs["gap_us"].to_numpy(dtype=float),
+        "period_us": pairs["period_us"].to_numpy(dtype=float),
+        "transfer_us": pairs["transfer_us"].to_numpy(dtype=float) * sampled,
+        "wait_us": pairs["wait_us"].to_numpy(dtype=float) * sampled,
+        "seqs": pairs["num_seqs"].to_numpy(dtype=float),
+    }
+    out = np.zeros((blocks, len(ranks), len(SUMS)))
+    flat = block_idx.astype(np.int64) * len(ranks) + r_idx
+    for j, k in enumerate(SUMS):
+        out[:, :, j] = np.bincount(flat, weights=cols[k], minlength=blocks * len(ranks)).reshape(blocks, len(ranks))
+    return out, len(ranks)
+
+
+def estimates(sample: LevelSample, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """The level's per-token time and terms (ms) and tok/s for each row of `weights` (replicates x blocks:
+    how often each block is drawn). Per rank as split.py's _rank_terms, then the mean over ranks."""
+    s = np.einsum("bk,krj->brj", weights, sample.sums)  # (replicates, ranks, SUMS)
+    get = {k: s[:, :, j] for j, k in enumerate(SUMS)}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n = get["n"]
+        step, gap, period = get["step_us"] / n, get["gap_us"] / n, get["period_us"] / n
+        if sample.collectives:  # means over the pairs whose step carries records (sampled CUDA-graph timing)
+            transfer, wait = get["transfer_us"] / get["n_sampled"], get["wait_us"] / get["n_sampled"]
+            # A rank with no sampled pair in a draw has no terms (split.py leaves such a rank out).
+            ok = get["n_sampled"] > 0
+        else:
+            transfer = wait = np.zeros_like(step)
+            ok = n > 0
+        seqs = get["seqs"].sum(axis=1) / n.sum(axis=1)
+
+    def mean(x):
+        return np.nanmean(np.where(ok, x, np.nan), axis=1) / 1e3
+
+    per_token = mean(period)
+    out = {
+        "per_token": per_token,
+        "compute": mean(step - transfer - wait),
+        "transfer": mean(transfer),
+        "wait": mean(wait),
+        "host_gap": mean(gap),
+    }
+    out["collective"] = out["transfer"] + out["wait"]
+    out["tok_per_s"] = 1e3 / per_token * seqs
+    return out
+
+
+def point_estimate(sample: LevelSample) -> dict[str, float]:
+    est = estimates(sample, np.ones((1, sample.blocks)))
+    out = {k: float(v[0]) for k, v in est.items()}
+    if sample.delivery_ms.size:
+        out["delivery"] = float(np.percentile(sample.delivery_ms[np.isfinite(sample.delivery_ms)], 50))
+    return out
+
+
+def _reproduces(sample: LevelSample, lv: LevelSplit, split: dict) -> str | None:
+    """None when the block sums give the summary's headline and terms, else why not (no interval then)."""
+    p = sample.point
+    want = {"per_token": lv.engine_ms_per_token, **(lv.per_token_ms.as_dict() if lv.per_token_ms else {})}
+    again = split.get("engine_ms_per_token")
+    for k, v in want.items():
+        if v is None or not math.isclose(p[k], v, rel_tol=REPRODUCE_REL, abs_tol=1e-9):
+            return (
+                f"the run's per-step files give {k.replace('_', ' ')} {p[k]:.6g} ms, its summary {v} ms "
+                "(files trimmed or written by another tpcomm): no interval"
+            )
+    if again is None or not math.isclose(p["per_token"], again, rel_tol=REPRODUCE_REL):
+        return "attribute's split of these files differs from the block sums: no interval"
+    if lv.delivery is not None and "delivery" in p and not math.isclose(p["delivery"], lv.delivery.ms, abs_tol=1e-9):
+        return f"the run's files give delivery {p['delivery']:.6g} ms, its summary {lv.delivery.ms} ms: no interval"
+    return None

@@ -1,0 +1,118 @@
+"""The verdict line (which term moved, by how much, and whether it is resolved) and the CI gate.
+
+The verdict speaks of one level: the lowest concurrency both runs measured with intervals (attribute's
+headline level), else the lowest both measured. Only resolved differences are called changes; the
+collectives (transfer + wait) are always named, changed or not, since that is what a TP lever is for.
+"""
+
+from __future__ import annotations
+
+from tpcomm.compare.levels import signed
+from tpcomm.compare.results import Gate, LevelDiff
+from tpcomm.errors import InputError
+
+
+def verdict_level(levels: list[LevelDiff]) -> LevelDiff | None:
+    with_iv = [lv for lv in levels if lv.problem is None and lv.term("per_token").diff is not None]
+    pool = with_iv or [lv for lv in levels if lv.term("per_token").diff is not None]
+    return min(pool, key=lambda lv: lv.concurrency) if pool else None
+
+
+def _ms(x: float) -> str:
+    return f"{signed(x)[1:] if x >= 0 else signed(x)} ms"
+
+
+def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
+    if lv is None:
+        return only_model or "No concurrency level was measured with a split in both runs: nothing to compare."
+    where = f"At C={lv.concurrency}"
+    pt = lv.term("per_token")
+    judged = pt.resolved is not None
+    coll = lv.term("collective")
+    if not judged:
+        return (
+            f"{where}: B - A = {signed(pt.diff)} ms per token ({pt.diff_pct:+.1f}%), compute {signed(lv.term('compute').diff)} ms, "
+            f"collectives {signed(coll.diff)} ms, host gap {signed(lv.term('host_gap').diff)} ms; "
+            f"whether any of it is real cannot be said: {lv.problem}."
+        )
+    moved = [t for t in (lv.term("compute"), lv.term("host_gap")) if t.resolved]
+    moved.sort(key=lambda t: -abs(t.diff))
+    if pt.resolved:
+        word = "slower" if pt.diff > 0 else "faster"
+        head = f"{where}: B is {_ms(abs(pt.diff))} per token {word} than A ({pt.diff_pct:+.1f}%, interval {signed(pt.lo)} to {signed(pt.hi)} ms)"
+        same = [t for t in moved if (t.diff > 0) == (pt.diff > 0)]
+        against = [t for t in moved if (t.diff > 0) != (pt.diff > 0)]
+        parts = [f"{_ms(abs(t.diff))} of it is {_name(t.name)}" for t in same]
+        parts += [f"offset by {_name(t.name)} {signed(t.diff)} ms" for t in against]
+    else:
+        head = (
+            f"{where}: no change in the per-token time that this comparison can resolve "
+            f"(B - A = {signed(pt.diff)} ms, interval {signed(pt.lo)} to {signed(pt.hi)} ms)"
+        )
+        parts = [f"{_name(t.name)} changed by {signed(t.diff)} ms" for t in moved]
+        if len(parts) > 1:
+            parts[-1] += " (in opposite directions, within the same per-token time)"
+    parts.append(_collectives(lv))
+    d = lv.term("delivery")
+    if d is not None and d.resolved:
+        parts.append(f"delivery to the client changed by {signed(d.diff)} ms (outside the engine's time)")
+    return head + "; " + ", ".join(parts) + "."
+
+
+def caveat(lv: LevelDiff | None) -> str | None:
+    """What the verdict's intervals do not hold, when it matters: one repeat per run."""
+    if lv is None or lv.problem is not None or lv.between_repeats:
+        return None
+    return (
+        "Intervals from the runs' own spread only (one repeat each): a restart or the host's load can move a whole "
+        "run by more; `tpcomm attribute --repeat 3` on both sides puts that spread in."
+    )
+
+
+def _name(term: str) -> str:
+    return term.replace("_", " ")
+
+
+def _collectives(lv: LevelDiff) -> str:
+    c, tr, wa = lv.term("collective"), lv.term("transfer"), lv.term("wait")
+    if not (c.resolved or tr.resolved or wa.resolved):
+        return f"collectives unchanged ({signed(c.diff)} ms, not resolved)"
+    bits = [
+        f"{n} {signed(t.diff)} ms{'' if t.resolved else ' not resolved'}" for n, t in (("transfer", tr), ("wait", wa))
+    ]
+    return f"collectives {signed(c.diff)} ms{'' if c.resolved else ' (sum not resolved)'} ({', '.join(bits)})"
+
+
+def gate(levels: list[LevelDiff], pct: float) -> Gate:
+    """Tripped when, at any level both runs measured with intervals, B is slower per token than A by more than
+    `pct` percent and the interval of the difference excludes 0. A gate with no such level to judge is an
+    input error (exit 2), never a silent pass."""
+    judged = [lv for lv in levels if lv.term("per_token").resolved is not None]
+    if not judged:
+        raise InputError(
+            f"--fail-if-slower {pct:g}",
+            "cannot be judged: no concurrency level of the two runs has per-step data for an interval",
+            "two run directories written by `tpcomm attribute` with attribution/steps_by_rank.parquet",
+        )
+    hits = [
+        lv
+        for lv in judged
+        if lv.term("per_token").resolved and lv.term("per_token").diff > 0 and lv.term("per_token").diff_pct > pct
+    ]
+    if hits:
+        t = hits[0].term("per_token")
+        return Gate(
+            pct,
+            True,
+            f"B is {t.diff_pct:.1f}% slower per token than A at C={hits[0].concurrency} (resolved: interval "
+            f"{signed(t.lo)} to {signed(t.hi)} ms), more than the {pct:g}% allowed",
+        )
+    worst = max(judged, key=lambda lv: lv.term("per_token").diff_pct or 0)
+    t = worst.term("per_token")
+    return Gate(
+        pct,
+        False,
+        f"no level is resolved slower by more than {pct:g}% (largest: {t.diff_pct:+.1f}% at C={worst.concurrency}, "
+        + ("resolved" if t.resolved else "not resolved")
+        + ")",
+    )
