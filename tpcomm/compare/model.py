@@ -14,11 +14,24 @@ from tpcomm.compare.levels import signed
 from tpcomm.compare.results import ModelDiff, ModelTerm
 
 
-def _corners(p: dict) -> dict[tuple, dict]:
-    out = {}
-    for c in (p.get("range") or {}).get("corners") or []:
-        key = tuple(sorted((c.get("inputs") or {}).items()))
-        out[key] = {"ms_per_token": c.get("ms_per_token"), **(c.get("breakdown_ms") or {})}
+def _corners(p: dict) -> list[tuple[dict, dict]]:
+    """(input levels, ms per term) of every corner of a prediction's range."""
+    return [
+        (c.get("inputs") or {}, {"ms_per_token": c.get("ms_per_token"), **(c.get("breakdown_ms") or {})})
+        for c in (p.get("range") or {}).get("corners") or []
+    ]
+
+
+def _pairs(ca: list, cb: list) -> list[tuple[dict, dict]]:
+    """Corners of A and B at the same levels of every input both vary. An input one prediction holds fixed
+    (given by the user, or fitted) takes any level of the other's: e.g. NVFP4's fitted MoE cost against INT4's
+    low and high one."""
+    out = []
+    for ia, a in ca:
+        for ib, b in cb:
+            shared = set(ia) & set(ib)
+            if all(ia[k] == ib[k] or "fixed" in (ia[k], ib[k]) for k in shared):
+                out.append((a, b))
     return out
 
 
@@ -32,15 +45,14 @@ def model_diff(pa: dict, pb: dict) -> ModelDiff:
     sa, sb = pa.get("single_stream") or {}, pb.get("single_stream") or {}
     ba, bb = sa.get("breakdown_ms") or {}, sb.get("breakdown_ms") or {}
     names = ["ms_per_token"] + list(ba) + [k for k in bb if k not in ba]
-    ca, cb = _corners(pa), _corners(pb)
-    shared = [k for k in ca if k in cb]
+    shared = _pairs(_corners(pa), _corners(pb))
     central = {"ms_per_token": (sa.get("ms_per_token"), sb.get("ms_per_token"))}
     central.update({k: (ba.get(k, 0.0), bb.get(k, 0.0)) for k in names[1:]})
     terms = []
     for k in names:
         a, b = central[k]
         d = b - a if a is not None and b is not None else None
-        spread = [cb[c].get(k, 0.0) - ca[c].get(k, 0.0) for c in shared if ca[c].get(k, 0.0) is not None]
+        spread = [b_.get(k, 0.0) - a_.get(k, 0.0) for a_, b_ in shared if a_.get(k, 0.0) is not None]
         spread = [x for x in spread if x is not None] + ([d] if d is not None else [])
         terms.append(
             ModelTerm(
@@ -64,7 +76,7 @@ def model_diff(pa: dict, pb: dict) -> ModelDiff:
         if sa.get("value") == "measured terms" and p is pa or sb.get("value") == "measured terms" and p is pb:
             notes.append(f"{side}: predict.json is anchored on the run's measured split (its terms are measured)")
     label = (
-        f"model-based (predict.json): central inputs, and B - A over the {len(shared)} input corners both predictions share"
+        f"model-based (predict.json): central inputs, and B - A over the {len(shared)} pairs of input corners at the same levels (an input one side holds fixed pairs with both of the other's)"
         if shared
         else "model-based (predict.json): central inputs only (no input range in both predictions)"
     )
