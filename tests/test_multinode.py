@@ -123,10 +123,21 @@ def test_a_clock_offset_on_node_1_is_estimated_and_taken_off(runs):
     print(
         f"offset {o['offset_us']:.1f} us ({o['lo_us']:.1f} to {o['hi_us']:.1f}, {o['instances']} collectives); entry skew p50 {s0:.1f} us plain, {s1:.1f} us offset and aligned"
     )
-    # The split uses durations only: unchanged within 10% per term of the per-token time.
-    a, b = _c1(plain), _c1(summ)
+    # The split uses durations only: the same records analysed with each rank on its own clock give the same terms
+    # within 10% of the per-token time (only the steps the level's window takes in can move). (Against the plain
+    # run it is not held: two server runs on this shared host differ by tens of percent, and libfaketime's
+    # interception of every clock read slows node 1 by itself.)
+    import shutil
+
+    from tpcomm.attribute.analysis import analyse_run_dir
+
+    raw = run.parent / "offset-own-clocks"
+    shutil.copytree(run, raw)
+    own = analyse_run_dir(raw, align_clocks=False).to_json()
+    a, b = _c1(summ), _c1(own)
     for k in a["per_token_ms"]:
         assert abs(a["per_token_ms"][k] - b["per_token_ms"][k]) <= 0.1 * a["engine_ms_per_token"], k
+    assert own["alignment"]["instance_entry_skew_us_p50"] > 0.5 * OFFSET_US  # unaligned: the 2 ms in every one
     assert _c1(summ)["closure"]["ok"], _c1(summ)["closure"]
 
 
