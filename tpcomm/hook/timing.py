@@ -109,11 +109,12 @@ class ClockAnchor:
         self.mono_s, self.how = time.monotonic(), how
         return True
 
-    def refresh(self) -> bool:
+    def refresh(self, tries: int | None = None) -> bool:
         """No wait on queued work: record an event on an idle side stream and poll it with query() for at most
-        ANCHOR_TIGHT_NS. True (and the anchor is renewed) when a bracket was tight enough."""
+        ANCHOR_TIGHT_NS, `tries` times (default TRIES). True (and the anchor is renewed) when a bracket was tight
+        enough."""
         side = self._side_stream()
-        for _ in range(self.TRIES):
+        for _ in range(self.TRIES if tries is None else tries):
             ev = self._event()
             h0 = time.time_ns()
             ev.record(side)
@@ -243,7 +244,7 @@ class CudaEventTimer:
         if self.anchor.age_s() < ANCHOR_REFRESH_S or now < self._next_anchor_try:
             return False
         self._next_anchor_try = now + ANCHOR_REFRESH_S  # a failed try is not retried at every step
-        return self.anchor.refresh()
+        return self.anchor.refresh(tries=1)  # in a step: at most one ANCHOR_TIGHT_NS of polling
 
     # ---- CUDA graphs ----------------------------------------------------
     @property

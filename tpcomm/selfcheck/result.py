@@ -174,8 +174,9 @@ def serving_checks(f: dict) -> list[Check]:
             Check(
                 "vllm-serve-period",
                 judge_ratio(period, tpot, SERVE_PERIOD_TOL),
-                f"{where}: hook's engine time per token {period:.3f} ms over {f.get('decode_pairs')} decode pairs "
-                f"vs client TPOT p50 {tpot:.3f} ms (ratio {period / tpot:.3f}, tolerance {SERVE_PERIOD_TOL:.0%})",
+                f"{where}: hook's time per token {period:.3f} ms (per request the mean decode period, median over "
+                f"{f.get('requests_with_pairs')} requests, {f.get('decode_pairs')} decode pairs) vs client TPOT p50 "
+                f"{tpot:.3f} ms (ratio {period / tpot:.3f}, tolerance {SERVE_PERIOD_TOL:.0%})",
                 f,
             )
         )

