@@ -31,6 +31,10 @@ Durations: the transfer itself for the blocking ops; for `isend_tensor_dict` /
 (the CPU shared-memory path is synchronous, so there it is the transfer).
 In processes without parallel groups (the engine core) the patches stay inert.
 Recording is off until POST /tpcomm/v1/start (or TPCOMM_RECORD_AT_START=1).
+Collectives inside CUDA graphs are timed only when the server starts with
+TPCOMM_GRAPH_TIMING=1 (events captured into the graphs are replayed recording or
+not; timing.py says why it is off by default); the engine steps' GPU spans
+(gpuclock.py) and eager collectives are timed either way while recording.
 """
 
 from __future__ import annotations
