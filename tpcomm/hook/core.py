@@ -309,7 +309,7 @@ class Hook:
                 self._untimed(untimed, step)
             if slots:
                 rotate = self.cuda.rotate(graph) if self.cuda.driver is not None else None
-                if not self.graphs.note(graph, step, first, t_replay_ns, rotate):
+                if not self.graphs.note(graph, step, first, t_replay_ns, rotate, self._graph_dropped):
                     self._untimed(len(slots), step)
         except Exception as e:  # noqa: BLE001
             self.fail("noting a CUDA graph replay", e)

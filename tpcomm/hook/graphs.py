@@ -146,6 +146,7 @@ class GraphSampler:
         first: int,
         t_replay_ns: int,
         rotate: Callable[[GraphEvents], bool] | None,
+        on_drop: Callable[[Note], None] | None = None,
     ) -> bool:
         """After a sampled replay of `graph` was enqueued; False when it cannot be kept (counted as dropped)."""
         ge: GraphEvents = graph._tpcomm_events
@@ -156,7 +157,7 @@ class GraphSampler:
         if evset.busy:  # a note of this graph still holds the installed set: the new replay re-recorded it
             for n in self.notes:
                 if n.evset is evset:
-                    self._drop(n, "re-recorded by a later replay before it was read")
+                    self._drop(n, "re-recorded by a later replay before it was read", on_drop)
             self.notes = [n for n in self.notes if n.evset is not evset]
         evset.busy = True
         rotated = False
