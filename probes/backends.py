@@ -10,7 +10,11 @@ the way vLLM drives it:
     pynccl     vLLM's PyNcclCommunicator (vLLM's own NCCL binding, used in CUDA graphs)
     custom-ar  vLLM's CustomAllreduce (one-shot/two-shot P2P kernels)
 
-A backend that cannot run raises Ineligible with vLLM's own reason.
+A backend that cannot run raises Ineligible with vLLM's own reason. Every
+backend builds process groups (and vLLM communicators) of its own: `close()`
+destroys them (NCCL communicators, IPC buffers, gloo groups), after its last use
+and when its construction fails half-way (`built`), so a probe or a replay that
+runs many items does not accumulate communicators.
 
 Before each isolated op the ranks line up on the op's own path (`lineup`): a tiny
 collective of the same backend on the same stream, so the op starts as close
@@ -81,7 +85,23 @@ class Backend:
     def capture(self):
         return contextlib.nullcontext()
 
+    def _group(self, backend: str):
+        """A process group of this backend's own, destroyed by close()."""
+        g = dist.new_group(backend=backend)
+        self.__dict__.setdefault("_own_groups", []).append(g)
+        return g
+
     def close(self) -> None:
+        """Destroy what this backend built (its communicators first, then its process groups). Safe on a backend
+        whose construction failed half-way, and twice."""
+        self._close_comm()
+        for g in reversed(self.__dict__.pop("_own_groups", [])):
+            try:
+                dist.destroy_process_group(g)
+            except Exception:  # noqa: BLE001 - already gone (an aborted communicator): nothing left to free
+                pass
+
+    def _close_comm(self) -> None:
         pass
 
 
@@ -93,7 +113,7 @@ class GlooBackend(Backend):
     def __init__(self, cpu_group, local_rank):
         super().__init__(cpu_group, local_rank)
         # A group of its own, so barriers on the control group never queue behind it.
-        self.group = dist.new_group(backend="gloo")
+        self.group = self._group("gloo")
         self._token = torch.zeros(1, dtype=torch.float32)
 
     lineup_name = "tiny gloo all_reduce"
@@ -136,7 +156,7 @@ class ShmBackend(Backend):
         if not hasattr(torch.ops._C, "init_shm_manager"):
             raise Ineligible("this vLLM build has no torch.ops._C.init_shm_manager (shared-memory communicator)")
         os.environ.setdefault("VLLM_DIST_IDENT", f"tpcomm-probe-{os.environ.get('MASTER_PORT', '0')}")
-        self.group = dist.new_group(backend="gloo")
+        self.group = self._group("gloo")
         # unique_name must start with "tp" for vLLM to pick the shm module (cpu_communicator.py).
         self.comm = CpuCommunicator(cpu_group=self.group, device_group=self.group, unique_name="tp:0")
         if not isinstance(self.comm.dist_module, _CPUSHMDistributed):
@@ -166,7 +186,7 @@ class NcclBackend(Backend):
         self.device = _rank_device(cpu_group, local_rank)
         if not dist.is_nccl_available():
             raise Ineligible("this torch build has no NCCL")
-        self.group = dist.new_group(backend="nccl")
+        self.group = self._group("nccl")
 
     lineup_name = "tiny nccl all_reduce (device stream)"
 
@@ -194,6 +214,11 @@ class PyNcclBackend(NcclBackend):
         self.comm = pynccl.PyNcclCommunicator(group=self.group, device=self.device)
         if self.comm.disabled:
             raise Ineligible("PyNcclCommunicator disabled itself (world size 1 or libnccl not found)")
+
+    def _close_comm(self):
+        comm = self.__dict__.pop("comm", None)
+        if comm is not None and not comm.disabled:
+            comm.destroy()  # vLLM's: ncclCommAbort in a daemon thread with a timeout
 
     lineup_name = "tiny pynccl all_reduce (device stream)"
 
@@ -223,12 +248,7 @@ class CustomArBackend(NcclBackend):
                 err = custom_ar_reason(car, self.world, self.rank, self.group)
         except Exception as e:  # noqa: BLE001
             err = f"vLLM's CustomAllreduce raised {one_line(e)}"
-        try:
-            agree_or_ineligible(cpu_group, err)
-        except Ineligible:
-            if getattr(self, "comm", None) is not None and not self.comm.disabled:
-                self.comm.close()  # built here, refused elsewhere: free its IPC buffers
-            raise
+        agree_or_ineligible(cpu_group, err)  # refused anywhere: make_backend's close() frees its IPC buffers
 
     lineup_name = "tiny custom-ar all_reduce (device stream)"
 
@@ -249,8 +269,10 @@ class CustomArBackend(NcclBackend):
     def capture(self):
         return self.comm.capture()
 
-    def close(self):
-        self.comm.close()
+    def _close_comm(self):
+        comm = self.__dict__.pop("comm", None)
+        if comm is not None and not comm.disabled:
+            comm.close()  # vLLM's: frees the IPC buffers
 
 
 def custom_ar_reason(car, world: int, rank: int, group) -> str:
@@ -292,7 +314,22 @@ BACKEND_CLASSES = {c.name: c for c in (GlooBackend, ShmBackend, NcclBackend, PyN
 
 
 def make_backend(name: str, cpu_group, local_rank: int) -> Backend:
-    return BACKEND_CLASSES[name](cpu_group, local_rank)
+    return built(BACKEND_CLASSES[name], cpu_group, local_rank)
+
+
+def built(cls: type, *args) -> Backend:
+    """`cls(*args)`, or, when its construction raises (Ineligible, or vLLM's own errors), what it built so far
+    destroyed before the exception goes on."""
+    obj = cls.__new__(cls)
+    try:
+        obj.__init__(*args)
+    except BaseException:
+        try:
+            obj.close()
+        except Exception:  # noqa: BLE001 - the construction's own error is the one to report
+            pass
+        raise
+    return obj
 
 
 def _vllm_cuda_setup(backend: Backend, cpu_group, local_rank: int, module: str, what: str):
@@ -306,7 +343,7 @@ def _vllm_cuda_setup(backend: Backend, cpu_group, local_rank: int, module: str, 
         mod = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001
         raise Ineligible(f"vLLM's {what} is not importable ({type(e).__name__}: {e})") from None
-    backend.group = dist.new_group(backend="gloo")
+    backend.group = backend._group("gloo")
     return mod
 
 

@@ -192,7 +192,6 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
 
     def lineup():
         backend.lineup(ctrl)
-        late()
 
     iso, overran = [], []
     for _ in range(iters):
@@ -200,7 +199,7 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
         if lone:  # outside the timed interval, before the lineup (see Backend.no_back_to_back)
             dist.barrier(group=ctrl)
         state.tick()
-        iso.append(timer.time_us(run1, lineup))
+        iso.append(timer.time_us(run1, lineup, late))
         overran.append(timer.overran)
     state.set("pipelined")
     nchunk = 0 if lone else max(1, min(10, iters))
@@ -328,28 +327,34 @@ def run(spec: dict, sink=None) -> int:
             for it in its:
                 emit({"kind": "skipped", **it, "reason": str(e), **common, **_layout()})
             continue
-        timer = Timer(backend)
-        hw = _hardware(backend.device)
-        for it in its:
-            reason = backend.unsupported(it["op"])
-            if it["mode"] == "graph" and not backend.graph_capable:
-                reason = f"{name} runs on the CPU: no CUDA graph mode"
-            if reason is None:
-                try:
-                    rows = measure_item(backend, it, spec["iters"], spec["warmup"], ctrl, state, timer)
-                except (Ineligible, NotImplementedError) as e:
-                    reason = str(e)
-                except RuntimeError as e:
-                    if "not supported" not in str(e).lower():
-                        raise
-                    reason = f"{name}: {str(e).splitlines()[0][:200]}"
-            if reason is not None:
-                emit({"kind": "skipped", **it, "reason": reason, **common})
-                continue
-            for r in rows:
-                emit({**r, **common, "hardware": hw, "device": str(backend.device), **_layout()})
-        backend.close()
+        try:
+            _measure_backend(backend, name, its, spec, ctrl, state, emit, common)
+        finally:  # its communicators and groups, before the next backend builds its own
+            backend.close()
     return end_rank(state, ctrl, emit, common)
+
+
+def _measure_backend(backend, name: str, its: list[dict], spec: dict, ctrl, state: RankState, emit, common: dict):
+    timer = Timer(backend)
+    hw = _hardware(backend.device)
+    for it in its:
+        reason = backend.unsupported(it["op"])
+        if it["mode"] == "graph" and not backend.graph_capable:
+            reason = f"{name} runs on the CPU: no CUDA graph mode"
+        if reason is None:
+            try:
+                rows = measure_item(backend, it, spec["iters"], spec["warmup"], ctrl, state, timer)
+            except (Ineligible, NotImplementedError) as e:
+                reason = str(e)
+            except RuntimeError as e:
+                if "not supported" not in str(e).lower():
+                    raise
+                reason = f"{name}: {str(e).splitlines()[0][:200]}"
+        if reason is not None:
+            emit({"kind": "skipped", **it, "reason": reason, **common})
+            continue
+        for r in rows:
+            emit({**r, **common, "hardware": hw, "device": str(backend.device), **_layout()})
 
 
 def end_rank(state: RankState, ctrl, emit, common: dict) -> int:

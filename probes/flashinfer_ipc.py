@@ -35,9 +35,8 @@ class FlashInferIpcBackend(NcclBackend):
             raise Ineligible(f"world size {self.world} not in {mod._SUPPORTED_WORLD_SIZES}")
         self.hidden = hidden
         # vLLM passes a device (NCCL) group and a CPU tune group; the workspace exchanges IPC handles over the first.
-        import torch.distributed as dist
 
-        self.dev_group = dist.new_group(backend="nccl")
+        self.dev_group = self._group("nccl")
         self.comm = mod.FlashInferPcieIpcAllReduce(group=self.dev_group, tune_group=self.group, device=self.device)
         if self.comm.disabled:
             raise Ineligible(
@@ -70,5 +69,7 @@ class FlashInferIpcBackend(NcclBackend):
     def capture(self):
         return self.comm.capture()
 
-    def close(self):
-        self.comm.destroy()
+    def _close_comm(self):
+        comm = self.__dict__.pop("comm", None)
+        if comm is not None:
+            comm.destroy()  # vLLM's: frees FlashInfer's IPC workspace

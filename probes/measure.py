@@ -6,10 +6,14 @@ Isolated: before each op the ranks line up with a tiny collective of the op's ow
 backend on the op's stream (probes/backends.py `lineup`), then each times the op
 alone (what a decode step sees: the op starts cold). On a GPU a sleep kernel (the
 slack) follows the line-up, so every rank's host has enqueued the op before its
-device reaches it; neither is inside the timed interval. Whether the slack was
-long enough is checked per sample: once the op and the end event are queued, the
-start event must not have fired yet (else the device idled, waiting for the host,
-inside the interval); samples where it had are counted as `slack_overruns`.
+device reaches it, and a second line-up follows the slack: the slack spins a count
+of SM clock cycles calibrated once per rank, so on ranks whose clocks have moved
+since it lasts different times, and without the second line-up each rank would
+start the op when its own slack ended, the maximum over ranks carrying that
+difference as skew. None of these is inside the timed interval. Whether the slack
+was long enough is checked per sample: once the op and the end event are queued,
+the start event must not have fired yet (else the device idled, waiting for the
+host, inside the interval); samples where it had are counted as `slack_overruns`.
 Pipelined: ops back to back with no barrier, time / count (nccl-tests' default).
 A sample's time is the slowest rank's, as nccl-tests reports. The skew left after
 the line-up is measured per sample as the spread of the op's duration over ranks
@@ -52,13 +56,17 @@ class Timer:
         self._slack = Skew(self.slack_us, backend.device) if self.cuda else None
         self.overran = False  # the last lined-up sample's slack ran out before the op was queued
 
-    def time_us(self, fn, lineup=None) -> float:
-        """Time one call of `fn`; `lineup()` runs first, outside the timed interval."""
+    def time_us(self, fn, lineup=None, after=None) -> float:
+        """Time one call of `fn`; `lineup()` runs first (on a GPU: line-up, slack, line-up), then `after()` (a
+        test's known delay on one rank), all outside the timed interval."""
         if self.cuda:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if lineup is not None:
                 lineup()
                 self._slack()
+                lineup()  # the slack's length differs between ranks whose clocks differ: line up again after it
+            if after is not None:
+                after()
             s.record()
             fn()
             e.record()
@@ -69,6 +77,8 @@ class Timer:
             return s.elapsed_time(e) * 1000.0
         if lineup is not None:
             lineup()
+        if after is not None:
+            after()
         t0 = time.perf_counter_ns()
         fn()
         return (time.perf_counter_ns() - t0) / 1000.0

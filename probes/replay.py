@@ -40,9 +40,10 @@ FALLBACK = {"custom-ar": "pynccl", "flashinfer-ipc": "pynccl", "pynccl": "nccl"}
 
 def _backend(name: str, ctrl, local_rank: int, sched: dict):
     if name == "flashinfer-ipc":
+        from probes.backends import built
         from probes.flashinfer_ipc import FlashInferIpcBackend
 
-        return FlashInferIpcBackend(ctrl, local_rank, sched["hidden"], sched["batch"])
+        return built(FlashInferIpcBackend, ctrl, local_rank, sched["hidden"], sched["batch"])
     return make_backend(name, ctrl, local_rank)
 
 
@@ -103,22 +104,27 @@ class Step:
 
 
 def _capture(step: Step, timing: str, backends):
-    """The whole step in one CUDA graph, as vLLM replays a full decode graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step.issue(timing, None)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
+    """The whole step in one CUDA graph, as vLLM replays a full decode graph.
+
+    Warm-up and capture run on one side stream, inside every backend's capture() context, as vLLM's
+    graph_capture does: FlashInfer's PCIe IPC workspace is single-stream (PcieIpcAllReduceWorkspace
+    _check_stream raises on another stream); its capture() rebinds it, and the first launch after that
+    binds it to the stream it runs on, so a warm-up on a side stream before capture() would raise."""
     import contextlib
 
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
     with contextlib.ExitStack() as stack:
         for be in backends:
             stack.enter_context(be.capture())
-        with torch.cuda.graph(g):
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                step.issue(timing, None)
+        s.synchronize()
+        with torch.cuda.graph(g, stream=s):
             n = step.issue(timing, None)
+    torch.cuda.current_stream().wait_stream(s)
     return g, n
 
 
@@ -194,6 +200,7 @@ def run(spec: dict, sink=None) -> int:
     for item in spec["items"]:
         state.set("setup", None)
         name = item["backend"]
+        primary = fallback = None
         try:
             primary = _backend(name, ctrl, local_rank, spec["schedule"])
             fb_name = FALLBACK.get(name)
@@ -205,13 +212,18 @@ def run(spec: dict, sink=None) -> int:
             if item["mode"] == "graph" and not primary.graph_capable:
                 raise Ineligible(f"{name} runs on the CPU: no CUDA graph mode")
         except Ineligible as e:
+            for b in (primary, fallback):
+                if b is not None:
+                    b.close()
             emit({"kind": "skipped", **item, "op": "decode step", "bytes": 0, "reason": str(e), **common, **_layout()})
             continue
         where = {**common, "hardware": _hardware(primary.device), "device": str(primary.device), **_layout()}
-        replay_item(primary, fallback, item, spec, ctrl, state, lambda rec, where=where: emit({**rec, **where}))
-        for b in (primary, fallback):
-            if b is not None:
-                b.close()
+        try:
+            replay_item(primary, fallback, item, spec, ctrl, state, lambda rec, where=where: emit({**rec, **where}))
+        finally:  # each item builds its own communicators: destroyed before the next one builds more
+            for b in (primary, fallback):
+                if b is not None:
+                    b.close()
     return end_rank(state, ctrl, emit, common)
 
 

@@ -61,4 +61,6 @@ def test_nodes_come_from_the_hooks_status():
     st = {"per_rank": [{"rank": 0, "host": "a", "identity": "boot-a/11/99", "pid": 11}, {"rank": 1, "host": "b"}]}
     n = clocks.ranks_nodes(st)
     assert n[0] == {"host": "a", "boot_id": "boot-a", "pid": 11} and n[1]["boot_id"] is None
-    assert clocks.ranks_nodes(None) == {} and clocks.estimate(align(make_records(steps=1)[0])) == {}  # too few instances
+    assert (
+        clocks.ranks_nodes(None) == {} and clocks.estimate(align(make_records(steps=1)[0])) == {}
+    )  # too few instances

@@ -158,7 +158,13 @@ def test_install_times_a_stand_in_fused_call_on_a_real_tp_group():
     assert st["allreduce_paths"] == ["group_coordinator", "flashinfer_fused_ar_rmsnorm"]
     assert st["fusion_pass_configured"] is False and st["fusion_pass_flag"] is False  # a CPU VllmConfig: off
     assert st["fusion_seen_running"] and st["fused_backends"] == ["flashinfer_mnnvl"]
-    assert st["fused_graph_events"] and "PDL" in st["fused_graph_note"] and st["batch_invariant"] is False
+    # graph timing is off by default (TPCOMM_GRAPH_TIMING): no events around the fused op in graphs, and status says so
+    assert not st["fused_graph_events"] and "TPCOMM_GRAPH_TIMING" in st["fused_graph_note"]
+    assert st["batch_invariant"] is False
+    # the paths that bypass the hook are named, with whether this worker has them loaded
+    detail = {d["module"]: d for d in st["not_covered_detail"]}
+    assert "vllm/model_executor/kernels/linear/cute_dsl/gemm_rs_ar.py" in detail
+    assert detail["vllm/models/common/ops/sequence_parallel.py"]["loaded_in_worker"] is False
     assert len(st["not_covered"]) == len(fused.UNCOVERED)
     # A module without the function: install says no, the hook stays enabled, status says why.
     assert out["bad_install"] is False and out["hook_enabled"] and "AttributeError" in out["bad_error"]
@@ -280,7 +286,7 @@ def test_real_fused_op_implementation_reaches_the_wrapper(fresh_hook):
 
 
 def test_fused_graph_events_switch_leaves_captured_calls_untimed(fresh_hook, monkeypatch):
-    """TPCOMM_FUSED_GRAPH_EVENTS=0: a call being captured into a CUDA graph runs the original directly (no
+    """Graph timing off (the default) or TPCOMM_FUSED_GRAPH_EVENTS=0: a call being captured into a CUDA graph runs the original directly (no
     event nodes next to the PDL kernel) and is counted as untimed; eager calls still go through the hook.
     The capture state is a stand-in here (no CUDA); the GPU test captures a real graph."""
     import types
@@ -305,8 +311,13 @@ def test_fused_graph_events_switch_leaves_captured_calls_untimed(fresh_hook, mon
     timed.clear()
     fused._wrapped(orig, {}, lambda: object(), graph_events=False)(input=probe, workspace=None, pattern=None)
     assert timed == [fused.PATH] and seen == ["orig"] * 3
-    monkeypatch.setenv("TPCOMM_FUSED_GRAPH_EVENTS", "0")
+    monkeypatch.setenv("TPCOMM_GRAPH_TIMING", "1")  # one switch for all graph timing: on, the fused op is timed
+    assert fused.graph_events_on()
+    monkeypatch.setenv("TPCOMM_FUSED_GRAPH_EVENTS", "0")  # ... unless left out for this op alone
     assert not fused.graph_events_on()
+    monkeypatch.delenv("TPCOMM_FUSED_GRAPH_EVENTS")
+    monkeypatch.delenv("TPCOMM_GRAPH_TIMING")
+    assert not fused.graph_events_on()  # the default: off
     fused.STATE["graph_events"] = False
     st = fused.status(None)
     assert not st["fused_graph_events"] and "not timed" in st["fused_graph_note"]

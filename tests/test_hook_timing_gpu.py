@@ -1,5 +1,6 @@
-"""The CUDA timer: events captured inside a CUDA graph and read after replays, and
-eager event pairs read without blocking. Needs CUDA (skipped without it)."""
+"""The hook's CUDA paths on a real GPU: events captured into CUDA graphs and read without a wait while the
+host runs ahead (event rotation), the GPU step clock, eager pairs, the side-stream clock anchor, graph
+timing off. Needs CUDA (skipped without it); the same logic runs on CPU in tests/test_hook_gpu_clock.py."""
 
 from __future__ import annotations
 
@@ -11,154 +12,182 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+class Group:
+    unique_name, rank_in_group, world_size = "tp:0", 0, 2
+    _tpcomm_backends = {"all_reduce": "nccl"}
+
+    @property
+    def device(self):
+        return torch.device("cuda", torch.cuda.current_device())
+
+
+class Sched:
+    num_scheduled_tokens = {"r": 1}
+    total_num_scheduled_tokens = 1
+    scheduled_new_reqs: list = []
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    from tpcomm.selfcheck.cuda import SleepKernel
+
+    return SleepKernel(us=500.0)
+
+
 @pytest.fixture
-def patched_timer():
-    from tpcomm.hook.timing import CudaEventTimer, patch_cuda_graphs, unpatch_cuda_graphs
+def hook():
+    from tpcomm.hook import timing
+    from tpcomm.hook.core import Hook
 
-    timer = CudaEventTimer(sample_every=1)
-    replays: list = []
-    patch_cuda_graphs(timer, lambda g, t: replays.append((g, t)))
-    yield timer, replays
-    unpatch_cuda_graphs()
-
-
-def _eager_ms(fn, reps: int = 20) -> float:
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(reps):
-        fn()
-    e1.record()
-    e1.synchronize()
-    return e0.elapsed_time(e1) / reps
+    h = Hook()
+    assert h.enable_cuda_timing(sample_every=1, graph_timing=True)
+    yield h
+    timing.unpatch_cuda_graphs()
 
 
-def test_events_recorded_into_a_cuda_graph_time_each_replay(patched_timer):
-    timer, replays = patched_timer
-    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            x @ x
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
+def _capture(h, kernel, lengths_us):
+    from tpcomm.selfcheck.cuda import warm_on_side_stream
+
+    x = torch.zeros(8, device="cuda")
+    g, grp = torch.cuda.CUDAGraph(), Group()
+
+    def body():
+        for us in lengths_us:
+            kernel.run(200)  # "compute" between collectives
+            h.timed(grp, "all_reduce", x, lambda t, us=us: kernel.run(us) or t, x)
+
+    warm_on_side_stream(body)
     with torch.cuda.graph(g):
-        ev = timer.graph_begin()
-        y = x @ x
-        timer.graph_end(ev, "matmul")
-        ev = timer.graph_begin()
-        z = y[:16] + 1
-        timer.graph_end(ev, "small add")
-    assert timer.graphs_with_slots == 1 and len(g._tpcomm_slots) == 2
-    mm_ms = _eager_ms(lambda: x @ x)
-    rows = []
-    for _ in range(5):
+        body()
+    return g
+
+
+def test_graphs_are_kept_and_their_event_nodes_found(hook, kernel):
+    """keep_graph forced by the hook, instantiated at capture end, and every captured event's node found in the
+    graph (cuGraphGetNodes / cuGraphEventRecordNodeGetEvent): the precondition of rotation."""
+    g = _capture(hook, kernel, [100, 300])
+    assert hook.cuda.driver is not None, hook.cuda.driver_why
+    assert getattr(g, "_tpcomm_kept", False) and g.raw_cuda_graph_exec()
+    ge = g._tpcomm_events
+    assert ge.rotating, ge.why_fixed
+    assert len(ge.nodes) == 2 and len({n for pair in ge.nodes for n in pair}) == 4
+
+
+def test_samples_are_read_while_the_host_runs_ahead_without_a_wait(hook, kernel):
+    """Every step replays the graph again before the GPU has run the previous replay (a long sleep queued
+    first): with rotation each sample keeps its own events; no synchronize between step begin and end."""
+    from tpcomm.selfcheck.hookpath import SyncCounter
+
+    lengths = [100.0, 300.0]
+    g = _capture(hook, kernel, lengths)
+    hook.start()
+    kernel.run(30_000)  # 30 ms of queued work
+    with SyncCounter() as waits:
+        t0 = time.perf_counter()
+        for _ in range(8):
+            hook.step_begin(Sched())
+            g.replay()
+            hook.step_end(object())
+        enqueue_ms = (time.perf_counter() - t0) * 1e3
+    assert waits.count == 0
+    assert enqueue_ms < 20, enqueue_ms  # the host was ahead: all 8 steps enqueued during the 30 ms sleep
+    hook.stop()
+    cols = hook.rec.columns(0)
+    c, s = cols["collectives"], cols["steps"]
+    assert sorted(zip(c["step"].tolist(), c["call_idx"].tolist())) == [(i, k) for i in range(8) for k in range(2)]
+    for k, us in enumerate(lengths):
+        d = [x for x, ci in zip(c["duration_us"].tolist(), c["call_idx"].tolist()) if ci == k]
+        assert all(0.85 * us < v < 1.15 * us for v in d), (k, d)
+    st = hook.graphs.status()
+    assert st["samples_read"] == 8 and st["samples_dropped"] == 0 and st["rotations"] == 8
+    span = s["gpu_duration_us"].tolist()
+    want = sum(lengths) + 200 * len(lengths)
+    assert all(0.85 * want < v < 1.2 * want for v in span), span
+    g0 = s["gpu_start_ns"].tolist()
+    assert all(0.85 * want < (b - a) / 1e3 < 1.2 * want for a, b in zip(g0, g0[1:]))  # back to back on the GPU
+
+
+def test_without_rotation_overwritten_samples_are_dropped_never_misread(hook, kernel):
+    g = _capture(hook, kernel, [100.0, 300.0])
+    hook.cuda.driver = None  # as on a machine where libcuda's graph calls cannot be used
+    hook.start()
+    kernel.run(30_000)
+    for _ in range(8):
+        hook.step_begin(Sched())
         g.replay()
-        graph, t_host = replays[-1]
-        n = timer.read_replays([(graph, t_host, lambda meta, t0, t1: rows.append((meta, t0, t1)))])
-        assert n == 2
-    assert len(rows) == 10 and torch.isfinite(z).all()
-    mm = [(t1 - t0) / 1e6 for meta, t0, t1 in rows if meta == "matmul"]
-    add = [(t1 - t0) / 1e6 for meta, t0, t1 in rows if meta == "small add"]
-    assert all(0.3 * mm_ms < d < 3 * mm_ms for d in mm), (mm, mm_ms)
-    assert max(add) < min(mm)
-    # the add starts after the matmul ends (same stream), stamped on the host clock of the replay
-    for i in range(0, 10, 2):
-        assert rows[i + 1][1] >= rows[i][2] - 1_000 and abs(rows[i][1] - time.time_ns()) < 60e9
+        hook.step_end(object())
+    hook.stop()
+    st = hook.graphs.status()
+    assert st["samples_dropped"] >= 7 and st["samples_read"] + st["samples_dropped"] == 8
+    c = hook.rec.columns(0)["collectives"]
+    assert all(0.85 * 300 < v < 1.15 * 300 for v, k in zip(c["duration_us"], c["call_idx"]) if k == 1)
+
+
+def test_a_graph_replayed_three_times_in_a_step_keeps_each_replay(hook, kernel):
+    g = _capture(hook, kernel, [150.0])
+    hook.start()
+    kernel.run(20_000)
+    hook.step_begin(Sched())
+    for _ in range(3):
+        g.replay()
+    hook.step_end(object())
+    hook.stop()
+    c = hook.rec.columns(0)["collectives"]
+    assert c["call_idx"].tolist() == [0, 1, 2]
+    t0, t1 = c["t_start_ns"].tolist(), c["t_end_ns"].tolist()
+    assert t0[1] >= t1[0] - 2_000 and t0[2] >= t1[1] - 2_000  # one after the other on the GPU
+
+
+def test_graph_timing_off_captures_no_events(kernel):
+    from tpcomm.hook import timing
+    from tpcomm.hook.core import Hook
+
+    h = Hook()
+    assert h.enable_cuda_timing(sample_every=1, graph_timing=False)
+    try:
+        g = _capture(h, kernel, [100.0, 100.0])
+        assert not hasattr(g, "_tpcomm_slots") and g._tpcomm_untimed == 2
+        h.start()
+        h.step_begin(Sched())
+        g.replay()
+        h.step_end(object())
+        h.stop()
+        cols = h.rec.columns(0)
+        assert h.rec.n == 0 and cols["steps"]["untimed_collectives"].tolist() == [2]
+    finally:
+        timing.unpatch_cuda_graphs()
 
 
 def test_eager_event_pairs_are_read_later_without_blocking_the_call():
     from tpcomm.hook.timing import CudaEventTimer
 
-    timer = CudaEventTimer(pool_size=2)
+    timer = CudaEventTimer(pool_size=2, graph_timing=False)
+    assert timer.anchor.refresh()
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     got = {}
     pairs = [timer.eager_begin() for _ in range(3)]
     assert pairs[2] is None  # pool of 2: the third call is not event-timed (host-enqueue)
     for row, pair in enumerate(pairs[:2]):
         x @ x
-    # record the end events after the work, then read
-    for row, pair in enumerate(pairs[:2]):
         timer.eager_end(pair, row, 1_000)
-    timer.poll(lambda row, t_end: got.__setitem__(row, t_end), block=True)
-    assert set(got) == {0, 1} and all(t > 1_000 for t in got.values())
+    timer.poll(lambda row, a, b: got.__setitem__(row, (a, b)), block=True)
+    assert set(got) == {0, 1} and all(b > a > 1_000 for a, b in got.values())
     assert len(timer._free) == 2
 
 
-def test_graph_rows_start_when_the_gpu_ran_them_not_when_the_host_enqueued(patched_timer):
-    """Queue lag: a replay enqueued behind ~tens of ms of work starts that much later on the GPU. Rows must
-    say so (anchored on a host-synced reference event), not the host time of the replay call."""
+def test_the_anchor_does_not_wait_for_queued_work(kernel):
+    """refresh() polls an event on a side stream: with 50 ms of work queued on the current stream it still
+    anchors at once, and the anchor places an event recorded after that work ~50 ms later."""
     from tpcomm.hook.timing import ClockAnchor
 
-    timer, replays = patched_timer
-    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        ev = timer.graph_begin()
-        y = x[:64] + 1
-        timer.graph_end(ev, "small")
-    mm_ms = _eager_ms(lambda: x @ x)
-    n = max(4, int(40 / max(mm_ms, 1e-3)))  # ~40 ms of work queued ahead of the replay
-    torch.cuda.synchronize()
-    t_queue = time.time_ns()
-    for _ in range(n):
-        x @ x
-    g.replay()
-    graph, t_host = replays[-1]
-    anchor, rows = ClockAnchor(), []
-    timer.read_replays([(graph, t_host, lambda meta, t0, t1: rows.append((t0, t1)))], anchor)
-    lag_ns = n * mm_ms * 1e6
-    ((t0, t1),) = rows
-    assert t0 - t_host > 0.5 * lag_ns, (t0 - t_host, lag_ns)  # enqueue time would be ~0 after t_host
-    assert t0 - t_queue < 1.5 * lag_ns + 5e6 and t1 >= t0 and torch.isfinite(y).all()
-    # The anchor also places eager pairs: a pair enqueued behind the same kind of queue.
-    for _ in range(n):
-        x @ x
-    t_enq = time.time_ns()
-    pair = timer.eager_begin()
-    x[:64] + 1
-    timer.eager_end(pair, 7, t_enq)
-    timer.anchor = anchor
-    got = {}
-    timer.poll(lambda row, a, b: got.__setitem__(row, (a, b)), block=True)
-    assert got[7][0] - t_enq > 0.5 * lag_ns, (got[7][0] - t_enq, lag_ns)
-
-
-def test_a_graph_replayed_twice_in_a_sampled_step_gives_two_rows():
-    """The drafter's loop replays one graph several times per step: with the hook's before/after callbacks
-    on the real CUDAGraph, each replay is its own row, the second starting after the first ended."""
-    from tpcomm.hook import timing
-    from tpcomm.hook.core import Hook
-
-    class Group:
-        unique_name, rank_in_group, world_size = "tp:0", 0, 2
-        device = torch.device("cuda")
-        _tpcomm_backends = {"all_reduce": "nccl"}
-
-    h = Hook()
-    assert h.enable_cuda_timing(sample_every=1)
-    try:
-        big = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-        g, x = Group(), torch.zeros(8, device="cuda")
-
-        def work(t):
-            big @ big
-            return t
-
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            h.timed(g, "all_reduce", x, work, x)
-        h.start()
-        h.step_begin(
-            type("S", (), {"num_scheduled_tokens": {}, "total_num_scheduled_tokens": 0, "scheduled_new_reqs": []})()
-        )
-        graph.replay()
-        graph.replay()
-        h.step_end(object())
-        cols = h.rec.columns(0)["collectives"]
-        assert cols["call_idx"].tolist() == [0, 1]
-        (_, s1), (e0, _) = cols["t_start_ns"].tolist(), cols["t_end_ns"].tolist()
-        assert s1 >= e0 - 1_000 and h.replays_overwritten == 0
-    finally:
-        timing.unpatch_cuda_graphs()
+    anchor = ClockAnchor()
+    kernel.run(50_000)
+    t = time.perf_counter()
+    assert anchor.refresh(), "no side-stream bracket within the limit"
+    assert time.perf_counter() - t < 0.01 and anchor.err_ns < 50_000
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    h_enq = time.time_ns()
+    ev.synchronize()
+    placed = anchor.host_ns_of(ev)
+    assert 30e6 < placed - h_enq < 70e6, (placed - h_enq) / 1e6

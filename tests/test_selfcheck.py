@@ -76,7 +76,14 @@ def test_selfcheck_on_this_machine(tmp_path):
         assert all(s != FAIL for s in got.values()), p.stdout
         assert {got[i] for i in ("timer-eager", "timer-graph", "nvml", "graph-event-overhead")} == {PASS}, p.stdout
     else:
-        for item in ("hook-timed", "fork", "probe-ops-eager", "rank-refusal"):
+        for item in (
+            "hook-timed",
+            "fork",
+            "probe-ops-eager",
+            "rank-refusal",
+            "vllm-serve-period",
+            "vllm-serve-compute",
+        ):
             assert got.get(item) == PASS, p.stdout
         for item in ("timer-eager", "timer-graph", "nvml", "graph-event-overhead", "probe-ops-graph", "multi-gpu"):
             assert got.get(item) == SKIP, p.stdout
@@ -89,6 +96,19 @@ def test_selfcheck_on_this_machine(tmp_path):
     # every line states its figure: the host-clock hook check names the clock, its rows and the reference
     hook = next(c for c in doc["checks"] if c["id"] == "hook-timed")
     assert hook["detail"]["reference_us"] > 0 and ("median" in hook["figure"])
+    # real vLLM with the plugin (vLLM-CPU TP 1 here): the hook's period against the client's TPOT, compute > 0,
+    # the overhead against a start without the plugin; each with its figure and conditions
+    serve = {c["id"]: c for c in doc["checks"] if c["id"].startswith("vllm-serve")}
+    assert set(serve) == {"vllm-serve-period", "vllm-serve-compute", "vllm-serve-overhead"}
+    assert (
+        "TPOT p50" in serve["vllm-serve-period"]["figure"]
+        and "async scheduling" in serve["vllm-serve-period"]["figure"]
+    )
+    d = serve["vllm-serve-overhead"]["detail"]
+    assert d["tpot_ms_p50_plugin"] > 0 and d["tpot_ms_p50_plain"] > 0 and d["decode_pairs"] > 100 and d["ratio"] > 0
+    assert serve["vllm-serve-overhead"]["status"] == (PASS if _cuda() else SKIP)
+    assert d["clock"] == ("gpu" if _cuda() else "host")
+    assert max(c["detail"]["seconds"] for c in doc["checks"]) < 300
 
 
 def test_a_sabotaged_check_fails_and_exits_1():
@@ -168,6 +188,40 @@ def test_fork_blames_the_imports_when_fork_broke_before_the_plugin():
     assert c.status == FAIL and "after loading hung" in c.figure and "not the plugin" not in c.figure
     assert fork_check({**ok, "child_after": False}, 15).status == FAIL
     assert fork_check({**ok, "calls": ["torch.cuda.device_count\n..."]}, 15).status == FAIL
+
+
+def test_serving_verdicts_fail_on_wrong_figures():
+    """vllm-serve's judges: a hook period 20% off the client's TPOT, a negative compute (steps on the host's enqueue
+    spans under async scheduling), a plugin start 10% slower on a GPU, or nothing measured: each FAILs."""
+    from tpcomm.selfcheck.result import serving_checks
+
+    good = {
+        "period_ms": 10.2,
+        "tpot_ms_p50_plugin": 10.0,
+        "tpot_ms_p50_plain": 9.9,
+        "compute_ms": 8.0,
+        "terms_ms": {"compute": 8.0, "transfer": 1.0, "wait": 0.5, "host_gap": 0.7},
+        "clock": "gpu",
+        "decode_pairs": 300,
+        "conditions": {"device": "cuda", "vllm": "0.32.0", "async_scheduling": True},
+    }
+
+    def verdicts(**kw):
+        return {c.id: c.status for c in serving_checks({**good, **kw})}
+
+    assert set(verdicts().values()) == {PASS}
+    assert verdicts(period_ms=12.0)["vllm-serve-period"] == FAIL
+    assert verdicts(compute_ms=-1.3)["vllm-serve-compute"] == FAIL
+    assert verdicts(compute_ms=None)["vllm-serve-compute"] == FAIL
+    assert verdicts(tpot_ms_p50_plain=9.0)["vllm-serve-overhead"] == FAIL  # 1.11 on a GPU
+    # CPU: measured and printed, not judged (start-to-start noise there exceeds any budget); missing still FAILs
+    cpu = serving_checks({**good, "tpot_ms_p50_plain": 7.0, "conditions": {"device": "cpu"}})[2]
+    assert cpu.status == SKIP and "ratio 1.429" in cpu.figure and "not judged on CPU" in cpu.figure
+    assert verdicts(tpot_ms_p50_plain=None, conditions={"device": "cpu"})["vllm-serve-overhead"] == FAIL
+    nothing = verdicts(period_ms=None, tpot_ms_p50_plugin=None)
+    assert nothing["vllm-serve-period"] == FAIL and nothing["vllm-serve-overhead"] == FAIL
+    c = serving_checks(good)[0]
+    assert "async scheduling on" in c.figure and "ratio 1.020" in c.figure and "step clock gpu" in c.figure
 
 
 def test_item_limits_fit_five_minutes_and_stop_a_hung_item():

@@ -109,6 +109,7 @@ INSTRUMENTS = [
     Col("% of the per-token time", lambda r: signed_pct(r.get("diff_pct_of_per_token"), 1), 1.2),
 ]
 
+
 # ---- the ranks' machines and clocks (Attribution.nodes and .clocks, keyed by rank) ----------------------------
 def _offset(c: dict | None) -> str:
     if not c:

@@ -158,8 +158,18 @@ HOOK_COLLECTIVES = FileSpec(
     columns=_cols(_HOOK_COLL),
     optional=_HOOK_COLL_OPTIONAL,
 )
+# Optional step columns (schema 1 still): `untimed_collectives`, collectives that ran in a step sampled for CUDA
+# graph timing without a row (graph timing off at server start, or a graph sample not read; absent: 0); and, from
+# CUDA workers, the step's GPU span on the host clock (hook/gpuclock.py: gpu_start_ns, gpu_end_ns, NaN where not
+# read; gpu_duration_us), which attribute's split uses instead of the host span when present.
+_HOOK_STEP_OPTIONAL = _cols("untimed_collectives:i gpu_start_ns:f gpu_end_ns:f gpu_duration_us:f")
 HOOK_STEPS = FileSpec(
-    "hook/steps.parquet", "table", ATTRIBUTE, "one row per engine step per rank", columns=_cols(_HOOK_STEP)
+    "hook/steps.parquet",
+    "table",
+    ATTRIBUTE,
+    "one row per engine step per rank",
+    columns=_cols(_HOOK_STEP),
+    optional=_HOOK_STEP_OPTIONAL,
 )
 HOOK_META = FileSpec("hook/meta.json", "json", ATTRIBUTE, "the server's records meta (versions, ranks, dropped)")
 HOOK_STATUS = FileSpec("hook/status.json", "json", ATTRIBUTE, "GET /tpcomm/v1/status at the start of the run")

@@ -15,9 +15,20 @@ Every running stream gets one token per decode step, so the engine's per-token
 time is the mean period, and
     mean period = mean compute + mean transfer + mean wait + mean gap   (exact: means add).
 Sampled collective timing (CUDA graphs, one step in TPCOMM_GRAPH_SAMPLE_EVERY):
-transfer and wait are means over the pairs whose step carries collective records,
+transfer and wait are means over the pairs whose step carries collective records and
+no untimed collective (`untimed_collectives` of the hook's step rows: collectives that
+ran in a sampled step without a row, e.g. graph timing off or a sample not read),
 compute = mean step time - transfer - wait, so unrecorded steps never count as zeros.
 The level's terms are the means over ranks of each rank's terms (still exact).
+
+Which clock (`clock` in what engine_split returns): on CUDA workers the hook's step
+rows carry the GPU's own step boundaries (gpu_start_ns / gpu_end_ns, hook/gpuclock.py)
+and rank_steps puts the steps on that clock: step = GPU span, gap = GPU idle between
+steps, period = GPU start to start. Under vLLM's async scheduling (the CUDA default)
+the host span is only the enqueue span, one step ahead of the GPU, so the host clock
+would split wrong there; on the GPU clock the four terms add up to the GPU period.
+Without GPU columns (CPU workers, older records) the host clock stays; a GPU worker's
+step whose GPU span was not read is left out of the pairs (counted).
 
 Units: *_us microseconds, *_ms milliseconds, t_*_ns wall clock.
 """
@@ -46,8 +57,37 @@ STEP_COLUMNS = [
 TERMS = ("compute", "transfer", "wait", "host_gap")
 
 
+GPU_COLUMNS = ("gpu_start_ns", "gpu_end_ns")
+
+
+def _on_step_clock(steps: pd.DataFrame) -> pd.DataFrame:
+    """Steps on the clock the split uses: the GPU's where the records have it (t_start_ns/t_end_ns/duration_us
+    replaced, the host's kept as host_*), else the host's. Adds `clock`: "gpu", "host", or "none" (a GPU
+    worker's step whose GPU span was not read: no clock the split can use)."""
+    out = steps.copy()
+    out["host_t_start_ns"], out["host_t_end_ns"] = out["t_start_ns"], out["t_end_ns"]
+    if not all(c in out.columns for c in GPU_COLUMNS):
+        return out.assign(clock="host")
+    g0 = pd.to_numeric(out["gpu_start_ns"], errors="coerce").to_numpy(dtype=np.float64)
+    g1 = pd.to_numeric(out["gpu_end_ns"], errors="coerce").to_numpy(dtype=np.float64)
+    ok = np.isfinite(g0) & np.isfinite(g1) & (g0 > 0) & (g1 >= g0)
+    t0 = out["t_start_ns"].to_numpy(dtype=np.int64).copy()
+    t1 = out["t_end_ns"].to_numpy(dtype=np.int64).copy()
+    t0[ok], t1[ok] = g0[ok].astype(np.int64), g1[ok].astype(np.int64)
+    return out.assign(
+        t_start_ns=t0,
+        t_end_ns=t1,
+        duration_us=(t1 - t0) / 1e3,
+        clock=np.where(ok, "gpu", "none"),
+    )
+
+
 def rank_steps(aligned: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """One row per (rank, step): the step's time split on that rank."""
+    """One row per (rank, step): the step's time split on that rank, on the GPU clock where the step rows
+    carry it (see the module docstring; `clock` says which per row)."""
+    steps = _on_step_clock(steps)
+    if "untimed_collectives" not in steps.columns:
+        steps = steps.assign(untimed_collectives=0)
     a = aligned[aligned["step"] >= 0]
     per = (
         a.groupby(["rank", "step"], sort=False)
@@ -106,6 +146,9 @@ def decode_pairs(rank_rows: pd.DataFrame) -> pd.DataFrame:
     r = rank_rows.sort_values(["rank", "step"])
     nxt = r.groupby("rank", sort=False)[["step", "t_start_ns", "kind"]].shift(-1)
     ok = ((r["kind"] == "decode") & (nxt["kind"] == "decode") & (nxt["step"] == r["step"] + 1)).to_numpy()
+    if "clock" in r.columns:  # both steps of a pair on the same usable clock
+        nclock = r.groupby("rank", sort=False)["clock"].shift(-1)
+        ok = ok & (r["clock"].to_numpy() == nclock.to_numpy()) & (r["clock"].to_numpy() != "none")
     out = r[ok].copy()
     nstart = nxt.loc[ok, "t_start_ns"].to_numpy(dtype=np.int64)
     out["period_us"] = (nstart - out["t_start_ns"].to_numpy(dtype=np.int64)) / 1e3
@@ -115,7 +158,8 @@ def decode_pairs(rank_rows: pd.DataFrame) -> pd.DataFrame:
 
 def _rank_terms(p: pd.DataFrame, coll_steps: float) -> dict:
     """One rank's per-token terms (ms) over its decode pairs."""
-    sampled = p[p["n_collectives"] > 0]
+    untimed = p["untimed_collectives"] if "untimed_collectives" in p.columns else 0
+    sampled = p[(p["n_collectives"] > 0) & (untimed == 0)]
     if coll_steps and sampled.empty:
         return {"pairs": int(len(p)), "sampled_pairs": 0, "per_token_ms": None}
     transfer = float(sampled["transfer_us"].mean()) / 1e3 if len(sampled) else 0.0
@@ -130,6 +174,13 @@ def _rank_terms(p: pd.DataFrame, coll_steps: float) -> dict:
     }
 
 
+_CLOCK_NOTES = {
+    "gpu": "GPU clock: step boundaries and collectives from CUDA events; period = GPU start to start, "
+    "host_gap = GPU idle between steps",
+    "host": "host clock: step boundaries from the worker's thread (exact where collectives block the host, as on CPU)",
+}
+
+
 def engine_split(rank_rows: pd.DataFrame) -> dict:
     """The engine's per-token time of one level and its four terms, per rank and averaged over ranks.
 
@@ -137,26 +188,41 @@ def engine_split(rank_rows: pd.DataFrame) -> dict:
     pairs = decode_pairs(rank_rows) if not rank_rows.empty else rank_rows
     kinds = rank_rows["kind"].value_counts().to_dict() if not rank_rows.empty else {}
     ranks_n = max(rank_rows["rank"].nunique(), 1) if not rank_rows.empty else 1
+    clocks = set(rank_rows["clock"]) if "clock" in rank_rows.columns and not rank_rows.empty else {"host"}
+    clock = "gpu" if clocks & {"gpu", "none"} else "host"
     out = {
         "engine_ms_per_token": None,
         "per_token_ms": None,
         "by_rank": [],
         "decode_pairs": 0,
         "steps_in_window": {k: int(v // ranks_n) for k, v in kinds.items()},
-        "clock": "host",
+        "clock": clock,
+        "clock_note": _CLOCK_NOTES[clock],
     }
+    if clock == "gpu":
+        out["steps_without_gpu_span"] = int((rank_rows["clock"] == "none").sum())
     if pairs.empty:
-        out["note"] = "no two consecutive decode steps recorded in this level's window"
+        out["note"] = "no two consecutive decode steps recorded in this level's window" + (
+            " with their GPU span read" if clock == "gpu" and out["steps_without_gpu_span"] else ""
+        )
         return out
+    untimed = rank_rows["untimed_collectives"] if "untimed_collectives" in rank_rows.columns else 0
     # Steps of this level that carry collectives at all: with none (TP 1) transfer and wait are truly 0.
-    coll_steps = float((rank_rows["n_collectives"] > 0).mean())
+    coll_steps = float(((rank_rows["n_collectives"] > 0) | (untimed > 0)).mean())
     by_rank = []
     for rank, p in pairs.groupby("rank", sort=True):
         t = _rank_terms(p, coll_steps)
         if t["per_token_ms"] is not None:
             by_rank.append({"rank": int(rank), **t})
     if not by_rank:
-        out["note"] = "no decode pair in this level's window carries collective records (sampling too sparse)"
+        untimed_pairs = int((pairs["untimed_collectives"] > 0).sum()) if "untimed_collectives" in pairs else 0
+        out["note"] = (
+            f"collectives ran untimed in the sampled decode steps ({untimed_pairs} pairs: CUDA graph timing off at "
+            "server start, TPCOMM_GRAPH_TIMING=1 turns it on, or graph samples not read): transfer and wait "
+            "not measured"
+            if untimed_pairs
+            else "no decode pair in this level's window carries collective records (sampling too sparse)"
+        )
         return out
     terms = {k: float(np.mean([r["per_token_ms"][k] for r in by_rank])) for k in TERMS}
     total = float(np.mean([r["period_ms"] for r in by_rank]))

@@ -5,11 +5,16 @@
 `HOOK.step_begin/step_end/sample_end` around each engine step. Whatever goes
 wrong inside the hook's own code disables it (one log line, reason in status);
 the collective itself always runs, and its own exceptions pass through untouched.
+
+On CUDA nothing in a step waits on the GPU: events are recorded (collectives,
+step boundaries: gpuclock.py) and read with Event.query() at a later step's
+begin; sampled CUDA graph replays are read the same way (graphs.py). Waits
+happen only at start() (the clock anchor, if its side-stream try fails), stop()
+and records time, all between steps.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
@@ -17,12 +22,17 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from tpcomm.hook import timing
+from tpcomm.hook.gpuclock import StepClock
+from tpcomm.hook.graphs import GraphSampler
 from tpcomm.hook.recorder import GROUP_COORDINATOR, Recorder
 
 logger = logging.getLogger("vllm.tpcomm.hook")  # a child of vLLM's logger: same format and prefix
 
 # Set by the backend tags (plugin.py) during a CUDA collective: which path ran.
 LAST_BACKEND: list[str | None] = [None]
+# Set when vLLM's CudaCommunicator chose NCCL symmetric memory for an all-reduce (plugin.py): the PyNccl call
+# that follows is that path, not plain PyNccl. Reset with LAST_BACKEND at each timed collective.
+SYMM_PENDING: list[bool] = [False]
 
 
 class Sized(NamedTuple):
@@ -90,10 +100,9 @@ class Hook:
         self.session: str | None = None
         self.depth = 0  # 1 while inside a timed collective: nested collectives are part of the outer one
         self.metrics_file: str | None = None  # where this worker publishes its metrics (publish.py)
-        # Sampled CUDA graph replays of the current step, read together at its end (one wait per step):
-        # (graph, host time of the replay call, step, first call index of its collectives).
-        self._replays: list[tuple[Any, int, int, int]] = []
-        self.replays_overwritten = 0  # sampled replays lost to a second replay of the graph (no before_replay)
+        self.clock: StepClock | None = None  # CUDA: the steps on the GPU timeline
+        self.graphs = GraphSampler()  # CUDA: sampled graph replays, read at later steps
+        self._step_untimed = 0  # collectives of the current sampled step that will have no row
 
     # ---- arming -------------------------------------------------------
     def recorder(self) -> Recorder:
@@ -101,23 +110,29 @@ class Hook:
             self.rec = Recorder()
         return self.rec
 
-    def enable_cuda_timing(self, sample_every: int | None = None) -> bool:
-        """CUDA event timing, with torch's CUDAGraph capture and replay bracketed for this hook
-        (tpcomm.hook.timing); False when the graph patch could not be applied."""
+    def enable_cuda_timing(self, sample_every: int | None = None, graph_timing: bool | None = None) -> bool:
+        """CUDA event timing and the GPU step clock, with torch's CUDAGraph capture and replay bracketed for
+        this hook (tpcomm.hook.timing); `graph_timing` None: TPCOMM_GRAPH_TIMING. False when the graph patch
+        could not be applied."""
         self.gpu = True
-        self.cuda = timing.CudaEventTimer(sample_every=sample_every)
+        self.cuda = timing.CudaEventTimer(sample_every=sample_every, graph_timing=graph_timing)
+        self.clock = StepClock()
         return timing.patch_cuda_graphs(self.cuda, self.after_replay, self.before_replay)
 
     def start(self, fault_after: int | None = None, session: str | None = None) -> None:
+        """Clear the buffer and arm. Runs between steps (an RPC), where one wait is allowed: the clock anchor
+        falls back to waiting for the current stream when its side-stream try is not tight (timing.py)."""
         if self.disabled_reason:
             return
         self.session = session
-        self._replays = []  # replays noted before this start belong to no recording
-        self.replays_overwritten = 0
+        self.graphs.clear()  # replays noted before this start belong to no recording
         self.poll(block=True)
+        if self.clock is not None:
+            self.clock.clear()
         if self.cuda is not None:
             try:
-                self.cuda.anchor.sync()  # the host clock <-> GPU timer anchor for eager rows (timing.py)
+                if not self.cuda.anchor.refresh():
+                    self.cuda.anchor.sync()
             except Exception as e:  # noqa: BLE001
                 self.fail("anchoring CUDA events", e)
         if self.rec is not None:  # allocated on the first record, so processes that never record never pay
@@ -128,7 +143,7 @@ class Hook:
         self.armed = True
 
     def stop(self) -> None:
-        self.read_replays()
+        """Disarm, then read every event still pending, waiting for them (between steps: an RPC)."""
         self.armed = False
         self.stopped_ns = time.time_ns()
         self.poll(block=True)
@@ -145,13 +160,47 @@ class Hook:
         self.armed = False
 
     def poll(self, block: bool = False) -> None:
-        if self.cuda is not None and self.rec is not None:
-            try:
-                code = self.rec.timings.code(timing.CUDA_EVENT_EAGER)
-                rec = self.rec
-                self.cuda.poll(lambda row, t0, t1: rec.update_span(row, t0, t1, code), block=block)
-            except Exception as e:  # noqa: BLE001 - the hook must never take serving down
-                self.fail("reading CUDA events", e)
+        """Read what the GPU has finished: eager collective pairs, step boundaries, then sampled graph replays
+        (checked against their step's GPU span). Event.query() only, unless `block` (stop/records time)."""
+        if self.cuda is None or self.rec is None:
+            return
+        try:
+            rec = self.rec
+            code = rec.timings.code(timing.CUDA_EVENT_EAGER)
+            self.cuda.poll(lambda row, t0, t1: rec.update_span(row, t0, t1, code), block=block)
+            if self.clock is not None:
+                self.clock.poll(rec.set_step_gpu, self.cuda.anchor, block=block)
+            if self.graphs.notes:
+                self.graphs.poll(self._graph_row, self.cuda.anchor, self._span_of, self._graph_dropped, block=block)
+        except Exception as e:  # noqa: BLE001 - the hook must never take serving down
+            self.fail("reading CUDA events", e)
+
+    def _graph_row(self, meta, t0: int, t1: int, step: int, idx: int) -> None:
+        group, op, sized, backend, path = meta
+        self._add(group, op, sized, backend, t0, t1, timing.CUDA_EVENT_GRAPH, path, at=(step, idx))
+
+    def _span_of(self, step: int):
+        """A sampled step's GPU span on the host clock, None while it may still be read, False if it never will."""
+        if step == self.step and self.in_step:
+            return None
+        rec = self.rec
+        row = rec.step_row(step) if rec is not None and step >= 0 else -1
+        if row < 0:
+            return False
+        g0, g1 = int(rec._s["gpu_start_ns"][row]), int(rec._s["gpu_end_ns"][row])
+        if g0 > 0:
+            return (g0, g1)
+        return None if self.clock is not None and self.clock.is_pending(row) else False
+
+    def _graph_dropped(self, note) -> None:
+        """A sampled replay that could not be read: its collectives count as untimed in its step."""
+        self._untimed(len(note.graph._tpcomm_events.metas), note.step)
+
+    def _untimed(self, n: int, step: int) -> None:
+        if step == self.step and self.step_row < 0:
+            self._step_untimed += n  # the row is written at the step's end
+        elif self.rec is not None and step >= 0:
+            self.rec.add_untimed(self.step_row if step == self.step else self.rec.step_row(step), n)
 
     # ---- one collective -------------------------------------------------
     def timed(self, group: Any, op: str, probe: Any, fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -177,7 +226,7 @@ class Hook:
                 return self._timed_cuda(group, op, probe, fn, args, kwargs, path)
             if not self.armed:
                 return fn(*args, **kwargs)
-            LAST_BACKEND[0] = None
+            LAST_BACKEND[0], SYMM_PENDING[0] = None, False
             t0 = time.time_ns()
             out = fn(*args, **kwargs)
             t1 = time.time_ns()
@@ -199,9 +248,12 @@ class Hook:
             if capturing and not timer.capturing:
                 timer.untimed_graph_calls += 1
                 capturing = None
+            elif capturing and not timer.graph_timing:  # graph timing off: counted, no events in the graph
+                timer.capture_untimed()
+                capturing = None
             if capturing is None or (not capturing and not self.armed):
                 return fn(*args, **kwargs)
-            LAST_BACKEND[0] = None
+            LAST_BACKEND[0], SYMM_PENDING[0] = None, False
             t0 = time.time_ns()
             ev = timer.graph_begin() if capturing else timer.eager_begin()
         except Exception as e:  # noqa: BLE001
@@ -227,55 +279,40 @@ class Hook:
         return out
 
     def before_replay(self, graph: Any) -> None:
-        """Called before every replay of a graph that holds captured collectives. A replay re-records the
-        graph's events, so a graph replayed again within a sampled step (vLLM's EAGLE/MTP drafter loop
-        replays one graph num_speculative_tokens - 1 times) has its noted replay read now, before the
-        next one is enqueued."""
-        if self._replays and any(g is graph for g, *_ in self._replays):
-            self.read_replays()
+        """Called before every replay of a graph that holds timed collectives. A replay re-records the graph's
+        events when it is enqueued: a noted replay still in them (no rotation, graphs.py) is read now if the GPU
+        has run it (Event.query()), else dropped and counted. Never waits."""
+        if not self.graphs.notes or self.cuda is None:
+            return
+        try:
+            self.graphs.before_replay(graph, self._graph_row, self.cuda.anchor, self._graph_dropped)
+        except Exception as e:  # noqa: BLE001
+            self.fail("reading a CUDA graph replay", e)
 
     def after_replay(self, graph: Any, t_replay_ns: int) -> None:
         """Called after every CUDA graph replay that holds captured collectives. While armed, every replay
         takes call indices for its collectives, sampled or not, so the collectives after it have the same
-        call_idx in every step. In a sampled step the replay is noted with its step and first index; its
-        events are read at the step's end with the step's other replays (read_replays)."""
+        call_idx in every step. In a sampled step a graph with timed collectives is noted (and its events
+        rotated, graphs.py), to be read at a later step; collectives captured untimed count in the step's
+        `untimed_collectives`."""
         if not self.armed or self.cuda is None:
             return
         try:
+            slots = getattr(graph, "_tpcomm_slots", None) or ()
+            untimed = getattr(graph, "_tpcomm_untimed", 0)
             first = self.call_idx
-            self.call_idx += len(graph._tpcomm_slots)
+            self.call_idx += len(slots) + untimed
             if not self.cuda.due(self.step):
                 return
-            if any(g is graph for g, *_ in self._replays):
-                # Replayed again with no before_replay to read the first replay: its events now hold this
-                # replay's times, so the earlier note is dropped rather than read as a duplicate.
-                self._replays = [r for r in self._replays if r[0] is not graph]
-                self.replays_overwritten += 1
-            self._replays.append((graph, t_replay_ns, self.step if self.in_step else -1, first))
+            step = self.step if self.in_step else -1
+            if untimed:
+                self._untimed(untimed, step)
+            if slots:
+                rotate = self.cuda.rotate(graph) if self.cuda.driver is not None else None
+                if not self.graphs.note(graph, step, first, t_replay_ns, rotate, self._graph_dropped):
+                    self._untimed(len(slots), step)
         except Exception as e:  # noqa: BLE001
             self.fail("noting a CUDA graph replay", e)
-
-    def read_replays(self) -> None:
-        """Read the noted replays' events: one wait for all of them (timing.CudaEventTimer.read_replays)."""
-        if not self._replays:
-            return
-        replays, self._replays = self._replays, []
-        if self.cuda is None or self.disabled_reason:
-            return
-        try:
-
-            def emitter(step: int, first_idx: int):
-                idx = itertools.count(first_idx)
-
-                def emit(meta, t0, t1):
-                    group, op, sized, backend, path = meta
-                    self._add(group, op, sized, backend, t0, t1, timing.CUDA_EVENT_GRAPH, path, at=(step, next(idx)))
-
-                return emit
-
-            self.cuda.read_replays([(g, t, emitter(step, i0)) for g, t, step, i0 in replays], self.cuda.anchor)
-        except Exception as e:  # noqa: BLE001
-            self.fail("reading CUDA graph events", e)
 
     def _add(self, group, op, probe, backend, t0, t1, how, path=GROUP_COORDINATOR, at=None) -> int:
         """One row; `at` = (step, call index) when the row is emitted after its step (graph replays)."""
@@ -314,13 +351,12 @@ class Hook:
 
     # ---- engine steps ---------------------------------------------------
     def step_begin(self, scheduler_output: Any) -> None:
-        if self._replays:  # a step that ended without step_end (or replays after it): read them now
-            self.read_replays()
         self.step += 1
         self.in_step = True
         self.call_idx = 0
         self.step_row = -1
         self._step_meta = None
+        self._step_untimed = 0
         if not self.armed or self.disabled_reason:
             return
         try:
@@ -334,35 +370,43 @@ class Hook:
                 prefill = sum(1 for rid, n in per_req.items() if n > 1 or rid in new)
                 kind = 0 if prefill == 0 else (1 if prefill == len(per_req) else 2)
                 self._step_meta = (time.time_ns(), len(per_req), tokens, kind)
+                if self.clock is not None:
+                    self.clock.begin()  # before vLLM enqueues anything of this step
         except Exception as e:  # noqa: BLE001
             self.fail("step start", e)
 
     def step_end(self, output: Any) -> None:
-        # None means sample_tokens follows and belongs to this step.
+        """End of execute_model. `output` None: sample_tokens follows and belongs to this step (its end is the
+        step's end); else the step ends here."""
         self.in_step = output is None
-        t_end = time.time_ns()  # before the sampled step's one wait for its graphs
-        if self._replays:
-            self.read_replays()
+        t_end = time.time_ns()
         if self._step_meta is None or not self.armed:
             return
         try:
             t0, seqs, toks, kind = self._step_meta
-            self.step_row = self.recorder().add_step(self.step, t0, t_end, seqs, toks, kind)
+            rec = self.recorder()
+            if self.clock is not None:
+                rec.gpu_clock = True
+            self.step_row = rec.add_step(self.step, t0, t_end, seqs, toks, kind, self._step_untimed)
+            self._step_untimed = 0
+            if output is not None and self.clock is not None:
+                self.clock.end(self.step_row)
         except Exception as e:  # noqa: BLE001
             self.fail("step end", e)
 
     def sample_end(self) -> None:
-        """End of sample_tokens, the second half of a step (vLLM's drafter replays its graphs there): the
-        step row is extended to now, then the graphs replayed during sampling are read (their one wait
-        falls outside the step's time)."""
+        """End of sample_tokens, the second half of a step (vLLM's sampler, and its drafter's graph replays):
+        the step row is extended to now and the step's end event recorded. Nothing is read or waited for."""
         t_end = time.time_ns()
         if self.step_row >= 0 and self.armed:
             try:
                 self.rec.extend_step(self.step_row, t_end)
+                if self.clock is not None:
+                    self.clock.end(self.step_row)
             except Exception as e:  # noqa: BLE001
                 self.fail("sample end", e)
-        if self._replays:
-            self.read_replays()
+        elif self.clock is not None:
+            self.clock.discard_open()
         self.in_step = False
 
 

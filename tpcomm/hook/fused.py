@@ -31,13 +31,17 @@ graph, the event-record nodes the hook captures around the kernel sit between it
 its neighbours, which likely turns the programmatic edge into a full dependency in
 every replay, recording on or off (graphs are captured once, at start-up). Not
 measured on this machine (no GPU); benchmarks/bench_hook_overhead.py --graph-events
-compares a PDL kernel chain with and without the events. TPCOMM_FUSED_GRAPH_EVENTS=0
-captures the fused op without events: its graph replays then go untimed (counted in
-status as fused_untimed_graph_calls), eager calls are still timed.
+compares a PDL kernel chain with and without the events. The events exist only with
+graph timing on (TPCOMM_GRAPH_TIMING=1 at server start, timing.py: one switch for the
+GroupCoordinator collectives and this op); TPCOMM_FUSED_GRAPH_EVENTS=0 leaves them out
+of this op alone. Captured without events, its graph replays go untimed (counted in
+status as fused_untimed_graph_calls and in the sampled steps' untimed_collectives);
+eager calls are still timed.
 
-Not covered: model-specific kernels in vLLM 0.32 that all-reduce on their own,
-through neither GroupCoordinator nor flashinfer.comm.allreduce_fusion (UNCOVERED
-below; their bytes are missing from the hook's rows for those models).
+Not covered: kernels in vLLM 0.32 that move TP data on their own, through neither
+GroupCoordinator nor flashinfer.comm.allreduce_fusion (UNCOVERED below; their bytes
+and time are missing from the hook's rows for the models that use them). Status lists
+each with when it applies and whether this worker has loaded (or initialised) it.
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ BACKEND_PREFIX = "flashinfer_"
 DEFAULT_WORKSPACE_BACKEND = "trtllm"  # vLLM's default when VLLM_FLASHINFER_ALLREDUCE_BACKEND cannot pick mnnvl
 PDL_NOTE = (
     "vLLM launches the fused kernel with PDL; timing events captured around it in CUDA graphs likely cost "
-    "the programmatic-launch overlap on every replay (TPCOMM_FUSED_GRAPH_EVENTS=0 leaves them out)"
+    "the programmatic-launch overlap on every replay (graph timing off, or TPCOMM_FUSED_GRAPH_EVENTS=0, leaves "
+    "them out)"
 )
 # vLLM 0.32 kernels that all-reduce outside GroupCoordinator and flashinfer.comm.allreduce_fusion:
 # (model, module under vllm/, what it does). tests/test_hook_fused.py checks the modules exist.
@@ -72,7 +77,22 @@ UNCOVERED = (
     ),
     ("inkling", "models/inkling/nvidia/ops/lamport.py", "Lamport reduce-scatter + short conv + all-gather + RMSNorm"),
     ("minimax", "model_executor/layers/minimax_rms_norm/rms_norm_tp.py", "Lamport all-reduce + RMSNorm (q/k norm)"),
+    (
+        "kimi_k3, deepseek_v41 (SM100)",
+        "model_executor/kernels/linear/cute_dsl/gemm_rs_ar.py",
+        "GEMM + TP all-reduce (GEMM-AR, VLLM_KIMI_K3_GEMM_AR=1, vLLM's default) or + reduce-scatter "
+        "(GEMM-RS, VLLM_ENABLE_GEMM_RS=1) fused in one CUTLASS kernel on symmetric memory",
+    ),
+    (
+        "deepseek_v4, deepseek_v41, qwen4_exp under sequence parallelism (DP+EP+TP)",
+        "models/common/ops/sequence_parallel.py",
+        "all-gather / reduce-scatter through the device communicator's custom_all_gather / "
+        "custom_reduce_scatter, not GroupCoordinator; traced into the compiled graph, so no wrapper can time it",
+    ),
 )
+# When each UNCOVERED path is live in a worker: its module loaded, and for GEMM-RS/AR the workspace that
+# maybe_init_gemm_rs_ar sets up (None: the module is not loaded in this worker).
+_GEMM_RS_AR_MODULE = "vllm.model_executor.kernels.linear.cute_dsl.gemm_rs_ar"
 # AllReduceFusionPattern member -> path suffix
 _PATTERN_SUFFIX = {
     "kARResidualRMSNorm": "",
@@ -97,8 +117,12 @@ STATE: dict[str, Any] = {
 
 
 def graph_events_on() -> bool:
-    """TPCOMM_FUSED_GRAPH_EVENTS: capture timing events around the fused op in CUDA graphs (default on)."""
-    return os.environ.get("TPCOMM_FUSED_GRAPH_EVENTS", "1").strip().lower() not in ("0", "false", "no", "off")
+    """Timing events around the fused op in CUDA graphs: graph timing on (TPCOMM_GRAPH_TIMING=1, default off)
+    and not TPCOMM_FUSED_GRAPH_EVENTS=0."""
+    from tpcomm.hook.timing import graph_timing_on
+
+    fused_on = os.environ.get("TPCOMM_FUSED_GRAPH_EVENTS", "1").strip().lower() not in ("0", "false", "no", "off")
+    return graph_timing_on() and fused_on
 
 
 def fusion_module() -> Any:
@@ -179,6 +203,8 @@ def _wrapped(orig: Callable, names: dict, group_fn: Callable[[], Any], graph_eve
                 groups.append(group_fn())
             if _count(path, probe, backend) and not graph_events:
                 STATE["untimed_graph_calls"] += 1
+                if HOOK.cuda is not None:
+                    HOOK.cuda.capture_untimed()  # the graph's replays count it as untimed
                 return orig(*args, **kwargs)
         except Exception as e:  # noqa: BLE001
             HOOK.fail("fused all-reduce", e)
@@ -239,12 +265,32 @@ def status(worker: Any) -> dict:
         "fused_untimed_graph_calls": int(STATE["untimed_graph_calls"]),
         "fused_graph_note": PDL_NOTE
         if graph_events
-        else "TPCOMM_FUSED_GRAPH_EVENTS=0: the fused op's CUDA-graph calls are not timed (eager calls are)",
+        else "graph timing off (TPCOMM_GRAPH_TIMING) or TPCOMM_FUSED_GRAPH_EVENTS=0: the fused op's CUDA-graph "
+        "calls are not timed (eager calls are)",
         "batch_invariant": _batch_invariant(),
         "allreduce_paths": paths,
         "not_covered": [f"{m}: {what} (vllm/{mod})" for m, mod, what in UNCOVERED],
+        "not_covered_detail": uncovered_detail(),
         "fused_error": STATE["error"],
     }
+
+
+def uncovered_detail() -> list[dict]:
+    """Each UNCOVERED path with whether this worker has its module loaded (the served model imports it) and,
+    for GEMM-RS/AR, whether vLLM initialised it (then it runs in every step of that model)."""
+    import sys
+
+    out = []
+    for models, mod, what in UNCOVERED:
+        name = "vllm." + mod.removesuffix(".py").replace("/", ".")
+        m = sys.modules.get(name)
+        d = {"models": models, "module": f"vllm/{mod}", "what": what, "loaded_in_worker": m is not None}
+        if name == _GEMM_RS_AR_MODULE:
+            ws = getattr(m, "_gemm_rs_ar", None) if m is not None else None
+            d["initialised"] = ws is not None
+            d["mode"] = None if ws is None else ("all-reduce" if getattr(ws, "all_reduce", False) else "reduce-scatter")
+        out.append(d)
+    return out
 
 
 def _batch_invariant() -> bool | None:

@@ -21,13 +21,20 @@ names tpcomm (or is unset). It patches classes, not objects:
   timing.py) and the backends behind `CudaCommunicator.all_reduce`, so each
   record names the path that ran (custom_ar, pynccl, symm_mem, ...); and
   `flashinfer.comm.allreduce_fusion`, which vLLM's fused all-reduce + RMSNorm
-  op calls without going through GroupCoordinator (fused.py).
+  op calls without going through GroupCoordinator (fused.py). NCCL symmetric
+  memory all-reduce (`torch.ops.vllm.all_reduce_symmetric_with_copy`, opt-in)
+  reaches PyNccl too: the decision `should_nccl_symm_mem_allreduce` is wrapped
+  so that its rows say `nccl_symm_mem`, not `pynccl`.
 
 Durations: the transfer itself for the blocking ops; for `isend_tensor_dict` /
 `irecv_tensor_dict` on torch.distributed (async) only the time to post them
 (the CPU shared-memory path is synchronous, so there it is the transfer).
 In processes without parallel groups (the engine core) the patches stay inert.
 Recording is off until POST /tpcomm/v1/start (or TPCOMM_RECORD_AT_START=1).
+Collectives inside CUDA graphs are timed only when the server starts with
+TPCOMM_GRAPH_TIMING=1 (events captured into the graphs are replayed recording or
+not; timing.py says why it is off by default); the engine steps' GPU spans
+(gpuclock.py) and eager collectives are timed either way while recording.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import functools
 import os
 from collections.abc import Callable
 
-from tpcomm.hook.core import HOOK, LAST_BACKEND, env_flag, logger
+from tpcomm.hook.core import HOOK, LAST_BACKEND, SYMM_PENDING, env_flag, logger
 from tpcomm.hook.recorder import GROUP_COORDINATOR
 
 # method -> (op name, where the sized tensor is: positional index, keyword, or None = the output)
@@ -61,6 +68,7 @@ _TIMED: dict[str, tuple[str, int | None, str | None]] = {
 # public method -> tpcomm op used while dynamo traces it
 _REROUTED = ("all_reduce", "all_gather", "reduce_scatter")
 
+SYMM_TAG = "nccl_symm_mem"  # NCCL symmetric-memory all-reduce (PyNccl on symmetric buffers)
 # (module, class, methods, backend name) for the paths behind CudaCommunicator
 _CUDA_BACKENDS = [
     ("custom_all_reduce", "CustomAllreduce", ("custom_all_reduce",), "custom_ar"),
@@ -254,13 +262,54 @@ def _tag_cuda_backends() -> None:
             continue
         for m in methods:
             if hasattr(cls, m):
-                _patch(cls, m, _tagged(getattr(cls, m), tag))
+                wrap = _tagged_pynccl_all_reduce if (tag, m) == ("pynccl", "all_reduce") else _tagged
+                _patch(cls, m, wrap(getattr(cls, m), tag))
+    _tag_symm_decision()
+
+
+def _tag_symm_decision() -> None:
+    """CudaCommunicator.all_reduce asks `should_nccl_symm_mem_allreduce` (imported into its module) before
+    calling torch.ops.vllm.all_reduce_symmetric_with_copy, whose implementation calls PyNccl's all_reduce on
+    symmetric buffers. The answer is remembered so that PyNccl's tag says which path it was."""
+    import importlib
+
+    try:
+        mod = importlib.import_module("vllm.distributed.device_communicators.cuda_communicator")
+        orig = mod.should_nccl_symm_mem_allreduce
+    except Exception:  # noqa: BLE001 - a build without the symmetric-memory path
+        return
+    if getattr(orig, "_tpcomm_original", None) is not None:
+        return
+
+    @functools.wraps(orig)
+    def should_nccl_symm_mem_allreduce(*args, **kwargs):
+        ok = orig(*args, **kwargs)
+        SYMM_PENDING[0] = bool(ok)
+        if ok:
+            LAST_BACKEND[0] = SYMM_TAG
+        return ok
+
+    should_nccl_symm_mem_allreduce._tpcomm_original = orig
+    mod.should_nccl_symm_mem_allreduce = should_nccl_symm_mem_allreduce
+    HOOK.patched.append("cuda_communicator.should_nccl_symm_mem_allreduce")
 
 
 def _tagged(orig: Callable, tag: str) -> Callable:
     @functools.wraps(orig)
     def tagged(self, *args, **kwargs):
         LAST_BACKEND[0] = tag
+        return orig(self, *args, **kwargs)
+
+    return tagged
+
+
+def _tagged_pynccl_all_reduce(orig: Callable, tag: str) -> Callable:
+    """PyNccl's all_reduce: `nccl_symm_mem` when the symmetric-memory decision just said yes (consumed here)."""
+
+    @functools.wraps(orig)
+    def tagged(self, *args, **kwargs):
+        LAST_BACKEND[0] = SYMM_TAG if SYMM_PENDING[0] else tag
+        SYMM_PENDING[0] = False
         return orig(self, *args, **kwargs)
 
     return tagged

@@ -7,8 +7,16 @@ Strings (group, op, dtype, backend, timing, path) are stored as small integer co
 into per-recorder vocabularies and decoded only when records are read.
 
 Memory bound per worker (defaults): collectives 262,144 rows x 43 B = 10.8 MiB,
-steps 65,536 rows x 33 B = 2.1 MiB, so 12.8 MiB in all (`Recorder.nbytes`). Change the row
+steps 65,536 rows x 53 B = 3.3 MiB, so 14.1 MiB in all (`Recorder.nbytes`). Change the row
 counts with TPCOMM_HOOK_MAX_RECORDS and TPCOMM_HOOK_MAX_STEPS (read at start-up).
+
+Step rows carry two clocks. `t_start_ns`/`t_end_ns`: the host, when the worker's thread
+entered execute_model and left the step (under async scheduling only the enqueue span).
+`gpu_start_ns`/`gpu_end_ns` (CUDA workers only, filled in later, 0 until then): when the
+GPU reached the step's first and passed its last work on vLLM's stream, placed on the host
+clock through the hook's clock anchor (timing.ClockAnchor); see gpuclock.py.
+`untimed_collectives`: collectives that ran in the step, in a step sampled for graph
+timing, and have no row (graph timing off, or a graph sample that could not be read).
 
 Units: bytes, ns (wall clock `time.time_ns()`), us for durations.
 """
@@ -50,6 +58,9 @@ STEP_COLUMNS = {
     "num_seqs": np.int32,
     "num_tokens": np.int32,
     "kind": np.int8,
+    "gpu_start_ns": np.int64,  # 0: no GPU time (CPU worker, or not read)
+    "gpu_end_ns": np.int64,
+    "untimed_collectives": np.int32,
 }
 STEP_KINDS = ("decode", "prefill", "mixed")
 
@@ -96,6 +107,7 @@ class Recorder:
         self.n_steps = 0
         self.dropped = 0
         self.dropped_steps = 0
+        self.gpu_clock = False  # a CUDA worker (set by the hook): the steps table gets its GPU columns
         self.hist = Histograms()  # folded by the metrics publisher (publish.py), reset with the buffer
         self.lock = threading.Lock()  # the publisher's fold vs clear(); never taken on the record path
         self.generation = 0  # bumped by clear()
@@ -152,7 +164,16 @@ class Recorder:
         self.n = i + 1
         return i
 
-    def add_step(self, step: int, t_start_ns: int, t_end_ns: int, num_seqs: int, num_tokens: int, kind: int) -> int:
+    def add_step(
+        self,
+        step: int,
+        t_start_ns: int,
+        t_end_ns: int,
+        num_seqs: int,
+        num_tokens: int,
+        kind: int,
+        untimed: int = 0,
+    ) -> int:
         """Append a step row; returns its index (or -1 when dropped) so its end can be extended."""
         i = self.n_steps
         if i >= self.step_capacity:
@@ -165,12 +186,35 @@ class Recorder:
         s["num_seqs"][i] = num_seqs
         s["num_tokens"][i] = num_tokens
         s["kind"][i] = kind
+        s["gpu_start_ns"][i] = 0
+        s["gpu_end_ns"][i] = 0
+        s["untimed_collectives"][i] = untimed
         self.n_steps = i + 1
         return i
 
     def extend_step(self, idx: int, t_end_ns: int) -> None:
         if 0 <= idx < self.n_steps:
             self._s["t_end_ns"][idx] = t_end_ns
+
+    def set_step_gpu(self, idx: int, gpu_start_ns: int, gpu_end_ns: int) -> None:
+        """Late fill-in of a step's GPU span (read from its events at a later step, see gpuclock.py)."""
+        if 0 <= idx < self.n_steps:
+            self._s["gpu_start_ns"][idx] = gpu_start_ns
+            self._s["gpu_end_ns"][idx] = gpu_end_ns
+            self.gpu_clock = True
+
+    def add_untimed(self, idx: int, n: int) -> None:
+        """Collectives of a step found untimed after its row was written (a graph sample dropped later)."""
+        if 0 <= idx < self.n_steps:
+            self._s["untimed_collectives"][idx] += n
+
+    def step_row(self, step: int) -> int:
+        """Index of the newest row of engine step `step`, or -1 (searched from the end: the few newest steps)."""
+        s = self._s["step"]
+        for i in range(self.n_steps - 1, max(self.n_steps - 64, 0) - 1, -1):
+            if s[i] == step:
+                return i
+        return -1
 
     def update_span(self, idx: int, t_start_ns: int, t_end_ns: int, timing: int) -> None:
         """Late fill-in of both ends (CUDA event rows placed on the host clock, see timing.ClockAnchor)."""
@@ -221,5 +265,12 @@ class Recorder:
             "num_seqs": s["num_seqs"][:m].copy(),
             "num_tokens": s["num_tokens"][:m].copy(),
             "kind": np.array(STEP_KINDS, dtype=object)[s["kind"][:m]].tolist(),
+            "untimed_collectives": s["untimed_collectives"][:m].astype(np.int64),
         }
+        if self.gpu_clock:  # CUDA workers: the GPU span of each step (NaN where it was not read)
+            g0 = s["gpu_start_ns"][:m].astype(np.float64)
+            g1 = s["gpu_end_ns"][:m].astype(np.float64)
+            bad = (g0 <= 0) | (g1 <= 0)
+            g0[bad], g1[bad] = np.nan, np.nan
+            steps.update(gpu_start_ns=g0, gpu_end_ns=g1, gpu_duration_us=(g1 - g0) / 1e3)
         return {"collectives": coll, "steps": steps}

@@ -121,7 +121,9 @@ def tpcomm_status(self: Any) -> dict:
         "timing": _timing_modes(),
         "graph_sample_every": HOOK.cuda.sample_every if HOOK.cuda else None,
         "untimed_graph_calls": HOOK.cuda.untimed_graph_calls if HOOK.cuda else 0,
-        "graph_replays_overwritten": HOOK.replays_overwritten,  # graphs patched without the before-replay callback only
+        "graph_timing": _graph_timing(),
+        "step_clock": _step_clock(),
+        "async_scheduling": _async_scheduling(self),
         "graph_breaks": _graph_breaks(),
         "compile": _compile_counters(),
         "compiled_op_calls": HOOK.compiled_op_calls,
@@ -137,6 +139,44 @@ def tpcomm_status(self: Any) -> dict:
         "versions": _versions,
         "model_config": served_model_config(self),
     }
+
+
+def _graph_timing() -> dict:
+    """Whether collectives inside CUDA graphs are timed (a start-up choice: TPCOMM_GRAPH_TIMING, timing.py) and
+    how the sampled replays were read (graphs.py): what a report needs to say when graph collectives were not
+    timed, or when samples were dropped."""
+    if HOOK.cuda is None:
+        return {"enabled": False, "applies": False, "note": "no CUDA in this worker: no CUDA graphs"}
+    c = HOOK.cuda
+    return {
+        "enabled": bool(c.graph_timing),
+        "applies": True,
+        "how": f"{timing.GRAPH_TIMING_ENV}=1 in the server's environment at start-up (default off)",
+        "note": None
+        if c.graph_timing
+        else (
+            "collectives inside CUDA graphs are not timed (graph timing off at server start); they are counted "
+            "per sampled step in steps.untimed_collectives"
+        ),
+        **c.status(),
+        **HOOK.graphs.status(),
+    }
+
+
+def _async_scheduling(worker: Any) -> bool | None:
+    """vLLM's scheduler_config.async_scheduling in this worker (on by default on CUDA in vLLM 0.32, forced off
+    on CPU): with it on, the host span of a step is only its enqueue span (gpuclock.py)."""
+    try:
+        return bool(worker.vllm_config.scheduler_config.async_scheduling)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _step_clock() -> dict:
+    """Which clock the step rows carry besides the host's: the GPU's (gpuclock.py) on CUDA workers."""
+    if HOOK.clock is None:
+        return {"clock": "host", "steps_read": 0, "steps_missed": 0, "pending": 0}
+    return {**HOOK.clock.status(), "anchor": HOOK.cuda.anchor.how if HOOK.cuda else None}
 
 
 def _fusion_status(worker: Any) -> dict:

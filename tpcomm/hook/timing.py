@@ -5,36 +5,42 @@
   the whole transfer including the wait for the slowest rank.
 - ``cuda-event-eager``: CUDA tensors outside graph capture. A pair of timing
   events from a pool brackets the call on the current stream; the pair is read
-  later without blocking (at the next step, or at stop/records time), and the
-  row's end is filled in as ``t_start_ns + device duration``. ``t_start_ns`` is
-  the host time at which the call was enqueued.
-- ``cuda-event-graph``: CUDA tensors while a CUDA graph is being captured. Events
-  created with ``external=True`` are recorded *into* the graph, so every replay
-  re-records them. The replays of a sampled step (one step in
-  TPCOMM_GRAPH_SAMPLE_EVERY, default 8; the same steps on every rank) are read
-  with one wait at the step's end (or at sample_end), or just before the same
-  graph is replayed again within the step (the drafter loop).
+  later without blocking (Event.query() at a later step's begin, or at stop/records
+  time), and the row's end is filled in as ``t_start_ns + device duration``.
+- ``cuda-event-graph``: CUDA tensors captured into a CUDA graph, with graph timing
+  on (TPCOMM_GRAPH_TIMING=1 at server start; off by default, see below). Events
+  created with ``external=True`` are recorded *into* the graph, and every replay
+  re-records them. One step in TPCOMM_GRAPH_SAMPLE_EVERY (default 8; the same steps
+  on every rank) is sampled; its replays are read later without a wait (graphs.py).
 - ``host-enqueue``: a CUDA call for which no event pair was free (pool exhausted):
   host time of the enqueue only, not a transfer time.
 
+Graph timing is a start-up choice (TPCOMM_GRAPH_TIMING, default off): graphs are
+captured once, at start-up, before anyone arms the hook, so events captured into
+them are replayed at every step whether recording is on or off, and around the
+PDL-launched fused all-reduce + RMSNorm kernel (fused.py) they may cost its overlap.
+Off, an installed plugin adds no GPU work at all; the hook still counts the
+collectives captured into each graph (`untimed_collectives` of sampled steps) so
+that a split knows they ran untimed, and status says graph timing is off.
+
 Start times (`ClockAnchor`): the host runs ahead of the GPU, so the host time at
 which a call or a graph was *enqueued* is early by the GPU queue lag. Event rows
-are therefore placed on the host clock through an anchor. A sync records an event
-on the stream and waits for it (the wait a sampled step needs anyway: that event
-is behind every replay made on the stream); the host time on return from that wait
-is not used, since a thread switch (GIL) between the wake-up and `time.time_ns()`
-can make it late by milliseconds. Instead, on the stream now idle, a second event
-is recorded and waited for, bracketed by host times taken right before the record
-and right after the wait: the event ran inside that bracket, so its midpoint is the
-event's host time to within half the bracket. Only a bracket tighter than
-ANCHOR_TIGHT_NS is accepted (a few tries); else the anchor is not renewed and rows
-keep the enqueue-based placement. Any other event ``e`` on that device is at
-``anchor_ns + anchor.elapsed_time(e)``. Eager pairs are placed with the newest
-anchor no older than ANCHOR_MAX_AGE_S, refreshed at most once a second at a step
-start while eager pairs are in use (one short wait per second). Every start is at
-least the enqueue time (a collective cannot start before it was launched), so graph
-and eager rows share one clock: the host wall clock at which the GPU began the
-collective. Durations come from the event pairs either way.
+(and the GPU step columns, gpuclock.py) are placed on the host clock through an
+anchor: a timing event whose GPU completion time is known on the host clock. It is
+recorded on a side stream of the device that nothing else uses (so it does not
+wait for vLLM's queued work) and polled with Event.query(), bracketed by host times
+taken right before the record and right when query() first says done: the event
+completed inside that bracket, so its midpoint is the event's host time to within
+half the bracket. Only a bracket tighter than ANCHOR_TIGHT_NS is accepted (a few
+tries, a few tens of microseconds of polling); at start() the anchor falls back to
+waiting on the current stream (`sync`, outside any step) when no side-stream try
+is tight. Any other event ``e`` on that device is at ``anchor_ns +
+anchor.elapsed_time(e)``. While recording, the anchor is renewed the same way at
+a step's begin at most once per ANCHOR_REFRESH_S; collective rows use an anchor no
+older than ANCHOR_MAX_AGE_S (the GPU timer and the host clock drift apart by parts
+per million), step rows any anchor (their periods are differences on one GPU
+timer). Every collective start is at least its enqueue time (a collective cannot
+start before it was launched). Durations come from the event pairs either way.
 
 Units: ns for timestamps, ms from `Event.elapsed_time`.
 """
@@ -52,26 +58,34 @@ CUDA_EVENT_EAGER = "cuda-event-eager"
 CUDA_EVENT_GRAPH = "cuda-event-graph"
 HOST_ENQUEUE = "host-enqueue"
 
-GraphEmit = Callable[[Any, int, int], None]  # (meta, t_start_ns, t_end_ns)
-ANCHOR_MAX_AGE_S = 10.0  # eager rows: an older anchor may have drifted (GPU timer vs host clock)
-ANCHOR_TIGHT_NS = 50_000  # an anchor bracket (record + wait on an idle stream) at most this wide is accepted
-ANCHOR_REFRESH_S = 1.0  # eager mode: refresh the anchor at a step start at most this often
+ANCHOR_MAX_AGE_S = 10.0  # collective rows: an older anchor may have drifted (GPU timer vs host clock)
+ANCHOR_TIGHT_NS = 50_000  # an anchor bracket at most this wide is accepted
+ANCHOR_REFRESH_S = 1.0  # while recording: renew the anchor at a step's begin at most this often
+GRAPH_TIMING_ENV = "TPCOMM_GRAPH_TIMING"
+
+
+def graph_timing_on() -> bool:
+    """TPCOMM_GRAPH_TIMING at server start: capture timing events into CUDA graphs (default off)."""
+    return os.environ.get(GRAPH_TIMING_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 class ClockAnchor:
     """A CUDA timing event whose completion time on the host clock is known (see the module docstring).
 
-    `new_event` makes a timing event (default: torch.cuda.Event(enable_timing=True)); tests pass
-    stand-ins with CUDA events' interface."""
+    `new_event` makes a timing event (default: torch.cuda.Event(enable_timing=True)) and `new_stream` a
+    side stream (default: torch.cuda.Stream()); tests pass stand-ins with the CUDA interface."""
 
-    TRIES = 3  # brackets tried per sync before giving up on renewing the anchor
+    TRIES = 3  # brackets tried per renewal
 
-    def __init__(self, new_event: Callable[[], Any] | None = None) -> None:
+    def __init__(self, new_event: Callable[[], Any] | None = None, new_stream: Callable[[], Any] | None = None):
         self.event: Any = None
         self.host_ns = 0
         self.err_ns = 0  # half the accepted bracket: the anchor's own uncertainty
         self.mono_s = -1e18  # time.monotonic() of the last fresh anchor
+        self.how = None  # "side-stream" | "sync"
         self._new_event = new_event
+        self._new_stream = new_stream
+        self._side = None
 
     def _event(self) -> Any:
         if self._new_event is None:
@@ -80,13 +94,48 @@ class ClockAnchor:
             return torch.cuda.Event(enable_timing=True)
         return self._new_event()
 
+    def _side_stream(self) -> Any:
+        if self._side is None:
+            if self._new_stream is None:
+                import torch
+
+                self._side = torch.cuda.Stream()
+            else:
+                self._side = self._new_stream()
+        return self._side
+
+    def _accept(self, ev: Any, h0: int, h1: int, how: str) -> bool:
+        self.event, self.host_ns, self.err_ns = ev, (h0 + h1) // 2, (h1 - h0) // 2
+        self.mono_s, self.how = time.monotonic(), how
+        return True
+
+    def refresh(self, tries: int | None = None) -> bool:
+        """No wait on queued work: record an event on an idle side stream and poll it with query() for at most
+        ANCHOR_TIGHT_NS, `tries` times (default TRIES). True (and the anchor is renewed) when a bracket was tight
+        enough."""
+        side = self._side_stream()
+        for _ in range(self.TRIES if tries is None else tries):
+            ev = self._event()
+            h0 = time.time_ns()
+            ev.record(side)
+            while True:
+                done = ev.query()
+                h1 = time.time_ns()
+                if done or h1 - h0 >= ANCHOR_TIGHT_NS:
+                    break
+            if done and h1 - h0 < ANCHOR_TIGHT_NS:
+                return self._accept(ev, h0, h1, "side-stream")
+        return False
+
     def sync(self) -> bool:
-        """Wait for everything enqueued on the current stream, then anchor a second event recorded on
-        the idle stream, bracketed by host times. True (and the anchor is updated) when a bracket was
-        tighter than ANCHOR_TIGHT_NS."""
+        """Wait for everything enqueued on the current stream, then anchor a second event recorded on the idle
+        stream, bracketed by host times. Used at start() only (outside any step), when refresh() found no tight
+        bracket. True (and the anchor is updated) when a bracket was tighter than ANCHOR_TIGHT_NS, or when there
+        was no anchor at all (then the widest error is kept in err_ns: step periods do not depend on it)."""
         wait = self._event()
         wait.record()
         wait.synchronize()  # the wait: the stream is idle after it
+        best = None
         for _ in range(self.TRIES):
             ev = self._event()
             h0 = time.time_ns()
@@ -94,13 +143,17 @@ class ClockAnchor:
             ev.synchronize()
             h1 = time.time_ns()
             if h1 - h0 < ANCHOR_TIGHT_NS:
-                self.event, self.host_ns, self.err_ns = ev, (h0 + h1) // 2, (h1 - h0) // 2
-                self.mono_s = time.monotonic()
-                return True
+                return self._accept(ev, h0, h1, "sync")
+            best = best or (ev, h0, h1)
+        if self.event is None and best is not None:
+            return self._accept(*best, "sync (loose)")
         return False
 
     def age_s(self) -> float:
         return time.monotonic() - self.mono_s
+
+    def fresh(self) -> bool:
+        return self.event is not None and self.age_s() < ANCHOR_MAX_AGE_S
 
     def host_ns_of(self, ev: Any) -> int:
         return self.host_ns + int(self.event.elapsed_time(ev) * 1e6)
@@ -109,17 +162,41 @@ class ClockAnchor:
 class CudaEventTimer:
     """Event-based timing for CUDA collectives, eager and inside CUDA graphs."""
 
-    def __init__(self, pool_size: int = 2048, sample_every: int | None = None):
+    def __init__(self, pool_size: int = 2048, sample_every: int | None = None, graph_timing: bool | None = None):
         self.sample_every = max(1, sample_every or int(os.environ.get("TPCOMM_GRAPH_SAMPLE_EVERY", "8")))
+        self.graph_timing = graph_timing_on() if graph_timing is None else graph_timing
         self.pool_size = pool_size
         self._free: list[tuple[Any, Any]] = []
         self._made = 0
         self._pending: deque[tuple[int, tuple[Any, Any], int]] = deque()
         self._capturing: list | None = None  # slots of the graph being captured
+        self._capture_untimed = 0  # collectives captured into it without events (graph timing off)
         self.graphs_with_slots = 0
+        self.graphs_rotating = 0
+        self.graphs_untimed = 0  # graphs holding collectives captured without events
         self.untimed_graph_calls = 0  # captured outside a torch.cuda.CUDAGraph we could see
         self.anchor = ClockAnchor()
-        self._eager_since_anchor = 0  # eager pairs handed out since the anchor was last refreshed
+        self._next_anchor_try = 0.0
+        self.driver: Any = None  # cudadrv.CudaDriver when graph events can rotate
+        self.driver_why: str | None = None  # why they cannot
+        self.new_event: Callable[[], Any] | None = None  # spare graph events (default torch.cuda.Event)
+        if self.graph_timing:
+            self._load_driver()
+
+    def _load_driver(self) -> None:
+        try:
+            from tpcomm.hook.cudadrv import CudaDriver
+
+            self.driver = CudaDriver()
+        except Exception as e:  # noqa: BLE001 - graphs are then read the fallback way (graphs.py)
+            self.driver, self.driver_why = None, f"{type(e).__name__}: {e}"
+
+    def make_event(self) -> Any:
+        if self.new_event is not None:
+            return self.new_event()
+        import torch
+
+        return torch.cuda.Event(enable_timing=True)
 
     # ---- eager ----------------------------------------------------------
     def eager_begin(self) -> tuple[Any, Any] | None:
@@ -133,7 +210,6 @@ class CudaEventTimer:
         else:
             return None
         pair[0].record()
-        self._eager_since_anchor += 1
         return pair
 
     def eager_end(self, pair: tuple[Any, Any], row: int, t_start_ns: int) -> None:
@@ -146,10 +222,9 @@ class CudaEventTimer:
 
     def poll(self, fill_span: Callable[[int, int, int], None], block: bool = False) -> None:
         """Read finished eager event pairs in order; ``fill_span(row, t_start_ns, t_end_ns)`` gets both ends:
-        the start placed with the anchor when it is fresh (else the enqueue time), the end start + duration."""
-        anchor = self.anchor
-        if anchor.event is None or anchor.age_s() > ANCHOR_MAX_AGE_S:
-            anchor = None
+        the start placed with the anchor when it is fresh (else the enqueue time), the end start + duration.
+        `block` waits for each pair (stop/records time only, never in a step)."""
+        anchor = self.anchor if self.anchor.fresh() else None
         while self._pending:
             row, (e0, e1), t0 = self._pending[0]
             if block:
@@ -163,11 +238,13 @@ class CudaEventTimer:
             self._free.append((e0, e1))
 
     def maybe_refresh_anchor(self) -> bool:
-        """At a step start in eager mode: refresh the clock anchor once per ANCHOR_REFRESH_S (a short wait)."""
-        if not self._eager_since_anchor or self.anchor.age_s() < ANCHOR_REFRESH_S:
+        """At a step's begin while recording: renew the clock anchor once per ANCHOR_REFRESH_S, without waiting
+        on the step's work (ClockAnchor.refresh polls an event on a side stream)."""
+        now = time.monotonic()
+        if self.anchor.age_s() < ANCHOR_REFRESH_S or now < self._next_anchor_try:
             return False
-        self._eager_since_anchor = 0
-        return self.anchor.sync()
+        self._next_anchor_try = now + ANCHOR_REFRESH_S  # a failed try is not retried at every step
+        return self.anchor.refresh(tries=1)  # in a step: at most one ANCHOR_TIGHT_NS of polling
 
     # ---- CUDA graphs ----------------------------------------------------
     @property
@@ -188,49 +265,55 @@ class CudaEventTimer:
         ev1.record()
         self._capturing.append((meta, ev0, ev1))
 
+    def capture_untimed(self) -> None:
+        """A collective captured without events (graph timing off): counted for the graph's replays."""
+        if self._capturing is not None:
+            self._capture_untimed += 1
+
     def on_capture_begin(self) -> None:
-        self._capturing = []
+        self._capturing, self._capture_untimed = [], 0
 
     def on_capture_end(self, graph: Any) -> None:
+        from tpcomm.hook.graphs import GraphEvents, find_nodes
+
         slots, self._capturing = self._capturing, None
-        if slots:
-            graph._tpcomm_slots = slots
-            self.graphs_with_slots += 1
+        untimed, self._capture_untimed = self._capture_untimed, 0
+        if untimed:
+            graph._tpcomm_untimed = untimed
+            self.graphs_untimed += 1
+        if not slots:
+            return
+        nodes, why = None, self.driver_why or "graph timing off"
+        if self.driver is not None and getattr(graph, "_tpcomm_kept", False):
+            try:
+                nodes = find_nodes(slots, self.driver.record_nodes(graph.raw_cuda_graph()))
+                why = None if nodes is not None else "its event-record nodes were not found at the graph's top level"
+            except Exception as e:  # noqa: BLE001 - read the fallback way
+                why = f"{type(e).__name__}: {e}"
+        elif self.driver is not None:
+            why = "captured with keep_graph=False before the hook could keep it"
+        graph._tpcomm_slots = slots
+        graph._tpcomm_events = GraphEvents(slots, nodes, why)
+        self.graphs_with_slots += 1
+        self.graphs_rotating += nodes is not None
+
+    def rotate(self, graph: Any) -> Callable:
+        """The rotation callback for GraphSampler.note: point `graph`'s nodes at a free event set."""
+        return lambda ge: ge.rotate(graph.raw_cuda_graph_exec(), self.driver, self.make_event)
 
     def due(self, step: int) -> bool:
         return step % self.sample_every == 0
 
-    @staticmethod
-    def read_replays(replays: list[tuple[Any, int, GraphEmit]], anchor: ClockAnchor | None = None) -> int:
-        """After a sampled step's replays (vLLM's piecewise mode replays one graph per piece): one wait
-        for all of them, then one row per captured collective through each replay's `emit`.
-
-        The wait is the anchor's sync (ClockAnchor.sync), recorded on the current stream behind every
-        replay made on it; a replay made on another stream is waited for on its own last event (no wait
-        when it is already done). Start = max(enqueue bound, anchored time): the enqueue bound is the
-        host time of the replay call plus the event's offset from the graph's first event (what a row
-        would be with no queue lag); the anchored time comes from the anchor's reference event, renewed
-        by this sync or else one younger than ANCHOR_MAX_AGE_S (see the module docstring). ``anchor``
-        keeps that reference for eager rows; a private one if None."""
-        replays = [r for r in replays if getattr(r[0], "_tpcomm_slots", None)]
-        if not replays:
-            return 0
-        anchor = anchor if anchor is not None else ClockAnchor()
-        fresh = anchor.sync() or (anchor.event is not None and anchor.age_s() < ANCHOR_MAX_AGE_S)
-        n = 0
-        for graph, t_replay_ns, emit in replays:
-            slots = graph._tpcomm_slots
-            last = slots[-1][2]
-            if not last.query():
-                last.synchronize()
-            base = slots[0][1]
-            for meta, e0, e1 in slots:
-                t0 = t_replay_ns + int(base.elapsed_time(e0) * 1e6)
-                if fresh:
-                    t0 = max(t0, anchor.host_ns_of(e0))
-                emit(meta, t0, t0 + int(e0.elapsed_time(e1) * 1e6))
-            n += len(slots)
-        return n
+    def status(self) -> dict:
+        return {
+            "graph_timing": self.graph_timing,
+            "graphs_timed": self.graphs_with_slots,
+            "graphs_rotating": self.graphs_rotating,
+            "graphs_untimed": self.graphs_untimed,
+            "rotation": "off: graph timing off"
+            if not self.graph_timing
+            else ("on" if self.driver is not None else f"off: {self.driver_why}"),
+        }
 
 
 def patch_cuda_graphs(
@@ -241,8 +324,11 @@ def patch_cuda_graphs(
     """Bracket torch.cuda.CUDAGraph capture and replay (vLLM's CUDAGraphWrapper uses this class).
 
     For a graph holding captured collectives, `before_replay(graph)` runs before the replay is
-    enqueued (the last chance to read the events of its previous replay, which this one re-records)
-    and `after_replay(graph, host time of the call)` after it."""
+    enqueued (the last chance to read a noted replay that this one would re-record) and
+    `after_replay(graph, host time of the call)` after it. With graph timing on and the driver
+    loaded, graphs are created with keep_graph=True (their cudaGraph_t holds the node handles
+    that rotation needs, cudadrv.py) and instantiated right after capture, as torch does
+    otherwise."""
     try:
         import torch
 
@@ -253,7 +339,17 @@ def patch_cuda_graphs(
         return False
     if getattr(cls, "_tpcomm_patched", False):
         return True
-    orig_begin, orig_end, orig_replay = cls.capture_begin, cls.capture_end, cls.replay
+    orig_new, orig_begin, orig_end, orig_replay = cls.__new__, cls.capture_begin, cls.capture_end, cls.replay
+    keep = timer.graph_timing and timer.driver is not None
+
+    def __new__(c, keep_graph: bool = False, *a, **k):
+        inst = orig_new(c, True if keep else keep_graph, *a, **k)
+        if keep and not keep_graph:
+            inst._tpcomm_kept = True  # kept for the hook: instantiated at capture end as torch would
+        elif keep_graph:
+            inst._tpcomm_kept = True
+            inst._tpcomm_user_kept = True
+        return inst
 
     def capture_begin(self, *a, **k):
         orig_begin(self, *a, **k)
@@ -262,13 +358,17 @@ def patch_cuda_graphs(
     def capture_end(self, *a, **k):
         try:
             orig_end(self, *a, **k)
+            if getattr(self, "_tpcomm_kept", False) and not getattr(self, "_tpcomm_user_kept", False):
+                self.instantiate()
         finally:
             timer.on_capture_end(self)
 
+    if keep:
+        cls.__new__ = __new__
     cls.capture_begin, cls.capture_end = capture_begin, capture_end
     cls.replay = bracket_replay(orig_replay, after_replay, before_replay)
     cls._tpcomm_patched = True
-    cls._tpcomm_originals = (orig_begin, orig_end, orig_replay)
+    cls._tpcomm_originals = (orig_new, orig_begin, orig_end, orig_replay)
     return True
 
 
@@ -278,14 +378,15 @@ def unpatch_cuda_graphs() -> None:
 
     cls = torch.cuda.graphs.CUDAGraph
     if getattr(cls, "_tpcomm_originals", None):
-        cls.capture_begin, cls.capture_end, cls.replay = cls._tpcomm_originals
+        cls.__new__, cls.capture_begin, cls.capture_end, cls.replay = cls._tpcomm_originals
         cls._tpcomm_patched = False
 
 
 def bracket_replay(
     orig_replay: Callable, after_replay: Callable[[Any, int], None], before_replay: Callable[[Any], None] | None = None
 ) -> Callable:
-    """CUDAGraph.replay with the callbacks of patch_cuda_graphs, for graphs that hold captured collectives."""
+    """CUDAGraph.replay with the callbacks of patch_cuda_graphs, for graphs that hold captured collectives
+    (timed: `_tpcomm_slots`, or captured without events: `_tpcomm_untimed`)."""
 
     def replay(self, *a, **k):
         timed = getattr(self, "_tpcomm_slots", None)
@@ -293,7 +394,7 @@ def bracket_replay(
             before_replay(self)
         t = time.time_ns()
         orig_replay(self, *a, **k)
-        if timed:
+        if timed or getattr(self, "_tpcomm_untimed", 0):
             after_replay(self, t)
 
     return replay

