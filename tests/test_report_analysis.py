@@ -193,3 +193,26 @@ def test_a_killed_server_run_says_incomplete_and_blames_no_plugin(tmp_path):
     text = d["warning"] + " " + " ".join(d["sentences"])
     assert "INCOMPLETE run: attribute (server stopped answering)" in text
     assert "without the tpcomm plugin" not in text
+
+
+def test_what_the_hook_could_not_time_is_on_page_one(measured, tmp_path):
+    """A GPU server started without graph timing, serving a model that loaded a fused kernel the hook cannot see
+    (as the hook's status reports them): page one says what is in no term."""
+    from tpcomm.attribute.analysis import analyse_run_dir
+
+    run = tmp_path / "nt"
+    shutil.copytree(measured, run)
+    st = json.loads((run / "hook/status.json").read_text())
+    for w in st["per_rank"]:
+        w["graph_timing"] = {"enabled": False, "applies": True}
+        w["allreduce_fusion"] = {
+            "not_covered_detail": [
+                {"models": "kimi_k3", "module": "vllm/x.py", "what": "GEMM + TP all-reduce", "loaded_in_worker": True},
+                {"models": "minimax", "module": "vllm/y.py", "what": "Lamport", "loaded_in_worker": False},
+            ]
+        }
+    (run / "hook/status.json").write_text(json.dumps(st))
+    att = analyse_run_dir(run, model_source=str(run / "model_config.json"))
+    assert len(att.not_timed) == 2 and "TPCOMM_GRAPH_TIMING=1" in att.not_timed[0] and "GEMM" in att.not_timed[1]
+    warning = analyze(run).verdict["warning"]
+    assert "Not timed by the hook" in warning and "GEMM + TP all-reduce" in warning and "Lamport" not in warning

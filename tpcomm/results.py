@@ -201,6 +201,8 @@ class Attribution:
     # rank -> {host, boot_id, pid} as the hook reported them; rank -> clock offset estimate (attribute/clocks.py)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     clocks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # What the hook could not time in this server (attribute/coverage.py): one line each, empty when all was timed
+    not_timed: list[str] = field(default_factory=list)
     verdict: Verdict | None = None  # the measured verdict at the headline level (lowest C with a split)
     headline: dict[str, int] | None = None  # {concurrency, repeat} of the level the headline comes from
 

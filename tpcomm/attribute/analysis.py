@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tpcomm import contract as C
-from tpcomm.attribute import clocks, pairing
+from tpcomm.attribute import clocks, coverage, pairing
 from tpcomm.attribute.align import align, alignment_quality
 from tpcomm.attribute.closure import client_figures, closure, closure_text, find_stalls
 from tpcomm.attribute.crosscheck import (
@@ -131,6 +131,7 @@ def analyse_run_dir(
         times = ("t_start_ns", "t_end_ns", "gpu_start_ns", "gpu_end_ns")
         coll, steps = clocks.apply(coll, offsets, times), clocks.apply(steps, offsets, times)
         aligned = align(coll)
+    att.not_timed = coverage.not_timed(hook_status)
     att.nodes = {str(r): n for r, n in sorted(nodes.items())}
     att.clocks = {str(r): o for r, o in sorted(offsets.items())}
     # Analysis once: the aligned records and the one-step timeline the report draws are written here.

@@ -29,8 +29,15 @@ def page_one(inp: readers.Inputs, cmds: dict[str, str], s):
     att: Attribution | None = inp.attribution
     head = att.headline_level() if att else None
     pred = inp.predict if (inp.predict or {}).get("single_stream", {}).get("tok_per_s") else None
+    warn = []
     if stopped := readers.incomplete_stages(inp):
-        d["warning"] = f"INCOMPLETE run: {', '.join(stopped)} (status.json); below is what was measured before that."
+        warn.append(f"INCOMPLETE run: {', '.join(stopped)} (status.json); below is what was measured before that.")
+    if att is not None and att.not_timed:
+        warn.append(
+            "Not timed by the hook (in no term; their time counts as compute): " + "; ".join(att.not_timed) + "."
+        )
+    if warn:
+        d["warning"] = " ".join(warn)
     if head is not None:
         _measured(d, att, head, inp)
     elif client := _client_only(inp):
