@@ -301,3 +301,25 @@ def test_repeat_spread_flags_the_464_vs_800_case():
     repeat_spread(levels, 10)
     assert levels[0]["repeat_spread_pct"] > 50 and levels[0]["flags"]
     assert levels[2]["repeat_spread_pct"] < 10 and not levels[2]["flags"]
+
+
+def test_empty_steps_between_decode_steps_keep_them_consecutive():
+    """PP's batch queue runs an empty step per stage slot (the hook records it as kind "empty"): decode steps
+    separated only by recorded empty steps are consecutive, and the empty step's time is in the period; a step
+    number missing from the records (dropped, not known empty) breaks the pair."""
+    from tpcomm.attribute.split import decode_pairs
+
+    kinds = ["decode", "empty", "decode", "empty", "decode", "decode"]
+    steps = [10, 11, 12, 13, 14, 16]  # 15 not recorded
+    rows = pd.DataFrame(
+        {
+            "rank": 0,
+            "step": steps,
+            "kind": kinds,
+            "t_start_ns": [s * 1_000_000 for s in steps],
+            "t_end_ns": [s * 1_000_000 + 400_000 for s in steps],
+        }
+    )
+    p = decode_pairs(rows)
+    assert p["step"].tolist() == [10, 12] and p["period_us"].tolist() == [2000.0, 2000.0]
+    assert p["gap_us"].tolist() == [1600.0, 1600.0]

@@ -24,6 +24,7 @@ from tpcomm.attribute.crosscheck import (
     observed_per_step,
     plan_config,
     planned_per_step,
+    pp_from_records,
     tp_from_records,
 )
 from tpcomm.attribute.server import ENABLE_HINT
@@ -144,7 +145,7 @@ def analyse_run_dir(
     dsteps = decode_steps(by_rank)
     rd.write_table(C.ATTR_STEPS_BY_RANK, by_rank)
     rd.write_table(C.ATTR_STEPS, dsteps)
-    tp = tp_from_records(coll, hook_status)
+    tp, pp = tp_from_records(coll, hook_status), pp_from_records(coll)
     att.conditions.update(
         tp=tp,
         ranks=sorted(int(r) for r in coll["rank"].unique()),
@@ -161,7 +162,7 @@ def analyse_run_dir(
         rows = by_rank[(by_rank["concurrency"] == c) & (by_rank["repeat"] == rep)]
         obs = observed_per_step(al, st)
         if obs["batch"] not in plans:
-            plans[obs["batch"]] = planned_per_step(plan_src, tp, obs["batch"], plan_label)
+            plans[obs["batch"]] = planned_per_step(plan_src, tp, obs["batch"], plan_label, pp=pp)
         planned, plan_note, sites = plans[obs["batch"]]
         if skip := _no_crosscheck_reason(lv, obs):
             # No verdict from records that do not cover the level: "observed 0/step" is not a MISMATCH.

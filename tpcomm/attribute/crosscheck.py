@@ -19,9 +19,13 @@ from pathlib import Path
 
 import pandas as pd
 
+# The plan names a point-to-point transfer once (send_recv); the hook records each end (send on the sender).
+OP_AS_PLANNED = {"send": "send_recv", "recv": "send_recv"}
+
 
 def observed_per_step(aligned: pd.DataFrame, decode_steps: pd.DataFrame) -> dict:
-    """The most common per-step signature {(group, op, bytes): count} on the lowest rank, and how common it is."""
+    """The most common per-step signature {(group, op, bytes): count} on the lowest rank, and how common it is.
+    Point-to-point ends are named as the plan names the transfer (OP_AS_PLANNED)."""
     if decode_steps.empty:
         return {"signature": {}, "share": None, "steps": 0, "batch": None}
     if aligned.empty:  # no collective in any decode step (TP 1): every step has the empty signature
@@ -39,7 +43,8 @@ def observed_per_step(aligned: pd.DataFrame, decode_steps: pd.DataFrame) -> dict
     batch_of = {}
     seqs = decode_steps.set_index("step")["num_seqs"].to_dict()
     for step, g in a.groupby("step"):
-        sig = tuple(sorted(Counter(zip(g["group"], g["op"], g["bytes"].astype(int))).items()))
+        ops = g["op"].map(lambda o: OP_AS_PLANNED.get(o, o))
+        sig = tuple(sorted(Counter(zip(g["group"], ops, g["bytes"].astype(int))).items()))
         sigs[sig] += 1
         batch_of.setdefault(sig, Counter())[seqs.get(step)] += 1
     steps_with = len(decode_steps)
@@ -89,7 +94,12 @@ def plan_config(model_source: str | Path | dict | None, hook_status: dict | None
 
 
 def planned_per_step(
-    model_source: str | Path | dict | None, tp: int | None, batch: int | None, label: str | None = None
+    model_source: str | Path | dict | None,
+    tp: int | None,
+    batch: int | None,
+    label: str | None = None,
+    pp: int = 1,
+    stage: int = 0,
 ) -> tuple[dict | None, str, dict]:
     """({(group, op, bytes): count} from tpcomm.plan or None, how it was made or why not, {(group, op, bytes): [sites]}).
     `model_source`: a config path or dict (see plan_config); `label` names it in the note."""
@@ -102,7 +112,7 @@ def planned_per_step(
         from tpcomm.plan import build_plan
 
         src = model_source if isinstance(model_source, dict) else str(model_source)
-        doc = build_plan(src, tp=tp, batches=[batch or 1]).to_dict()
+        doc = build_plan(src, tp=tp, pp=pp, batches=[batch or 1]).to_dict()
     except Exception as e:  # the plan is a separate component: its failure is reported, not fatal
         return None, f"tpcomm plan failed for {label} tp={tp}: {type(e).__name__}: {e}", {}
     out: Counter = Counter()
@@ -110,10 +120,13 @@ def planned_per_step(
     for c in doc.get("collectives", []):
         if c.get("batch", batch or 1) != (batch or 1):
             continue
+        if pp > 1 and c.get("pp_stage") not in (None, stage):  # the lowest rank's stage, as observed
+            continue
         key = (c.get("group", "tp"), c["op"], int(c["bytes"]))
         out[key] += int(c["count"])
         sites.setdefault(key, []).append(f"{c.get('site', '?')} x{c['count']}")
-    return dict(out), f"tpcomm plan of {label} tp={tp} batch={batch or 1}", sites
+    where = f" pp={pp} stage {stage}" if pp > 1 else ""
+    return dict(out), f"tpcomm plan of {label} tp={tp}{where} batch={batch or 1}", sites
 
 
 def compare(observed: dict, planned: dict | None, plan_note: str) -> dict:
@@ -146,10 +159,19 @@ def compare(observed: dict, planned: dict | None, plan_note: str) -> dict:
     return doc
 
 
+def pp_from_records(coll: pd.DataFrame) -> int:
+    """Pipeline stages: the size of the pp group the records name (1 without one)."""
+    pp = coll.loc[coll["group"] == "pp", "group_size"] if not coll.empty else pd.Series(dtype=int)
+    return int(pp.mode().iloc[0]) if len(pp) else 1
+
+
 def tp_from_records(coll: pd.DataFrame, status: dict | None = None) -> int | None:
     tp = coll.loc[coll["group"] == "tp", "group_size"] if not coll.empty else pd.Series(dtype=int)
     if len(tp):
         return int(tp.mode().iloc[0])
+    pp = pp_from_records(coll)
+    if pp > 1:  # PP without a tp group: one rank per stage
+        return max(1, coll["rank"].nunique() // pp)
     if coll.empty and status and status.get("ranks") == [0]:
         return 1  # one worker and no collective at all: TP 1
     if status:

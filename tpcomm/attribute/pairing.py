@@ -70,7 +70,8 @@ def client_spans(requests: pd.DataFrame, tokens: pd.DataFrame, period_ms: float 
 def step_ends(rank_rows: pd.DataFrame) -> pd.DataFrame:
     """One row per step of the level (all kinds): kind and end time averaged over ranks, on the step clock
     rank_steps put the rows on (the GPU's where the worker recorded it, else the host's)."""
-    return rank_rows.groupby("step", sort=True).agg(kind=("kind", "first"), t_end_ns=("t_end_ns", "mean")).reset_index()
+    rows = rank_rows[rank_rows["kind"] != "empty"]  # no token made in an empty step (PP batch-queue slots)
+    return rows.groupby("step", sort=True).agg(kind=("kind", "first"), t_end_ns=("t_end_ns", "mean")).reset_index()
 
 
 def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:

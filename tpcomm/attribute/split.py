@@ -142,14 +142,20 @@ def decode_steps(rank_rows: pd.DataFrame) -> pd.DataFrame:
 
 def decode_pairs(rank_rows: pd.DataFrame) -> pd.DataFrame:
     """Rows of `rank_rows` (one level) whose step is a decode step followed by the next decode step on the
-    same rank, with period_us and gap_us added."""
+    same rank, with period_us and gap_us added. Empty steps (no scheduled token: PP's batch queue runs one per
+    stage slot) between two decode steps keep them consecutive when every step number between them was
+    recorded as empty; their time is then part of the period (in the host gap)."""
     r = rank_rows.sort_values(["rank", "step"])
-    nxt = r.groupby("rank", sort=False)[["step", "t_start_ns", "kind"]].shift(-1)
-    ok = ((r["kind"] == "decode") & (nxt["kind"] == "decode") & (nxt["step"] == r["step"] + 1)).to_numpy()
+    empty = (r["kind"] == "empty").to_numpy()
+    seen_empty = pd.Series(empty.astype(np.int64), index=r.index).groupby(r["rank"]).cumsum()
+    r = r[~empty].assign(_empties=seen_empty[~empty])
+    nxt = r.groupby("rank", sort=False)[["step", "t_start_ns", "kind", "_empties"]].shift(-1)
+    skipped = nxt["step"] - r["step"] - 1
+    ok = ((r["kind"] == "decode") & (nxt["kind"] == "decode") & (skipped == nxt["_empties"] - r["_empties"])).to_numpy()
     if "clock" in r.columns:  # both steps of a pair on the same usable clock
         nclock = r.groupby("rank", sort=False)["clock"].shift(-1)
         ok = ok & (r["clock"].to_numpy() == nclock.to_numpy()) & (r["clock"].to_numpy() != "none")
-    out = r[ok].copy()
+    out = r[ok].drop(columns="_empties")
     nstart = nxt.loc[ok, "t_start_ns"].to_numpy(dtype=np.int64)
     out["period_us"] = (nstart - out["t_start_ns"].to_numpy(dtype=np.int64)) / 1e3
     out["gap_us"] = (nstart - out["t_end_ns"].to_numpy(dtype=np.int64)) / 1e3

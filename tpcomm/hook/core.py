@@ -369,9 +369,11 @@ class Hook:
                 new = {r.req_id for r in scheduler_output.scheduled_new_reqs}
                 prefill = sum(1 for rid, n in per_req.items() if n > 1 or rid in new)
                 kind = 0 if prefill == 0 else (1 if prefill == len(per_req) else 2)
-                self._step_meta = (time.time_ns(), len(per_req), tokens, kind)
-                if self.clock is not None:
-                    self.clock.begin()  # before vLLM enqueues anything of this step
+            else:  # an empty step: PP's batch queue runs one per stage slot with no sequence in it
+                kind = 3
+            self._step_meta = (time.time_ns(), len(per_req), tokens, kind)
+            if self.clock is not None:
+                self.clock.begin()  # before vLLM enqueues anything of this step
         except Exception as e:  # noqa: BLE001
             self.fail("step start", e)
 

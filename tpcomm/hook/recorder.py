@@ -62,7 +62,7 @@ STEP_COLUMNS = {
     "gpu_end_ns": np.int64,
     "untimed_collectives": np.int32,
 }
-STEP_KINDS = ("decode", "prefill", "mixed")
+STEP_KINDS = ("decode", "prefill", "mixed", "empty")  # empty: no scheduled token (PP batch-queue slots)
 
 
 def _env_int(name: str, default: int) -> int:

@@ -23,8 +23,9 @@ Where each one comes from (vLLM 0.32.0, vllm/model_executor/...):
 - logits: LogitsProcessor._gather_logits all-gathers [B, vocab/tp] (every
   platform's use_all_gather() is True in 0.32).
 - PP: each stage boundary sends hidden_states and residual [B, hidden] split
-  over TP (isend_tensor_dict(all_gather_group=tp), v1/worker/gpu_worker.py),
-  then the next stage all-gathers them over TP.
+  over TP in one isend_tensor_dict(all_gather_group=tp) call (v1/worker/gpu_worker.py;
+  one send_recv of both tensors' bytes, as the hook records the call), then the
+  next stage all-gathers them over TP.
 - DCP (MLA decode, models/../attention/mla_attention.py + v1/attention/ops/dcp.py
   cp_lse_ag_out_rs): per layer the query is all-gathered over DCP, the LSE
   all-gathered and the output reduce-scattered.
@@ -226,13 +227,14 @@ def decode_collectives(m: ModelSpec, lay: Layout, batch: int) -> list[Collective
             )
         if stage < lay.pp - 1:
             per = act // tp if (tp > 1 and act % tp == 0) else act
+            # One isend_tensor_dict per boundary carrying both tensors (gpu_worker.py): one call, their bytes together.
             add(
                 "send_recv",
                 "pp",
                 2,
-                per,
-                2,
-                "pipeline boundary (hidden_states, residual)",
+                2 * per,
+                1,
+                "pipeline boundary (isend_tensor_dict: hidden_states + residual)",
                 f"stage {stage} -> {stage + 1}",
             )
             if tp > 1 and act % tp == 0:
