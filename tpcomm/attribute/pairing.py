@@ -99,7 +99,9 @@ def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFr
         if i is None:
             continue
         a, b = bounds[k], bounds[k + 1]
-        out.at[i, "steps"] = [int(x) for x in ids[a:b]]
+        # every step number of the segment, the empty ones (left out above) included: the split over the compared
+        # requests needs them to keep the decode steps consecutive
+        out.at[i, "steps"] = list(range(int(ids[a]), int(ids[b - 1]) + 1))
         n_dec = int((kinds[a:b] == DECODE).sum())
         if n_dec != b - a - 1:  # a mixed step (another request's prefill with decodes): not one stream
             out.at[i, "why"] = "a mixed step in its segment"
@@ -135,6 +137,6 @@ def by_client_times(rank_rows: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFram
             out.at[i, "why"] = "its tokens fall outside the recorded steps"
             continue
         out.at[i, "engine_ms_per_token"] = (ends[i1] - ends[i0]) / 1e6 / (r["k1"] - r["k0"])
-        out.at[i, "steps"] = [int(x) for x in ids[i0 : i1 + 1]]
+        out.at[i, "steps"] = list(range(int(ids[i0]), int(ids[i1]) + 1))
         out.at[i, "paired"] = True
     return out
