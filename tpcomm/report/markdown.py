@@ -23,6 +23,7 @@ def _table(header, rows, _widths) -> str:
 
 def render_markdown(report: Report, out: str | Path) -> Path:
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     figdir = out.parent / (out.stem + "_figures")
     parts: list[str] = [f"# {tables.title(report)}", f"_Run directory: `{report.run_dir}`_"]
 
@@ -68,6 +69,5 @@ def render_markdown(report: Report, out: str | Path) -> Path:
             parts.append("Not measured.")
             continue
         blocks(tables.section_blocks(sec), sec.data)
-    out.parent.mkdir(parents=True, exist_ok=True)
     safefs.write_atomic(out.parent, out.name, ("\n\n".join(parts) + "\n").encode())
     return out
