@@ -63,7 +63,6 @@ class RunDir:
     # ---- JSON documents -------------------------------------------------
     def write_json(self, name: FileSpec | str, obj: Any) -> Path:
         spec = _spec(name, "json")
-        p = self.path / str(name)
         # Scrubbed on the way out: a run directory is meant to be shared (see redact.py).
         obj = redact.scrub(json.loads(json.dumps(obj, default=_json_default)))
         for item in obj if spec.list_doc and isinstance(obj, list) else [obj]:
