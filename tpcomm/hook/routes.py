@@ -237,19 +237,20 @@ def _paged(doc: dict, page: int | None) -> dict:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    """From the files the workers publish (no engine round trip); the RPC only when a file cannot be read."""
+    """From the files the workers publish (no engine round trip); the RPC only when a file cannot be served.
+    The files are read off the event loop and checked there (publish.read_one): a FIFO, a link, a foreign or
+    huge file planted at their path never stalls /health or the token streams."""
     from tpcomm.hook.metrics import prometheus_text
-    from tpcomm.hook.publish import read_published
 
     try:
         _check(request)
         state = request.app.state
         files = getattr(state, "tpcomm_metric_files", None)
-        per_rank = read_published(files) if files else None
+        per_rank = await _published(files) if files else None
         if per_rank is None:
             st = await _rpc(request, "tpcomm_status")
             state.tpcomm_metric_files = [{"pid": r["pid"], "metrics_file": r.get("metrics_file")} for r in st]
-            per_rank = read_published(state.tpcomm_metric_files)
+            per_rank = await _published(state.tpcomm_metric_files)
             source = "published"
             if per_rank is None:
                 per_rank, source = await _rpc(request, "tpcomm_metrics"), "rpc"
@@ -258,6 +259,21 @@ async def metrics(request: Request) -> Response:
     except _HTTPError as e:
         return _error(e)
     return PlainTextResponse(prometheus_text(per_rank, source), media_type="text/plain; version=0.0.4")
+
+
+_refused: set[str] = set()  # metrics files refused so far (logged once each)
+
+
+async def _published(files: list[dict]) -> list[dict] | None:
+    from tpcomm.hook.publish import read_published
+
+    problems: list[str] = []
+    got = await asyncio.to_thread(read_published, files, problems)
+    for p in problems:
+        if p not in _refused and len(_refused) < 64:
+            _refused.add(p)
+            logger.warning("tpcomm: published metrics refused (%s); /tpcomm/v1/metrics asks the workers instead", p)
+    return got
 
 
 def _remember_workers(request: Request, answers: Any) -> None:
