@@ -99,7 +99,13 @@ def summarise_traces(paths: list[Path]) -> pd.DataFrame:
 def profile_run(info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, profile_dir: str | None, rd) -> dict:
     prefix = f"tpcomm{time.strftime('%H%M%S')}"
     try:
-        r = httpx.post(info.url + "/start_profile", json={"profile_prefix": prefix}, headers=info.headers, timeout=120)
+        r = httpx.post(
+            info.url + "/start_profile",
+            json={"profile_prefix": prefix},
+            headers=info.headers,
+            timeout=120,
+            verify=info.verify,
+        )
     except httpx.HTTPError as e:
         return {"captured": False, "note": f"/start_profile failed ({type(e).__name__}: {e})"}
     if r.status_code == 404:
@@ -113,7 +119,7 @@ def profile_run(info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, pr
     t0 = time.time_ns()
     rows = asyncio.run(load.run_round(info, small, prompts, 1, small.requests, id_offset=10**9))
     t1 = time.time_ns()
-    httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=600).raise_for_status()
+    httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=600, verify=info.verify).raise_for_status()
     doc = {
         "captured": True,
         "prefix": prefix,
