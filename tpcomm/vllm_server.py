@@ -85,10 +85,13 @@ class VllmServer:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         if self.plugin:
-            env["VLLM_PLUGINS"] = "tpcomm"
+            # tpcomm's own switch (hook/switch.py): VLLM_PLUGINS stays unset, so every other plugin loads too.
+            env.pop("VLLM_PLUGINS", None)
+            env["TPCOMM_HOOK"] = "1"
         else:
             # An allowlist naming no plugin: vLLM loads neither tpcomm entry point.
             env["VLLM_PLUGINS"] = ""
+            env.pop("TPCOMM_HOOK", None)
         env.update(self.extra_env)
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key

@@ -166,7 +166,7 @@ def attribute(
     """Drive load on a vLLM server and split each token's latency into compute,
     collective transfer, collective wait (rank skew) and host overhead.
 
-    Needs the tpcomm plugin in the server for the split (VLLM_PLUGINS=tpcomm);
+    Needs the tpcomm plugin in the server for the split (TPCOMM_HOOK=1);
     without it the client-side figures are still measured and written.
     """
     from tpcomm.attribute.load import LoadSpec

@@ -185,6 +185,14 @@ class Attribute:
             # answers.
             reason = getattr(e, "reason", None) or "server stopped answering"
             death = getattr(e, "death", None)
+            if self._armed and isinstance(e, WorkerStalled):
+                # Our recording is still armed. The stop waits in the engine until the worker runs again, and
+                # names our session: it can never end another client's recording later.
+                try:
+                    records.stop(self.info, self._armed, timeout_s=2)
+                except records.HookError:
+                    self.notes.append("the hook's recording stops when the stopped worker runs again")
+                self._armed = None
             self._write_load()
             if self.levels:
                 try:  # attribute what was measured before the server went away
@@ -308,9 +316,10 @@ class Attribute:
             except load.Aborted as e:  # a TP worker stopped answering (ranks.py): nothing more to ask it
                 req, tok = self._add_rows(e.args[0], (c, rep), rnd, True)
                 lv = self._level_doc(c, rep, rnd, req, tok, None, e.reason, [f"incomplete: {e.reason}"])
-                lv.update(worker_problem=e.reason, stopped_rank=watch.stopped().to_dict())
+                stopped = watch.stopped(0)
+                lv.update(worker_problem=e.reason, **({"stopped_rank": stopped.to_dict()} if stopped else {}))
                 self.levels.append(lv)
-                raise WorkerStalled(e.reason, watch.stopped()) from None
+                raise WorkerStalled(e.reason, stopped) from None
             except KeyboardInterrupt:
                 req, tok = self._add_rows(sink, (c, rep), rnd, True)
                 why = "interrupted (Ctrl-C) during this level"

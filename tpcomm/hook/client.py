@@ -28,8 +28,9 @@ from tpcomm.errors import InputError
 
 ENABLE_HINT = (
     "interconnect attribution needs the tpcomm plugin in the server: install tpcomm in the server's "
-    "environment and start it with\n  VLLM_PLUGINS=tpcomm python -m vllm.entrypoints.openai.api_server "
-    "--model {model} --tensor-parallel-size {tp}"
+    "environment and start it with\n  TPCOMM_HOOK=1 python -m vllm.entrypoints.openai.api_server "
+    "--model {model} --tensor-parallel-size {tp}\n(a server that sets VLLM_PLUGINS, an allow-list, must list "
+    "tpcomm in it too)"
 )
 
 _DTYPE = {"i": "int64", "f": "float64", "s": "string", "b": "bool"}

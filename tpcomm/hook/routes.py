@@ -1,7 +1,8 @@
 """vLLM endpoint plugin: the /tpcomm/v1/* routes on the API server.
 
 Entry point ``vllm.endpoint_plugins: tpcomm = tpcomm.hook.routes:make_plugin``;
-vLLM loads it only when VLLM_PLUGINS names tpcomm. Each route reaches every
+vLLM loads it when VLLM_PLUGINS names tpcomm, and switch.py adds it when
+TPCOMM_HOOK=1 with VLLM_PLUGINS unset. Each route reaches every
 worker with ``engine_client.collective_rpc("tpcomm_...")`` (the methods that
 plugin.py adds to the workers) and returns the per-rank answers together.
 
@@ -144,12 +145,12 @@ async def _call(engine: Any, method: str, kwargs: dict) -> list:
         ) from None
     except NotImplementedError as e:
         raise _HTTPError(
-            503, f"the tpcomm hook is not installed in the workers ({e}); start the server with VLLM_PLUGINS=tpcomm"
+            503, f"the tpcomm hook is not installed in the workers ({e}); start the server with TPCOMM_HOOK=1"
         ) from None
     except Exception as e:  # noqa: BLE001 - an engine error is the server's problem, say so
         if "not implemented" in str(e).lower() or "has no attribute 'tpcomm_" in str(e):
             raise _HTTPError(
-                503, "the tpcomm hook is not installed in the workers; start the server with VLLM_PLUGINS=tpcomm"
+                503, "the tpcomm hook is not installed in the workers; start the server with TPCOMM_HOOK=1"
             ) from None
         # The details go to the server's log, not to the client.
         logger.warning("tpcomm: collective_rpc %s failed: %s: %s", method, type(e).__name__, e)

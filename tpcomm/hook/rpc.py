@@ -31,8 +31,9 @@ from tpcomm.hook.recorder import (
 from tpcomm.procid import identity
 
 METHODS = ("tpcomm_status", "tpcomm_start", "tpcomm_stop", "tpcomm_records", "tpcomm_metrics")
-# Rows of each table per page of GET /tpcomm/v1/records (a full buffer is 262,144 collective rows per rank).
-PAGE_ROWS = 65_536
+# Rows of each table per page of GET /tpcomm/v1/records (a full buffer is 262,144 collective rows per rank);
+# TPCOMM_RECORDS_PAGE_ROWS on the server sets it (tests use small pages).
+PAGE_ROWS = _env_int("TPCOMM_RECORDS_PAGE_ROWS", 65_536)
 
 _versions: dict | None = None
 _served_config: dict | None = None
