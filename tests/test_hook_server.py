@@ -24,7 +24,7 @@ ROUTES = [
     ("GET", "/tpcomm/v1/status"),
     ("POST", "/tpcomm/v1/start"),
     ("POST", "/tpcomm/v1/stop"),
-    ("GET", "/tpcomm/v1/records"),
+    ("GET", "/tpcomm/v1/records?page=0"),
     ("GET", "/tpcomm/v1/metrics"),
 ]
 
