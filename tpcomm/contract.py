@@ -223,7 +223,7 @@ LOAD_LEVELS = FileSpec(
     list_doc=True,
     fields=_fields(
         "concurrency:i repeat:i requests:i? failed:i? tpot_ms_p50:n? itl_burst_pct:n? flags:l? flags[]:s "
-        "conditions:o? hook_problem:s? records_problem:s? incomplete:s?"
+        "conditions:o? hook_problem:s? records_problem:s? worker_problem:s? interrupted:s?"
     ),
 )
 
