@@ -224,15 +224,18 @@ def test_a_planted_metrics_file_never_stalls_the_api_server_nor_is_served(srv, h
         t.join(60)
         assert scrape_s < 5, scrape_s  # answered by the RPC fallback, not stuck on the file
         assert 'source="rpc"' in text and "424242" not in text
-        assert health and all(code == 200 and s < 1.0 for code, s in health), health
+        # /health kept answering (the FIFO once hung it; a 1 s bound would only measure this 2-core box's noise)
+        assert len(health) == 10 and all(code == 200 and s < 5 for code, s in health), health
     finally:
         path.unlink(missing_ok=True)  # the worker publishes anew within a second
     deadline = time.monotonic() + 15
     while 'source="published"' not in (text := hook.metrics()):
         assert time.monotonic() < deadline, text[-500:]
         time.sleep(0.3)
+    # Refused by the checks on the open descriptor, before a byte was read.
+    why = {"fifo": "is not a regular file", "500 MB sparse": "is 500000000 bytes, more than 4194304"}
     log = Path(srv.log_path).read_text(errors="replace")
-    assert "published metrics refused" in log
+    assert f"published metrics refused ({path} {why.get(plant, 'is owned by uid 65534')}" in log
 
 
 # ---- item 7: records pages of one recording only -------------------------------------------------------
@@ -387,31 +390,37 @@ def test_two_concurrent_attribute_clients_both_end_incomplete(srv, tmp_path):
 
 
 @pytest.mark.vllm
-def test_background_traffic_beside_concurrency_1_is_named(srv, tmp_path):
+def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
+    """Two other streams beside `attribute --concurrency 1` (the issue: 2.31 sequences per step, no flag). They
+    run until 6 s into attribute's level: on 2 cores they starve the API server, and the records pull after
+    the level would crawl behind them."""
     stop = threading.Event()
 
     def stream() -> None:
         while not stop.is_set():
-            try:
-                _complete(srv.url, 160)
-            except Exception:  # noqa: BLE001 - the background only has to be there
-                time.sleep(0.2)
+            _complete(srv.url, 160)
 
     bg = [threading.Thread(target=stream, daemon=True) for _ in range(2)]
     for t in bg:
         t.start()
-    time.sleep(2)
     out = tmp_path / "run"
+    p = _popen(srv.url, out, "--concurrency", "1", "--requests", "4", "--output-len", "32", *FAST)
     try:
-        r = _attribute(srv.url, out, "--concurrency", "1", "--requests", "4", "--output-len", "32", *FAST)
+        _wait_session(hook, "-c1-r0", p)
+        time.sleep(6)
     finally:
         stop.set()
+    try:
+        stdout, stderr = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
         for t in bg:
             t.join(120)
-    assert r.returncode == 1, r.stderr[-3000:]
-    assert "other traffic" in _last_error(r.stderr)
+    assert p.returncode == 1, stderr[-3000:]
+    assert "other traffic" in _last_error(stderr)
     lv = _summary(out)["levels"][0]
-    assert lv["seqs_per_step"] > 1.5 and "sequences per decode step" in lv["incomplete"], lv["incomplete"]
+    assert lv["seqs_per_step"] > 1 and "sequences per decode step" in lv["incomplete"], lv["incomplete"]
     assert _summary(out)["headline"] is None
 
 

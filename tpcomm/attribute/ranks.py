@@ -86,14 +86,15 @@ class RankStopped:
     rank: int
     pid: int
     state: str
-    since_ns: int
-    concurrency: int
+    since_ns: int  # when first seen stopped
+    concurrency: int | None  # None: before the first level
 
     def message(self) -> str:
         when = time.strftime("%H:%M:%S", time.gmtime(self.since_ns / 1e9))
+        during = f"during C={self.concurrency}" if self.concurrency else "before the first level"
         return (
-            f"TP rank {self.rank} (pid {self.pid}) stopped answering during C={self.concurrency}: its process is "
-            f"stopped (state {self.state}: SIGSTOP or a debugger) since {when} UTC"
+            f"TP rank {self.rank} (pid {self.pid}) stopped answering {during}: its process is stopped "
+            f"(state {self.state}: SIGSTOP or a debugger), seen at {when} UTC"
         )
 
     def to_dict(self) -> dict:

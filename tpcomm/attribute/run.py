@@ -478,7 +478,7 @@ class Attribute:
                 ws = []
             st = next((w for w in ws if w.get("state") in ("T", "t")), None)
             if st is not None:
-                c = self._current[0] if self._current else 0
+                c = self._current[0] if self._current else None
                 stopped = RankStopped(int(st["rank"]), int(st["pid"]), st["state"], time.time_ns(), c)
         if stopped is not None:
             return WorkerStalled(f"{stopped.message()}; {what} got no answer ({e.problem})", stopped)
