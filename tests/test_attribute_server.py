@@ -298,9 +298,7 @@ def test_server_without_plugin_still_measures_load(plugin_off_url, tmp_path):
     r = _run(["--server-url", plugin_off_url, "--concurrency", "1", "--out", str(out)] + FAST)
     assert r.returncode == 0, r.stderr[-3000:]
     text = " ".join((r.stdout + r.stderr).split())
-    assert (
-        "needs the tpcomm plugin" in text and "TPCOMM_HOOK=1 python -m vllm.entrypoints.openai.api_server" in text
-    )
+    assert "needs the tpcomm plugin" in text and "TPCOMM_HOOK=1 python -m vllm.entrypoints.openai.api_server" in text
     levels = json.loads((out / "load/levels.json").read_text())
     assert levels[0]["requests"] == 6 and levels[0]["failed"] == 0 and levels[0]["itl_ms_p50"] > 0
     assert not (out / "hook").exists()
