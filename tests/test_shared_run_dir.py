@@ -268,3 +268,18 @@ def test_an_oversized_table_is_refused_before_it_is_read(tmp_path):
     with pytest.raises(C.SchemaError, match="more than the 1073741824 this reader takes"):
         rd.read_table(C.LOAD_REQUESTS)
     assert time.monotonic() - t0 < 1
+
+
+@needs_other_user
+def test_a_file_another_user_cannot_read_is_one_line_not_a_traceback(open_tmp):
+    """A run directory written before files followed the umask (data files 0600): another user's report says
+    which file it could not read, and renders the rest."""
+    from tpcomm.report.analysis import analyze
+
+    run = open_tmp / "run"
+    shutil.copytree(DEMO, run)
+    (run / "attribution" / "summary.json").chmod(0o600)
+    analyze(run)  # warm the imports (the other user cannot read this interpreter's folders)
+    errors = as_nobody(lambda: analyze(run).errors)
+    assert list(errors) == ["attribution/summary.json"], errors
+    assert "cannot be read (Permission denied)" in errors["attribution/summary.json"]
