@@ -102,7 +102,9 @@ class VllmServer:
     def start(self, timeout_s: float = 600) -> VllmServer:
         if not self.port:
             self.port = free_port()
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        # O_NOFOLLOW: the demo's log lies in a run directory, which may be shared (see safefs.py)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        log = os.fdopen(os.open(self.log_path, flags, 0o666), "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
                 self.command(),
