@@ -559,4 +559,5 @@ def test_a_whole_server_kill_is_not_blamed_on_a_rank(srv, hook, tmp_path):
     err = _last_error(stderr)
     assert "the whole vLLM server stopped during C=2" in err and "not one rank's failure" in err, err
     st = _status(out)
-    assert st["dead_rank"]["whole_server"] is True and "TP rank" not in st["reason"], st
+    assert st["dead_rank"]["whole_server"] is True and not st["reason"].startswith("TP rank"), st
+    assert st["dead_rank"]["api_server_after_ms"] <= 250, st

@@ -18,8 +18,8 @@ Two more ways a run is not one rank's death (issue 22): a worker stopped
 /proc here or in the route's `state` for workers elsewhere), named once it
 stays stopped STOPPED_S, so the level ends then instead of after every
 request's timeout; and the whole server killed at once (the API server's own
-pid, which the route reports, dies with the first rank or before it, within
-WHOLE_S): then no rank is blamed. Units: t_*_ns wall clock (time.time_ns),
+pid, which the route reports, ends before the first rank or at most WHOLE_S
+after it): then no rank is blamed. Units: t_*_ns wall clock (time.time_ns),
 *_s seconds.
 """
 
@@ -41,7 +41,7 @@ GRACE_S = 5.0  # after requests failed: how long stop() waits for a watched work
 STOPPED_S = 5.0  # a worker stopped (state T) this long has stopped answering: the level ends
 # The API server dying at most this long after the first rank (or before it) is a whole-server stop: when one
 # rank fails, vLLM's engine core shuts the rest down and the API server exits only after it noticed (seconds).
-WHOLE_S = 0.25
+WHOLE_S = 0.25  # measured: a whole-group SIGKILL had the API server end 150 ms before rank 0's exit was seen
 _STOPPED_STATES = ("T", "t")
 
 
@@ -66,10 +66,12 @@ class RankDeath:
             s = (self.t_ns - level_start_ns) / 1e9
             into = f", {s:.1f} s into the level" if s >= 0 else ", before the level's first request"
         if self.whole_server:
+            ms = self.api_server_after_ms or 0.0
+            rel = f"{abs(ms):.0f} ms {'before' if ms < 0 else 'after'}"
             return (
-                f"the whole vLLM server stopped during C={self.concurrency} at {when} UTC{into}: the API server and "
-                f"every TP rank ended within {WHOLE_S * 1e3:.0f} ms of each other (killed together, e.g. the "
-                "process group or the container), not one rank's failure"
+                f"the whole vLLM server stopped during C={self.concurrency} at {when} UTC{into}: its API server "
+                f"ended {rel} TP rank {self.rank} (killed together, e.g. the process group or the container; "
+                "after one rank's failure vLLM's API server ends only seconds later), not one rank's failure"
             )
         also = f" (rank(s) {_join(self.same_time)} found dead at the same moment)" if self.same_time else ""
         after = f"; vLLM then shut down rank(s) {_join(self.others)}" if self.others else ""
@@ -128,7 +130,6 @@ class RankWatch:
         self._threads: list[threading.Thread] = []
         self.api: tuple[int, int] | None = None  # (pidfd, pid) of the API server, when on this machine
         self._api_dead_ns: int | None = None
-        self._remote: dict[int, tuple[int, str | None]] = {}  # rank -> (pid, state) at the last HTTP look
         self._stopped_since: dict[int, tuple[int, str, int]] = {}  # rank -> (pid, state, first seen stopped)
         # One connection for every look: start(), then the HTTP watch thread only (and stop() after joining it).
         self._hook = HookClient(info.url, api_key=info.api_key, timeout_s=5, keep_alive=True, verify=info.verify)
@@ -150,7 +151,6 @@ class RankWatch:
             return self
         self._open_pidfds(ws)
         self._open_api(doc.get("api_server") or {})
-        self._remote = {int(w["rank"]): (int(w["pid"]), w.get("state")) for w in ws if int(w["rank"]) not in self.local}
         # A worker already dead at the first look (it died between the level's start and this look, or the
         # pid now names another process) is a death all the same: named now, not a poll later.
         gone = [(int(w["rank"]), int(w["pid"])) for w in ws if w.get("alive") is False]
@@ -244,13 +244,9 @@ class RankWatch:
         if d is None or self._api_dead_ns is None:
             return
         d.api_server_after_ms = (self._api_dead_ns - d.t_ns) / 1e6
-        every = not self._fds and not self._remote_alive()
-        if every and d.api_server_after_ms <= WHOLE_S * 1e3:
-            d.whole_server = True
-
-    def _remote_alive(self) -> bool:
-        d = self.death
-        return any(r not in {d.rank, *d.same_time, *d.others} for r in self._remote)
+        # The API server ending with the first rank or before it: killed together. (Every rank need not be seen
+        # dead yet: a large worker's exit completes last, after its pidfd look.)
+        d.whole_server = d.api_server_after_ms <= WHOLE_S * 1e3
 
     # ---- workers on this machine: pidfds ------------------------------------
     def _open_pidfds(self, ws: list[dict]) -> None:
