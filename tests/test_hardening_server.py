@@ -118,16 +118,20 @@ def world(request, tmp_path_factory):
     shutil.rmtree(shm, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def srv(vllm_server_factory, world):
-    env = {
+def _server_env(world: dict) -> dict:
+    return {
         "TPCOMM_METRICS_DIR": str(world["shm"]),
         "TPCOMM_RPC_TIMEOUT_S": "8",
         "TPCOMM_RECORDS_PAGE_ROWS": "1000",
         "PYTHONPATH": str(world["plugin"]),
         "TPCOMM_TEST_MARKS": str(world["marks"]),
+        "VLLM_SERVER_DEV_MODE": "1",  # vLLM's own POST /collective_rpc, for the last test
     }
-    s = vllm_server_factory(plugin=True, api_key=KEY, extra_env=env)
+
+
+@pytest.fixture(scope="module")
+def srv(vllm_server_factory, world):
+    s = vllm_server_factory(plugin=True, api_key=KEY, extra_env=_server_env(world))
     assert "VLLM_PLUGINS" not in s.environment() and s.environment()["TPCOMM_HOOK"] == "1"
     HookClient(s.url, api_key=KEY).status()  # the API server now knows its workers (GET /tpcomm/v1/workers)
     return s
@@ -561,3 +565,28 @@ def test_a_whole_server_kill_is_not_blamed_on_a_rank(srv, hook, tmp_path):
     st = _status(out)
     assert st["dead_rank"]["whole_server"] is True and not st["reason"].startswith("TP rank"), st
     assert st["dead_rank"]["api_server_after_ms"] <= 250, st
+
+
+# ---- item 6: replies already out of step are never mixed (on a fresh server: it stays out of step) ---------------
+@pytest.mark.vllm
+def test_replies_left_out_of_step_by_an_executor_timeout_are_refused_not_mixed(vllm_server_factory, world):
+    """The drift itself, made by vLLM's own dev route with an executor timeout while rank 1 is stopped (what the
+    hook's routes did before): rank 1's late reply stays queued and answers the next call. The routes see that
+    every reply does not carry their call's number, re-read once, and answer 502 instead of a mixed status."""
+    fresh = vllm_server_factory(plugin=True, api_key=KEY, extra_env=_server_env(world))  # the last test killed it
+    hook = HookClient(fresh.url, api_key=KEY, timeout_s=60)
+    assert hook.start(session="before")["session"] == "before"
+    pid1 = _pids(hook)[1]
+    os.kill(pid1, signal.SIGSTOP)
+    try:
+        r = httpx.post(fresh.url + "/collective_rpc", json={"method": "tpcomm_status", "timeout": 3}, timeout=60)
+        assert r.status_code >= 500, r.text  # the executor gave up on rank 1 after 3 s
+        time.sleep(1)
+    finally:
+        os.kill(pid1, signal.SIGCONT)
+    time.sleep(2)
+    r = httpx.get(fresh.url + "/tpcomm/v1/status", headers=H, timeout=60)
+    assert r.status_code == 502 and "the workers answer out of step" in r.json()["error"], r.text
+    log = Path(fresh.log_path).read_text(errors="replace")
+    assert "re-reading with tpcomm_status" in log
+    _complete(fresh.url, 4)  # serving goes on; only the hook's answers are refused
