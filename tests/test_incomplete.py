@@ -131,3 +131,23 @@ def test_a_stopped_worker_process_is_named_after_it_stays_stopped():
             p.kill()
             p.wait()
         hook.stop()
+
+
+def test_a_level_stopped_before_its_first_request_ended_is_analysed(tmp_path):
+    """SIGSTOP on a worker before any request of the level ended: no request rows, the level named."""
+    from tpcomm import contract as C
+    from tpcomm.attribute.run import reanalyse_run_dir
+    from tpcomm.rundir import RunDir
+
+    run = tmp_path / "run"
+    shutil.copytree(REAL, run)
+    rd = RunDir(run)
+    rd.write_table(C.LOAD_REQUESTS, pd.read_parquet(run / "load/requests.parquet").iloc[:0].astype(object))
+    rd.write_table(C.LOAD_TOKENS, pd.read_parquet(run / "load/tokens.parquet").iloc[:0])
+    levels = json.loads((run / "load/levels.json").read_text())
+    levels[0].update(requests=0, failed=0, worker_problem="TP rank 1 (pid 7) stopped answering during C=1")
+    rd.write_json(C.LOAD_LEVELS, levels[:1])
+    res = reanalyse_run_dir(str(run))
+    lv = res["attribution"]["levels"][0]
+    assert not res["complete"] and lv["incomplete"] == "TP rank 1 (pid 7) stopped answering during C=1"
+    assert not lv["attributed"] and lv["note"].startswith("not attributed: TP rank 1")

@@ -62,8 +62,8 @@ def steady_window(r: pd.DataFrame, concurrency: int) -> tuple[int, int]:
 
 
 def windows_from_requests(req: pd.DataFrame) -> list[dict]:
-    r = req[req["in_stats"]] if "in_stats" in req.columns else req
-    r = r[r["ok"]] if "ok" in r.columns and r["ok"].any() else r
+    r = req[req["in_stats"].astype(bool)] if "in_stats" in req.columns else req
+    r = r[r["ok"].astype(bool)] if "ok" in r.columns and r["ok"].any() else r
     out = []
     for (c, rep), g in r.groupby(["concurrency", "repeat"], sort=False):
         lo, hi = steady_window(g, int(c))
@@ -85,7 +85,9 @@ def analyse_run_dir(
     coll, steps = rd.read_table(C.HOOK_COLLECTIVES), rd.read_table(C.HOOK_STEPS)
     hook_status = hook_status if hook_status is not None else rd.read_json(C.HOOK_STATUS)
     if req is not None and "in_stats" in req.columns:
-        req = req[req["in_stats"]]
+        # astype(bool): a level stopped before its first request ends leaves an empty object column, which
+        # pandas would take for a list of column names
+        req = req[req["in_stats"].astype(bool)]
         tokens = tokens[tokens["request_id"].isin(req["request_id"])]
     windows = windows_from_requests(req) if req is not None else []
     # The plan is made from --model-config when given, else from the config the server's hook reported.

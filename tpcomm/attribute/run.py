@@ -197,8 +197,8 @@ class Attribute:
             if self.levels:
                 try:  # attribute what was measured before the server went away
                     self._analyse()
-                except Exception as e:
-                    self.notes.append(f"attribution of the partial run failed: {type(e).__name__}: {e}")
+                except Exception as err:  # noqa: BLE001 - what was measured stays on disk either way
+                    self.notes.append(f"attribution of the partial run failed: {type(err).__name__}: {err}")
             self.notes.append(
                 f"{reason}: results up to that point are kept"
                 if reason != "server stopped answering"
