@@ -237,8 +237,10 @@ def test_worker_publishes_its_metrics_to_a_file_a_scrape_reads(tmp_path, monkeyp
     from tpcomm.hook.core import Hook
 
     monkeypatch.setenv("TPCOMM_METRICS_PUBLISH_S", "0.05")
+    monkeypatch.setenv("TPCOMM_METRICS_DIR", str(tmp_path))
     # A dead worker that had this pid left its snapshot (killed workers never run atexit): never read as ours.
     stale = {"rank": 1, "pid": os.getpid(), "histograms": {"collectives": [{"count": 99}]}}
+    (tmp_path / f"tpcomm-{os.geteuid()}").mkdir(mode=0o700)
     publish.metrics_path().write_text(json.dumps(stale))
     h = Hook()
     h.rec = _filled(0, 6)

@@ -43,7 +43,7 @@ def test_a_directory_is_refused(tmp_path):
 def test_a_link_to_a_device_is_refused(tmp_path):
     link = tmp_path / "r.pdf"
     link.symlink_to("/dev/full")
-    _one_line_exit_2(_report(str(RUN), "--out", str(link)), "is a device")
+    _one_line_exit_2(_report(str(RUN), "--out", str(link)), "is a symbolic link", "does not write through links")
     assert link.is_symlink() and os.readlink(link) == "/dev/full"
 
 

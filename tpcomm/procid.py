@@ -27,3 +27,14 @@ def identity(pid: int) -> str | None:
     if len(fields) < 20:
         return None
     return f"{boot}/{int(pid)}/{fields[19]}"
+
+
+def state(pid: int) -> str | None:
+    """The process's state letter from /proc/<pid>/stat (R running, S sleeping, D disk wait, T stopped by a
+    signal, t stopped by a tracer, Z zombie), None if it is not visible here."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()
+    except (OSError, ValueError):
+        return None
+    return fields[0] if fields else None

@@ -146,6 +146,8 @@ class LevelSplit:
     top_sites: list[Site]
     collectives_per_step: dict[str, Any]  # the plan cross-check (attribute/crosscheck.py compare())
     flags: list[str] = field(default_factory=list)
+    # Why the level did not measure what it claims (judge/complete.py), None when it did: no headline from it
+    incomplete: str | None = None
 
     @property
     def tok_per_s(self) -> float | None:
@@ -205,6 +207,10 @@ class Attribution:
     not_timed: list[str] = field(default_factory=list)
     verdict: Verdict | None = None  # the measured verdict at the headline level (lowest C with a split)
     headline: dict[str, int] | None = None  # {concurrency, repeat} of the level the headline comes from
+
+    def incomplete(self) -> list[str]:
+        """'C=4 repeat 0: why' for every incomplete level (judge/complete.py)."""
+        return [f"C={lv.concurrency} repeat {lv.repeat}: {lv.incomplete}" for lv in self.levels if lv.incomplete]
 
     def headline_level(self) -> LevelSplit | None:
         if self.headline is None:

@@ -10,6 +10,11 @@ An absent file means "not measured", never zero. JSON documents carry
 Tables are Parquet, small documents JSON. Writes are atomic (temp file +
 rename) so an interrupted run never leaves a truncated file behind, and every
 document and text column is scrubbed of secrets on the way out (redact.py).
+A run directory is meant to be shared, so files go through safefs.py: never
+written through a link (refused, one line), created as readable as the
+operator's umask allows, and read only when they are regular files within a
+size bound (a FIFO, a device or a 2 GB file is a one-line SchemaError, at
+once).
 """
 
 from __future__ import annotations
@@ -17,29 +22,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpcomm import contract, redact
+from tpcomm import contract, redact, safefs
 from tpcomm.contract import FileSpec, SchemaError
 from tpcomm.errors import InputError
 
 if TYPE_CHECKING:
     import pandas as pd
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class RunDir:
@@ -71,15 +63,13 @@ class RunDir:
     # ---- JSON documents -------------------------------------------------
     def write_json(self, name: FileSpec | str, obj: Any) -> Path:
         spec = _spec(name, "json")
-        p = self.path / str(name)
         # Scrubbed on the way out: a run directory is meant to be shared (see redact.py).
         obj = redact.scrub(json.loads(json.dumps(obj, default=_json_default)))
         for item in obj if spec.list_doc and isinstance(obj, list) else [obj]:
             if isinstance(item, dict):
                 item["schema_version"] = contract.SCHEMA_VERSION
         contract.check_json(spec, obj)  # a writer that drifts from the contract fails here, not in a reader
-        _atomic_write_bytes(p, (json.dumps(obj, indent=2) + "\n").encode())
-        return p
+        return safefs.write_atomic(self.path, str(name), (json.dumps(obj, indent=2) + "\n").encode())
 
     def read_json(self, name: FileSpec | str, default: Any = None) -> Any:
         spec = _spec(name, "json")
@@ -87,7 +77,7 @@ class RunDir:
         if not p.exists():
             return default
         try:
-            doc = json.loads(p.read_text())
+            doc = json.loads(_read(p, spec, safefs.MAX_JSON_BYTES))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise SchemaError(spec, f"is not valid JSON ({getattr(e, 'msg', e)}); it may be truncated") from None
         contract.check_json(spec, doc)
@@ -108,9 +98,7 @@ class RunDir:
         meta[b"tpcomm.schema_version"] = str(contract.SCHEMA_VERSION).encode()
         buf = io.BytesIO()
         pq.write_table(table.replace_schema_metadata(meta), buf)
-        p = self.path / str(name)
-        _atomic_write_bytes(p, buf.getvalue())
-        return p
+        return safefs.write_atomic(self.path, str(name), buf.getvalue())
 
     def read_table(self, name: FileSpec | str) -> pd.DataFrame | None:
         import pyarrow.parquet as pq
@@ -120,8 +108,11 @@ class RunDir:
         if not p.exists():
             return None
         try:
-            table = pq.read_table(p)
+            with _open(p, spec, safefs.MAX_TABLE_BYTES) as f:
+                table = pq.read_table(f)
             df = table.to_pandas()
+        except SchemaError:
+            raise
         except Exception as e:
             raise SchemaError(
                 spec, f"cannot be read as Parquet ({type(e).__name__}: {e}); it may be truncated"
@@ -152,6 +143,24 @@ class RunDir:
 
     def stage_state(self, stage: str) -> str | None:
         return (self.read_json(contract.STATUS) or {}).get(stage, {}).get("state")
+
+
+def _open(p: Path, spec: FileSpec, limit: int):
+    """A regular file of at most `limit` bytes, opened without blocking; anything else a SchemaError."""
+    try:
+        return safefs.open_regular(p, limit, spec.path)
+    except safefs.UnsafePath as e:
+        raise SchemaError(spec, e.problem, expected=e.expected) from None
+    except OSError as e:
+        raise SchemaError(spec, f"cannot be read ({e.strerror or e})") from None
+
+
+def _read(p: Path, spec: FileSpec, limit: int) -> bytes:
+    with _open(p, spec, limit) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise SchemaError(spec, f"grew past {limit} bytes while being read")
+    return data
 
 
 def _spec(name: FileSpec | str, fmt: str) -> FileSpec:

@@ -102,10 +102,13 @@ class VllmServer:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         if self.plugin:
-            env["VLLM_PLUGINS"] = "tpcomm"
+            # tpcomm's own switch (hook/switch.py): VLLM_PLUGINS stays unset, so every other plugin loads too.
+            env.pop("VLLM_PLUGINS", None)
+            env["TPCOMM_HOOK"] = "1"
         else:
             # An allowlist naming no plugin: vLLM loads neither tpcomm entry point.
             env["VLLM_PLUGINS"] = ""
+            env.pop("TPCOMM_HOOK", None)
         env.update(self.extra_env)
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key
@@ -118,7 +121,9 @@ class VllmServer:
             self.port = free_port()
         if self.nnodes > 1 and not self.master_port:
             raise ValueError("a multi-node server needs the master_port its nodes share")
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        # O_NOFOLLOW: the demo's log lies in a run directory, which may be shared (see safefs.py)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        log = os.fdopen(os.open(self.log_path, flags, 0o666), "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
                 self.command(),

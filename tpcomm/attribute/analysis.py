@@ -30,7 +30,7 @@ from tpcomm.attribute.crosscheck import (
 from tpcomm.attribute.server import ENABLE_HINT
 from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, shares_pct, top_sites
 from tpcomm.attribute.timeline import one_step_timeline
-from tpcomm.judge import bottleneck
+from tpcomm.judge import bottleneck, complete
 from tpcomm.results import Attribution, LevelSplit, RankTerms, Site, Terms
 from tpcomm.rundir import RunDir
 
@@ -63,8 +63,8 @@ def steady_window(r: pd.DataFrame, concurrency: int) -> tuple[int, int]:
 
 
 def windows_from_requests(req: pd.DataFrame) -> list[dict]:
-    r = req[req["in_stats"]] if "in_stats" in req.columns else req
-    r = r[r["ok"]] if "ok" in r.columns and r["ok"].any() else r
+    r = req[req["in_stats"].astype(bool)] if "in_stats" in req.columns else req
+    r = r[r["ok"].astype(bool)] if "ok" in r.columns and r["ok"].any() else r
     out = []
     for (c, rep), g in r.groupby(["concurrency", "repeat"], sort=False):
         lo, hi = steady_window(g, int(c))
@@ -87,7 +87,9 @@ def analyse_run_dir(
     coll, steps = rd.read_table(C.HOOK_COLLECTIVES), rd.read_table(C.HOOK_STEPS)
     hook_status = hook_status if hook_status is not None else rd.read_json(C.HOOK_STATUS)
     if req is not None and "in_stats" in req.columns:
-        req = req[req["in_stats"]]
+        # astype(bool): a level stopped before its first request ends leaves an empty object column, which
+        # pandas would take for a list of column names
+        req = req[req["in_stats"].astype(bool)]
         tokens = tokens[tokens["request_id"].isin(req["request_id"])]
     windows = windows_from_requests(req) if req is not None else []
     # The plan is made from --model-config when given, else from the config the server's hook reported.
@@ -114,10 +116,10 @@ def analyse_run_dir(
         if not plugin_on:
             att.plugin_note = ENABLE_HINT.format(model=cond.get("model_root") or "MODEL", tp="N")
         for lv in levels:
-            why = ("not attributed: " if lv.get("hook_problem") else "not measured: ") + _no_records_reason(
-                lv, plugin_on
-            )
+            problem = lv.get("hook_problem") or lv.get("worker_problem")
+            why = ("not attributed: " if problem else "not measured: ") + _no_records_reason(lv, plugin_on)
             att.levels.append(_unattributed(lv, why, None, {}))
+            att.levels[-1].incomplete = complete.level_incomplete(lv, None)
         rd.write_json(C.ATTR_SUMMARY, att.to_json())
         return att
 
@@ -171,14 +173,17 @@ def analyse_run_dir(
             cc = compare(obs, planned, plan_note)
         cc["plan_config"] = plan_prov["source"]
         win = next((w for w in windows if (w["concurrency"], w["repeat"]) == (c, rep)), None)
-        if lv.get("hook_problem") or not obs["steps"]:
-            # Another client started or stopped recording mid-level, a TP worker died, or the run ended before
-            # the level's records were pulled: the records do not cover the window, and nothing of a split stays.
+        if lv.get("hook_problem") or lv.get("worker_problem") or not obs["steps"]:
+            # Another client started or stopped recording mid-level, a TP worker died or stopped, or the run
+            # ended before the level's records were pulled: the records do not cover the window, and nothing
+            # of a split stays.
             att.levels.append(_unattributed(lv, f"not attributed: {_no_records_reason(lv, True)}", win, cc))
+            att.levels[-1].incomplete = complete.level_incomplete(lv, None)
             continue
         lreq = req[(req["concurrency"] == c) & (req["repeat"] == rep)] if req is not None else pd.DataFrame()
         tok = tokens[(tokens["concurrency"] == c) & (tokens["repeat"] == rep)]
         doc = _level(lv, win, rows, al, st, lreq, tok, cc, sites)
+        doc.incomplete = complete.level_incomplete(lv, doc.seqs_per_step)
         att.levels.append(doc)
         if text := closure_text(c, rep, doc.closure, doc.stalls):
             att.notes.append(text)
@@ -301,8 +306,11 @@ def _unattributed(lv: dict, why: str, win: dict | None, cc: dict) -> LevelSplit:
 
 
 def _headline(levels: list[LevelSplit]) -> LevelSplit | None:
-    """The level the headline comes from: the lowest concurrency with a split, its median repeat."""
-    split = [x for x in levels if x.attributed and x.per_token_ms is not None and x.engine_ms_per_token]
+    """The level the headline comes from: the lowest concurrency with a split that is complete
+    (judge/complete.py: no failed request, no other client or traffic), its median repeat."""
+    split = [
+        x for x in levels if x.attributed and x.per_token_ms is not None and x.engine_ms_per_token and not x.incomplete
+    ]
     if not split:
         return None
     c = min(x.concurrency for x in split)
@@ -311,6 +319,8 @@ def _headline(levels: list[LevelSplit]) -> LevelSplit | None:
 
 
 def _no_records_reason(lv: dict, plugin_on: bool) -> str:
+    if lv.get("worker_problem"):
+        return lv["worker_problem"]
     if lv.get("hook_problem"):
         return lv["hook_problem"]
     if lv.get("records_problem"):
@@ -322,8 +332,9 @@ def _no_records_reason(lv: dict, plugin_on: bool) -> str:
 
 def _no_crosscheck_reason(lv: dict, obs: dict) -> str | None:
     """Why this level's collectives are not compared with the plan, or None to compare them."""
-    if lv.get("rank_died"):
-        return f"{lv.get('hook_problem') or 'a TP rank died during this level'}: this level's records are incomplete"
+    if lv.get("rank_died") or lv.get("worker_problem"):
+        why = lv.get("worker_problem") or lv.get("hook_problem") or "a TP rank died during this level"
+        return f"{why}: this level's records are incomplete"
     if lv.get("hook_problem"):  # another client restarted or stopped the recording mid-level
         return f"{lv['hook_problem']}: this level's records do not cover it"
     if not obs["steps"]:

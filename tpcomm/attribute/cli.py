@@ -122,6 +122,16 @@ class _UserError(click.ClickException):
 )
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Per-request timeout (s).")
 @click.option(
+    "--ca-cert",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="https: a PEM file with the CA certificate that signed the server's (e.g. a self-signed one). "
+    "SSL_CERT_FILE=FILE works too.",
+)
+@click.option(
+    "--insecure", is_flag=True, help="https: do not verify the server's certificate (says so on the terminal)."
+)
+@click.option(
     "--out",
     "out",
     type=click.Path(file_okay=False),
@@ -148,13 +158,15 @@ def attribute(
     profile_dir,
     model_config,
     timeout_s,
+    ca_cert,
+    insecure,
     out,
     as_json,
 ):
     """Drive load on a vLLM server and split each token's latency into compute,
     collective transfer, collective wait (rank skew) and host overhead.
 
-    Needs the tpcomm plugin in the server for the split (VLLM_PLUGINS=tpcomm);
+    Needs the tpcomm plugin in the server for the split (TPCOMM_HOOK=1);
     without it the client-side figures are still measured and written.
     """
     from tpcomm.attribute.load import LoadSpec
@@ -195,12 +207,19 @@ def attribute(
         profile=profile,
         profile_dir=profile_dir,
         model_config=model_config,
+        ca_cert=ca_cert,
+        insecure=insecure,
     )
+    if insecure:
+        click.echo(f"warning: --insecure: the TLS certificate of {server_url} is not verified", err=True)
     progress = None if as_json else RichProgress()
     try:
         res = Attribute(cfg, progress).run(argv=sys.argv)
     except InputError as e:
         raise _UserError(str(e)) from None
+    except KeyboardInterrupt:  # a second Ctrl-C during the first one's clean-up
+        click.echo("Error: interrupted twice (Ctrl-C): status.json may still say running", err=True)
+        raise SystemExit(130) from None
     finally:
         if progress:
             progress.close()
@@ -213,4 +232,7 @@ def attribute(
         render(res)
     if not res["complete"]:
         why = res.get("incomplete_reason") or "; ".join(res["notes"][-1:])
+        if res.get("interrupted"):
+            click.echo(f"Error: {why}: the run is incomplete; what was measured is in {res['run_dir']}", err=True)
+            raise SystemExit(130)
         raise click.ClickException(f"{why}: the run is incomplete; what was measured is in {res['run_dir']}")

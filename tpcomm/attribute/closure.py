@@ -10,7 +10,9 @@
 - closure, per request (pairing.py): each request's engine time per token for its own decode steps against
   the client's time per token over the same tokens (its TPOT when every token arrives on its own); the
   statistic is the p50 over the SAME requests on both sides: the paired ones that neither stalled nor were
-  held (those are named, per reason, and left out of both sides). Compared at every level; judged (within CLOSURE_TOL_PCT) where streams run one at a time
+  held (those are named, per reason, and left out of both sides). When most requests stalled, their gaps
+  are the pace the client gets, not stalls: they are compared (a server slowed to seconds per chunk once
+  left nothing to judge and its engine figure stood alone as the headline). Compared at every level; judged (within CLOSURE_TOL_PCT) where streams run one at a time
   (C=1) and at least MIN_CLOSURE_REQUESTS requests are compared. Both sides are measured independently
   (engine step clock vs client arrival clock), so this can fail; when it does, both numbers are reported
   and no cause is named;
@@ -90,6 +92,13 @@ def closure(
     `pairs`: pairing.by_prefill / by_client_times rows (request_id, client_ms_per_token, engine_ms_per_token,
     observed, paired, why)."""
     excluded: dict[str, list[int]] = {}
+    paced = ""
+    eligible = set(pairs.loc[pairs["observed"] & pairs["paired"], "request_id"].astype(int))
+    if stalled and 2 * len(eligible & set(stalled)) > len(eligible):
+        # Most requests had long gaps: that is the pace the client gets (a slow proxy or API server), not an
+        # exception to it. Compared, so the closure can fail, instead of leaving nothing to judge.
+        paced = f"; the long token gaps of {len(eligible & set(stalled))} of them compared (most requests had them)"
+        stalled = []
     held = sorted(int(r) for r in pairs.loc[~pairs["observed"], "request_id"])
     if held:
         excluded["held back (nearly) whole by the API server"] = held
@@ -115,7 +124,7 @@ def closure(
         why_not = f"{n} request(s) could be compared (at least {MIN_CLOSURE_REQUESTS} needed)"
     judged = why_not is None and diff is not None
     c = Closure(
-        statistic=f"p50 over {n} request{'' if n == 1 else 's'}, paired by {pairing}",
+        statistic=f"p50 over {n} request{'' if n == 1 else 's'}, paired by {pairing}{paced}",
         pairing=pairing,
         requests=n,
         excluded=excluded,

@@ -25,6 +25,8 @@ import httpx
 
 from tpcomm.attribute.server import ServerInfo
 
+ABORT_POLL_S = 0.5  # how often a round asks `abort` whether to end early
+
 # A monotonic clock expressed as wall-clock nanoseconds.
 _WALL0 = time.time_ns() - time.perf_counter_ns()
 
@@ -91,7 +93,13 @@ def build_prompts(info: ServerInfo, spec: LoadSpec) -> Prompts:
     rng = random.Random(spec.seed)
 
     def tokenize(payload):
-        r = httpx.post(info.url + "/tokenize", json={"model": info.model, **payload}, headers=info.headers, timeout=30)
+        r = httpx.post(
+            info.url + "/tokenize",
+            json={"model": info.model, **payload},
+            headers=info.headers,
+            timeout=30,
+            verify=info.verify,
+        )
         r.raise_for_status()
         return r.json()["count"], r.json().get("tokens") or []
 
@@ -170,8 +178,8 @@ async def stream_request(
             "POST", info.url + path, json=payload, headers=info.headers, timeout=spec.timeout_s
         ) as r:
             if r.status_code != 200:
-                body = (await r.aread()).decode(errors="replace")[:300]
-                row["error"] = f"HTTP {r.status_code}: {body}"
+                body = (await r.aread())[:65536].decode(errors="replace")
+                row["error"] = f"HTTP {r.status_code}: {error_text(body, r.headers.get('content-type', ''))}"
             else:
                 async for line in r.aiter_lines():
                     if not line.startswith("data:"):
@@ -229,8 +237,30 @@ async def stream_request(
     return row
 
 
+def error_text(body: str, content_type: str = "", limit: int = 200) -> str:
+    """An error body as one line: an HTML page by its title (or its text without tags), JSON and text with
+    their whitespace collapsed; at most `limit` characters."""
+    import html
+    import re
+
+    if "html" in content_type.lower() or re.match(r"\s*<(!doctype|html)", body, re.I):
+        title = re.search(r"<title[^>]*>(.*?)</title>", body, re.I | re.S)
+        text = title.group(1) if title else re.sub(r"<[^>]+>", " ", re.sub(r"(?is)<(script|style).*?</\1>", " ", body))
+        body = "HTML page: " + html.unescape(text)
+    return " ".join(body.split())[:limit] or "(empty body)"
+
+
 class ServerGone(RuntimeError):
     """The server stopped answering during a round."""
+
+
+class Aborted(RuntimeError):
+    """The round was ended early (`abort` returned a reason: a TP worker stopped answering). args[0]: the rows
+    of the requests that ended before; `reason`: why."""
+
+    def __init__(self, rows: list[dict], reason: str):
+        super().__init__(rows)
+        self.reason = reason
 
 
 async def run_round(
@@ -242,10 +272,14 @@ async def run_round(
     on_done: Callable[[dict], None] | None = None,
     is_alive: Callable[[], bool] | None = None,
     id_offset: int = 0,
+    sink: list[dict] | None = None,
+    abort: Callable[[], str | None] | None = None,
 ) -> list[dict]:
     """Closed loop: `concurrency` clients share `n_requests` requests. Stops early if the server dies
-    (raises ServerGone carrying the rows measured so far)."""
-    rows: list[dict] = []
+    (raises ServerGone carrying the rows measured so far) or `abort` (polled every ABORT_POLL_S) gives a
+    reason (raises Aborted). `sink`: a list that receives each row as its request ends, so a caller
+    interrupted meanwhile (Ctrl-C) still has them."""
+    rows: list[dict] = sink if sink is not None else []
     next_id = iter(range(id_offset, id_offset + n_requests))
     gone = asyncio.Event()
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
@@ -268,9 +302,31 @@ async def run_round(
                     gone.set()
                     return
 
-    async with httpx.AsyncClient(limits=limits, timeout=spec.timeout_s) as client:
-        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+    why: list[str] = []
+
+    async def watch(clients: asyncio.Future) -> None:
+        while not clients.done():
+            reason = await asyncio.to_thread(abort)
+            if reason:
+                why.append(reason)
+                clients.cancel()
+                return
+            await asyncio.sleep(ABORT_POLL_S)
+
+    async with httpx.AsyncClient(limits=limits, timeout=spec.timeout_s, verify=info.verify) as client:
+        clients = asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+        watcher = asyncio.ensure_future(watch(clients)) if abort else None
+        try:
+            await clients
+        except asyncio.CancelledError:
+            if not why:
+                raise  # not our abort: Ctrl-C or a caller's cancel
+        finally:
+            if watcher is not None:
+                watcher.cancel()
     rows.sort(key=lambda r: r["request_id"])
+    if why:
+        raise Aborted(rows, why[0])
     if gone.is_set():
         raise ServerGone(rows)
     return rows

@@ -64,7 +64,13 @@ def profile_run(
 ) -> dict:
     prefix = f"tpcomm{time.strftime('%H%M%S')}"
     try:
-        r = httpx.post(info.url + "/start_profile", json={"profile_prefix": prefix}, headers=info.headers, timeout=120)
+        r = httpx.post(
+            info.url + "/start_profile",
+            json={"profile_prefix": prefix},
+            headers=info.headers,
+            timeout=120,
+            verify=info.verify,
+        )
     except httpx.HTTPError as e:
         return {"captured": False, "note": f"/start_profile failed ({type(e).__name__}: {e})"}
     if r.status_code == 404:
@@ -78,7 +84,7 @@ def profile_run(
     t0 = time.time_ns()
     rows = asyncio.run(load.run_round(info, small, prompts, 1, small.requests, id_offset=10**9))
     t1 = time.time_ns()
-    httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=600).raise_for_status()
+    httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=600, verify=info.verify).raise_for_status()
     doc = {
         "captured": True,
         "prefix": prefix,

@@ -11,7 +11,16 @@ the same machine watches the pids themselves (pidfd) and sees the first
 death as it happens; the hook's GET /tpcomm/v1/workers says which worker
 pids are alive without reaching the engine, polled for workers seen only
 over HTTP. The first rank seen dead is the one that failed first, the others
-followed it. Units: t_*_ns wall clock (time.time_ns), *_s seconds.
+followed it.
+
+Two more ways a run is not one rank's death (issue 22): a worker stopped
+(SIGSTOP, a debugger: alive, process state T, answering nothing; seen in
+/proc here or in the route's `state` for workers elsewhere), named once it
+stays stopped STOPPED_S, so the level ends then instead of after every
+request's timeout; and the whole server killed at once (the API server's own
+pid, which the route reports, ends before the first rank or at most WHOLE_S
+after it): then no rank is blamed. Units: t_*_ns wall clock (time.time_ns),
+*_s seconds.
 """
 
 from __future__ import annotations
@@ -29,6 +38,11 @@ from tpcomm.procid import identity
 
 POLL_S = 1.0  # HTTP polls of workers not watched through a pidfd (each poll is one request to the API server)
 GRACE_S = 5.0  # after requests failed: how long stop() waits for a watched worker to be seen dead
+STOPPED_S = 5.0  # a worker stopped (state T) this long has stopped answering: the level ends
+# The API server dying at most this long after the first rank (or before it) is a whole-server stop: when one
+# rank fails, vLLM's engine core shuts the rest down and the API server exits only after it noticed (seconds).
+WHOLE_S = 0.25  # measured: a whole-group SIGKILL had the API server end 150 ms before rank 0's exit was seen
+_STOPPED_STATES = ("T", "t")
 
 
 @dataclass
@@ -40,6 +54,9 @@ class RankDeath:
     same_time: list[int]  # other ranks already dead at the same look (which went first is unknown)
     others: list[int]  # ranks seen dead at later looks (vLLM shuts the rest down after the first)
     seen_by: str = "pidfd"  # "pidfd" (on this machine, at once) or "hook poll" (GET /tpcomm/v1/workers)
+    # every rank and the API server died together (killed at once): no rank is to blame
+    whole_server: bool = False
+    api_server_after_ms: float | None = None  # when the API server died, after the first rank (< 0: before)
 
     def message(self, level_start_ns: int | None = None, while_: str | None = None) -> str:
         """`while_`: what the run was doing when the death was seen, if not running the level's requests."""
@@ -48,9 +65,39 @@ class RankDeath:
         if level_start_ns:  # the watch starts before the level's recording and requests: a death may precede them
             s = (self.t_ns - level_start_ns) / 1e9
             into = f", {s:.1f} s into the level" if s >= 0 else ", before the level's first request"
+        if self.whole_server:
+            ms = self.api_server_after_ms or 0.0
+            rel = f"{abs(ms):.0f} ms {'before' if ms < 0 else 'after'}"
+            return (
+                f"the whole vLLM server stopped during C={self.concurrency} at {when} UTC{into}: its API server "
+                f"ended {rel} TP rank {self.rank} (killed together, e.g. the process group or the container; "
+                "after one rank's failure vLLM's API server ends only seconds later), not one rank's failure"
+            )
         also = f" (rank(s) {_join(self.same_time)} found dead at the same moment)" if self.same_time else ""
         after = f"; vLLM then shut down rank(s) {_join(self.others)}" if self.others else ""
         return f"TP rank {self.rank} (pid {self.pid}) died during C={self.concurrency} at {when} UTC{into}{also}{after}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RankStopped:
+    """A TP worker alive but stopped (process state T: SIGSTOP or a debugger) for at least STOPPED_S."""
+
+    rank: int
+    pid: int
+    state: str
+    since_ns: int  # when first seen stopped
+    concurrency: int | None  # None: before the first level
+
+    def message(self) -> str:
+        when = time.strftime("%H:%M:%S", time.gmtime(self.since_ns / 1e9))
+        during = f"during C={self.concurrency}" if self.concurrency else "before the first level"
+        return (
+            f"TP rank {self.rank} (pid {self.pid}) stopped answering {during}: its process is stopped "
+            f"(state {self.state}: SIGSTOP or a debugger), seen at {when} UTC"
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,12 +128,16 @@ class RankWatch:
         self._stop = threading.Event()
         self._seen = threading.Event()  # set at the first death recorded
         self._threads: list[threading.Thread] = []
+        self.api: tuple[int, int] | None = None  # (pidfd, pid) of the API server, when on this machine
+        self._api_dead_ns: int | None = None
+        self._stopped_since: dict[int, tuple[int, str, int]] = {}  # rank -> (pid, state, first seen stopped)
         # One connection for every look: start(), then the HTTP watch thread only (and stop() after joining it).
-        self._hook = HookClient(info.url, api_key=info.api_key, timeout_s=5, keep_alive=True)
+        self._hook = HookClient(info.url, api_key=info.api_key, timeout_s=5, keep_alive=True, verify=info.verify)
 
     def start(self) -> RankWatch:
         try:
-            ws = self._hook.workers()
+            doc = self._hook.workers_doc()
+            ws = list(doc.get("workers") or [])
         except records.HookError as e:
             # An older hook without the route answers 404: say that, not the plugin's enable hint.
             self.note = "TP ranks not watched: " + (
@@ -99,6 +150,7 @@ class RankWatch:
             self.note = "the hook listed no workers: TP ranks not watched"
             return self
         self._open_pidfds(ws)
+        self._open_api(doc.get("api_server") or {})
         # A worker already dead at the first look (it died between the level's start and this look, or the
         # pid now names another process) is a death all the same: named now, not a poll later.
         gone = [(int(w["rank"]), int(w["pid"])) for w in ws if w.get("alive") is False]
@@ -106,6 +158,7 @@ class RankWatch:
             self._record(gone, time.time_ns(), "hook poll")
         if self._fds:
             self._wake = os.pipe()
+            self._look_states()
             self._threads.append(threading.Thread(target=self._run_local, name="tpcomm-rank-pidfd", daemon=True))
         if len(self.local) < len(ws):
             self._threads.append(threading.Thread(target=self._run_http, name="tpcomm-rank-watch", daemon=True))
@@ -136,11 +189,64 @@ class RankWatch:
             if any(t.name == "tpcomm-rank-watch" for t in self._threads):
                 self._look()
             self._threads = []
-            for fd in list(self._fds) + list(self._wake or ()):
+            self._whole_server()
+            for fd in list(self._fds) + list(self._wake or ()) + ([self.api[0]] if self.api else []):
                 os.close(fd)
-            self._fds, self._wake = {}, None
+            self._fds, self._wake, self.api = {}, None, None
             self._hook.close()
         return self.death
+
+    def stopped(self, min_s: float = STOPPED_S) -> RankStopped | None:
+        """A worker stopped (state T) for at least `min_s` without a break, as of the latest look."""
+        now = time.time_ns()
+        with self._lock:
+            for rank, (pid, st, since) in sorted(self._stopped_since.items()):
+                if now - since >= min_s * 1e9:
+                    return RankStopped(rank, pid, st, since, self.concurrency)
+        return None
+
+    def _note_states(self, states: dict[int, tuple[int, str | None]], now: int) -> None:
+        with self._lock:
+            for rank, (pid, st) in states.items():
+                if st in _STOPPED_STATES:
+                    self._stopped_since.setdefault(rank, (pid, st, now))
+                else:
+                    self._stopped_since.pop(rank, None)
+
+    def _look_states(self) -> None:
+        """The process state of every worker watched here (/proc: no request to the server)."""
+        from tpcomm.procid import state
+
+        self._note_states({r: (pid, state(pid)) for r, pid in self.local.items()}, time.time_ns())
+
+    # ---- the API server: a whole-server stop is no rank's death -------------
+    def _open_api(self, api: dict) -> None:
+        ident, pid = api.get("identity"), api.get("pid")
+        if not hasattr(os, "pidfd_open") or not ident or not isinstance(pid, int) or identity(pid) != ident:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return
+        if identity(pid) != ident:
+            os.close(fd)
+            return
+        self.api = (fd, pid)
+
+    def _whole_server(self) -> None:
+        """Mark the death a whole-server stop when the API server ended with (or before) the first rank."""
+        if self.api is not None and self._api_dead_ns is None:
+            poller = select.poll()
+            poller.register(self.api[0], select.POLLIN)
+            if poller.poll(0):
+                self._api_dead_ns = time.time_ns()
+        d = self.death
+        if d is None or self._api_dead_ns is None:
+            return
+        d.api_server_after_ms = (self._api_dead_ns - d.t_ns) / 1e6
+        # The API server ending with the first rank or before it: killed together. (Every rank need not be seen
+        # dead yet: a large worker's exit completes last, after its pidfd look.)
+        d.whole_server = d.api_server_after_ms <= WHOLE_S * 1e3
 
     # ---- workers on this machine: pidfds ------------------------------------
     def _open_pidfds(self, ws: list[dict]) -> None:
@@ -161,22 +267,29 @@ class RankWatch:
             self.local[int(w["rank"])] = pid
 
     def _run_local(self) -> None:
-        while self._fds and not self._stop.is_set():
+        # on after the last rank's end while the API server's is still to come (whole_server needs its time)
+        while (self._fds or (self.api is not None and self._api_dead_ns is None)) and not self._stop.is_set():
             self._poll_local(None)
+            self._look_states()
 
     def _poll_local(self, timeout_ms: int | None) -> None:
-        """Wait for a death (None: until one or stop()); record every rank whose pidfd is readable, at once."""
+        """Wait for a death (None: until one, stop(), or the next look at the states); record every rank whose
+        pidfd is readable, at once, and the API server's end."""
         poller = select.poll()
         for fd in self._fds:
             poller.register(fd, select.POLLIN)
+        if self.api is not None and self._api_dead_ns is None:
+            poller.register(self.api[0], select.POLLIN)
         if self._wake is not None and timeout_ms is None:
             poller.register(self._wake[0], select.POLLIN)
-        ready = {fd for fd, _ in poller.poll(timeout_ms)}
+        ready = {fd for fd, _ in poller.poll(int(self.poll_s * 1000) if timeout_ms is None else timeout_ms)}
         now = time.time_ns()
-        dead = [self._fds.pop(fd) for fd in sorted(ready) if fd in self._fds]
-        for fd in sorted(ready):
-            if self._wake is None or fd != self._wake[0]:
-                os.close(fd)
+        if self.api is not None and self.api[0] in ready and self._api_dead_ns is None:
+            self._api_dead_ns = now
+        worker_fds = [fd for fd in sorted(ready) if fd in self._fds]
+        dead = [self._fds.pop(fd) for fd in worker_fds]
+        for fd in worker_fds:
+            os.close(fd)
         if dead:
             self._record(dead, now, "pidfd")
 
@@ -193,9 +306,12 @@ class RankWatch:
         except records.HookError:
             return False
         # alive None: on another node, not known from here; ranks with a pidfd are judged by it alone
-        dead = [(int(w["rank"]), int(w["pid"])) for w in ws if w.get("alive") is False and w["rank"] not in self.local]
+        now = time.time_ns()
+        remote = [w for w in ws if int(w["rank"]) not in self.local]
+        self._note_states({int(w["rank"]): (int(w["pid"]), w.get("state")) for w in remote if w.get("alive")}, now)
+        dead = [(int(w["rank"]), int(w["pid"])) for w in remote if w.get("alive") is False]
         if dead:
-            self._record(dead, time.time_ns(), "hook poll")
+            self._record(dead, now, "hook poll")
         return True
 
     def _record(self, dead: list[tuple[int, int]], now: int, seen_by: str) -> None:

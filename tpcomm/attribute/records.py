@@ -9,25 +9,36 @@ from __future__ import annotations
 import pandas as pd
 
 from tpcomm.attribute.server import ServerInfo
-from tpcomm.hook.client import HookClient, HookError, merge, records_to_frames
+from tpcomm.hook.client import HookClient, HookError, HookTimeout, RecordingTaken, merge, records_to_frames
 
-__all__ = ["HookError", "start", "stop", "status", "session_problem", "fetch", "merge", "from_columnar"]
+__all__ = [
+    "HookError",
+    "HookTimeout",
+    "RecordingTaken",
+    "start",
+    "stop",
+    "status",
+    "session_problem",
+    "fetch",
+    "merge",
+    "from_columnar",
+]
 
 
 def _client(info: ServerInfo, timeout_s: float = 60) -> HookClient:
-    return HookClient(info.url, api_key=info.api_key, timeout_s=timeout_s)
+    return HookClient(info.url, api_key=info.api_key, timeout_s=timeout_s, verify=info.verify)
 
 
 def start(info: ServerInfo, session: str | None = None) -> dict:
     return _client(info).start(session=session)
 
 
-def stop(info: ServerInfo) -> dict:
-    return _client(info).stop()
+def stop(info: ServerInfo, session: str | None = None, timeout_s: float = 60) -> dict:
+    return _client(info, timeout_s).stop(session)
 
 
-def status(info: ServerInfo) -> dict:
-    return _client(info).status()
+def status(info: ServerInfo, timeout_s: float = 60) -> dict:
+    return _client(info, timeout_s).status()
 
 
 def session_problem(st: dict, session: str, started_ns: int) -> str | None:
@@ -45,9 +56,12 @@ def session_problem(st: dict, session: str, started_ns: int) -> str | None:
     return None
 
 
-def fetch(info: ServerInfo, timeout_s: float = 120) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """(collectives, steps, meta) recorded since the last start, all ranks."""
-    return _client(info, timeout_s).frames()
+def fetch(
+    info: ServerInfo, session: str | None = None, timeout_s: float = 120
+) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """(collectives, steps, meta) recorded since the last start, all ranks; with `session`, only while that
+    recording is still the workers' (else RecordingTaken)."""
+    return _client(info, timeout_s).frames(session)
 
 
 from_columnar = records_to_frames

@@ -27,7 +27,7 @@ import pandas as pd
 from tpcomm import contract as C
 from tpcomm.attribute import load, records
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
-from tpcomm.attribute.ranks import RankDied, RankWatch
+from tpcomm.attribute.ranks import RankDied, RankStopped, RankWatch
 from tpcomm.attribute.server import ServerInfo, check_server, is_alive
 from tpcomm.rundir import RunDir
 
@@ -62,6 +62,19 @@ class AttributeConfig:
     profile: bool = False
     profile_dir: str | None = None
     model_config: str | None = None
+    ca_cert: str | None = None  # TLS: the CA file that signed the server's certificate (--ca-cert)
+    insecure: bool = False  # TLS: no certificate verification (--insecure)
+
+
+HOOK_TIMEOUT_S = 30.0  # a status or stop call after a level: the workers answer between engine steps
+
+
+class WorkerStalled(load.ServerGone):
+    """A TP worker stopped answering (stopped, hung): the run stops there, naming it (`stopped`: which)."""
+
+    def __init__(self, reason: str, stopped: RankStopped | None = None):
+        super().__init__([])
+        self.reason, self.stopped = reason, stopped
 
 
 class Progress:
@@ -88,6 +101,8 @@ class Attribute:
         self.hook_meta: dict = {}
         self.notes: list[str] = []
         self._next_id = 0
+        self._current: tuple[int, int] | None = None  # (concurrency, repeat) of the level running now
+        self._armed: str | None = None  # the session this run armed and has not stopped yet (Ctrl-C stops it)
         import secrets
 
         self._run_id = secrets.token_hex(4)
@@ -97,11 +112,15 @@ class Attribute:
         return bool(self.info and self.info.plugin and self.info.plugin.get("enabled", True))
 
     def run(self, argv: list[str] | None = None) -> dict:
-        """Returns the result document (also in the run directory). Raises InputError before writing anything."""
+        """Returns the result document (also in the run directory). Raises InputError before writing anything.
+        Ctrl-C: the hook this run armed is disarmed, the finished levels are attributed, status.json says
+        "incomplete" (interrupted), and the result has `interrupted` set (the CLI exits 130)."""
         from tpcomm import redact
+        from tpcomm.attribute.server import tls_verify
 
         redact.register(self.cfg.api_key)  # never written to the run directory, a log or the report
-        self.info = check_server(self.cfg.server_url, self.cfg.model, self.cfg.api_key)
+        verify = tls_verify(self.cfg.ca_cert, self.cfg.insecure)
+        self.info = check_server(self.cfg.server_url, self.cfg.model, self.cfg.api_key, verify=verify)
         redact.register(self.info.api_key)  # also when it came from OPENAI_API_KEY
         spec = self.cfg.spec
         if self.info.max_model_len and spec.input_len + spec.output_len > self.info.max_model_len:
@@ -120,16 +139,22 @@ class Attribute:
         self.rd = RunDir(self.cfg.out)
         self.rd.record_command("attribute", argv)
         self.rd.mark("attribute", "running", server_url=self.info.url, model=self.info.model)
+        if isinstance(self.info.plugin_error, records.HookTimeout):
+            # The hook's routes are there, its workers do not answer: nothing can be measured (every request
+            # would wait for them too).
+            why = self._not_answering("GET /tpcomm/v1/status", self.info.plugin_error, None).reason
+            self.notes.append(why)
+            self.rd.mark("attribute", "failed", reason=why)
+            return self.result(complete=False, reason=why)
         if not self.plugin_on:
             self.notes.append(self.info.plugin_note + "; " + self.info.enable_hint())
-        prompts = load.build_prompts(self.info, spec)
-        self.prompt_note = prompts.note
         try:
+            prompts = load.build_prompts(self.info, spec)
+            self.prompt_note = prompts.note
             self.progress.note(f"warm-up: {spec.warmup} request(s)")
             warm = load.warmup(self.info, spec, prompts)
             if warm and not any(r["ok"] for r in warm):
-                answered = warm[0]["error"].startswith("HTTP ")
-                if answered:
+                if warm[0]["error"].startswith("HTTP "):
                     # The server is there and says no (e.g. 501 from a non-vLLM server): a user's problem to fix,
                     # named with what it answered; nothing measured yet, so nothing is lost.
                     from tpcomm.errors import InputError
@@ -142,11 +167,13 @@ class Attribute:
                         f"{warm[0]['error'][:200]})",
                         "a vLLM OpenAI-compatible server that completes streaming requests",
                     )
-                raise (
-                    load.ServerGone(warm)
-                    if not is_alive(self.info.url)
-                    else RuntimeError("every warm-up request failed: " + warm[0]["error"])
-                )
+                if not is_alive(self.info.url, verify=self.info.verify):
+                    raise load.ServerGone(warm)
+                # Alive, yet no warm-up request completed (e.g. streams cut mid-way): nothing to measure on.
+                why = f"every warm-up request failed ({warm[0]['error'][:200]})"
+                self.notes.append(why)
+                self.rd.mark("attribute", "failed", reason=why)
+                return self.result(complete=False, reason=why)
             self.info.fingerprint = next((r.get("fingerprint") for r in warm if r.get("fingerprint")), None)
             if not self.plugin_on:
                 self.notes[-1] = self.info.plugin_note + "; " + self.info.enable_hint(self.server_tp() or "N")
@@ -154,18 +181,27 @@ class Attribute:
                 for c in self.cfg.concurrency:
                     self._level(c, rep, prompts)
         except load.ServerGone as e:
-            # A named cause (a TP worker that died, see ranks.py) or just a server that no longer answers.
+            # A named cause (a TP worker that died or stopped, see ranks.py) or just a server that no longer
+            # answers.
             reason = getattr(e, "reason", None) or "server stopped answering"
             death = getattr(e, "death", None)
+            if self._armed and isinstance(e, WorkerStalled):
+                # Our recording is still armed. The stop waits in the engine until the worker runs again, and
+                # names our session: it can never end another client's recording later.
+                try:
+                    records.stop(self.info, self._armed, timeout_s=2)
+                except records.HookError:
+                    self.notes.append("the hook's recording stops when the stopped worker runs again")
+                self._armed = None
             self._write_load()
             if self.levels:
                 try:  # attribute what was measured before the server went away
                     self._analyse()
-                except Exception as e:
-                    self.notes.append(f"attribution of the partial run failed: {type(e).__name__}: {e}")
+                except Exception as err:  # noqa: BLE001 - what was measured stays on disk either way
+                    self.notes.append(f"attribution of the partial run failed: {type(err).__name__}: {err}")
             self.notes.append(
                 f"{reason}: results up to that point are kept"
-                if death
+                if reason != "server stopped answering"
                 else "the server stopped answering mid-run: results up to that point are kept"
             )
             self.rd.mark(
@@ -175,34 +211,70 @@ class Attribute:
                 levels_done=len(self.levels),
                 requests=len(self.requests),
                 **({"dead_rank": death.to_dict()} if death else {}),
+                **({"stopped_rank": e.stopped.to_dict()} if getattr(e, "stopped", None) else {}),
             )
             return self.result(complete=False, reason=reason)
+        except KeyboardInterrupt:
+            return self._interrupted()
         self._analyse()
         if self.cfg.profile:
             self._profile(prompts)
+        if bad := self.summary.incomplete():
+            # judge/complete.py, once, on every level: failed requests, another client, other traffic.
+            reason = "; ".join(bad)
+            self.rd.mark("attribute", "incomplete", reason=reason, levels=len(self.levels), requests=len(self.requests))
+            return self.result(complete=False, reason=reason)
         self.rd.mark(
             "attribute", "complete", levels=len(self.levels), requests=len(self.requests), plugin=self.plugin_on
         )
         return self.result(complete=True)
 
+    def _interrupted(self) -> dict:
+        """Ctrl-C: disarm the hook this run armed, keep and attribute what finished, mark the run."""
+        where = f"C={self._current[0]} repeat {self._current[1]}" if self._current else "the warm-up"
+        reason = f"interrupted (Ctrl-C) during {where}"
+        try:
+            if self._armed:
+                try:  # only our own recording (a late stop never ends another client's)
+                    records.stop(self.info, self._armed, timeout_s=5)
+                    self._armed = None
+                except records.HookError as e:
+                    self.notes.append(f"the hook's recording could not be stopped after Ctrl-C ({e})")
+            self._write_load()
+            if any(not lv.get("interrupted") for lv in self.levels):
+                try:
+                    self._analyse()
+                except Exception as e:  # noqa: BLE001 - what was measured stays on disk either way
+                    self.notes.append(f"attribution of the finished levels failed: {type(e).__name__}: {e}")
+        except KeyboardInterrupt:  # a second Ctrl-C: mark the run and go
+            reason += " (twice: the finished levels may be unattributed)"
+        self.notes.append(f"{reason}: the finished levels are kept")
+        self.rd.mark(
+            "attribute", "incomplete", reason=reason, levels_done=len(self.levels), requests=len(self.requests)
+        )
+        return self.result(complete=False, reason=reason, interrupted=True)
+
     # ---- load ---------------------------------------------------------------
     def _level(self, c: int, rep: int, prompts: load.Prompts) -> None:
         # Our own recording session: a start or stop from another client during the level is detected below.
         session = f"attribute-{self._run_id}-c{c}-r{rep}"
+        self._current = (c, rep)
         # Watch the TP workers while the level runs, from before its recording starts: a worker that dies
         # takes the server down with it, and only the order of the deaths tells which one failed.
         watch = RankWatch(self.info, c).start() if self.plugin_on else None
         try:
-            start_error = self._hook(lambda info: records.start(info, session)) if self.plugin_on else None
-        except load.ServerGone:
+            start_error = self._hook(lambda info: records.start(info, session), watch) if self.plugin_on else None
+        except load.ServerGone as e:
             death = watch.stop(requests_failed=True) if watch is not None else None
-            if death:
+            if death and not getattr(e, "reason", None):
                 raise RankDied(death, death.message(while_="the level's hook recording was being started")) from None
             raise
         except BaseException:
             if watch is not None:
                 watch.stop()
             raise
+        if self.plugin_on and start_error is None:
+            self._armed = session
         if watch is not None and start_error is not None:
             watch.stop()
             watch = None
@@ -217,13 +289,15 @@ class Attribute:
     def _rounds(
         self, c: int, rep: int, prompts: load.Prompts, session: str, start_error: str | None, watch: RankWatch | None
     ) -> None:
-        """The level's load rounds until one is steady, then its records; `watch` names a worker that dies.
-        `start_error`: why the hook's recording could not be started (None: it was, or there is no plugin)."""
+        """The level's load rounds until one is steady, then its records; `watch` names a worker that dies or
+        stops. `start_error`: why the hook's recording could not be started (None: it was, or no plugin)."""
         spec = self.cfg.spec
         t_level = time.time_ns()  # the level's requests start now (a death is timed from here)
+        abort = (lambda: s.message() if (s := watch.stopped()) else None) if watch is not None else None
         for rnd in range(spec.max_rounds):
             self.progress.level_start(c, rep, rnd, spec.requests)
             offset = self._next_id
+            sink: list[dict] = []
             try:
                 rows = asyncio.run(
                     load.run_round(
@@ -233,10 +307,26 @@ class Attribute:
                         c,
                         spec.requests,
                         on_done=self.progress.request_done,
-                        is_alive=lambda: is_alive(self.info.url),
+                        is_alive=lambda: is_alive(self.info.url, verify=self.info.verify),
                         id_offset=offset,
+                        sink=sink,
+                        abort=abort,
                     )
                 )
+            except load.Aborted as e:  # a TP worker stopped answering (ranks.py): nothing more to ask it
+                req, tok = self._add_rows(e.args[0], (c, rep), rnd, True)
+                lv = self._level_doc(c, rep, rnd, req, tok, None, e.reason, [f"incomplete: {e.reason}"])
+                stopped = watch.stopped(0)
+                lv.update(worker_problem=e.reason, **({"stopped_rank": stopped.to_dict()} if stopped else {}))
+                self.levels.append(lv)
+                raise WorkerStalled(e.reason, stopped) from None
+            except KeyboardInterrupt:
+                req, tok = self._add_rows(sink, (c, rep), rnd, True)
+                why = "interrupted (Ctrl-C) during this level"
+                lv = self._level_doc(c, rep, rnd, req, tok, None, why, [f"incomplete: {why}"])
+                lv["interrupted"] = why
+                self.levels.append(lv)
+                raise
             except load.ServerGone as e:
                 req, tok = self._add_rows(e.args[0] if e.args else [], (c, rep), rnd, True)
                 death = watch.stop(requests_failed=True) if watch is not None else None
@@ -247,7 +337,7 @@ class Attribute:
                     )
                     lv = self._level_doc(c, rep, rnd, req, tok, None, why, [flag])
                     if death:
-                        lv.update(hook_problem=why, rank_died=death.to_dict())
+                        lv.update(worker_problem=why, rank_died=death.to_dict())
                     self.levels.append(lv)
                 raise (RankDied(death, why) if death else load.ServerGone([])) from None
             req, tok = self._add_rows(rows, (c, rep), rnd, True)
@@ -265,7 +355,7 @@ class Attribute:
         self.levels.append(lv)
         if death:  # the requests ended (failed) before the server went away: the hook cannot be asked any more
             why = death.message(t_level)
-            lv.update(hook_problem=why, rank_died=death.to_dict())
+            lv.update(worker_problem=why, rank_died=death.to_dict())
             lv["flags"].append(f"incomplete: {why}")
             raise RankDied(death, why)
         repeat_spread(self.levels, spec.spread_pct)
@@ -273,24 +363,29 @@ class Attribute:
             {
                 "concurrency": c,
                 "repeat": rep,
-                "t_start_ns": int(req["t_start_ns"].min()),
-                "t_end_ns": int(req["t_end_ns"].max()),
+                "t_start_ns": int(req["t_start_ns"].min()) if len(req) else t_level,
+                "t_end_ns": int(req["t_end_ns"].max()) if len(req) else time.time_ns(),
             }
         )
         if self.plugin_on and start_error is None:
             problem = None
             try:
-                problem = records.session_problem(records.status(self.info), session, self._started_ns(c))
+                st = records.status(self.info, timeout_s=HOOK_TIMEOUT_S)
+                problem = records.session_problem(st, session, self._started_ns(c))
+            except records.HookTimeout as e:
+                self._stalled(lv, "GET /tpcomm/v1/status", e, watch)
             except records.HookError as e:
                 problem = f"the hook's status could not be read before stopping ({e})"
-            self._hook(records.stop)
+            self._hook(lambda info: records.stop(info, session, timeout_s=HOOK_TIMEOUT_S), watch, lv)
+            self._armed = None
             if problem:
                 lv["hook_problem"] = problem
                 lv["flags"].append(f"C={c}: {problem}; this level's split is not computed")
                 self.notes.append(f"C={c}: {problem}")
-            fetch_error = self._pull_records(c, rep)
-            if fetch_error:
-                lv["records_problem"] = f"the hook's records could not be fetched ({fetch_error})"
+            else:
+                fetch_error = self._pull_records(c, rep, session, lv, watch)
+                if fetch_error:
+                    lv["records_problem"] = f"the hook's records could not be fetched ({fetch_error})"
         elif self.plugin_on:
             lv["records_problem"] = f"the hook's recording could not be started ({start_error})"
         self._write_load()
@@ -356,21 +451,60 @@ class Attribute:
         self.rd.write_json(C.LOAD_LEVELS, self.levels)
 
     # ---- hook ---------------------------------------------------------------
-    def _hook(self, fn: Callable) -> str | None:
-        """Call the hook; None when it answered, else its error (noted). ServerGone when the server is gone."""
+    def _hook(self, fn: Callable, watch: RankWatch | None = None, lv: dict | None = None) -> str | None:
+        """Call the hook; None when it answered, else its error (noted). ServerGone when the server is gone;
+        WorkerStalled (the level `lv` marked) when its workers do not answer."""
         try:
             fn(self.info)
             return None
+        except records.HookTimeout as e:
+            self._stalled(lv, "the hook", e, watch)
         except records.HookError as e:
-            if not is_alive(self.info.url):
+            if not is_alive(self.info.url, verify=self.info.verify):
                 raise load.ServerGone([]) from None
             self.notes.append(f"hook: {e}")
             return str(e)
 
-    def _pull_records(self, c: int, rep: int) -> str | None:
-        """Fetch the hook's records into the run directory; the error, if they could not be fetched."""
+    def _not_answering(self, what: str, e: Exception, watch: RankWatch | None) -> WorkerStalled:
+        """Why the workers did not answer `what`, from their process states (GET /tpcomm/v1/workers answers
+        without them): a stopped rank by name, else the timeout."""
+        stopped = watch.stopped(0) if watch is not None else None
+        if stopped is None:
+            from tpcomm.hook.client import HookClient
+
+            try:
+                ws = HookClient(self.info.url, self.info.api_key, timeout_s=5, verify=self.info.verify).workers()
+            except records.HookError:
+                ws = []
+            st = next((w for w in ws if w.get("state") in ("T", "t")), None)
+            if st is not None:
+                c = self._current[0] if self._current else None
+                stopped = RankStopped(int(st["rank"]), int(st["pid"]), st["state"], time.time_ns(), c)
+        if stopped is not None:
+            return WorkerStalled(f"{stopped.message()}; {what} got no answer ({e.problem})", stopped)
+        return WorkerStalled(f"the TP workers did not answer {what} ({e.problem}): a worker hung?", None)
+
+    def _stalled(self, lv: dict | None, what: str, e: Exception, watch: RankWatch | None) -> None:
+        err = self._not_answering(what, e, watch)
+        if lv is not None:
+            lv.update(worker_problem=err.reason, **({"stopped_rank": err.stopped.to_dict()} if err.stopped else {}))
+            lv["flags"].append(f"incomplete: {err.reason}")
+            self._write_load()
+        raise err
+
+    def _pull_records(self, c: int, rep: int, session: str, lv: dict, watch: RankWatch | None) -> str | None:
+        """Fetch this level's records (only while they are still our session's) into the run directory; the
+        error, if they could not be fetched."""
         try:
-            coll, steps, meta = records.fetch(self.info)
+            coll, steps, meta = records.fetch(self.info, session)
+        except records.HookTimeout as e:
+            self._stalled(lv, "GET /tpcomm/v1/records", e, watch)
+        except records.RecordingTaken as e:
+            why = f"another client restarted the hook's recording while this level's records were pulled ({e.problem})"
+            lv["hook_problem"] = why
+            lv["flags"].append(f"C={c}: {why}; this level's split is not computed")
+            self.notes.append(f"C={c}: {why}")
+            return None
         except records.HookError as e:
             self.notes.append(f"hook: {e}")
             return str(e)
@@ -380,6 +514,7 @@ class Attribute:
         self.rd.write_table(C.HOOK_COLLECTIVES, self.coll)
         self.rd.write_table(C.HOOK_STEPS, self.steps)
         self.rd.write_json(C.HOOK_META, meta)
+        return None
 
     # ---- analysis -----------------------------------------------------------
     def _analyse(self) -> None:
@@ -430,10 +565,11 @@ class Attribute:
             "plugin": self.plugin_on,
         }
 
-    def result(self, complete: bool, reason: str | None = None) -> dict:
+    def result(self, complete: bool, reason: str | None = None, interrupted: bool = False) -> dict:
         return {
             "complete": complete,
             "incomplete_reason": reason,
+            "interrupted": interrupted,
             "run_dir": str(self.rd.path),
             "plugin": self.plugin_on,
             "levels": self.levels,
@@ -473,9 +609,11 @@ def reanalyse_run_dir(run_dir: str, model_config: str | None = None, argv: list[
     rd.record_command("attribute --reanalyse", argv)
     att = analyse_run_dir(rd, model_source=model_config, notes=[f"re-analysed from the run's records ({rd.path})"])
     state = (status.get("attribute") or {}).get("state", "complete")
+    bad = att.incomplete()  # judged again with this tpcomm (judge/complete.py)
     return {
-        "complete": state == "complete",
-        "incomplete_reason": (status.get("attribute") or {}).get("reason"),
+        "complete": state == "complete" and not bad,
+        "incomplete_reason": (status.get("attribute") or {}).get("reason") or ("; ".join(bad) if bad else None),
+        "interrupted": False,
         "run_dir": str(rd.path),
         "plugin": att.plugin,
         "levels": levels,

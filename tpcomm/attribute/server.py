@@ -2,6 +2,10 @@
 the model asked for, accepting our key, and whether the tpcomm plugin is on.
 
 Each problem a user can fix becomes an InputError naming the option at fault.
+TLS: an https URL is verified against the system's CA bundle (certifi's), or
+SSL_CERT_FILE / SSL_CERT_DIR when set, or the --ca-cert file; --insecure skips
+verification (said on the terminal). Every request of the run (load, hook,
+watch) uses the same setting: `ServerInfo.verify`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class ServerInfo:
     plugin_note: str = ""
     fingerprint: str | None = None  # "vllm-0.32.0-tp2-..." from a completion, when seen
     extra: dict[str, Any] = field(default_factory=dict)
+    verify: Any = True  # httpx's `verify`: True (system CAs, SSL_CERT_FILE), an ssl.SSLContext, or False
+    plugin_error: Exception | None = None  # why /tpcomm/v1/status failed, when it did (a HookError)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -41,14 +47,49 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def check_server(url: str, model: str | None = None, api_key: str | None = None, timeout_s: float = 10) -> ServerInfo:
+def tls_verify(ca_cert: str | None = None, insecure: bool = False) -> Any:
+    """httpx's `verify` for --ca-cert / --insecure (default: system CAs, or SSL_CERT_FILE when set)."""
+    if insecure:
+        return False
+    if not ca_cert:
+        return True
+    import ssl
+
+    try:
+        return ssl.create_default_context(cafile=ca_cert)
+    except (OSError, ssl.SSLError) as e:
+        raise InputError(
+            f"--ca-cert {ca_cert}",
+            f"cannot be loaded as CA certificates ({getattr(e, 'strerror', None) or e})",
+            "a PEM file with the certificate(s) that signed the server's",
+        ) from None
+
+
+def check_server(
+    url: str,
+    model: str | None = None,
+    api_key: str | None = None,
+    timeout_s: float = 10,
+    verify: Any = True,
+) -> ServerInfo:
     """Probe the server; raise InputError for anything the user must fix."""
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise InputError("--server-url", f"{url!r} is not an http(s) URL", "e.g. http://localhost:8000")
     api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
     try:
-        r = httpx.get(url + "/v1/models", headers=auth_headers(api_key), timeout=timeout_s)
+        r = httpx.get(url + "/v1/models", headers=auth_headers(api_key), timeout=timeout_s, verify=verify)
+    except httpx.ConnectError as e:
+        if "CERTIFICATE_VERIFY_FAILED" in str(e) or "certificate verify failed" in str(e):
+            raise InputError(
+                "--server-url",
+                f"{url}: its TLS certificate could not be verified ({_one_line(str(e))})",
+                "--ca-cert FILE with the certificate that signed it (or SSL_CERT_FILE=FILE), or --insecure to "
+                "skip verification",
+            ) from None
+        raise InputError(
+            "--server-url", f"cannot reach {url} ({type(e).__name__}: {e})", "a running vLLM OpenAI-compatible server"
+        ) from None
     except httpx.HTTPError as e:
         raise InputError(
             "--server-url", f"cannot reach {url} ({type(e).__name__}: {e})", "a running vLLM OpenAI-compatible server"
@@ -85,29 +126,36 @@ def check_server(url: str, model: str | None = None, api_key: str | None = None,
         root=card.get("root"),
         max_model_len=card.get("max_model_len"),
         api_key=api_key,
+        verify=verify,
     )
-    info.plugin, info.plugin_note = plugin_status(url, api_key, timeout_s)
+    info.plugin, info.plugin_note, info.plugin_error = plugin_status(url, api_key, timeout_s, verify)
     return info
 
 
-def plugin_status(url: str, api_key: str | None, timeout_s: float = 10) -> tuple[dict | None, str]:
-    """The hook's status document (through the one hook client), or None and why not."""
+def plugin_status(
+    url: str, api_key: str | None, timeout_s: float = 10, verify: Any = True
+) -> tuple[dict | None, str, Exception | None]:
+    """The hook's status document (through the one hook client), or None and why not (and the error)."""
     from tpcomm.hook.client import HookClient, HookError, HookUnavailable
 
     try:
-        doc = HookClient(url, api_key=api_key, timeout_s=timeout_s).status()
-    except HookUnavailable:
-        return None, "the server has no /tpcomm/v1 routes (plugin not loaded)"
+        doc = HookClient(url, api_key=api_key, timeout_s=timeout_s, verify=verify).status()
+    except HookUnavailable as e:
+        return None, "the server has no /tpcomm/v1 routes (plugin not loaded)", e
     except (HookError, ValueError) as e:
-        return None, f"/tpcomm/v1/status failed ({e})"
+        return None, f"/tpcomm/v1/status failed ({e})", e
     if not doc.get("enabled", True):
         reasons = sorted({str(r.get("disabled_reason")) for r in doc.get("per_rank") or [] if r.get("disabled_reason")})
-        return doc, "plugin loaded but disabled: " + ("; ".join(reasons) or "see the server log")
-    return doc, "plugin on"
+        return doc, "plugin loaded but disabled: " + ("; ".join(reasons) or "see the server log"), None
+    return doc, "plugin on", None
 
 
-def is_alive(url: str, timeout_s: float = 3) -> bool:
+def is_alive(url: str, timeout_s: float = 3, verify: Any = True) -> bool:
     try:
-        return httpx.get(url.rstrip("/") + "/health", timeout=timeout_s).status_code == 200
+        return httpx.get(url.rstrip("/") + "/health", timeout=timeout_s, verify=verify).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    return " ".join(text.split())[:limit]

@@ -94,6 +94,8 @@ def render(res: dict, console: Console | None = None) -> None:
                 con.print(f"[yellow]C={a.concurrency} repeat {a.repeat}: {a.note}")
             if text := closure_text(a.concurrency, a.repeat, a.closure, a.stalls):
                 con.print(f"[red]{text}")
+    for line in att.incomplete() if att is not None else []:
+        con.print(f"[red]INCOMPLETE level {line} (no headline from it)")
     for n in res.get("notes", []):
         con.print(f"[yellow]{n}")
     if res.get("profile"):

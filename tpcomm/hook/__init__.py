@@ -1,13 +1,14 @@
 """The tpcomm hook: a vLLM plugin that times every collective inside the serving workers.
 
-Turn it on by installing tpcomm into the server's Python environment and naming
-it in VLLM_PLUGINS (one line):
+Turn it on by installing tpcomm into the server's Python environment and
+switching it on (one line; switch.py says why not VLLM_PLUGINS, an allow-list):
 
-    VLLM_PLUGINS=tpcomm vllm serve MODEL --tensor-parallel-size 8
+    TPCOMM_HOOK=1 vllm serve MODEL --tensor-parallel-size 8
 
 Then POST /tpcomm/v1/start arms recording, GET /tpcomm/v1/records returns the
 records (see routes.py), and `tpcomm.hook.client.HookClient` fetches them into
-a run directory. Without VLLM_PLUGINS naming tpcomm nothing is patched.
+a run directory. Without TPCOMM_HOOK=1 (or VLLM_PLUGINS naming tpcomm) nothing
+is patched.
 
 Modules: plugin.py (worker-side patches), core.py (state and the timed call),
 recorder.py (the bounded buffer), timing.py (host timer, CUDA events and

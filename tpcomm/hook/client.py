@@ -28,8 +28,9 @@ from tpcomm.errors import InputError
 
 ENABLE_HINT = (
     "interconnect attribution needs the tpcomm plugin in the server: install tpcomm in the server's "
-    "environment and start it with\n  VLLM_PLUGINS=tpcomm python -m vllm.entrypoints.openai.api_server "
-    "--model {model} --tensor-parallel-size {tp}"
+    "environment and start it with\n  TPCOMM_HOOK=1 python -m vllm.entrypoints.openai.api_server "
+    "--model {model} --tensor-parallel-size {tp}\n(a server that sets VLLM_PLUGINS, an allow-list, must list "
+    "tpcomm in it too)"
 )
 
 _DTYPE = {"i": "int64", "f": "float64", "s": "string", "b": "bool"}
@@ -49,18 +50,36 @@ class HookUnavailable(HookError):
     """The server answers but has no tpcomm routes (plugin not enabled) or its workers lack the hook."""
 
 
+class HookTimeout(HookError):
+    """The workers did not answer in time (504 from the routes, or no answer within the client's timeout):
+    a worker stopped (SIGSTOP, a debugger) or hung; the API server itself may be fine."""
+
+
+class RecordingTaken(HookError):
+    """The recording is no longer this client's: another client started (or stopped) it meanwhile."""
+
+
 class HookClient:
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 120.0, keep_alive: bool = False):
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        keep_alive: bool = False,
+        verify: Any = True,
+    ):
         """`keep_alive`: one connection pool for every request of this client (for a poller: a fresh
-        httpx client costs ~25-40 ms of CPU each, in the process that also times the load's tokens)."""
+        httpx client costs ~25-40 ms of CPU each, in the process that also times the load's tokens).
+        `verify`: httpx's TLS verification (True: system CAs or SSL_CERT_FILE; an ssl.SSLContext; False)."""
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s
+        self.verify = verify
         self._http: Any = None
         if keep_alive:
             import httpx
 
-            self._http = httpx.Client(timeout=timeout_s)
+            self._http = httpx.Client(timeout=timeout_s, verify=verify)
 
     def close(self) -> None:
         if self._http is not None:
@@ -76,12 +95,26 @@ class HookClient:
         deadline = time.monotonic() + self.timeout_s
         try:
             while True:
-                send = self._http.request if self._http is not None else httpx.request
-                r = send(method, self.url + path, headers=headers, params=params, timeout=self.timeout_s)
+                if self._http is not None:
+                    r = self._http.request(method, self.url + path, headers=headers, params=params)
+                else:
+                    r = httpx.request(
+                        method,
+                        self.url + path,
+                        headers=headers,
+                        params=params,
+                        timeout=self.timeout_s,
+                        verify=self.verify,
+                    )
                 if r.status_code != 429 or time.monotonic() > deadline:
                     break
                 # Another client's pull is being served (one at a time): wait as the server asks.
                 time.sleep(min(float(r.headers.get("Retry-After") or 1), 5.0))
+        except httpx.TimeoutException as e:
+            raise HookTimeout(
+                f"server {self.url}",
+                f"did not answer {method} {path} within {self.timeout_s:g} s ({type(e).__name__})",
+            ) from None
         except httpx.HTTPError as e:
             raise HookError(
                 f"server {self.url}",
@@ -99,6 +132,10 @@ class HookClient:
             raise HookUnavailable(
                 f"server {self.url}", f"has no tpcomm hook ({r.status_code} on {path}: {detail}); " + enable_hint()
             )
+        if r.status_code == 504:
+            raise HookTimeout(f"server {self.url}", f"answered 504 on {path}: {_error_text(r)}")
+        if r.status_code == 409:
+            raise RecordingTaken(f"server {self.url}", f"answered 409 on {path}: {_error_text(r)}")
         if r.status_code != 200:
             raise HookError(f"server {self.url}", f"answered {r.status_code} on {path}: {_error_text(r)}")
         return r
@@ -118,20 +155,39 @@ class HookClient:
         """Clear and arm; `session` names this recording so a later status shows whether it is still ours."""
         return self._request("POST", "/tpcomm/v1/start", {"session": session} if session else None).json()
 
-    def stop(self) -> dict:
-        return self._request("POST", "/tpcomm/v1/stop").json()
+    def stop(self, session: str | None = None) -> dict:
+        """Disarm; with `session`, only that recording (never another client's, even if this call arrives
+        late: the workers check it when they run it)."""
+        return self._request("POST", "/tpcomm/v1/stop", {"session": session} if session else None).json()
 
     def workers(self) -> list[dict]:
-        """[{rank, pid, host, identity, alive}]: checked in the API server, no engine round trip (answers while a worker is dead)."""
-        doc = self._request("GET", "/tpcomm/v1/workers").json()
-        return list(doc.get("workers") or []) if isinstance(doc, dict) else []
+        """[{rank, pid, host, identity, alive, state}]: checked in the API server, no engine round trip (answers
+        while a worker is dead or stopped)."""
+        return list(self.workers_doc().get("workers") or [])
 
-    def records(self) -> dict:
-        """The raw columnar document {"meta", "collectives", "steps"}, pulled page by page."""
-        doc = self._request("GET", "/tpcomm/v1/records", {"page": 0}).json()
-        pages = int((doc.get("meta") or {}).get("pages") or 1)
+    def workers_doc(self) -> dict:
+        """GET /tpcomm/v1/workers whole: {"workers": [...], "api_server": {pid, host, identity}, "checked_ns"}."""
+        doc = self._request("GET", "/tpcomm/v1/workers").json()
+        return doc if isinstance(doc, dict) else {}
+
+    def records(self, session: str | None = None) -> dict:
+        """The raw columnar document {"meta", "collectives", "steps"}, pulled page by page. Every page must
+        come from the same recording (session and start time); with `session`, the server refuses a page of
+        another (409). A recording restarted between pages is a `RecordingTaken`, never a silent truncation."""
+        params = {"session": session} if session else {}
+        doc = self._request("GET", "/tpcomm/v1/records", {**params, "page": 0}).json()
+        first = doc.get("meta") or {}
+        pages = int(first.get("pages") or 1)
         for page in range(1, pages):
-            more = self._request("GET", "/tpcomm/v1/records", {"page": page}).json()
+            more = self._request("GET", "/tpcomm/v1/records", {**params, "page": page}).json()
+            meta = more.get("meta") or {}
+            changed = [k for k in ("session", "started_ns", "pages") if meta.get(k) != first.get(k)]
+            if changed:
+                raise RecordingTaken(
+                    f"server {self.url}",
+                    f"records page {page} of {pages} comes from another recording ({', '.join(changed)} changed: "
+                    f"session {first.get('session')!r} -> {meta.get('session')!r}); another client restarted it",
+                )
             for table in ("collectives", "steps"):
                 for k, v in (more.get(table) or {}).items():
                     doc[table].setdefault(k, []).extend(v)
@@ -140,9 +196,9 @@ class HookClient:
     def metrics(self) -> str:
         return self._request("GET", "/tpcomm/v1/metrics").text
 
-    def frames(self) -> tuple[Any, Any, dict]:
+    def frames(self, session: str | None = None) -> tuple[Any, Any, dict]:
         """(collectives DataFrame, steps DataFrame, meta dict) of the records since the last start."""
-        return records_to_frames(self.records())
+        return records_to_frames(self.records(session))
 
     def save(self, run_dir: Any) -> dict[str, Path]:
         """Fetch the records and write RUN_DIR/hook/{collectives.parquet, steps.parquet, meta.json}."""

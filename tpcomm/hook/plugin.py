@@ -2,7 +2,8 @@
 
 Entry point ``vllm.general_plugins: tpcomm = tpcomm.hook.plugin:register``.
 vLLM calls `register()` in each process it starts when ``VLLM_PLUGINS``
-names tpcomm (or is unset). It patches classes, not objects:
+names tpcomm (or is unset); it acts only when switched on (TPCOMM_HOOK=1 or
+VLLM_PLUGINS naming tpcomm, see switch.py). It patches classes, not objects:
 
 - `GroupCoordinator` (vllm/distributed/parallel_state.py): the methods that
   do the transfer (`_all_reduce_out_place`, `_all_gather_out_place`,
@@ -88,21 +89,20 @@ _CUDA_BACKENDS = [
 _installed = False
 
 
-def named_in_vllm_plugins() -> bool:
-    return "tpcomm" in [p.strip() for p in os.environ.get("VLLM_PLUGINS", "").split(",")]
-
-
 def register() -> None:
     """vLLM general-plugin entry point. Never raises: a failure leaves vLLM unpatched."""
+    from tpcomm.hook import switch
+
     global _installed
     if _installed:
         return
     _installed = True
-    # vLLM loads every installed general plugin when VLLM_PLUGINS is unset; tpcomm
-    # patches nothing unless the operator names it (the endpoint plugin has the same rule).
-    if not named_in_vllm_plugins():
+    # vLLM loads every installed general plugin when VLLM_PLUGINS is unset; tpcomm patches nothing unless the
+    # operator switches it on: TPCOMM_HOOK=1, or VLLM_PLUGINS naming it (an allow-list: see switch.py).
+    if not switch.switched_on():
         return
     try:
+        switch.attach_routes_without_allowlist()
         _install()
     except Exception as e:  # noqa: BLE001 - a broken hook must not stop the server
         HOOK.fail("install", e)

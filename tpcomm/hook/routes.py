@@ -1,17 +1,30 @@
 """vLLM endpoint plugin: the /tpcomm/v1/* routes on the API server.
 
 Entry point ``vllm.endpoint_plugins: tpcomm = tpcomm.hook.routes:make_plugin``;
-vLLM loads it only when VLLM_PLUGINS names tpcomm. Each route reaches every
+vLLM loads it when VLLM_PLUGINS names tpcomm, and switch.py adds it when
+TPCOMM_HOOK=1 with VLLM_PLUGINS unset. Each route reaches every
 worker with ``engine_client.collective_rpc("tpcomm_...")`` (the methods that
 plugin.py adds to the workers) and returns the per-rank answers together.
 
     GET  /tpcomm/v1/status    enabled, ranks, versions, buffer use, drops, session
     POST /tpcomm/v1/start     clear the buffers and arm recording on every rank (?session=ID names the run)
-    POST /tpcomm/v1/stop      disarm (records stay until the next start)
-    GET  /tpcomm/v1/records   columnar JSON {"meta", "collectives", "steps"}; ?page=N for PAGE_ROWS rows of
-                              each table per rank (meta.pages says how many); one answer at a time, others 429
+    POST /tpcomm/v1/stop      disarm (records stay until the next start); ?session=ID: only that recording
+    GET  /tpcomm/v1/records   columnar JSON {"meta", "collectives", "steps"}, ?page=N (required) for PAGE_ROWS
+                              rows of each table per rank (meta.pages says how many); ?session=ID: 409 unless
+                              the workers still record that session; one answer at a time, others 429
     GET  /tpcomm/v1/metrics   Prometheus text (histograms kept on the workers, see metrics.py)
-    GET  /tpcomm/v1/workers   is each worker (rank, pid last seen) still alive: checked here, no engine round trip
+    GET  /tpcomm/v1/workers   each worker (rank, pid last seen): alive, process state (T = stopped), and
+                              this API server's own pid: checked here, no engine round trip
+
+Control that cannot drift (issue 22): vLLM's executor reads one reply per
+worker per call, in order; a call that times out there leaves the late
+worker's reply queued, and it then answers the next call (ranks one call
+apart until the server restarts). So the workers are called with no timeout
+in the executor (a call that waits here is abandoned after RPC_TIMEOUT_S,
+TPCOMM_RPC_TIMEOUT_S on the server, answering 504, while the engine still
+reads every reply when the worker runs again), and every call carries a
+sequence number each worker echoes: a reply of another call is discarded and
+the state re-read once; if that is out of step too, 502, never a mixed answer.
 
 vLLM's API-key middleware guards only /v1, /v2, /inference and /cohere, so
 these routes check ``Authorization: Bearer KEY`` against the server's
@@ -24,6 +37,7 @@ of /start is ignored unless TPCOMM_HOOK_TEST_FAULTS=1 is set on the server.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -36,10 +50,21 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from tpcomm.procid import identity
+from tpcomm.procid import state as proc_state
 
-RPC_TIMEOUT_S = 120.0
 logger = logging.getLogger("vllm.tpcomm.routes")
-_SESSION = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_SESSION = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # fullmatch: `$` would accept a trailing newline
+_NONCE = secrets.token_hex(4)  # this API server's calls, told from another process's
+_calls = itertools.count(1)
+
+
+def rpc_timeout_s() -> float:
+    try:
+        return max(1.0, float(os.environ.get("TPCOMM_RPC_TIMEOUT_S", "120")))
+    except ValueError:
+        return 120.0
+
+
 _pull_lock: asyncio.Lock | None = None  # one /records answer at a time: each holds a page of every rank in memory
 
 
@@ -87,23 +112,62 @@ def _check(request: Request) -> Any:
 
 
 async def _rpc(request: Request, method: str, **kwargs: Any) -> list[dict]:
+    """Every worker's answer to `method`, all to this very call (see the module docstring)."""
     engine = _check(request)
+    answers = await _call(engine, method, kwargs)
+    stale = _stale(answers, kwargs["seq"], method)
+    if stale:
+        # A reply of an earlier call: discard it and re-read (start and stop answer with the status they left).
+        again = "tpcomm_status" if method in ("tpcomm_start", "tpcomm_stop") else method
+        logger.warning("tpcomm: %s: %s; re-reading with %s", method, stale, again)
+        kw = {k: v for k, v in kwargs.items() if again == method or k == "seq"}
+        answers = await _call(engine, again, kw)
+        if again_stale := _stale(answers, kw["seq"], again):
+            raise _HTTPError(
+                502,
+                f"the workers answer out of step ({again_stale}): a call to them timed out in vLLM's executor "
+                "earlier, and their replies stay one call apart until the server restarts",
+            )
+    _remember_workers(request, answers)
+    return answers
+
+
+async def _call(engine: Any, method: str, kwargs: dict) -> list:
+    kwargs["seq"] = f"{_NONCE}-{next(_calls)}"
     try:
-        answers = await engine.collective_rpc(method, timeout=RPC_TIMEOUT_S, kwargs=kwargs or None)
-        _remember_workers(request, answers)
-        return answers
+        # No timeout in the executor (see the module docstring): the wait is bounded here instead.
+        return await asyncio.wait_for(engine.collective_rpc(method, timeout=None, kwargs=kwargs), rpc_timeout_s())
+    except TimeoutError:
+        raise _HTTPError(
+            504,
+            f"the workers did not answer {method} within {rpc_timeout_s():g} s (a worker stopped or hung? "
+            "GET /tpcomm/v1/workers shows each one's state)",
+        ) from None
     except NotImplementedError as e:
         raise _HTTPError(
-            503, f"the tpcomm hook is not installed in the workers ({e}); start the server with VLLM_PLUGINS=tpcomm"
+            503, f"the tpcomm hook is not installed in the workers ({e}); start the server with TPCOMM_HOOK=1"
         ) from None
     except Exception as e:  # noqa: BLE001 - an engine error is the server's problem, say so
         if "not implemented" in str(e).lower() or "has no attribute 'tpcomm_" in str(e):
             raise _HTTPError(
-                503, "the tpcomm hook is not installed in the workers; start the server with VLLM_PLUGINS=tpcomm"
+                503, "the tpcomm hook is not installed in the workers; start the server with TPCOMM_HOOK=1"
             ) from None
         # The details go to the server's log, not to the client.
         logger.warning("tpcomm: collective_rpc %s failed: %s: %s", method, type(e).__name__, e)
         raise _HTTPError(500, f"the workers did not answer {method} (see the server log)") from None
+
+
+def _stale(answers: Any, seq: str, method: str) -> str | None:
+    """Why `answers` are not every worker's reply to call `seq` (None: they are)."""
+    if not isinstance(answers, list) or not answers:
+        return "no answer"
+    off = []
+    for i, a in enumerate(answers):
+        body = a.get("meta") if isinstance(a, dict) and method == "tpcomm_records" else a
+        if not isinstance(body, dict) or body.get("seq") != seq or not isinstance(body.get("rank"), int):
+            got = body.get("seq") if isinstance(body, dict) else None
+            off.append(f"worker {i} answered call {got or 'of another kind'}")
+    return f"{'; '.join(off)}, not call {seq}" if off else None
 
 
 def _error(e: _HTTPError) -> JSONResponse:
@@ -159,10 +223,8 @@ async def start(request: Request) -> Response:
     try:
         _check(request)  # authenticate first: nothing about the parameters leaks to a caller without the key
         kw: dict[str, Any] = {}
-        session = request.query_params.get("session")
+        session = _session_param(request)
         if session is not None:
-            if not _SESSION.match(session):
-                raise _HTTPError(400, "session must be 1-64 characters of [A-Za-z0-9_.:-]")
             kw["session"] = session
         if os.environ.get("TPCOMM_HOOK_TEST_FAULTS") == "1":
             fault = _int_param(request, "inject_fault_after", 0, 2**31 - 1)
@@ -176,9 +238,18 @@ async def start(request: Request) -> Response:
 @router.post("/stop")
 async def stop(request: Request) -> Response:
     try:
-        return JSONResponse(_summary(await _rpc(request, "tpcomm_stop")))
+        _check(request)
+        session = _session_param(request)
+        return JSONResponse(_summary(await _rpc(request, "tpcomm_stop", **({"session": session} if session else {}))))
     except _HTTPError as e:
         return _error(e)
+
+
+def _session_param(request: Request) -> str | None:
+    session = request.query_params.get("session")
+    if session is not None and not _SESSION.fullmatch(session):
+        raise _HTTPError(400, "session must be 1-64 characters of [A-Za-z0-9_.:-]")
+    return session
 
 
 def unpack(v: Any) -> np.ndarray:
@@ -207,6 +278,9 @@ async def records(request: Request) -> Response:
     try:
         _check(request)
         page = _int_param(request, "page", 0, 2**20)
+        session = _session_param(request)
+        if page is None:  # a whole buffer at once is tens of MB per rank: always in pages
+            raise _HTTPError(400, "records come in pages: ?page=0, then 1 .. meta.pages - 1")
     except _HTTPError as e:
         return _error(e)
     _pull_lock = _pull_lock or asyncio.Lock()
@@ -218,7 +292,14 @@ async def records(request: Request) -> Response:
         )
     async with _pull_lock:
         try:
-            per_rank = await _rpc(request, "tpcomm_records", **({"page": page} if page is not None else {}))
+            per_rank = await _rpc(request, "tpcomm_records", page=page)
+            now = sorted({str(r["meta"].get("session")) for r in per_rank})
+            if session is not None and now != [session]:
+                raise _HTTPError(
+                    409,
+                    f"the workers record session {' / '.join(now)} now, not {session}: another client started "
+                    "recording (its start cleared the records of this session)",
+                )
         except _HTTPError as e:
             return _error(e)
         # Merging and encoding a page takes a while: off the event loop, so token streams keep flowing.
@@ -237,19 +318,20 @@ def _paged(doc: dict, page: int | None) -> dict:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    """From the files the workers publish (no engine round trip); the RPC only when a file cannot be read."""
+    """From the files the workers publish (no engine round trip); the RPC only when a file cannot be served.
+    The files are read off the event loop and checked there (publish.read_one): a FIFO, a link, a foreign or
+    huge file planted at their path never stalls /health or the token streams."""
     from tpcomm.hook.metrics import prometheus_text
-    from tpcomm.hook.publish import read_published
 
     try:
         _check(request)
         state = request.app.state
         files = getattr(state, "tpcomm_metric_files", None)
-        per_rank = read_published(files) if files else None
+        per_rank = await _published(files) if files else None
         if per_rank is None:
             st = await _rpc(request, "tpcomm_status")
             state.tpcomm_metric_files = [{"pid": r["pid"], "metrics_file": r.get("metrics_file")} for r in st]
-            per_rank = read_published(state.tpcomm_metric_files)
+            per_rank = await _published(state.tpcomm_metric_files)
             source = "published"
             if per_rank is None:
                 per_rank, source = await _rpc(request, "tpcomm_metrics"), "rpc"
@@ -258,6 +340,21 @@ async def metrics(request: Request) -> Response:
     except _HTTPError as e:
         return _error(e)
     return PlainTextResponse(prometheus_text(per_rank, source), media_type="text/plain; version=0.0.4")
+
+
+_refused: set[str] = set()  # metrics files refused so far (logged once each)
+
+
+async def _published(files: list[dict]) -> list[dict] | None:
+    from tpcomm.hook.publish import read_published
+
+    problems: list[str] = []
+    got = await asyncio.to_thread(read_published, files, problems)
+    for p in problems:
+        if p not in _refused and len(_refused) < 64:
+            _refused.add(p)
+            logger.warning("tpcomm: published metrics refused (%s); /tpcomm/v1/metrics asks the workers instead", p)
+    return got
 
 
 def _remember_workers(request: Request, answers: Any) -> None:
@@ -302,7 +399,15 @@ async def workers(request: Request) -> Response:
     import time
 
     seen = getattr(request.app.state, "tpcomm_workers", None) or {}
-    return JSONResponse({"workers": worker_liveness(seen, socket.gethostname()), "checked_ns": time.time_ns()})
+    me = os.getpid()
+    return JSONResponse(
+        {
+            "workers": worker_liveness(seen, socket.gethostname()),
+            # the API server itself: a client on this machine tells a whole-server stop from one rank's death
+            "api_server": {"pid": me, "host": socket.gethostname(), "identity": identity(me)},
+            "checked_ns": time.time_ns(),
+        }
+    )
 
 
 def worker_liveness(seen: dict[int, tuple], here: str) -> list[dict]:
@@ -316,5 +421,7 @@ def worker_liveness(seen: dict[int, tuple], here: str) -> list[dict]:
         # this process cannot read (a hidepid /proc, no boot id) proves nothing either way
         cur = identity(p) if ident is not None and h in (None, here) else None
         alive = _pid_alive(p) and (cur is None or cur == ident) if h in (None, here) else None
-        out.append({"rank": r, "pid": p, "host": h, "identity": ident, "alive": alive})
+        # T: stopped by a signal (SIGSTOP, a debugger): alive, but answering nothing until continued
+        st = proc_state(p) if alive else None
+        out.append({"rank": r, "pid": p, "host": h, "identity": ident, "alive": alive, "state": st})
     return out

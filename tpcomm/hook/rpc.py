@@ -3,10 +3,15 @@
 Each returns plain data (dicts, lists, numpy arrays) that vLLM's msgpack
 transport carries from every worker back to the API server. They run on the
 worker's own thread between engine steps, so they never race the recording.
+Each echoes the `seq` the API server sent with the call (in `meta` for
+records): vLLM reads one reply per worker per call in order, so a reply left
+behind by a call that timed out would otherwise answer the next call
+(routes.py discards such a reply and re-reads the state).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from typing import Any
@@ -26,14 +31,28 @@ from tpcomm.hook.recorder import (
 from tpcomm.procid import identity
 
 METHODS = ("tpcomm_status", "tpcomm_start", "tpcomm_stop", "tpcomm_records", "tpcomm_metrics")
-# Rows of each table per page of GET /tpcomm/v1/records (a full buffer is 262,144 collective rows per rank).
-PAGE_ROWS = 65_536
+# Rows of each table per page of GET /tpcomm/v1/records (a full buffer is 262,144 collective rows per rank);
+# TPCOMM_RECORDS_PAGE_ROWS on the server sets it (tests use small pages).
+PAGE_ROWS = _env_int("TPCOMM_RECORDS_PAGE_ROWS", 65_536)
 
 _versions: dict | None = None
 _served_config: dict | None = None
 # Keys of a Hugging Face config that no plan reads and that can be large (label maps, chat templates).
 _CONFIG_DROP = ("id2label", "label2id", "chat_template", "auto_map")
 _CONFIG_MAX_BYTES = 64_000
+
+
+def _sequenced(fn):
+    """Echo the caller's sequence number (routes._rpc) in the reply."""
+
+    @functools.wraps(fn)
+    def method(self: Any, *args: Any, seq: str | None = None, **kwargs: Any) -> dict:
+        out = fn(self, *args, **kwargs)
+        if seq is not None:
+            (out["meta"] if "meta" in out else out)["seq"] = seq
+        return out
+
+    return method
 
 
 def _rank(worker: Any) -> int:
@@ -90,6 +109,7 @@ def served_model_config(worker: Any) -> dict | None:
     return _served_config
 
 
+@_sequenced
 def tpcomm_status(self: Any) -> dict:
     global _versions
     if _versions is None:
@@ -192,6 +212,7 @@ def _timing_modes() -> list[str]:
     return [timing.CUDA_EVENT_EAGER, timing.CUDA_EVENT_GRAPH] if HOOK.gpu else [timing.HOST_SYNC]
 
 
+@_sequenced
 def tpcomm_start(self: Any, fault_after: int | None = None, session: str | None = None) -> dict:
     """Clear the buffer and arm recording under `session`. ``fault_after`` (tests only) needs
     TPCOMM_HOOK_TEST_FAULTS=1 in the workers too."""
@@ -201,11 +222,16 @@ def tpcomm_start(self: Any, fault_after: int | None = None, session: str | None 
     return tpcomm_status(self)
 
 
-def tpcomm_stop(self: Any) -> dict:
-    HOOK.stop()
+@_sequenced
+def tpcomm_stop(self: Any, session: str | None = None) -> dict:
+    """Disarm; with `session`, only the recording of that session (a client's late stop never ends another
+    client's recording)."""
+    if session is None or HOOK.session == session:
+        HOOK.stop()
     return tpcomm_status(self)
 
 
+@_sequenced
 def tpcomm_records(self: Any, page: int | None = None) -> dict:
     """Records since the last start, columnar (the schema of hook/collectives.parquet, hook/steps.parquet):
     all of them, or page `page` of PAGE_ROWS rows of each table."""
@@ -219,6 +245,7 @@ def tpcomm_records(self: Any, page: int | None = None) -> dict:
     return {"meta": meta, **packed}
 
 
+@_sequenced
 def tpcomm_metrics(self: Any) -> dict:
     """The per-op histograms now (the fallback when the published file cannot be read, see publish.py)."""
     from tpcomm.hook.publish import snapshot

@@ -89,21 +89,43 @@ def analyze(run_dir: str | Path) -> Report:
     rd = RunDir(run_dir, create=False)
     inp = readers.load_inputs(rd)
     cmds = readers.commands_for(inp)
+    shape: dict[str, str] = {}
     sections = {
-        "system": _system(inp, cmds),
-        "plan": _plan(inp, cmds),
-        "probe": _probe(inp, cmds),
-        "breakdown": _breakdown(inp, cmds),
-        "timeline": _timeline(inp, cmds),
-        "ladder": _ladder(inp, cmds),
-        "what_if": _what_if(inp, cmds),
+        key: _guarded(key, inp, shape, build, inp, cmds)
+        for key, build in (
+            ("system", _system),
+            ("plan", _plan),
+            ("probe", _probe),
+            ("breakdown", _breakdown),
+            ("timeline", _timeline),
+            ("ladder", _ladder),
+            ("what_if", _what_if),
+        )
     }
-    sections["replay"] = _replay(inp, sections["breakdown"], cmds)
-    sections["verdict"] = page_one(inp, cmds, Section("verdict", SECTION_TITLES["verdict"], False))
-    sections["methods"] = _methods(inp, sections)
+    sections["replay"] = _guarded("replay", inp, shape, _replay, inp, sections["breakdown"], cmds)
+    sections["verdict"] = _guarded(
+        "verdict", inp, shape, page_one, inp, cmds, Section("verdict", SECTION_TITLES["verdict"], False)
+    )
+    sections["methods"] = _guarded("methods", inp, shape, _methods, inp, sections)
     for key, sec in sections.items():
         sec.unreadable = [inp.errors[f] for f in SECTION_FILES.get(key, ()) if f in inp.errors]
+        sec.unreadable += [shape[key]] if key in shape else []
+    inp.errors.update({f"section {k}": v for k, v in shape.items()})
     return Report(str(rd.path), {k: sections[k] for k in SECTION_TITLES}, cmds, dict(inp.errors))
+
+
+def _guarded(key: str, inp: readers.Inputs, shape: dict[str, str], build, *args) -> Section:
+    """A section, or an empty one that names its files when a value in them has a shape no check foresaw
+    (the contract types the values readers rely on; this keeps the rest of the report, and its exit 2)."""
+    try:
+        return build(*args)
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError, ZeroDivisionError) as e:
+        files = [f for f in SECTION_FILES.get(key, ()) if inp.rd.exists(f) and f not in inp.errors]
+        shape[key] = (
+            f"{', '.join(files) or 'the run directory'}: the {SECTION_TITLES[key].lower()} section cannot be drawn "
+            f"from it (a value of an unexpected type or shape: {type(e).__name__}: {str(e)[:120]})"
+        )
+        return _new(key)
 
 
 def _new(key: str) -> Section:

@@ -3,7 +3,7 @@
 Each `fig_*` takes a Section's data and returns a matplotlib Figure, or None
 when the section has no data. `to_pdf_bytes` saves a figure as a one-page
 vector PDF with TrueType text (searchable once placed in the report), which
-pdf.py stamps into the report page; `to_svg` is for the Markdown twin.
+pdf.py stamps into the report page; `to_svg_bytes` is for the Markdown twin.
 
 Units: x axes in bytes or concurrency, times in us/ms as labelled.
 """
@@ -51,8 +51,10 @@ def to_pdf_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def to_svg(fig: Figure, path) -> None:
-    fig.savefig(path, format="svg", bbox_inches="tight", pad_inches=0.02)
+def to_svg_bytes(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", pad_inches=0.02)
+    return buf.getvalue()
 
 
 def fig_token_split(page: dict[str, Any]) -> Figure | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpcomm.columns import fmt
-from tpcomm.judge import bottleneck, definitions
+from tpcomm.judge import bottleneck, complete, definitions
 from tpcomm.judge import levers as L
 from tpcomm.report import readers
 from tpcomm.results import Attribution, LevelSplit, Verdict
@@ -49,6 +49,14 @@ def page_one(inp: readers.Inputs, cmds: dict[str, str], s):
         s.missing("per-token split (compute / transfer / wait / host gap)", cmds["attribute_plugin"])
     elif pred:
         _model(d, pred, inp)
+    elif bad := _incomplete_levels(inp):
+        d["sentences"].append(
+            "No headline: every measured level is incomplete ("
+            + "; ".join(f"C={c} repeat {r}: {why}" for (c, r), why in bad[:4])
+            + f"). Measure again with: {cmds['attribute']}"
+        )
+        s.missing("single-stream tok/s from a complete level", cmds["attribute"])
+        return s
     else:
         d["sentences"].append("No measurement and no prediction in this run directory: nothing to conclude yet.")
         s.missing("single-stream tok/s and its split (measured)", cmds["attribute"])
@@ -109,9 +117,29 @@ def _closure_sentence(lv: LevelSplit) -> str:
     )
 
 
+def _incomplete_levels(inp: readers.Inputs) -> list[tuple[tuple, str]]:
+    """((concurrency, repeat), why) for each level judged incomplete (judge/complete.py): from the summary's
+    judgement, else from load/levels.json alone (a run that ended before its analysis)."""
+    att = inp.attribution
+    judged = {(lv.concurrency, lv.repeat): lv.incomplete for lv in (att.levels if att else [])}
+    out = []
+    for x in readers.levels_list(inp.levels):
+        key = (x.get("concurrency"), x.get("repeat"))
+        why = judged[key] if key in judged else complete.level_incomplete(x, None)
+        if why:
+            out.append((key, why))
+    return out
+
+
 def _client_only(inp: readers.Inputs) -> dict | None:
-    """No split (plugin off): the headline is the client's TPOT p50 at the lowest concurrency."""
-    levels = [x for x in readers.levels_list(inp.levels) if x.get("tpot_ms_p50")]
+    """No split (plugin off): the headline is the client's TPOT p50 at the lowest complete concurrency level (an
+    incomplete one, judge/complete.py, gives none: failed or coalesced streams once made it 80554 tok/s)."""
+    bad = {key for key, _ in _incomplete_levels(inp)}
+    levels = [
+        x
+        for x in readers.levels_list(inp.levels)
+        if x.get("tpot_ms_p50") and (x.get("concurrency"), x.get("repeat")) not in bad
+    ]
     if not levels:
         return None
     c = min(x["concurrency"] for x in levels)

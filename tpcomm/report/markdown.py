@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tpcomm import safefs
 from tpcomm.report import figures as F
 from tpcomm.report import tables
 from tpcomm.report.analysis import Report
@@ -38,14 +39,15 @@ def render_blocks(items, data: dict, figdir: Path) -> list[str]:
             fig = F.ALL[key][1](data)
             if fig is None:
                 continue
-            figdir.mkdir(parents=True, exist_ok=True)
-            F.to_svg(fig, figdir / f"{key}.svg")
+            # report_figures/ and its files: never through a link planted in a shared run directory
+            safefs.write_atomic(figdir.parent, f"{figdir.name}/{key}.svg", F.to_svg_bytes(fig))
             parts.append(f"![{caption or key}]({figdir.name}/{key}.svg)" + (f"\n\n_{caption}_" if caption else ""))
     return parts
 
 
 def render_markdown(report: Report, out: str | Path) -> Path:
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     figdir = out.parent / (out.stem + "_figures")
     parts: list[str] = [f"# {tables.title(report)}", f"_Run directory: `{report.run_dir}`_"]
 
@@ -67,6 +69,5 @@ def render_markdown(report: Report, out: str | Path) -> Path:
             parts.append("Not measured.")
             continue
         parts += render_blocks(tables.section_blocks(sec), sec.data, figdir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n\n".join(parts) + "\n")
+    safefs.write_atomic(out.parent, out.name, ("\n\n".join(parts) + "\n").encode())
     return out

@@ -2,8 +2,11 @@
 
 `report --out /dev/full` once replaced the device node with a PDF (the PDF is
 written to a temporary file and renamed over the target). A target that exists
-and is not a regular file (device, directory, FIFO, socket, or a link to one)
-is refused, and so is a folder or file we cannot write: one line, exit 2.
+and is not a regular file (device, directory, FIFO, socket) is refused, and so
+is a symbolic link, whatever it names: run directories are shared, and a link
+planted at report.pdf once had `report` overwrite the file it named. A folder
+or file we cannot write: one line, exit 2. The write itself goes through
+safefs.write_atomic, which refuses a link planted after this check too.
 """
 
 from __future__ import annotations
@@ -12,36 +15,30 @@ import os
 import stat
 from pathlib import Path
 
+from tpcomm import safefs
 from tpcomm.errors import InputError
 
 
 def check_target(path: Path, option: str = "--out") -> Path:
     """The path, made absolute, when a report can be written there; InputError otherwise."""
     p = Path(path).expanduser()
-    if p.exists() or p.is_symlink():
+    if p.is_symlink():
+        raise InputError(
+            f"{option} {path}",
+            f"is a symbolic link (to {os.readlink(p)}); tpcomm does not write through links",
+            "a new file name or an existing regular file",
+        )
+    if p.exists():
         try:
-            mode = os.stat(p).st_mode  # follows a link: what would be overwritten
+            mode = os.stat(p).st_mode
         except OSError as e:
             raise InputError(f"{option} {path}", f"cannot be inspected ({e.strerror})", "a regular file path") from None
         if not stat.S_ISREG(mode):
-            kind = (
-                "a directory"
-                if stat.S_ISDIR(mode)
-                else "a device"
-                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                else "a FIFO"
-                if stat.S_ISFIFO(mode)
-                else "a socket"
-                if stat.S_ISSOCK(mode)
-                else "not a regular file"
-            )
             raise InputError(
                 f"{option} {path}",
-                f"exists and is {kind}; tpcomm writes only regular files",
+                f"exists and is {safefs.kind(mode)}; tpcomm writes only regular files",
                 "a new file name or an existing regular file",
             )
-        if p.is_symlink():
-            p = p.resolve()  # replace the file the link names, keep the link
         # Root may write anything: a file without write bits is still the owner's "do not overwrite".
         if not os.access(p, os.W_OK) or not os.stat(p).st_mode & 0o222:
             raise InputError(f"{option} {path}", "is not writable (read-only file)", "a writable file path")

@@ -30,6 +30,7 @@ from reportlab.platypus import (
     TableStyle,
 )
 
+from tpcomm import safefs
 from tpcomm.report import figures as F
 from tpcomm.report import tables
 from tpcomm.report.analysis import Report
@@ -139,11 +140,10 @@ def _stamp(base: bytes, slots: list[dict], out: Path) -> None:
         w.pages[s["page"]].merge_transformed_page(
             fig_page, Transformation().scale(s["scale"], s["scale"]).translate(s["x"], s["y"])
         )
-    tmp = out.with_name(f".{out.name}.tmp")
+    buf = io.BytesIO()
+    w.write(buf)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb") as f:
-        w.write(f)
-    tmp.replace(out)
+    safefs.write_atomic(out.parent, out.name, buf.getvalue())  # never through a link planted at `out`
 
 
 def _figure(key: str, data: dict, caption: str, slots: list) -> list[Flowable]:

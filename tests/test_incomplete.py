@@ -1,0 +1,153 @@
+"""The one rule for an incomplete level (tpcomm/judge/complete.py), both sides of each condition; the summary,
+the headline and the report's page one follow it; error pages in one line; a stopped worker process named by
+the rank watch (real processes, the real /tpcomm/v1/workers route)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tpcomm.attribute.load import error_text
+from tpcomm.judge.complete import level_incomplete
+
+REAL = Path(__file__).parent / "data" / "attribute_tiny_tp2"
+
+
+def test_a_level_is_complete_only_when_nothing_took_from_it():
+    ok = {"concurrency": 2, "repeat": 0, "requests": 8, "failed": 0}
+    assert level_incomplete(ok, 2.0) is None and level_incomplete(ok, None) is None
+    assert level_incomplete(ok, 1.2) is None  # fewer than C in a step (ramp up/down): ours alone
+    assert "other traffic: 2.01 sequences per decode step" in level_incomplete(ok, 2.01)
+    assert level_incomplete({**ok, "failed": 1}, 2.0) == "1 of 8 requests failed"
+    assert level_incomplete({**ok, "worker_problem": "TP rank 1 stopped"}, 2.0) == "TP rank 1 stopped"
+    assert level_incomplete({**ok, "hook_problem": "another client"}, 2.0) == "another client"
+    assert level_incomplete({**ok, "records_problem": "not fetched"}, 2.0) == "not fetched"
+    assert level_incomplete({**ok, "interrupted": "interrupted (Ctrl-C)"}, 2.0) == "interrupted (Ctrl-C)"
+    both = level_incomplete({**ok, "failed": 2, "hook_problem": "another client"}, 3.5)
+    assert both.split("; ") == [
+        "another client",
+        "2 of 8 requests failed",
+        "the batch held other traffic: 3.50 sequences per decode step on average where this level runs 2 streams",
+    ]
+
+
+def test_the_summary_carries_the_judgement_and_no_headline_comes_from_an_incomplete_level(tmp_path):
+    """Real records of a C=1 run: re-analysed as they are, the level is complete and gives the headline; with
+    one of its requests marked failed, it is incomplete, there is no headline, and page one says why."""
+    from tpcomm.attribute.run import reanalyse_run_dir
+    from tpcomm.report.analysis import analyze
+
+    run = tmp_path / "run"
+    shutil.copytree(REAL, run)
+    res = reanalyse_run_dir(str(run))
+    summ = json.loads((run / "attribution/summary.json").read_text())
+    assert res["complete"] and summ["headline"] == {"concurrency": 1, "repeat": 0}
+    assert summ["levels"][0]["incomplete"] is None and summ["levels"][0]["seqs_per_step"] == 1.0
+    levels = json.loads((run / "load/levels.json").read_text())
+    levels[0]["failed"] = 1
+    (run / "load/levels.json").write_text(json.dumps(levels))
+    res = reanalyse_run_dir(str(run))
+    summ = json.loads((run / "attribution/summary.json").read_text())
+    assert (
+        not res["complete"]
+        and res["incomplete_reason"] == f"C=1 repeat 0: 1 of {levels[0]['requests']} requests failed"
+    )
+    assert summ["headline"] is None and summ["verdict"] is None
+    assert summ["levels"][0]["attributed"]  # what was measured stays
+    page = analyze(run).verdict
+    assert any(s.startswith("No headline: every measured level is incomplete") for s in page["sentences"]), page
+
+
+def test_error_pages_are_one_line():
+    page = "<!DOCTYPE html>\n<html><head>\n<title>502 Bad\nGateway</title></head><body><h1>x</h1></body></html>"
+    assert error_text(page, "text/html") == "HTML page: 502 Bad Gateway"
+    assert error_text("<html><body><p>down for\nmaintenance</p><script>var a=1;</script></body></html>") == (
+        "HTML page: down for maintenance"
+    )
+    assert error_text('{"error":\n  "not implemented here"}', "application/json") == '{"error": "not implemented here"}'
+    assert len(error_text("x" * 5000)) == 200 and error_text("") == "(empty body)"
+
+
+def test_most_requests_stalled_is_the_pace_and_is_compared():
+    from tpcomm.attribute.closure import closure
+
+    pairs = pd.DataFrame(
+        {
+            "request_id": [0, 1, 2, 3, 4],
+            "client_ms_per_token": [300.0] * 5,
+            "engine_ms_per_token": [6.0] * 5,
+            "observed": [True] * 5,
+            "paired": [True] * 5,
+            "why": [""] * 5,
+        }
+    )
+    cz, _, ids = closure(pairs, 1, "prefill segments", [0, 1, 2, 3, 4])
+    assert cz.judged and cz.ok is False and ids == [0, 1, 2, 3, 4] and "compared (most requests" in cz.statistic
+    cz, _, ids = closure(pairs, 1, "prefill segments", [1, 3])  # a few stalls: exceptions, left out
+    assert ids == [0, 2, 4] and cz.excluded["stalled"] == [1, 3] and not cz.judged  # 3 < 4 requests
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
+def test_a_stopped_worker_process_is_named_after_it_stays_stopped():
+    from test_rank_watch import _Hook, _seen
+
+    from tpcomm.attribute import ranks
+    from tpcomm.attribute.ranks import RankWatch
+
+    ps = [subprocess.Popen(["sleep", "120"]) for _ in range(2)]
+    hook = _Hook(_seen(ps))
+    try:
+        w = RankWatch(hook.info, 1, poll_s=0.1).start()
+        assert sorted(w.local) == [0, 1] and w.stopped(0) is None
+        os.kill(ps[1].pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while w.stopped(0) is None:
+            assert time.monotonic() < deadline, "the stop was never seen"
+            time.sleep(0.05)
+        assert w.stopped(ranks.STOPPED_S) is None  # not yet long enough to end a level
+        s = w.stopped(0.3 if time.sleep(0.35) is None else 0)
+        assert s.rank == 1 and s.pid == ps[1].pid and s.state == "T"
+        assert f"TP rank 1 (pid {ps[1].pid}) stopped answering during C=1" in s.message()
+        # The route says so to a client that watches over HTTP, too.
+        st = {x["rank"]: x["state"] for x in w._hook.workers()}
+        assert st == {0: "S", 1: "T"}, st
+        os.kill(ps[1].pid, signal.SIGCONT)
+        deadline = time.monotonic() + 5
+        while w.stopped(0) is not None:  # continued: no longer stopped
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert w.stop() is None
+    finally:
+        for p in ps:
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+            p.wait()
+        hook.stop()
+
+
+def test_a_level_stopped_before_its_first_request_ended_is_analysed(tmp_path):
+    """SIGSTOP on a worker before any request of the level ended: no request rows, the level named."""
+    from tpcomm import contract as C
+    from tpcomm.attribute.run import reanalyse_run_dir
+    from tpcomm.rundir import RunDir
+
+    run = tmp_path / "run"
+    shutil.copytree(REAL, run)
+    rd = RunDir(run)
+    rd.write_table(C.LOAD_REQUESTS, pd.read_parquet(run / "load/requests.parquet").iloc[:0].astype(object))
+    rd.write_table(C.LOAD_TOKENS, pd.read_parquet(run / "load/tokens.parquet").iloc[:0])
+    levels = json.loads((run / "load/levels.json").read_text())
+    levels[0].update(requests=0, failed=0, worker_problem="TP rank 1 (pid 7) stopped answering during C=1")
+    rd.write_json(C.LOAD_LEVELS, levels[:1])
+    res = reanalyse_run_dir(str(run))
+    lv = res["attribution"]["levels"][0]
+    assert not res["complete"] and lv["incomplete"] == "TP rank 1 (pid 7) stopped answering during C=1"
+    assert not lv["attributed"] and lv["note"].startswith("not attributed: TP rank 1")

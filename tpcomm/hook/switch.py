@@ -1,0 +1,57 @@
+"""How the operator switches the hook on, without losing their other vLLM plugins.
+
+VLLM_PLUGINS is an allow-list in vLLM 0.32 (vllm/plugins/__init__.py): unset, vLLM loads every installed
+general, platform and stat-logger plugin but no endpoint plugin; set, it loads only the plugins it names, in
+every group. `VLLM_PLUGINS=tpcomm` therefore silently drops every other plugin the server had (vLLM's own
+LoRA resolvers included). So tpcomm has its own switch:
+
+    TPCOMM_HOOK=1 vllm serve MODEL ...          (VLLM_PLUGINS unset: every plugin loads as before)
+
+With VLLM_PLUGINS unset vLLM runs tpcomm's general plugin in every process anyway (it patches nothing unless
+switched on); with TPCOMM_HOOK=1 it installs the hook, and in the API server adds tpcomm's endpoint plugin
+(the /tpcomm/v1 routes) to what vLLM's endpoint loader returns, which without VLLM_PLUGINS is nothing: vLLM
+gates endpoint plugins on the allow-list because they add HTTP routes, and TPCOMM_HOOK=1 is the operator's
+explicit consent to these ones (they answer only with the server's API key when it has one).
+`VLLM_PLUGINS=tpcomm,<the others>` still works: a server that sets VLLM_PLUGINS must list tpcomm in it (vLLM
+then never runs tpcomm's code, so TPCOMM_HOOK alone cannot act).
+"""
+
+from __future__ import annotations
+
+import os
+
+SWITCH = "TPCOMM_HOOK"
+
+
+def named_in_vllm_plugins() -> bool:
+    return "tpcomm" in [p.strip() for p in os.environ.get("VLLM_PLUGINS", "").split(",")]
+
+
+def switched_on() -> bool:
+    return named_in_vllm_plugins() or os.environ.get(SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def attach_routes_without_allowlist() -> None:
+    """With VLLM_PLUGINS unset, have vLLM's endpoint loader (called once, in the API server) return tpcomm's
+    endpoint plugin. Imports nothing heavy until that call: this runs in every vLLM process."""
+    if named_in_vllm_plugins():
+        return  # vLLM loads the endpoint plugin itself
+    import vllm.plugins as vp
+
+    orig = vp.load_endpoint_plugins
+    if getattr(orig, "_tpcomm", False):
+        return
+
+    def load_endpoint_plugins(supported_tasks=None):
+        import vllm.envs as envs
+
+        if envs.VLLM_PLUGINS is not None:  # an allow-list after all: vLLM decides
+            return orig(supported_tasks)
+        from tpcomm.hook.core import logger
+        from tpcomm.hook.routes import make_plugin
+
+        logger.info("tpcomm: /tpcomm/v1 routes added (TPCOMM_HOOK=1; VLLM_PLUGINS unset, other plugins load as usual)")
+        return [make_plugin()]
+
+    load_endpoint_plugins._tpcomm = True
+    vp.load_endpoint_plugins = load_endpoint_plugins

@@ -1,0 +1,43 @@
+"""The one rule for whether a level measured what it claims (issue 22): otherwise it is "incomplete".
+
+A level's figures describe C closed-loop streams on a server that runs them as the hook recorded them. They
+do not when:
+- any of its requests failed (the figures cover fewer streams than asked, and whatever broke them);
+- a TP worker stopped answering (stopped, hung or dead: `worker_problem`, named by attribute/ranks.py);
+- another client took the hook (started or stopped the recording, or restarted it during the records pull:
+  `hook_problem`), or its records could not be fetched (`records_problem`);
+- the batch held other traffic: decode steps carried more sequences than the C streams of the level
+  (`seqs_per_step` of its split, a mean over its decode steps: above C, at least one step held a sequence
+  that was not ours, since a closed loop of C never has more than C in flight);
+- it was interrupted (Ctrl-C).
+
+An incomplete level keeps its measured figures, but no headline comes from it, and `attribute` ends
+"incomplete" (exit 1). attribute (when it writes the summary), --reanalyse and report use this module only.
+"""
+
+from __future__ import annotations
+
+# A mean of integers that exceeds C by float noise alone is not other traffic.
+SEQS_EPS = 1e-6
+
+
+def level_incomplete(level: dict, seqs_per_step: float | None) -> str | None:
+    """Why the level (an entry of load/levels.json) is incomplete, or None when it is not."""
+    c = level.get("concurrency")
+    why = []
+    if level.get("interrupted"):
+        why.append(str(level["interrupted"]))
+    if level.get("worker_problem"):
+        why.append(str(level["worker_problem"]))
+    if level.get("hook_problem"):
+        why.append(str(level["hook_problem"]))
+    elif level.get("records_problem"):
+        why.append(str(level["records_problem"]))
+    if level.get("failed"):
+        why.append(f"{level['failed']} of {level.get('requests')} requests failed")
+    if seqs_per_step is not None and isinstance(c, int) and seqs_per_step > c + SEQS_EPS:
+        why.append(
+            f"the batch held other traffic: {seqs_per_step:.2f} sequences per decode step on average where this "
+            f"level runs {c} stream{'' if c == 1 else 's'}"
+        )
+    return "; ".join(why) or None
