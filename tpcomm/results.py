@@ -74,11 +74,21 @@ class Client:
 
 
 @dataclass
+class StallGap:
+    """One long gap between two token chunks of a request: the chunk after it (token_idx) and its length."""
+
+    request_id: int
+    token_idx: int
+    gap_ms: float
+
+
+@dataclass
 class Stalls:
     count: int
     total_ms: float
     threshold_ms: float
     requests: list[int] = field(default_factory=list)
+    gaps: list[StallGap] = field(default_factory=list)  # where, the longest MAX_STALL_GAPS (count has them all)
 
 
 @dataclass

@@ -31,13 +31,14 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
-from tpcomm.results import Client, Closure, Delivery, Stalls
+from tpcomm.results import Client, Closure, Delivery, StallGap, Stalls
 
 STALL_FACTOR = 20.0
 STALL_MIN_MS = 100.0
 CLOSURE_TOL_PCT = 10.0
 MIN_CLOSURE_REQUESTS = 4
 INTERVAL_COVERAGE = 0.95
+MAX_STALL_GAPS = 100  # stall locations kept in the summary (the longest); count and total_ms cover all
 
 
 def _finite(x) -> np.ndarray:
@@ -59,7 +60,10 @@ def find_stalls(tokens: pd.DataFrame, period_ms: float | None) -> Stalls:
     gaps = np.diff(t["t_ns"].to_numpy()) / 1e6
     rid = t["request_id"].to_numpy()
     hit = np.flatnonzero((rid[1:] == rid[:-1]) & (gaps > threshold))
-    return Stalls(int(hit.size), float(gaps[hit].sum()), threshold, sorted({int(rid[i + 1]) for i in hit}))
+    idx = t["token_idx"].to_numpy()
+    where = sorted(hit, key=lambda i: -gaps[i])[:MAX_STALL_GAPS]
+    at = [StallGap(int(rid[i + 1]), int(idx[i + 1]), float(gaps[i])) for i in sorted(where)]
+    return Stalls(int(hit.size), float(gaps[hit].sum()), threshold, sorted({int(rid[i + 1]) for i in hit}), at)
 
 
 def client_figures(requests: pd.DataFrame, tokens: pd.DataFrame, held: list[int], stalls: Stalls) -> Client:

@@ -140,29 +140,33 @@ def _one_core() -> dict:
 
 
 def _client_tpot(rows: list[dict], engine_ms: float | None) -> tuple[float | None, int, float | None]:
-    """(TPOT p50 as attribute's closure judges it, streams the API server held back, plain TPOT p50). A stream
-    whose tokens nearly all arrived in one burst (the API server held it: seen on small CPU machines) has a
-    TPOT that says nothing; attribute's closure (judged_tpot_ms) counts it as (E2E - fastest TTFT) / (tokens - 1)."""
+    """(client time per token p50 as attribute's closure takes it, streams the API server held back, plain
+    TPOT p50). Per request, over the client's first and last burst (attribute/pairing.py client_spans); a
+    stream held back (nearly) whole by the API server (seen on small CPU machines) is counted, not timed."""
     import pandas as pd
 
-    from tpcomm.attribute.closure import judged_tpot_ms
+    from tpcomm.attribute.pairing import client_spans
 
     ok = [r for r in rows if r.get("ok") and r.get("tpot_ms") is not None]
     if not ok:
         return None, 0, None
-    req = pd.DataFrame(
-        [{k: r.get(k) for k in ("request_id", "tpot_ms", "ttft_ms", "e2e_ms", "output_tokens")} for r in ok]
-    )
+    req = pd.DataFrame([{k: r.get(k) for k in ("request_id", "output_tokens")} for r in ok])
+    req["output_tokens"] = req["output_tokens"].astype(float)
     tok = pd.DataFrame(
         [
-            {"request_id": r["request_id"], "token_idx": i, "t_ns": t}
+            {"request_id": r["request_id"], "token_idx": i, "t_ns": t, "n_tokens": c}
             for r in ok
-            for i, t in enumerate(r.get("token_ns") or [])
-        ]
+            for i, (t, c) in enumerate(
+                zip(r.get("token_ns") or [], r.get("token_counts") or [-1] * len(r.get("token_ns") or []))
+            )
+        ],
+        columns=["request_id", "token_idx", "t_ns", "n_tokens"],
     )
-    vals, held = judged_tpot_ms(req, tok, engine_ms)
+    spans = client_spans(req, tok, engine_ms)
+    seen = spans.loc[spans["observed"], "client_ms_per_token"].dropna()
+    held = int((~spans["observed"]).sum())
     raw = statistics.median(r["tpot_ms"] for r in ok)
-    return (float(statistics.median(vals)) if len(vals) else None), held, raw
+    return (float(statistics.median(seen)) if len(seen) else None), held, raw
 
 
 def _split(coll, steps, rows: list[dict]) -> dict:

@@ -95,8 +95,8 @@ def perfetto(aligned: pd.DataFrame, steps: pd.DataFrame, label: str) -> dict:
     return {"traceEvents": ev, "displayTimeUnit": "ms", "otherData": {"t0_unix_ns": t0, "source": label}}
 
 
-def write(path: Path, doc: dict) -> Path:
-    from tpcomm.rundir import _atomic_write_bytes
+def write(root: Path, rel: str, doc: dict) -> Path:
+    """root/rel (a run directory and a path inside it), written whole through safefs (no links followed)."""
+    from tpcomm import safefs
 
-    _atomic_write_bytes(Path(path), json.dumps(doc, separators=(",", ":")).encode())
-    return Path(path)
+    return safefs.write_atomic(root, rel, json.dumps(doc, separators=(",", ":")).encode())

@@ -77,7 +77,7 @@ def write(rd: RunDir, imp: Imported, conditions: dict | None = None) -> dict:
     rd.write_table(C.TRACE_COLLECTIVES, ts.collectives[cols])
     rd.write_table(C.TRACE_STEPS, ts.steps)
     rd.write_table(C.TRACE_STEPS_BY_RANK, imp.by_rank)
-    export.write(rd / C.TRACE_PERFETTO, export.perfetto(ts.collectives, ts.steps, "trace"))
+    export.write(rd.path, C.TRACE_PERFETTO.path, export.perfetto(ts.collectives, ts.steps, "trace"))
     return write_summary(rd, ts, imp.split, imp.crosscheck, imp.ranks, conditions or {})
 
 
@@ -115,4 +115,4 @@ def export_hook(run_dir: str | Path) -> Path:
             "holds no hook records (hook/collectives.parquet)",
             "a run directory written by `tpcomm attribute` with the plugin on",
         )
-    return export.write(rd / C.HOOK_PERFETTO, export.perfetto(align(coll), steps, "hook"))
+    return export.write(rd.path, C.HOOK_PERFETTO.path, export.perfetto(align(coll), steps, "hook"))
