@@ -460,8 +460,10 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_
     # 1 s injected; the server's own ~1 s hiccups on this 2-core box can coincide with it, hence the upper bound.
     assert len(injected) == 1 and 1000 <= injected[0]["gap_ms"] <= 2500, st
     assert 3 in st["requests"] and st["total_ms"] >= injected[0]["gap_ms"]
-    # The stalled request is compared on neither side of the closure, which is judged on the others.
-    assert 3 in lv["closure"]["excluded"]["stalled"] and lv["closure"]["judged"], lv["closure"]
+    # The pause held back the rest of request 3 (its window holds most of its tokens): compared on neither side
+    # of the closure, which is judged on the others.
+    stalled = lv["closure"]["excluded"].get("stalled (its stall windows hold most of its tokens)", [])
+    assert 3 in stalled and lv["closure"]["judged"], lv["closure"]
     # The split of the same run without request 3's time span (the engine never saw the client pause: it only stops reading).
     req = pd.read_parquet(out / "load/requests.parquet").set_index("request_id")
     rows = pd.read_parquet(out / "attribution/steps_by_rank.parquet")

@@ -227,19 +227,42 @@ def test_client_stall_is_reported_apart_and_enters_no_term():
     cs = client_side(_rows1(coll, steps), req, tok, 1)
     st = cs["stalls"]
     assert st.count == 1 and st.requests == [3] and st.total_ms == pytest.approx(1100, abs=2)
-    assert cs["closure"].excluded == {"stalled": [3]} and cs["closure"].ok
+    assert [(g.request_id, g.token_idx) for g in st.gaps] == [(3, 10)] and st.gaps[0].gap_ms == pytest.approx(
+        1100, abs=2
+    )
+    # The stall at token 10 of 32 held back the rest of the request: its window holds most of its tokens.
+    assert cs["closure"].excluded == {"stalled (its stall windows hold most of its tokens)": [3]}
+    assert cs["closure"].ok and cs["closure"].requests == 19
 
 
-def test_stalled_requests_stay_out_of_both_sides_of_the_closure():
-    """Half the requests stalled ~1.1 s near their end (a starved API server, as in the demo at C=4): the plain
-    TPOT p50 moves far from the engine's time; the closure compares the other half, on both sides."""
+def test_stall_windows_stay_out_of_both_sides_of_the_closure():
+    """Half the requests stalled ~1.1 s near their end (a starved API server, as in the demo at C=4), the
+    tokens made meanwhile released in one burst: the plain TPOT p50 moves far from the engine's time; the
+    closure compares every request over the tokens outside the stall windows, on both sides, and holds.
+    Compared over whole spans instead, the stalled half fails it."""
     coll, steps, truth = make_records(steps=660, prefill_every=33, seed=6)
     req, tok = make_client(steps, stall=[(r, 25, 1100.0) for r in range(0, 20, 2)])
     cs = client_side(_rows1(coll, steps), req, tok, 1)
     e, cl, cz = cs["whole"]["engine_ms_per_token"], cs["client"], cs["closure"]
     assert cs["stalls"].count == 10 and cl.stalled_requests == list(range(0, 20, 2))
     assert cl.tpot_ms_p50 > 1.5 * e  # the stalls move the plain p50 (half the requests carry one)
-    assert cz.requests == 10 and cz.client_ms == pytest.approx(e, rel=0.05) and cz.ok
+    assert cz.requests == 20 and cz.excluded == {} and cz.client_ms == pytest.approx(e, rel=0.05) and cz.ok
+    assert "10 stall windows (80 tokens) left out of both sides" in cz.statistic, cz.statistic
+    p = cs["pairs"].set_index("request_id")
+    assert (p.loc[0:19:2, "client_ms_span"] > 3 * p.loc[0:19:2, "engine_ms_span"]).all()
+
+
+def test_a_stall_just_before_the_last_burst_leaves_the_closure_alone():
+    """The CI failure of 2026-12-01 (-12.6%): the client's reading stopped ~1 s late in most requests and the
+    tokens made meanwhile arrived in one last burst. Over whole spans the client's figure carries the wait;
+    with the stall windows out of both sides, client and engine agree."""
+    coll, steps, _ = make_records(steps=660, prefill_every=33, seed=11)
+    req, tok = make_client(steps, stall=[(r, 30, 1000.0) for r in range(0, 20) if r % 3])
+    cs = client_side(_rows1(coll, steps), req, tok, 1)
+    cz = cs["closure"]
+    assert cz.judged and cz.ok and abs(cz.diff_pct) < 1 and cz.requests == 20, cz
+    # Most requests stalled, but not over most of their tokens: no "paced" comparison of whole spans.
+    assert "most requests stalled" not in cz.statistic
 
 
 def test_crosscheck_reports_mismatch_with_detail(synth):

@@ -79,20 +79,31 @@ def test_error_pages_are_one_line():
 def test_most_requests_stalled_is_the_pace_and_is_compared():
     from tpcomm.attribute.closure import closure
 
-    pairs = pd.DataFrame(
-        {
-            "request_id": [0, 1, 2, 3, 4],
-            "client_ms_per_token": [300.0] * 5,
-            "engine_ms_per_token": [6.0] * 5,
-            "observed": [True] * 5,
-            "paired": [True] * 5,
-            "why": [""] * 5,
-        }
-    )
-    cz, _, ids = closure(pairs, 1, "prefill segments", [0, 1, 2, 3, 4])
+    def pairs(stalled_out):
+        return pd.DataFrame(
+            {
+                "request_id": [0, 1, 2, 3, 4],
+                "client_ms_per_token": [6.1] * 5,
+                "engine_ms_per_token": [6.0] * 5,
+                "client_ms_span": [300.0] * 5,
+                "engine_ms_span": [6.0] * 5,
+                "holes": [[(1, 60, 0, 10**9)] if r in stalled_out else [] for r in range(5)],
+                "tokens": [3 if r in stalled_out else 62 for r in range(5)],
+                "stalled_out": [r in stalled_out for r in range(5)],
+                "observed": [True] * 5,
+                "paired": [True] * 5,
+                "why": [""] * 5,
+            }
+        )
+
+    # Every request stalled over most of its tokens: the pace the client gets, compared over whole spans.
+    cz, _, ids = closure(pairs({0, 1, 2, 3, 4}), 1, "prefill segments")
     assert cz.judged and cz.ok is False and ids == [0, 1, 2, 3, 4] and "compared (most requests" in cz.statistic
-    cz, _, ids = closure(pairs, 1, "prefill segments", [1, 3])  # a few stalls: exceptions, left out
-    assert ids == [0, 2, 4] and cz.excluded["stalled"] == [1, 3] and not cz.judged  # 3 < 4 requests
+    assert cz.client_ms == 300.0
+    # A few: exceptions, left out and named.
+    cz, _, ids = closure(pairs({1, 3}), 1, "prefill segments")
+    assert ids == [0, 2, 4] and cz.excluded == {"stalled (its stall windows hold most of its tokens)": [1, 3]}
+    assert not cz.judged  # 3 < 4 requests
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")

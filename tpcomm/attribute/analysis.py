@@ -45,8 +45,9 @@ METHOD = (
     "idle time around them are counted apart. Where streams run one at a time (C=1) the decode steps are those of "
     "the requests the closure compares. Closure, per request: each request's engine time per token for its own "
     "decode steps against its client TPOT, p50 over the same requests on both sides (paired by prefill segments at "
-    "C=1, by the client's token times above); stalled streams and streams the API server held back whole are "
-    "named and compared on neither side. Delivery = p50 of the paired differences with its order-statistic "
+    "C=1, by the client's token times above); a stall's window (the tokens it held back and released at once) is "
+    "left out of both sides of its request; streams the API server held back whole, or whose stall windows hold "
+    "most of their tokens, are named and compared on neither side. Delivery = p50 of the paired differences with its order-statistic "
     "interval. Sampled CUDA-graph timing: transfer and wait are means over the steps that carry records."
 )
 
@@ -212,7 +213,7 @@ def client_side(rows: pd.DataFrame, requests: pd.DataFrame, tokens: pd.DataFrame
     else:
         pairs, problem = pairing.by_client_times(rows, spans), None
         how = "client times"
-    cz, dl, compared = closure(pairs, concurrency, how, stalls.requests, problem)
+    cz, dl, compared = closure(pairs, concurrency, how, problem)
     held = sorted(int(r) for r in spans.loc[~spans["observed"], "request_id"])
     split = whole
     if cz.judged and compared:

@@ -9,10 +9,14 @@
   least STALL_MIN_MS): counted, summed and named by request; they enter no term;
 - closure, per request (pairing.py): each request's engine time per token for its own decode steps against
   the client's time per token over the same tokens (its TPOT when every token arrives on its own); the
-  statistic is the p50 over the SAME requests on both sides: the paired ones that neither stalled nor were
-  held (those are named, per reason, and left out of both sides). When most requests stalled, their gaps
-  are the pace the client gets, not stalls: they are compared (a server slowed to seconds per chunk once
-  left nothing to judge and its engine figure stood alone as the headline). Compared at every level; judged (within CLOSURE_TOL_PCT) where streams run one at a time
+  statistic is the p50 over the SAME requests on both sides: the paired ones the API server did not hold
+  back (those are named, per reason, and left out of both sides). A stall's window (from the burst before
+  the long gap to the burst it released) is left out of both sides of its request: the released burst
+  arrives when the server or client woke, not when its tokens were made; a request whose stall windows hold
+  most of its tokens is left out as "stalled". When most requests are stalled out, their gaps are the pace
+  the client gets, not stalls: they are compared over their whole spans (a server slowed to seconds per
+  chunk once left nothing to judge and its engine figure stood alone as the headline). Compared at every
+  level; judged (within CLOSURE_TOL_PCT) where streams run one at a time
   (C=1) and at least MIN_CLOSURE_REQUESTS requests are compared. Both sides are measured independently
   (engine step clock vs client arrival clock), so this can fail; when it does, both numbers are reported
   and no cause is named;
@@ -51,9 +55,14 @@ def _p50(x) -> float | None:
     return float(np.percentile(a, 50)) if a.size else None
 
 
+def stall_threshold_ms(period_ms: float | None) -> float:
+    """A gap between two token chunks of one request longer than this is a stall."""
+    return max(STALL_FACTOR * period_ms, STALL_MIN_MS) if period_ms else STALL_MIN_MS
+
+
 def find_stalls(tokens: pd.DataFrame, period_ms: float | None) -> Stalls:
     """Token gaps far beyond the engine's step period: count, total ms, and in which requests."""
-    threshold = max(STALL_FACTOR * period_ms, STALL_MIN_MS) if period_ms else STALL_MIN_MS
+    threshold = stall_threshold_ms(period_ms)
     if tokens.empty:
         return Stalls(0, 0.0, threshold, [])
     t = tokens.sort_values(["request_id", "token_idx"])
@@ -88,32 +97,43 @@ def client_figures(requests: pd.DataFrame, tokens: pd.DataFrame, held: list[int]
 
 
 def closure(
-    pairs: pd.DataFrame, concurrency: int, pairing: str, stalled: list[int], pairing_problem: str | None = None
+    pairs: pd.DataFrame, concurrency: int, pairing: str, pairing_problem: str | None = None
 ) -> tuple[Closure, Delivery | None, list[int]]:
     """The closure, delivery and the ids of the compared requests: observed by the client, paired with their
-    engine steps, and without a stall.
+    engine steps, and not stalled over most of their tokens.
 
     `pairs`: pairing.by_prefill / by_client_times rows (request_id, client_ms_per_token, engine_ms_per_token,
-    observed, paired, why)."""
+    their *_span figures, holes, tokens, stalled_out, observed, paired, why)."""
     excluded: dict[str, list[int]] = {}
-    paced = ""
-    eligible = set(pairs.loc[pairs["observed"] & pairs["paired"], "request_id"].astype(int))
-    if stalled and 2 * len(eligible & set(stalled)) > len(eligible):
-        # Most requests had long gaps: that is the pace the client gets (a slow proxy or API server), not an
-        # exception to it. Compared, so the closure can fail, instead of leaving nothing to judge.
-        paced = f"; the long token gaps of {len(eligible & set(stalled))} of them compared (most requests had them)"
-        stalled = []
+    eligible = pairs[pairs["observed"] & pairs["paired"]]
+    out = eligible["stalled_out"].astype(bool)
+    paced = bool(out.any() and 2 * int(out.sum()) > len(eligible))
     held = sorted(int(r) for r in pairs.loc[~pairs["observed"], "request_id"])
     if held:
         excluded["held back (nearly) whole by the API server"] = held
-    if stalled:
-        excluded["stalled"] = sorted(stalled)
+    if out.any() and not paced:
+        excluded["stalled (its stall windows hold most of its tokens)"] = sorted(
+            int(r) for r in eligible.loc[out, "request_id"]
+        )
     bad = pairs[pairs["observed"] & ~pairs["paired"]]
     for why, g in bad.groupby("why"):
         excluded[f"not paired ({why})" if why else "not paired"] = sorted(int(r) for r in g["request_id"])
-    keep = pairs[pairs["observed"] & pairs["paired"] & ~pairs["request_id"].isin(set(stalled))]
-    client = keep["client_ms_per_token"].to_numpy(dtype=float)
-    engine = keep["engine_ms_per_token"].to_numpy(dtype=float)
+    if paced:
+        # Most requests stalled over most of their tokens: that is the pace the client gets (a slow proxy or
+        # API server), not an exception to it. Compared over their whole spans, so the closure can fail,
+        # instead of leaving nothing to judge.
+        keep = eligible
+        client, engine = keep["client_ms_span"], keep["engine_ms_span"]
+        note = f"; the long token gaps of {int(out.sum())} of them compared (most requests stalled)"
+    else:
+        keep = eligible[~out]
+        client, engine = keep["client_ms_per_token"], keep["engine_ms_per_token"]
+        windows = sum(len(h) for h in keep["holes"])
+        note = ""
+        if windows:
+            tok = int(sum(kb - ka for h in keep["holes"] for ka, kb, _, _ in h))
+            note = f"; {windows} stall window{'' if windows == 1 else 's'} ({tok} tokens) left out of both sides"
+    client, engine = client.to_numpy(dtype=float), engine.to_numpy(dtype=float)
     fin = np.isfinite(client) & np.isfinite(engine)
     client, engine, ids = client[fin], engine[fin], [int(r) for r in keep["request_id"].to_numpy()[fin]]
     n = len(ids)
@@ -128,7 +148,7 @@ def closure(
         why_not = f"{n} request(s) could be compared (at least {MIN_CLOSURE_REQUESTS} needed)"
     judged = why_not is None and diff is not None
     c = Closure(
-        statistic=f"p50 over {n} request{'' if n == 1 else 's'}, paired by {pairing}{paced}",
+        statistic=f"p50 over {n} request{'' if n == 1 else 's'}, paired by {pairing}{note}",
         pairing=pairing,
         requests=n,
         excluded=excluded,

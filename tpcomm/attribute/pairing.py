@@ -15,6 +15,12 @@ textbook TPOT ((E2E - TTFT) / (tokens - 1)). A request whose bursts leave less t
 k0 and k1 was held back (nearly) whole: the client did not observe its pace, and it is compared on
 neither side (closure.py names it).
 
+Stall windows: where the gap before a burst exceeds the stall threshold (closure.stall_threshold_ms), the
+tokens from the burst before that gap to the burst after it (the ones the stall held back and released at
+once) are left out of BOTH sides: a burst released by a stall arrives when the API server or client woke, not
+when its last token was made. Both figures are also kept over the whole span (*_span), which closure.py
+compares where most requests stalled (the stalls are then the pace the client gets).
+
 Which engine steps are a request's:
 - "prefill segments" (one stream at a time, C=1): every request starts with one prefill step; the decode
   steps up to the next prefill step are its own. The k-th prefill step of the level's window is the k-th
@@ -32,39 +38,71 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from tpcomm.attribute.closure import stall_threshold_ms
+
 PREFILL = "prefill"
 DECODE = "decode"
 BURST_GAP_FRACTION = 0.1  # chunks closer than this fraction of the engine's period arrived in one burst
 MIN_OBSERVED = 0.5  # share of a request's tokens that must lie between k0 and k1
 
 
+SPAN_COLUMNS = [
+    "request_id",
+    "k0",
+    "k1",
+    "a0_ns",
+    "a1_ns",
+    "client_ms_per_token",
+    "observed",
+    "holes",
+    "tokens",
+    "client_ms_span",
+    "stalled_out",
+]
+
+
 def client_spans(requests: pd.DataFrame, tokens: pd.DataFrame, period_ms: float | None) -> pd.DataFrame:
-    """Per request: k0, k1 (token indices), a0_ns, a1_ns (their arrivals), client_ms_per_token, observed."""
+    """Per request: k0, k1 (token indices), a0_ns, a1_ns (their arrivals), observed, holes (stall windows
+    inside k0..k1: [(ka, kb, arrival_a_ns, arrival_b_ns)]), tokens (k1 - k0 less the holes' tokens),
+    client_ms_per_token (over those tokens), client_ms_span (over k0..k1, holes included), stalled_out
+    (observed, but the stall windows hold most of its tokens)."""
     rows = []
     gap_ns = BURST_GAP_FRACTION * period_ms * 1e6 if period_ms else 0.0
+    stall_ns = stall_threshold_ms(period_ms) * 1e6
     by_req = {rid: g for rid, g in tokens.sort_values(["request_id", "token_idx"]).groupby("request_id")}
     for _, r in requests.iterrows():
         rid, n = int(r["request_id"]), r["output_tokens"]
         g = by_req.get(rid)
+        none = (rid, -1, -1, 0, 0, np.nan, False, [], 0, np.nan, False)
         if g is None or not np.isfinite(n) or n < 2:
-            rows.append((rid, -1, -1, 0, 0, np.nan, False))
+            rows.append(none)
             continue
         t = g["t_ns"].to_numpy(dtype=np.int64)
         cnt = g["n_tokens"].to_numpy() if "n_tokens" in g.columns else np.full(len(t), -1)
         if (cnt < 0).any():
             if len(t) != int(n):  # chunks that coalesced tokens, and no count to place them
-                rows.append((rid, -1, -1, 0, 0, np.nan, False))
+                rows.append(none)
                 continue
             cnt = np.ones(len(t), dtype=np.int64)
         last_tok = np.cumsum(cnt) - 1  # index of the last token in each chunk
         # A chunk that follows the previous within gap_ns belongs to its burst: only a burst's last chunk counts.
         ends = np.append(np.diff(t) >= gap_ns, True)
-        bt, bk = t[ends], last_tok[ends]
+        e_idx = np.flatnonzero(ends)
+        bt, bk = t[e_idx], last_tok[e_idx]
         k0, k1 = int(bk[0]), int(bk[-1])
         observed = k1 > k0 and (k1 - k0) >= MIN_OBSERVED * (int(n) - 1)
-        ms = (bt[-1] - bt[0]) / 1e6 / (k1 - k0) if k1 > k0 else np.nan
-        rows.append((rid, k0, k1, int(bt[0]), int(bt[-1]), ms, bool(observed)))
-    return pd.DataFrame(rows, columns=["request_id", "k0", "k1", "a0_ns", "a1_ns", "client_ms_per_token", "observed"])
+        # stall windows: the gap before burst j+1's first chunk exceeds the threshold
+        holes = [
+            (int(bk[j]), int(bk[j + 1]), int(bt[j]), int(bt[j + 1]))
+            for j in range(len(e_idx) - 1)
+            if t[e_idx[j] + 1] - t[e_idx[j]] > stall_ns
+        ]
+        m = (k1 - k0) - sum(kb - ka for ka, kb, _, _ in holes)
+        span_ms = (bt[-1] - bt[0]) / 1e6 / (k1 - k0) if k1 > k0 else np.nan
+        own_ms = ((bt[-1] - bt[0]) - sum(b - a for _, _, a, b in holes)) / 1e6 / m if m > 0 else np.nan
+        stalled_out = bool(observed and m < MIN_OBSERVED * (int(n) - 1))
+        rows.append((rid, k0, k1, int(bt[0]), int(bt[-1]), own_ms, bool(observed), holes, m, span_ms, stalled_out))
+    return pd.DataFrame(rows, columns=SPAN_COLUMNS)
 
 
 def step_ends(rank_rows: pd.DataFrame) -> pd.DataFrame:
@@ -80,7 +118,7 @@ def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFr
     the requests and the prefill steps do not match one to one."""
     s = step_ends(rank_rows)
     out = spans.copy()
-    out["engine_ms_per_token"], out["paired"], out["why"] = np.nan, False, ""
+    out["engine_ms_per_token"], out["engine_ms_span"], out["paired"], out["why"] = np.nan, np.nan, False, ""
     out["steps"] = [[] for _ in range(len(out))]
     order = requests.sort_values("t_start_ns")["request_id"].tolist()
     starts = np.flatnonzero(s["kind"].to_numpy() == PREFILL)
@@ -114,8 +152,9 @@ def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFr
         if k1 <= k0:
             out.at[i, "why"] = "no token span observed"
             continue
-        out.at[i, "engine_ms_per_token"] = (ends[a + k1] - ends[a + k0]) / 1e6 / (k1 - k0)
-        out.at[i, "paired"] = True
+        span = ends[a + k1] - ends[a + k0]
+        holes = sum(ends[a + kb] - ends[a + ka] for ka, kb, _, _ in out.at[i, "holes"])
+        _engine(out, i, span, holes, k1 - k0)
     return out, None
 
 
@@ -125,7 +164,7 @@ def by_client_times(rank_rows: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFram
     s = step_ends(rank_rows)
     ends, ids = s["t_end_ns"].to_numpy(dtype=float), s["step"].to_numpy()
     out = spans.copy()
-    out["engine_ms_per_token"], out["paired"], out["why"] = np.nan, False, ""
+    out["engine_ms_per_token"], out["engine_ms_span"], out["paired"], out["why"] = np.nan, np.nan, False, ""
     out["steps"] = [[] for _ in range(len(out))]
     for i, r in out.iterrows():
         if r["k1"] <= r["k0"]:
@@ -136,7 +175,16 @@ def by_client_times(rank_rows: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFram
         if i0 < 0 or i1 <= i0:
             out.at[i, "why"] = "its tokens fall outside the recorded steps"
             continue
-        out.at[i, "engine_ms_per_token"] = (ends[i1] - ends[i0]) / 1e6 / (r["k1"] - r["k0"])
+        at = [np.searchsorted(ends, [a, b], side="right") - 1 for _, _, a, b in r["holes"]]
+        holes = sum(ends[ib] - ends[max(ia, 0)] for ia, ib in at)
         out.at[i, "steps"] = list(range(int(ids[i0]), int(ids[i1]) + 1))
-        out.at[i, "paired"] = True
+        _engine(out, i, ends[i1] - ends[i0], holes, r["k1"] - r["k0"])
     return out
+
+
+def _engine(out: pd.DataFrame, i, span_ns: float, holes_ns: float, k: int) -> None:
+    """The engine's time per token of row i over the client's tokens (stall windows out) and over its span."""
+    m = int(out.at[i, "tokens"])
+    out.at[i, "engine_ms_per_token"] = (span_ns - holes_ns) / 1e6 / m if m > 0 else np.nan
+    out.at[i, "engine_ms_span"] = span_ns / 1e6 / k
+    out.at[i, "paired"] = True

@@ -37,7 +37,7 @@ TERM = {
     ),
     "stall": (
         f"stall: a gap between a request's tokens over {STALL_FACTOR:g} engine periods and at least "
-        f"{STALL_MIN_MS:g} ms; counted apart, in no term, and the request compared on neither side"
+        f"{STALL_MIN_MS:g} ms; counted apart, in no term; the tokens it held back are compared on neither side"
     ),
     "bottleneck": (
         f"bottleneck rule: the interconnect is the bottleneck when transfer is at least {BOTTLENECK_SHARE:.0%} of "
