@@ -24,6 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from tpcomm.attribute.cli import attribute
+from tpcomm.attribute.closure import STALLED
 from tpcomm.vllm_server import VllmServer, free_port
 
 TPCOMM = [sys.executable, "-m", "tpcomm.cli", "attribute"]
@@ -415,13 +416,15 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
 @pytest.mark.vllm
 def test_the_closure_holds_per_request_on_a_loaded_host(plugin_server, tmp_path):
     """A busy process beside the server on the 2 cores (where the old closure failed, at -73.5%, on streams the
-    API server held back whole): per request, over the tokens the client could time, engine and client still
-    agree within 10%; every request the closure leaves out is named with why."""
+    API server held back whole, and a later one at -60.9% on stall-released bursts compared as the pace): no
+    false verdict. Over the tokens the client could time, engine and client agree within 10% wherever enough
+    requests remain to judge; otherwise the closure says it was not judged and why. Every request it leaves
+    out is named with why."""
     url, key = plugin_server
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         out = tmp_path / "run"
-        args = ["--server-url", url, "--concurrency", "1", "--requests", "12", "--input-len", "16"]
+        args = ["--server-url", url, "--concurrency", "1", "--requests", "16", "--input-len", "16"]
         args += ["--output-len", "64", "--warmup", "1", "--max-rounds", "1", "--out", str(out)]
         r = _run(args + (["--api-key", key] if key else []))
     finally:
@@ -430,11 +433,17 @@ def test_the_closure_holds_per_request_on_a_loaded_host(plugin_server, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     lv = json.loads((out / "attribution/summary.json").read_text())["levels"][0]
     cz = lv["closure"]
-    assert cz["pairing"] == "prefill segments" and cz["judged"], cz
-    assert abs(cz["diff_pct"]) <= 10 and cz["ok"], cz
+    assert cz["pairing"] == "prefill segments", cz
     left_out = {r for ids in cz["excluded"].values() for r in ids}
-    assert cz["requests"] + len(left_out) == lv["client"]["requests"] == 12, cz
-    print(f"loaded host: closure {cz['diff_pct']:+.1f}% ({cz['statistic']}); excluded {cz['excluded']}")
+    assert cz["requests"] + len(left_out) == lv["client"]["requests"] == 16, cz
+    if cz["judged"]:
+        assert abs(cz["diff_pct"]) <= 10 and cz["ok"], cz
+    else:  # the API server held or stalled too many streams to time: said, not guessed
+        assert cz["requests"] < 4 and "could be compared" in cz["why_not_judged"], cz
+        assert set(cz["excluded"]) <= {"held back (nearly) whole by the API server", STALLED}, cz
+    print(
+        f"loaded host: closure {cz['diff_pct']}% ({cz['statistic']}); judged {cz['judged']}; excluded {cz['excluded']}"
+    )
 
 
 @pytest.mark.vllm
@@ -462,7 +471,7 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_
     assert 3 in st["requests"] and st["total_ms"] >= injected[0]["gap_ms"]
     # The pause held back the rest of request 3 (its window holds most of its tokens): compared on neither side
     # of the closure, which is judged on the others.
-    stalled = lv["closure"]["excluded"].get("stalled (its stall windows hold most of its tokens)", [])
+    stalled = lv["closure"]["excluded"].get(STALLED, [])
     assert 3 in stalled and lv["closure"]["judged"], lv["closure"]
     # The split of the same run without request 3's time span (the engine never saw the client pause: it only stops reading).
     req = pd.read_parquet(out / "load/requests.parquet").set_index("request_id")

@@ -76,34 +76,42 @@ def test_error_pages_are_one_line():
     assert len(error_text("x" * 5000)) == 200 and error_text("") == "(empty body)"
 
 
-def test_most_requests_stalled_is_the_pace_and_is_compared():
-    from tpcomm.attribute.closure import closure
+def test_a_slow_pace_is_compared_and_a_stall_that_releases_a_burst_is_not():
+    """A proxy adding 0.3 s before every token (each long gap releases one token): that is the pace the
+    client gets, compared, and the closure fails. A stall that releases many tokens at once (a starved API
+    server): its window is left out of both sides, and a request it holds most of is named as stalled."""
+    from tpcomm.attribute import pairing
+    from tpcomm.attribute.closure import STALLED, closure
 
-    def pairs(stalled_out):
+    n = 16
+    req = pd.DataFrame({"request_id": range(5), "output_tokens": [float(n)] * 5})
+
+    def tokens(times):
         return pd.DataFrame(
-            {
-                "request_id": [0, 1, 2, 3, 4],
-                "client_ms_per_token": [6.1] * 5,
-                "engine_ms_per_token": [6.0] * 5,
-                "client_ms_span": [300.0] * 5,
-                "engine_ms_span": [6.0] * 5,
-                "holes": [[(1, 60, 0, 10**9)] if r in stalled_out else [] for r in range(5)],
-                "tokens": [3 if r in stalled_out else 62 for r in range(5)],
-                "stalled_out": [r in stalled_out for r in range(5)],
-                "observed": [True] * 5,
-                "paired": [True] * 5,
-                "why": [""] * 5,
-            }
+            [
+                {"request_id": r, "token_idx": i, "t_ns": t, "n_tokens": 1}
+                for r in range(5)
+                for i, t in enumerate(times(r))
+            ]
         )
 
-    # Every request stalled over most of its tokens: the pace the client gets, compared over whole spans.
-    cz, _, ids = closure(pairs({0, 1, 2, 3, 4}), 1, "prefill segments")
-    assert cz.judged and cz.ok is False and ids == [0, 1, 2, 3, 4] and "compared (most requests" in cz.statistic
-    assert cz.client_ms == 300.0
-    # A few: exceptions, left out and named.
-    cz, _, ids = closure(pairs({1, 3}), 1, "prefill segments")
-    assert ids == [0, 2, 4] and cz.excluded == {"stalled (its stall windows hold most of its tokens)": [1, 3]}
-    assert not cz.judged  # 3 < 4 requests
+    slow = tokens(lambda r: [int(k * 300e6) for k in range(n)])
+    spans = pairing.client_spans(req, slow, period_ms=6.0)
+    assert spans["holes"].map(len).eq(0).all() and spans["client_ms_per_token"].eq(300.0).all()
+    pairs = spans.assign(engine_ms_per_token=6.0, paired=True, why="")
+    cz, _, ids = closure(pairs, 1, "prefill segments")
+    assert cz.judged and cz.ok is False and ids == [0, 1, 2, 3, 4] and cz.client_ms == 300.0, cz
+
+    # Requests 1 and 3: token 0, a 1 s stall, then the other 15 tokens in one burst (the rest on pace, 6 ms).
+    def burst(r):
+        if r in (1, 3):
+            return [0] + [int(1e9 + k * 1e3) for k in range(1, n)]
+        return [int(k * 6e6) for k in range(n)]
+
+    spans = pairing.client_spans(req, tokens(burst), period_ms=6.0)
+    assert spans.set_index("request_id").loc[[1, 3], "stalled_out"].all()
+    cz, _, ids = closure(spans.assign(engine_ms_per_token=6.0, paired=True, why=""), 1, "prefill segments")
+    assert ids == [0, 2, 4] and cz.excluded == {STALLED: [1, 3]} and not cz.judged  # 3 < 4 requests
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")

@@ -11,12 +11,11 @@
   the client's time per token over the same tokens (its TPOT when every token arrives on its own); the
   statistic is the p50 over the SAME requests on both sides: the paired ones the API server did not hold
   back (those are named, per reason, and left out of both sides). A stall's window (from the burst before
-  the long gap to the burst it released) is left out of both sides of its request: the released burst
-  arrives when the server or client woke, not when its tokens were made; a request whose stall windows hold
-  most of its tokens is left out as "stalled". When most requests are stalled out, their gaps are the pace
-  the client gets, not stalls: they are compared over their whole spans (a server slowed to seconds per
-  chunk once left nothing to judge and its engine figure stood alone as the headline). Compared at every
-  level; judged (within CLOSURE_TOL_PCT) where streams run one at a time
+  the long gap to the burst of several tokens it released) is left out of both sides of its request: the
+  released burst arrives when the server or client woke, not when its tokens were made; a request whose
+  stall windows hold most of its tokens is left out as "stalled". A long gap before each single token is
+  the pace the client gets (a proxy slowing every event): it stays in, and the closure can fail. Compared
+  at every level; judged (within CLOSURE_TOL_PCT) where streams run one at a time
   (C=1) and at least MIN_CLOSURE_REQUESTS requests are compared. Both sides are measured independently
   (engine step clock vs client arrival clock), so this can fail; when it does, both numbers are reported
   and no cause is named;
@@ -41,6 +40,7 @@ STALL_FACTOR = 20.0
 STALL_MIN_MS = 100.0
 CLOSURE_TOL_PCT = 10.0
 MIN_CLOSURE_REQUESTS = 4
+STALLED = "stalled (its stall windows hold most of its tokens)"
 INTERVAL_COVERAGE = 0.95
 MAX_STALL_GAPS = 100  # stall locations kept in the summary (the longest); count and total_ms cover all
 
@@ -103,36 +103,25 @@ def closure(
     engine steps, and not stalled over most of their tokens.
 
     `pairs`: pairing.by_prefill / by_client_times rows (request_id, client_ms_per_token, engine_ms_per_token,
-    their *_span figures, holes, tokens, stalled_out, observed, paired, why)."""
+    holes, tokens, stalled_out, observed, paired, why)."""
     excluded: dict[str, list[int]] = {}
     eligible = pairs[pairs["observed"] & pairs["paired"]]
     out = eligible["stalled_out"].astype(bool)
-    paced = bool(out.any() and 2 * int(out.sum()) > len(eligible))
     held = sorted(int(r) for r in pairs.loc[~pairs["observed"], "request_id"])
     if held:
         excluded["held back (nearly) whole by the API server"] = held
-    if out.any() and not paced:
-        excluded["stalled (its stall windows hold most of its tokens)"] = sorted(
-            int(r) for r in eligible.loc[out, "request_id"]
-        )
+    if out.any():
+        excluded[STALLED] = sorted(int(r) for r in eligible.loc[out, "request_id"])
     bad = pairs[pairs["observed"] & ~pairs["paired"]]
     for why, g in bad.groupby("why"):
         excluded[f"not paired ({why})" if why else "not paired"] = sorted(int(r) for r in g["request_id"])
-    if paced:
-        # Most requests stalled over most of their tokens: that is the pace the client gets (a slow proxy or
-        # API server), not an exception to it. Compared over their whole spans, so the closure can fail,
-        # instead of leaving nothing to judge.
-        keep = eligible
-        client, engine = keep["client_ms_span"], keep["engine_ms_span"]
-        note = f"; the long token gaps of {int(out.sum())} of them compared (most requests stalled)"
-    else:
-        keep = eligible[~out]
-        client, engine = keep["client_ms_per_token"], keep["engine_ms_per_token"]
-        windows = sum(len(h) for h in keep["holes"])
-        note = ""
-        if windows:
-            tok = int(sum(kb - ka for h in keep["holes"] for ka, kb, _, _ in h))
-            note = f"; {windows} stall window{'' if windows == 1 else 's'} ({tok} tokens) left out of both sides"
+    keep = eligible[~out]
+    client, engine = keep["client_ms_per_token"], keep["engine_ms_per_token"]
+    windows = sum(len(h) for h in keep["holes"])
+    note = ""
+    if windows:
+        tok = int(sum(kb - ka for h in keep["holes"] for ka, kb, _, _ in h))
+        note = f"; {windows} stall window{'' if windows == 1 else 's'} ({tok} tokens) left out of both sides"
     client, engine = client.to_numpy(dtype=float), engine.to_numpy(dtype=float)
     fin = np.isfinite(client) & np.isfinite(engine)
     client, engine, ids = client[fin], engine[fin], [int(r) for r in keep["request_id"].to_numpy()[fin]]

@@ -15,11 +15,11 @@ textbook TPOT ((E2E - TTFT) / (tokens - 1)). A request whose bursts leave less t
 k0 and k1 was held back (nearly) whole: the client did not observe its pace, and it is compared on
 neither side (closure.py names it).
 
-Stall windows: where the gap before a burst exceeds the stall threshold (closure.stall_threshold_ms), the
-tokens from the burst before that gap to the burst after it (the ones the stall held back and released at
-once) are left out of BOTH sides: a burst released by a stall arrives when the API server or client woke, not
-when its last token was made. Both figures are also kept over the whole span (*_span), which closure.py
-compares where most requests stalled (the stalls are then the pace the client gets).
+Stall windows: where the gap before a burst exceeds the stall threshold (closure.stall_threshold_ms) and
+that burst released several tokens at once, the tokens from the burst before the gap to the burst after it
+are left out of BOTH sides: a burst released by a stall arrives when the API server or client woke, not when
+its last token was made. A long gap followed by a single token is the pace the client gets (a slow proxy
+adding 0.3 s per event): it stays in. Both figures are also kept over the whole span (*_span).
 
 Which engine steps are a request's:
 - "prefill segments" (one stream at a time, C=1): every request starts with one prefill step; the decode
@@ -42,7 +42,7 @@ from tpcomm.attribute.closure import stall_threshold_ms
 
 PREFILL = "prefill"
 DECODE = "decode"
-BURST_GAP_FRACTION = 0.1  # chunks closer than this fraction of the engine's period arrived in one burst
+BURST_GAP_FRACTION = 0.5  # chunks closer than half an engine period arrived in one burst (a backlog flushed)
 MIN_OBSERVED = 0.5  # share of a request's tokens that must lie between k0 and k1
 
 
@@ -95,7 +95,7 @@ def client_spans(requests: pd.DataFrame, tokens: pd.DataFrame, period_ms: float 
         holes = [
             (int(bk[j]), int(bk[j + 1]), int(bt[j]), int(bt[j + 1]))
             for j in range(len(e_idx) - 1)
-            if t[e_idx[j] + 1] - t[e_idx[j]] > stall_ns
+            if t[e_idx[j] + 1] - t[e_idx[j]] > stall_ns and bk[j + 1] - bk[j] >= 2
         ]
         m = (k1 - k0) - sum(kb - ka for ka, kb, _, _ in holes)
         span_ms = (bt[-1] - bt[0]) / 1e6 / (k1 - k0) if k1 > k0 else np.nan
