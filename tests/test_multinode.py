@@ -74,28 +74,27 @@ def _attribute(url: str, out: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, tmp_path_factory, request):
+def offset_run(tiny_model_dir, tmp_path_factory, request):
+    """One two-node run, node 1's clock 2 ms ahead. (The same run without the offset, whose estimate on one
+    clock is exit jitter and is not applied, is test_attribute_server's baseline: one host, one boot id.)"""
     # Two servers' worth of processes would fight for the 2 cores: stop the session's pooled server first.
     factory = request.getfixturevalue("vllm_server_factory")
     factory.__self__.close()
     root = tmp_path_factory.mktemp("multinode")
-    out = {}
-    for name, env in (("plain", None), ("offset", _faketime_env(OFFSET_US / 1e6))):
-        n0, n1 = _two_nodes(tiny_model_dir, root, name, env)
-        try:
-            out[name] = (_attribute(n0.url, root / name), root / name)
-        finally:
-            n0.stop()
-            n1.stop()
-    return out
+    n0, n1 = _two_nodes(tiny_model_dir, root, "offset", _faketime_env(OFFSET_US / 1e6))
+    try:
+        return _attribute(n0.url, root / "offset"), root / "offset"
+    finally:
+        n0.stop()
+        n1.stop()
 
 
 def _c1(summ: dict) -> dict:
     return next(lv for lv in summ["levels"] if lv["concurrency"] == 1)
 
 
-def test_both_ranks_recorded_the_plan_matches_and_the_split_closes(runs):
-    summ, run = runs["plain"]
+def test_both_ranks_recorded_the_plan_matches_and_the_split_closes(offset_run):
+    summ, run = offset_run
     lv = _c1(summ)
     assert summ["conditions"]["ranks"] == [0, 1] and summ["conditions"]["backends"] == ["gloo"]
     assert set(summ["nodes"]) == {"0", "1"} and all(n["host"] for n in summ["nodes"].values())
@@ -105,29 +104,20 @@ def test_both_ranks_recorded_the_plan_matches_and_the_split_closes(runs):
     assert abs(sum(p.values()) - e) <= 1e-6 * e and p["transfer"] > 0
     cz = lv["closure"]
     assert cz["judged"] and cz["ok"], cz
-    # One machine, one clock: the estimate from the collectives is exit jitter, and it is not applied.
-    o = summ["clocks"]["1"]
-    assert not o["applied"] and abs(o["offset_us"]) < 50, o
 
 
-def test_a_clock_offset_on_node_1_is_estimated_and_taken_off(runs):
-    plain, plain_run = runs["plain"]
-    summ, run = runs["offset"]
+def test_a_clock_offset_on_node_1_is_estimated_and_taken_off(offset_run):
+    summ, run = offset_run
     o = summ["clocks"]["1"]
     assert o["applied"] and abs(o["offset_us"] - OFFSET_US) <= 50, o
-    # After alignment, the timeline's entry skew is what it is without the offset (within run-to-run noise on
-    # a shared 2-core host); unaligned it would carry the 2 ms in every collective.
-    s0, s1 = plain["alignment"]["instance_entry_skew_us_p50"], summ["alignment"]["instance_entry_skew_us_p50"]
-    assert abs(s1 - s0) < 0.25 * OFFSET_US, (s0, s1)
+    # After alignment, the timeline's entry skew is the ranks' own (hundreds of us on this shared host: 82-313 us
+    # measured with and without the offset); unaligned it carries the 2 ms in every collective (below).
+    s1 = summ["alignment"]["instance_entry_skew_us_p50"]
+    assert s1 < 0.25 * OFFSET_US, s1
     tl = json.loads((run / "attribution/timeline.json").read_text())
     assert tl["clock_uncertainty_us"] is not None and tl["clock_uncertainty_us"] < 50
-    print(
-        f"offset {o['offset_us']:.1f} us ({o['lo_us']:.1f} to {o['hi_us']:.1f}, {o['instances']} collectives); entry skew p50 {s0:.1f} us plain, {s1:.1f} us offset and aligned"
-    )
     # The split uses durations only: the same records analysed with each rank on its own clock give the same terms
-    # within 10% of the per-token time (only the steps the level's window takes in can move). (Against the plain
-    # run it is not held: two server runs on this shared host differ by tens of percent, and libfaketime's
-    # interception of every clock read slows node 1 by itself.)
+    # within 10% of the per-token time (only the steps the level's window takes in can move).
     import shutil
 
     from tpcomm.attribute.analysis import analyse_run_dir
@@ -138,8 +128,12 @@ def test_a_clock_offset_on_node_1_is_estimated_and_taken_off(runs):
     a, b = _c1(summ), _c1(own)
     for k in a["per_token_ms"]:
         assert abs(a["per_token_ms"][k] - b["per_token_ms"][k]) <= 0.1 * a["engine_ms_per_token"], k
-    assert own["alignment"]["instance_entry_skew_us_p50"] > 0.5 * OFFSET_US  # unaligned: the 2 ms in every one
-    assert _c1(summ)["closure"]["ok"], _c1(summ)["closure"]
+    s_own = own["alignment"]["instance_entry_skew_us_p50"]
+    assert s_own > 0.5 * OFFSET_US, s_own  # unaligned: the 2 ms in every one
+    print(
+        f"offset {o['offset_us']:.1f} us ({o['lo_us']:.1f} to {o['hi_us']:.1f}, {o['instances']} collectives); "
+        f"entry skew p50 {s1:.1f} us aligned, {s_own:.1f} us on each rank's own clock"
+    )
 
 
 def test_pp_across_the_nodes_shows_the_stages_send_recv(tiny_model_dir, tmp_path, no_pooled_server):
