@@ -253,9 +253,9 @@ def test_stall_windows_stay_out_of_both_sides_of_the_closure():
 
 
 def test_a_stall_just_before_the_last_burst_leaves_the_closure_alone():
-    """The CI failure of 2026-12-01 (-12.6%): the client's reading stopped ~1 s late in most requests and the
-    tokens made meanwhile arrived in one last burst. Over whole spans the client's figure carries the wait;
-    with the stall windows out of both sides, client and engine agree."""
+    """A pattern like CI's failure of 2026-12-01 (-12.6%, five ~1 s stalls in 8 requests): the client's reading
+    stops ~1 s late in most requests and the tokens made meanwhile arrive in one last burst. Over whole spans
+    the client's figure carries the wait; with the stall windows out of both sides, client and engine agree."""
     coll, steps, _ = make_records(steps=660, prefill_every=33, seed=11)
     req, tok = make_client(steps, stall=[(r, 30, 1000.0) for r in range(0, 20) if r % 3])
     cs = client_side(_rows1(coll, steps), req, tok, 1)
