@@ -398,15 +398,26 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
     """Two other streams beside `attribute --concurrency 1` (the issue: 2.31 sequences per step, no flag). They
     run until 6 s into attribute's level: on 2 cores they starve the API server, and the records pull after
     the level would crawl behind them."""
-    stop = threading.Event()
+    stop, errors = threading.Event(), []
+    flowing = [threading.Event() for _ in range(2)]
 
-    def stream() -> None:
-        while not stop.is_set():
-            _complete(srv.url, 160)
+    def stream(i: int) -> None:
+        body = {"model": "tiny", "prompt": "tensor parallel", "max_tokens": 160, "ignore_eos": True, "stream": True}
+        try:
+            while not stop.is_set():
+                with httpx.stream("POST", srv.url + "/v1/completions", headers=H, json=body, timeout=120) as r:
+                    assert r.status_code == 200, r.read()
+                    for line in r.iter_lines():
+                        if line.startswith("data: {"):
+                            flowing[i].set()
+        except Exception as e:  # said in the assertion below, not lost in a thread
+            errors.append(repr(e))
 
-    bg = [threading.Thread(target=stream, daemon=True) for _ in range(2)]
+    bg = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(2)]
     for t in bg:
         t.start()
+    # attribute starts once both streams deliver tokens (a background request that failed would leave C=1 alone)
+    assert all(f.wait(120) for f in flowing), errors
     out = tmp_path / "run"
     p = _popen(srv.url, out, "--concurrency", "1", "--requests", "4", "--output-len", "32", *FAST)
     try:
@@ -421,7 +432,7 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
             p.kill()
         for t in bg:
             t.join(120)
-    assert p.returncode == 1, stderr[-3000:]
+    assert not errors and p.returncode == 1, (errors, stderr[-3000:])
     assert "other traffic" in _last_error(stderr)
     lv = _summary(out)["levels"][0]
     assert lv["seqs_per_step"] > 1 and "sequences per decode step" in lv["incomplete"], lv["incomplete"]
