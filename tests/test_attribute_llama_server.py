@@ -65,4 +65,4 @@ def test_llama_split_closes_at_c1_and_c2(llama_server, tmp_path):
         cc = lv["collectives_per_step"]
         # Dense Llama at TP 2: 2 all-reduces per layer x 4 + the embedding, and the logits all-gather.
         assert cc["match"] is True and cc["observed_total"] == 10, cc["detail"]
-    assert_split_closes(summ, levels)
+    assert_split_closes(summ, levels, out)

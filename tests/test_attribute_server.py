@@ -18,13 +18,14 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from tpcomm.attribute.cli import attribute
-from tpcomm.attribute.closure import STALLED
+from tpcomm.attribute.closure import HELD, STALLED
 from tpcomm.vllm_server import VllmServer, free_port
 
 TPCOMM = [sys.executable, "-m", "tpcomm.cli", "attribute"]
@@ -308,10 +309,10 @@ def test_server_without_plugin_still_measures_load(plugin_off_url, tmp_path):
 
 
 # ---- plugin-on server -------------------------------------------------------
-def assert_split_closes(summ: dict, levels: list[dict]) -> None:
+def assert_split_closes(summ: dict, levels: list[dict], run_dir: Path) -> None:
     """The four terms add up to the engine's per-token time (level and every rank, within 1%), and at C=1,
-    per request, the engine's time per token and the client's agree within 10% (p50 over the same requests):
-    judged, never skipped."""
+    per request, the engine's time per token and the client's agree within 10% (p50 over the same requests)
+    wherever enough requests were delivered on time to judge it (assert_closure_verdict_is_true)."""
     for lv in summ["levels"]:
         c, e, p = lv["concurrency"], lv["engine_ms_per_token"], lv["per_token_ms"]
         assert lv["attributed"] and e and p, lv.get("note")
@@ -323,19 +324,46 @@ def assert_split_closes(summ: dict, levels: list[dict]) -> None:
         client = next(x for x in levels if (x["concurrency"], x["repeat"]) == (c, lv["repeat"]))
         assert lv["client"]["tpot_ms_p50"] == pytest.approx(client["tpot_ms_p50"])
         # Every request is compared or named (held back, stalled, not paired): none disappears.
-        d, cz = lv["delivery"], lv["closure"]
+        cz = lv["closure"]
         left_out = {r for ids in cz["excluded"].values() for r in ids}
         assert cz["requests"] + len(left_out) == lv["client"]["requests"], cz
-        # Delivery: the paired differences' p50, inside its own interval; signed only when resolved.
-        assert d["requests"] == cz["requests"] and d["lo_ms"] <= d["ms"] <= d["hi_ms"]
-        assert d["resolved"] == (d["coverage"] >= 0.95 and (d["lo_ms"] > 0 or d["hi_ms"] < 0))
         if c == 1:
-            assert cz["pairing"] == "prefill segments" and cz["judged"], cz
-            assert abs(cz["diff_pct"]) <= 10, (
-                f"C=1: per request, engine {cz['engine_ms']:.2f} vs client {cz['client_ms']:.2f} ms per token "
-                f"({cz['diff_pct']:+.1f}%, {cz['statistic']}); excluded {cz['excluded']}; stalls {lv['stalls']}"
-            )
-            assert cz["ok"] is True
+            assert cz["pairing"] == "prefill segments", cz
+            assert_closure_verdict_is_true(lv, run_dir)
+        d = lv["delivery"]
+        if cz["requests"]:  # delivery: the paired differences' p50, inside its own interval; signed only when resolved
+            assert d["requests"] == cz["requests"] and d["lo_ms"] <= d["ms"] <= d["hi_ms"]
+            assert d["resolved"] == (d["coverage"] >= 0.95 and (d["lo_ms"] > 0 or d["hi_ms"] < 0))
+
+
+def assert_closure_verdict_is_true(lv: dict, run_dir: Path) -> None:
+    """C=1: the closure's verdict against an independent reading of the raw files (tests/delivery.py).
+    Every request it left out as held back or stalled was delivered late (its tokens' delivery delays
+    spread by over 100 ms: on a busy 2-core host vLLM's API server sends whole streams in one lump ~1 s
+    after the engine made them, with or without the plugin). Where at least MIN_CLOSURE_REQUESTS requests
+    came on time, the closure is judged, and engine and client agree within 10%; where fewer did, it says
+    it was not judged and why, and agrees with nothing it did not see."""
+    from delivery import late_and_on_time
+
+    from tpcomm.attribute.closure import MIN_CLOSURE_REQUESTS
+
+    cz = lv["closure"]
+    late, on_time = late_and_on_time(run_dir, lv["concurrency"])
+    named = set(cz["excluded"].get(HELD, [])) | set(cz["excluded"].get(STALLED, []))
+    assert named <= late, ("left out as held or stalled, yet delivered on time", named - late, cz)
+    if len(on_time) >= MIN_CLOSURE_REQUESTS:
+        assert cz["judged"], (on_time, cz)
+    if cz["judged"]:
+        assert abs(cz["diff_pct"]) <= 10, (
+            f"C=1: per request, engine {cz['engine_ms']:.2f} vs client {cz['client_ms']:.2f} ms per token "
+            f"({cz['diff_pct']:+.1f}%, {cz['statistic']}); excluded {cz['excluded']}; stalls {lv['stalls']}"
+        )
+        assert cz["ok"] is True
+    else:
+        assert "could be compared" in cz["why_not_judged"] and cz["ok"] is None, cz
+        print(
+            f"C=1 closure not judged: {cz['why_not_judged']}; delivered late {sorted(late)}, on time {sorted(on_time)}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -396,7 +424,7 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
     # (test_multinode applies a real 2 ms one).
     o = summ["clocks"]["1"]
     assert not o["applied"] and abs(o["offset_us"]) < 50, o
-    assert_split_closes(summ, json.loads((out / "load/levels.json").read_text()))
+    assert_split_closes(summ, json.loads((out / "load/levels.json").read_text()), out)
     c1 = summ["levels"][0]
     assert c1["top_sites"][0]["op"] == "all_reduce"
     # The report of this run: page 1's bar carries the four terms, whose shares sum to 100% and whose ms add
@@ -414,7 +442,11 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
     total, ms, pct = split_from_page(page1)
     assert abs(sum(pct) - 100) <= 0.05 and sum(ms) == pytest.approx(total, rel=0.02)
     assert total == pytest.approx(c1["engine_ms_per_token"], rel=0.01)
-    assert "CLOSURE FAILED" not in page1 and "Closure: the split accounts for what the client saw" in page1
+    assert "CLOSURE FAILED" not in page1
+    if c1["closure"]["judged"]:
+        assert "Closure: the split accounts for what the client saw" in page1
+    else:  # a busy host (assert_closure_verdict_is_true checked why): page 1 says so
+        assert "Closure not judged: " in " ".join(page1.split()), page1
 
 
 @pytest.mark.vllm
@@ -440,11 +472,9 @@ def test_the_closure_holds_per_request_on_a_loaded_host(plugin_server, tmp_path)
     assert cz["pairing"] == "prefill segments", cz
     left_out = {r for ids in cz["excluded"].values() for r in ids}
     assert cz["requests"] + len(left_out) == lv["client"]["requests"] == 16, cz
-    if cz["judged"]:
-        assert abs(cz["diff_pct"]) <= 10 and cz["ok"], cz
-    else:  # the API server held or stalled too many streams to time: said, not guessed
-        assert cz["requests"] < 4 and "could be compared" in cz["why_not_judged"], cz
-        assert set(cz["excluded"]) <= {"held back (nearly) whole by the API server", STALLED}, cz
+    # Held or stalled requests really came late; judged wherever enough came on time, and then within 10%.
+    assert_closure_verdict_is_true(lv, out)
+    assert set(cz["excluded"]) <= {HELD, STALLED}, cz
     print(
         f"loaded host: closure {cz['diff_pct']}% ({cz['statistic']}); judged {cz['judged']}; excluded {cz['excluded']}"
     )
@@ -452,13 +482,13 @@ def test_the_closure_holds_per_request_on_a_loaded_host(plugin_server, tmp_path)
 
 @pytest.mark.vllm
 def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_path):
-    """A 1 s pause while reading the stream of one request (C=1): reported as a stall of that request, and no
-    term of the split moves: the same run's split without that request's time span agrees within 5% of the
-    per-token time per term and in total (had the pause entered the engine's clock, it would add about a third
-    of a token)."""
+    """A 1 s pause while reading the stream of one request (C=1): reported as a stall of that request, and the
+    engine's clock does not hold it: the decode pairs made during that request's time span take no more than
+    its tokens would at the level's median pace, give or take well under the pause, in the period and in the
+    host gap (had the engine waited for the reader, one pair there would hold the whole second)."""
     from tpcomm.attribute.load import LoadSpec
     from tpcomm.attribute.run import Attribute, AttributeConfig
-    from tpcomm.attribute.split import engine_split
+    from tpcomm.attribute.split import decode_pairs
 
     url, key = plugin_server
     out = tmp_path / "run"
@@ -474,27 +504,26 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_
     assert len(injected) == 1 and 1000 <= injected[0]["gap_ms"] <= 2500, st
     assert 3 in st["requests"] and st["total_ms"] >= injected[0]["gap_ms"]
     # The pause held back the rest of request 3 (its window holds most of its tokens): compared on neither side
-    # of the closure, which is judged on the others.
-    stalled = lv["closure"]["excluded"].get(STALLED, [])
-    assert 3 in stalled and lv["closure"]["judged"], lv["closure"]
-    # The split of the same run without request 3's time span (the engine never saw the client pause: it only stops reading).
+    # of the closure (named stalled; on a busy host, where the API server holds whole streams, maybe held),
+    # which is judged on the others wherever enough came on time.
+    ex = lv["closure"]["excluded"]
+    assert 3 in ex.get(STALLED, []) + ex.get(HELD, []), lv["closure"]
+    assert_closure_verdict_is_true(lv, out)
+    # The engine's decode pairs during request 3's time span (C=1: only its steps run then).
     req = pd.read_parquet(out / "load/requests.parquet").set_index("request_id")
     rows = pd.read_parquet(out / "attribution/steps_by_rank.parquet")
-    rows = rows[(rows["concurrency"] == 1)]
-    span = (rows["t_start_ns"] >= req.loc[3, "t_start_ns"]) & (rows["t_start_ns"] <= req.loc[3, "t_end_ns"])
-    without = engine_split(rows[~span])
-    e = lv["engine_ms_per_token"]
-    for k, v in lv["per_token_ms"].items():
-        assert abs(without["per_token_ms"][k] - v) <= 0.05 * e, (k, lv["per_token_ms"], without["per_token_ms"])
-    # And the per-token time itself: had the pause entered the engine's clock, it would add its 1 s over the
-    # level's decode tokens (~2 ms, a third of a token), which the split without that request would not have.
-    # (Not compared with the baseline run: two runs on a shared 2-core host differ by up to +-19% on their own.)
-    stall_per_token = injected[0]["gap_ms"] / (req["output_tokens"] - 1).sum()
-    assert abs(without["engine_ms_per_token"] - e) <= min(0.05 * e, 0.5 * stall_per_token), (
-        e,
-        without,
-        stall_per_token,
-    )
+    pairs = decode_pairs(rows[rows["concurrency"] == 1])
+    in_span = (pairs["t_start_ns"] >= req.loc[3, "t_start_ns"]) & (pairs["t_start_ns"] <= req.loc[3, "t_end_ns"])
+    pause_us = 1e3 * injected[0]["gap_ms"]
+    for rank, p in pairs.groupby("rank"):
+        mine = p[in_span.loc[p.index]]
+        # Not vacuous: the request's tokens were made (and timed) in that span.
+        assert len(mine) >= 0.6 * (req.loc[3, "output_tokens"] - 1), (rank, len(mine), req.loc[3].to_dict())
+        for col in ("period_us", "gap_us"):
+            # The time over the median pace (noise of a shared host: one slow request runs ~+40%, ~0.2 s here).
+            excess = float((mine[col] - p[col].median()).sum())
+            assert excess < 0.5 * pause_us, (rank, col, excess, pause_us, mine[col].describe().to_dict())
+            assert float(mine[col].max()) < 0.5 * pause_us, (rank, col, mine[col].max())
 
 
 @pytest.mark.vllm

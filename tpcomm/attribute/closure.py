@@ -41,6 +41,7 @@ STALL_MIN_MS = 100.0
 CLOSURE_TOL_PCT = 10.0
 MIN_CLOSURE_REQUESTS = 4
 STALLED = "stalled (its stall windows hold most of its tokens)"
+HELD = "held back (nearly) whole by the API server"
 INTERVAL_COVERAGE = 0.95
 MAX_STALL_GAPS = 100  # stall locations kept in the summary (the longest); count and total_ms cover all
 
@@ -109,7 +110,7 @@ def closure(
     out = eligible["stalled_out"].astype(bool)
     held = sorted(int(r) for r in pairs.loc[~pairs["observed"], "request_id"])
     if held:
-        excluded["held back (nearly) whole by the API server"] = held
+        excluded[HELD] = held
     if out.any():
         excluded[STALLED] = sorted(int(r) for r in eligible.loc[out, "request_id"])
     bad = pairs[pairs["observed"] & ~pairs["paired"]]

@@ -1,0 +1,64 @@
+"""When did the client get each token, against when the engine made it? Read from a run directory's raw
+files (load/tokens.parquet, load/requests.parquet, attribution/steps_by_rank.parquet) by a route of its
+own, not tpcomm's pairing: the closure tests use it to check that the requests the closure left out were
+really delivered late (the API server held or the client stalled them), and that a closure not judged had
+too few requests delivered on time to judge.
+
+At C=1 one request runs at a time: the engine steps that start within a request's client time span are
+its own; it makes token 0 at the end of the span's prefill step and token k at the end of its k-th decode
+step (rank 0's steps, on the host wall clock that the client shares on one machine). A token's delivery
+delay is its arrival minus that end. A constant delay (the API server's path) is every stream's; a
+request is late when its delays spread by more than LATE_MS: a held stream arrives in one lump after its
+last token was made, a stalled one in a lump after the stall.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+LATE_MS = 100.0  # far above a token's period here (5-15 ms) and a burst's worth of jitter
+
+
+def delay_spread_ms(run_dir: Path, concurrency: int = 1) -> dict[int, float]:
+    """Per request of the level: p90 - min of its tokens' delivery delay (ms); NaN where its steps do not
+    match its tokens (no prefill step in its span, or not one decode step per token)."""
+    run_dir = Path(run_dir)
+    req = pd.read_parquet(run_dir / "load/requests.parquet")
+    tok = pd.read_parquet(run_dir / "load/tokens.parquet")
+    steps = pd.read_parquet(run_dir / "attribution/steps_by_rank.parquet")
+    req = req[(req["concurrency"] == concurrency) & req["ok"]]
+    tok = tok[tok["concurrency"] == concurrency]
+    s = steps[(steps["rank"] == steps["rank"].min()) & (steps["kind"] != "empty")].sort_values("step")
+    t_end = s["host_t_end_ns"] if "host_t_end_ns" in s.columns else s["t_end_ns"]
+    s = s.assign(_start=s.get("host_t_start_ns", s["t_start_ns"]), _end=t_end)
+    out: dict[int, float] = {}
+    for _, r in req.iterrows():
+        rid = int(r["request_id"])
+        mine = s[(s["_start"] >= r["t_start_ns"]) & (s["_start"] <= r["t_end_ns"])]
+        pre = np.flatnonzero(mine["kind"].to_numpy() == "prefill")
+        if len(pre) != 1:
+            out[rid] = float("nan")
+            continue
+        made = mine["_end"].to_numpy(dtype=np.int64)[pre[0] :]
+        g = tok[tok["request_id"] == rid].sort_values("token_idx")
+        counts = g["n_tokens"].to_numpy() if "n_tokens" in g.columns else np.ones(len(g), dtype=np.int64)
+        if (counts < 1).any():
+            counts = np.ones(len(g), dtype=np.int64)
+        arrival = np.repeat(g["t_ns"].to_numpy(dtype=np.int64), counts)  # a chunk's tokens arrive together
+        n = int(r["output_tokens"])
+        if len(made) < n or len(arrival) != n:
+            out[rid] = float("nan")
+            continue
+        delay = (arrival - made[:n]) / 1e6
+        out[rid] = float(np.percentile(delay, 90) - delay.min())
+    return out
+
+
+def late_and_on_time(run_dir: Path, concurrency: int = 1) -> tuple[set[int], set[int]]:
+    spread = delay_spread_ms(run_dir, concurrency)
+    late = {r for r, v in spread.items() if np.isfinite(v) and v > LATE_MS}
+    on_time = {r for r, v in spread.items() if np.isfinite(v) and v <= LATE_MS}
+    return late, on_time
