@@ -409,7 +409,9 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
     flowing = [threading.Event() for _ in range(2)]
 
     def stream(i: int) -> None:
-        body = {"model": "tiny", "prompt": "tensor parallel", "max_tokens": 48, "ignore_eos": True, "stream": True}
+        # Long streams (400 tokens, several seconds each): the engine holds them whatever pace the API server
+        # delivers them at (on a busy host it sends a stream in lumps), and leaving the stream aborts the rest.
+        body = {"model": "tiny", "prompt": "tensor parallel", "max_tokens": 400, "ignore_eos": True, "stream": True}
         try:
             while not stop.is_set():
                 with httpx.stream("POST", srv.url + "/v1/completions", headers=H, json=body, timeout=120) as r:
@@ -417,6 +419,8 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
                     for line in r.iter_lines():
                         if line.startswith("data: {"):
                             flowing[i].set()
+                        if stop.is_set():
+                            break
         except Exception as e:  # said in the assertion below, not lost in a thread
             errors.append(repr(e))
 

