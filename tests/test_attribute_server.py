@@ -454,8 +454,9 @@ def test_the_closure_holds_per_request_on_a_loaded_host(plugin_server, tmp_path)
     """A busy process beside the server on the 2 cores (where the old closure failed, at -73.5%, on streams the
     API server held back whole, and a later one at -60.9% on stall-released bursts compared as the pace): no
     false verdict. Over the tokens the client could time, engine and client agree within 10% wherever enough
-    requests remain to judge; otherwise the closure says it was not judged and why. Every request it leaves
-    out is named with why."""
+    requests came on time to judge (read from the raw files by tests/delivery.py); otherwise the closure says
+    it was not judged and why. Every request it leaves out is named with why, and those named held or
+    stalled really came late."""
     url, key = plugin_server
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

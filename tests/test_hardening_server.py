@@ -571,7 +571,10 @@ def test_an_html_error_page_is_one_line(tmp_path):
 @pytest.mark.vllm
 def test_a_whole_server_kill_is_not_blamed_on_a_rank(srv, hook, tmp_path):
     out = tmp_path / "run"
-    p = _popen(srv.url, out, "--concurrency", "1,2", "--requests", "8", "--output-len", "48", *FAST)
+    # 24 requests at C=2 (~5 s on an idle host): the kill lands among the level's requests even where the
+    # hook's status answers a second late (a busy host: the API server then sends in lumps); with 8, a busy
+    # run saw the level end first and the kill hit the records pull ("server stopped answering").
+    p = _popen(srv.url, out, "--concurrency", "1,2", "--requests", "24", "--output-len", "48", *FAST)
     try:
         _wait_session(hook, "-c2-r0", p)
         time.sleep(0.3)

@@ -76,15 +76,16 @@ def test_selfcheck_on_this_machine(tmp_path):
         assert all(s != FAIL for s in got.values()), p.stdout
         assert {got[i] for i in ("timer-eager", "timer-graph", "nvml", "graph-event-overhead")} == {PASS}, p.stdout
     else:
-        for item in (
-            "hook-timed",
-            "fork",
-            "probe-ops-eager",
-            "rank-refusal",
-            "vllm-serve-period",
-            "vllm-serve-compute",
-        ):
+        for item in ("hook-timed", "fork", "probe-ops-eager", "rank-refusal", "vllm-serve-compute"):
             assert got.get(item) == PASS, p.stdout
+        # The hook against the client per request (attribute's closure): PASS, or not judged where too few streams
+        # came timeable (a busy host: the API server sends them in lumps), then with most of them named held or
+        # stalled. Never a FAIL.
+        if got.get("vllm-serve-period") != PASS:
+            period = json.loads(out.read_text())
+            per = next(c for c in period["checks"] if c["id"] == "vllm-serve-period")
+            assert per["status"] == SKIP and "not judged" in per["figure"], p.stdout
+            assert per["detail"]["closure_requests"] < 4 and sum(per["detail"]["closure_excluded"].values()) >= 5
         for item in ("timer-eager", "timer-graph", "nvml", "graph-event-overhead", "probe-ops-graph", "multi-gpu"):
             assert got.get(item) == SKIP, p.stdout
         assert "SKIP  timer-eager" in p.stdout and "needs CUDA" in p.stdout
@@ -100,12 +101,12 @@ def test_selfcheck_on_this_machine(tmp_path):
     # the overhead against a start without the plugin; each with its figure and conditions
     serve = {c["id"]: c for c in doc["checks"] if c["id"].startswith("vllm-serve")}
     assert set(serve) == {"vllm-serve-period", "vllm-serve-compute", "vllm-serve-overhead"}
-    assert (
-        "TPOT p50" in serve["vllm-serve-period"]["figure"]
-        and "async scheduling" in serve["vllm-serve-period"]["figure"]
-    )
+    assert "async scheduling" in serve["vllm-serve-period"]["figure"]
+    assert "TPOT p50" in serve["vllm-serve-period"]["figure"] or serve["vllm-serve-period"]["status"] == SKIP
     d = serve["vllm-serve-overhead"]["detail"]
-    assert d["tpot_ms_p50_plugin"] > 0 and d["tpot_ms_p50_plain"] > 0 and d["decode_pairs"] > 100 and d["ratio"] > 0
+    assert d["decode_pairs"] > 100
+    if "not measured" not in serve["vllm-serve-overhead"]["figure"]:  # else: held streams, named (unit-tested)
+        assert d["tpot_ms_p50_plugin"] > 0 and d["tpot_ms_p50_plain"] > 0 and d["ratio"] > 0
     assert serve["vllm-serve-overhead"]["status"] == (PASS if _cuda() else SKIP)
     assert d["clock"] == ("gpu" if _cuda() else "host")
     assert max(c["detail"]["seconds"] for c in doc["checks"]) < 300
@@ -204,13 +205,27 @@ def test_serving_verdicts_fail_on_wrong_figures():
         "clock": "gpu",
         "decode_pairs": 300,
         "conditions": {"device": "cuda", "vllm": "0.32.0", "async_scheduling": True},
+        # attribute's per-request closure on the same run
+        "closure_judged": True,
+        "closure_requests": 8,
+        "closure_engine_ms": 10.2,
+        "closure_client_ms": 10.0,
+        "closure_statistic": "p50 over 8 requests, paired by prefill segments",
+        "closure_excluded": {},
     }
 
     def verdicts(**kw):
         return {c.id: c.status for c in serving_checks({**good, **kw})}
 
     assert set(verdicts().values()) == {PASS}
-    assert verdicts(period_ms=12.0)["vllm-serve-period"] == FAIL
+    assert verdicts(closure_engine_ms=12.0)["vllm-serve-period"] == FAIL  # the hook 20% off the client
+    assert verdicts(closure_engine_ms=0.0)["vllm-serve-period"] == FAIL
+    # Too few streams the client could time (a busy host: the API server sends them in lumps): not judged, said
+    # with the counts; never a PASS.
+    held = {"closure_judged": False, "closure_why_not": "1 request(s) could be compared (at least 4 needed)"}
+    held["closure_excluded"] = {"held back (nearly) whole by the API server": 7}
+    c = serving_checks({**good, **held, "closure_engine_ms": None, "closure_client_ms": None})[0]
+    assert c.status == SKIP and "not judged: 1 request(s) could be compared" in c.figure and "7 held" in c.figure
     assert verdicts(compute_ms=-1.3)["vllm-serve-compute"] == FAIL
     assert verdicts(compute_ms=None)["vllm-serve-compute"] == FAIL
     assert verdicts(tpot_ms_p50_plain=9.0)["vllm-serve-overhead"] == FAIL  # 1.11 on a GPU
@@ -218,10 +233,15 @@ def test_serving_verdicts_fail_on_wrong_figures():
     cpu = serving_checks({**good, "tpot_ms_p50_plain": 7.0, "conditions": {"device": "cpu"}})[2]
     assert cpu.status == SKIP and "ratio 1.429" in cpu.figure and "not judged on CPU" in cpu.figure
     assert verdicts(tpot_ms_p50_plain=None, conditions={"device": "cpu"})["vllm-serve-overhead"] == FAIL
+    # every stream of the plain start held back by the API server: not measured, said (CPU: not judged anyway)
+    held = serving_checks({**good, "tpot_ms_p50_plain": None, "held_streams_plain": 8, "conditions": {"device": "cpu"}})
+    assert held[2].status == SKIP and "8 stream(s) back (nearly) whole in the plain start" in held[2].figure
+    assert verdicts(tpot_ms_p50_plain=None, held_streams_plain=8)["vllm-serve-overhead"] == FAIL  # on a GPU
     nothing = verdicts(period_ms=None, tpot_ms_p50_plugin=None)
     assert nothing["vllm-serve-period"] == FAIL and nothing["vllm-serve-overhead"] == FAIL
     c = serving_checks(good)[0]
     assert "async scheduling on" in c.figure and "ratio 1.020" in c.figure and "step clock gpu" in c.figure
+    assert "over the same tokens (p50 over 8 requests" in c.figure
 
 
 def test_item_limits_fit_five_minutes_and_stop_a_hung_item():

@@ -139,18 +139,15 @@ def _one_core() -> dict:
     return {"VLLM_CPU_OMP_THREADS_BIND": str(cpus[0])} if len(cpus) > 1 else {}
 
 
-def _client_tpot(rows: list[dict], engine_ms: float | None) -> tuple[float | None, int, float | None]:
-    """(client time per token p50 as attribute's closure takes it, streams the API server held back, plain
-    TPOT p50). Per request, over the client's first and last burst (attribute/pairing.py client_spans); a
-    stream held back (nearly) whole by the API server (seen on small CPU machines) is counted, not timed."""
+def _client_frames(rows: list[dict]):
+    """The successful rows as attribute's load files hold them: (requests, tokens) DataFrames."""
     import pandas as pd
 
-    from tpcomm.attribute.pairing import client_spans
-
     ok = [r for r in rows if r.get("ok") and r.get("tpot_ms") is not None]
-    if not ok:
-        return None, 0, None
-    req = pd.DataFrame([{k: r.get(k) for k in ("request_id", "output_tokens")} for r in ok])
+    req = pd.DataFrame(
+        [{k: r.get(k) for k in ("request_id", "output_tokens", "t_start_ns", "t_end_ns")} for r in ok],
+        columns=["request_id", "output_tokens", "t_start_ns", "t_end_ns"],
+    )
     req["output_tokens"] = req["output_tokens"].astype(float)
     tok = pd.DataFrame(
         [
@@ -162,11 +159,46 @@ def _client_tpot(rows: list[dict], engine_ms: float | None) -> tuple[float | Non
         ],
         columns=["request_id", "token_idx", "t_ns", "n_tokens"],
     )
+    return req, tok
+
+
+def _client_tpot(rows: list[dict], engine_ms: float | None) -> tuple[float | None, int, float | None]:
+    """(client time per token p50 as attribute's closure takes it, streams the API server held back, plain
+    TPOT p50). Per request, over the client's first and last burst (attribute/pairing.py client_spans); a
+    stream held back (nearly) whole by the API server (seen on small CPU machines) is counted, not timed."""
+    from tpcomm.attribute.pairing import client_spans
+
+    ok = [r for r in rows if r.get("ok") and r.get("tpot_ms") is not None]
+    if not ok:
+        return None, 0, None
+    req, tok = _client_frames(rows)
     spans = client_spans(req, tok, engine_ms)
     seen = spans.loc[spans["observed"], "client_ms_per_token"].dropna()
     held = int((~spans["observed"]).sum())
     raw = statistics.median(r["tpot_ms"] for r in ok)
     return (float(statistics.median(seen)) if len(seen) else None), held, raw
+
+
+def _closure(by_rank, rows: list[dict], engine_ms: float | None) -> dict:
+    """attribute's per-request closure (attribute/pairing.py, closure.py) on this run: the engine's and the
+    client's time per token over the same tokens of the same requests, or why it could not be judged."""
+    from tpcomm.attribute.closure import closure
+    from tpcomm.attribute.pairing import by_prefill, client_spans
+
+    req, tok = _client_frames(rows)
+    if req.empty or by_rank.empty:
+        return {"closure_judged": False, "closure_why_not": "no successful request or no recorded step"}
+    pairs, problem = by_prefill(by_rank, client_spans(req, tok, engine_ms), req)
+    cz, _, _ = closure(pairs, 1, "prefill segments", problem)
+    return {
+        "closure_judged": cz.judged,
+        "closure_requests": cz.requests,
+        "closure_engine_ms": cz.engine_ms,
+        "closure_client_ms": cz.client_ms,
+        "closure_statistic": cz.statistic,
+        "closure_why_not": cz.why_not_judged,
+        "closure_excluded": {k: len(v) for k, v in cz.excluded.items()},
+    }
 
 
 def _split(coll, steps, rows: list[dict]) -> dict:
@@ -201,6 +233,7 @@ def _split(coll, steps, rows: list[dict]) -> dict:
         if len(p):
             per_req.append(float(p["period_us"].mean()) / 1e3)
     return {
+        **_closure(by_rank, rows, sp.get("engine_ms_per_token")),
         "period_ms": statistics.median(per_req) if per_req else None,
         "period_ms_mean_all_pairs": sp.get("engine_ms_per_token"),
         "requests_with_pairs": len(per_req),
