@@ -193,7 +193,7 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
     def lineup():
         backend.lineup(ctrl)
 
-    iso, overran = [], []
+    iso, overran, preempted = [], [], []
     for _ in range(iters):
         backend.sync()
         if lone:  # outside the timed interval, before the lineup (see Backend.no_back_to_back)
@@ -201,6 +201,7 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
         state.tick()
         iso.append(timer.time_us(run1, lineup, late))
         overran.append(timer.overran)
+        preempted.append(timer.preempted)
     state.set("pipelined")
     nchunk = 0 if lone else max(1, min(10, iters))
     per = max(1, iters // max(1, nchunk))
@@ -221,6 +222,7 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
         backend.sync()
     iso, skew = rank_spread(iso, ctrl)
     overruns = sum(x > 0 for x in slowest_rank([float(f) for f in overran], ctrl))  # samples overrun on any rank
+    preempts = sum(x > 0 for x in slowest_rank([float(f) for f in preempted], ctrl))  # samples any rank lost its CPU
     pipe = slowest_rank(pipe, ctrl) if pipe else []
     esize = b.inp.element_size()
     nbytes = b.count * esize
@@ -246,6 +248,8 @@ def measure_item(backend, item, iters, warmup, ctrl, state, timer) -> dict:
         # GPU: samples (any rank) whose start event had fired before the op was queued (None: CPU, no slack)
         "slack_us": timer.slack_us,
         "slack_overruns": overruns if timer.cuda else None,
+        # CPU: samples in which the scheduler preempted some rank (None on a GPU: the device times the op there)
+        "preempted_samples": None if timer.cuda else preempts,
     }
     base = {
         "backend": item["backend"],

@@ -55,6 +55,9 @@ class Timer:
         # line-up would line the first sample up on the host instead.
         self._slack = Skew(self.slack_us, backend.device) if self.cuda else None
         self.overran = False  # the last lined-up sample's slack ran out before the op was queued
+        # CPU: this rank's thread waited for a CPU (runnable, another task on it) for over PREEMPTED_NS between the
+        # start of the last sample's line-up and the end of its op: its time and the skew then hold that wait.
+        self.preempted = False
 
     def time_us(self, fn, lineup=None, after=None) -> float:
         """Time one call of `fn`; `lineup()` runs first (on a GPU: line-up, slack, line-up), then `after()` (a
@@ -75,13 +78,29 @@ class Timer:
             self.overran = lineup is not None and s.query()
             e.synchronize()
             return s.elapsed_time(e) * 1000.0
+        c0 = cpu_wait_ns()
         if lineup is not None:
             lineup()
         if after is not None:
             after()
         t0 = time.perf_counter_ns()
         fn()
-        return (time.perf_counter_ns() - t0) / 1000.0
+        t1 = time.perf_counter_ns()
+        self.preempted = cpu_wait_ns() - c0 > PREEMPTED_NS
+        return (t1 - t0) / 1000.0
+
+
+PREEMPTED_NS = 100_000  # a sample in which some rank waited this long for a CPU counts as preempted
+
+
+def cpu_wait_ns() -> int:
+    """Time this thread has spent runnable but waiting for a CPU (Linux schedstat run_delay, ns): a rank
+    preempted by another runnable task. 0 where the kernel does not keep it."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def summarize(samples_us: list[float]) -> dict:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from probes.backends import Ineligible, make_backend
 from probes.collectives import RankState, _hardware, _layout, _maybe_fault, end_rank, leave, start_rank
+from probes.measure import cpu_wait_ns
 from probes.ops import COLLECTIVES, count_wrong
 from probes.replay_kernels import CudaClock, HostClock, HostWaits, Skew, Work
 
@@ -148,13 +149,17 @@ def replay_item(primary, fallback, item: dict, spec: dict, ctrl, state: RankStat
         g = None
         if graph:
             g, ncoll = _capture(step, timing, used)
-        rows = {"step_t0_ns": [], "step_us": [], "coll_t0_ns": [], "coll_us": []}
+        # cpu_wait_us: how long this rank waited for a CPU during the step (runnable, another task on its core;
+        # CPU ranks; 0 on a GPU, whose clock times the device)
+        rows = {"step_t0_ns": [], "step_us": [], "coll_t0_ns": [], "coll_us": [], "cpu_wait_us": []}
+        cpu = primary.device.type != "cuda"
         for b in used:
             b.sync()
         dist.barrier(group=ctrl)
         # what the host really waits on while replaying, the clock's read included (explicit waits only)
         with HostWaits() as waits:
             for i in range(spec["warmup"] + spec["steps"]):
+                c0 = cpu_wait_ns() if cpu else 0
                 step.clock.step_begin()
                 if g is not None:
                     state.tick(ncoll)
@@ -163,7 +168,9 @@ def replay_item(primary, fallback, item: dict, spec: dict, ctrl, state: RankStat
                     ncoll = step.issue(timing, state)
                 step.clock.step_end()
                 t0, us, ct0, cus = step.clock.read(ncoll)
+                lost = (cpu_wait_ns() - c0) / 1e3 if cpu else 0.0
                 if i >= spec["warmup"]:
+                    rows["cpu_wait_us"].append(lost)
                     rows["step_t0_ns"].append(t0)
                     rows["step_us"].append(us)
                     rows["coll_t0_ns"] += ct0

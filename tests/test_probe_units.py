@@ -305,6 +305,26 @@ def test_slack_overruns_are_stated_and_warned_above_ten_percent():
     assert slack_notes(cpu) == [] and "slack" not in format_table(cpu, [], {})
 
 
+def test_preempted_samples_are_warned_above_ten_percent():
+    """CPU rows: samples in which the scheduler took some rank's core (a busy host) are counted per row, and a
+    row where more than 10% of them were is named in the table and under --json."""
+    from tpcomm.probe.results import format_table, preempt_notes
+
+    base = {"op": "all_reduce", "mode": "eager", "bytes": 1024, "nccl_size_bytes": 1024, "count": 512, "wrong": 0}
+    base |= {"dtype": "float32", "p50_us": 90.0, "p99_us": 120.0, "algbw_GBps": 0.1, "busbw_GBps": 0.1}
+    base |= {"timer": "perf_counter", "world_size": 2, "samples": 30, "slack_us": None, "slack_overruns": None}
+    rows = [
+        {**base, "backend": "shm", "timing": "isolated", "preempted_samples": 18, "skew_p50_us": 6645.0},
+        {**base, "backend": "gloo", "timing": "isolated", "preempted_samples": 3, "skew_p50_us": 40.0},
+        {**base, "backend": "shm", "timing": "pipelined", "preempted_samples": None},
+    ]
+    notes = preempt_notes(rows)
+    assert len(notes) == 1 and "a rank was preempted in 18/30 samples (60%) of shm all_reduce 1024 B eager" in notes[0]
+    assert notes[0] in format_table(rows, [], {})
+    gpu = [{**r, "preempted_samples": None} for r in rows]
+    assert preempt_notes(gpu) == [] and "preempted" not in format_table(gpu, [], {})
+
+
 def test_host_waits_count_every_explicit_wait_and_restore():
     import torch
 

@@ -210,7 +210,7 @@ def probe(
             steps,
         )
     from tpcomm.probe.launcher import ProbeFailed
-    from tpcomm.probe.results import format_table, no_gpu_visible, slack_notes
+    from tpcomm.probe.results import format_table, no_gpu_visible, preempt_notes, slack_notes
     from tpcomm.probe.runner import ProbeConfig, run_probe
 
     cfg = ProbeConfig(
@@ -241,7 +241,7 @@ def probe(
         return
     if as_json:
         click.echo(json.dumps(res.json_entries(), indent=1))
-        for line in slack_notes(res.rows)[1:]:  # the warnings; the table carries them otherwise
+        for line in slack_notes(res.rows)[1:] + preempt_notes(res.rows):  # the warnings; else in the table
             click.echo(line.lstrip("# "), err=True)
     else:
         click.echo(format_table(res.rows, res.skipped, res.conditions))

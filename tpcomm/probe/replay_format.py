@@ -26,6 +26,9 @@ def conditions_line(doc: dict, backend: str | None = None, mode: str | None = No
     return "; ".join(parts)
 
 
+PREEMPTED_WARN = 0.10  # above this share of a timing's steps with a rank preempted, the table says so
+
+
 def format_replay(doc: dict) -> str:
     out = []
     s = doc.get("schedule") or {}
@@ -46,6 +49,13 @@ def format_replay(doc: dict) -> str:
             if k in t
         ]
         out.append(render(["step", "p50(us)", "p99(us)", "tok/s at p50"], rows))
+        for k, v in t.items():
+            n, lost = v.get("steps") or 0, v.get("preempted_steps")
+            if lost is not None and n and lost / n > PREEMPTED_WARN:
+                out.append(
+                    f"# WARNING: a rank was preempted in {lost}/{n} {k} steps ({lost / n:.0%}): their times, and the "
+                    "wait above all, hold the scheduler's slices (another busy process on the ranks' cores)"
+                )
         sp = e.get("full_step_split_us")
         if sp:
             out.append(

@@ -11,7 +11,9 @@ wait_us, entry_skew_us, complete.
 probe/replay_steps.parquet, one row per step (every timing), terms averaged
 over ranks as attribute's decode steps are: backend, mode, timing, step,
 step_us, compute_us, transfer_us, wait_us, n_collectives, ranks, step_us_max
-(slowest rank). compute_us + transfer_us + wait_us = step_us exactly.
+(slowest rank), cpu_wait_us_max (the longest any rank waited for a CPU during
+the step: runnable, another task on its core; Linux schedstat run_delay),
+preempted (cpu_wait_us_max over a tenth of step_us_max). compute_us + transfer_us + wait_us = step_us exactly.
 
 Units: *_us microseconds, *_ns nanoseconds (perf_counter, or host time plus
 CUDA event offsets), bytes per rank per call, tok/s tokens per second.
@@ -57,7 +59,10 @@ STEP_COLUMNS = [
     "n_collectives",
     "ranks",
     "step_us_max",
+    "cpu_wait_us_max",
+    "preempted",
 ]
+PREEMPTED_SHARE = 0.1
 
 
 def record_frames(rec: dict, slots: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -72,6 +77,8 @@ def record_frames(rec: dict, slots: list[dict]) -> tuple[pd.DataFrame, pd.DataFr
                     "step": np.arange(len(r["step_us"])),
                     "t_start_ns": r["step_t0_ns"],
                     "step_us": r["step_us"],
+                    # how long this rank waited for a CPU in the step (CPU ranks; older records: not known, 0)
+                    "cpu_wait_us": r.get("cpu_wait_us") or [0.0] * len(r["step_us"]),
                 }
             )
         )
@@ -128,6 +135,8 @@ def step_table(coll: pd.DataFrame, rank_steps: pd.DataFrame) -> pd.DataFrame:
         else pd.DataFrame(columns=key + ["coll_us", "transfer_us", "wait_us", "n_collectives"])
     )
     s = rank_steps.merge(per, on=key, how="left")
+    if "cpu_wait_us" not in s.columns:  # records written before steps carried it: not known, counted as 0
+        s["cpu_wait_us"] = 0.0
     for col in ("coll_us", "transfer_us", "wait_us", "n_collectives"):
         s[col] = s[col].fillna(0).astype(np.float64)
     s["compute_us"] = s["step_us"] - s["coll_us"]
@@ -140,7 +149,10 @@ def step_table(coll: pd.DataFrame, rank_steps: pd.DataFrame) -> pd.DataFrame:
         n_collectives=("n_collectives", "max"),
         ranks=("rank", "nunique"),
         step_us_max=("step_us", "max"),
+        cpu_wait_us_max=("cpu_wait_us", "max"),
     ).reset_index()
+    # preempted: some rank waited for a CPU for over a tenth of the step (its times hold that wait)
+    out["preempted"] = out["cpu_wait_us_max"] > PREEMPTED_SHARE * out["step_us_max"]
     out["n_collectives"] = out["n_collectives"].astype(np.int64)
     return out[STEP_COLUMNS]
 
@@ -171,6 +183,9 @@ def summarize(steps: pd.DataFrame, coll: pd.DataFrame, batch: int) -> list[dict]
                 "p99_us": _pct(v["step_us"], 0.99),
                 "mean_us": float(_trimmed(v)["step_us"].mean()),
                 "steps": int(len(v)),
+                # steps in which the scheduler took some rank's core (a busy host): their times hold its slices
+                "preempted_steps": int(v["preempted"].sum()) if "preempted" in v else None,
+                "cpu_wait_us_p50": _pct(v["cpu_wait_us_max"], 0.5) if "cpu_wait_us_max" in v else None,
             }
             for k, v in t.items()
         }

@@ -14,7 +14,10 @@ Columns of probe/results.parquet (and the "results" list of probe/results.json):
     upper bound), slack_us, slack_overruns (isolated GPU rows: the sleep kernel
     between the line-up and the start event, and the samples, on any rank, whose
     start event had fired before the op was queued, so the device waited for the
-    host inside the timed interval; None on CPU, where no slack is used)
+    host inside the timed interval; None on CPU, where no slack is used),
+    preempted_samples (isolated CPU rows: samples in which some rank's thread
+    waited over 100 us for a CPU, runnable with another task on its core, between
+    its line-up and the end of its op (Linux schedstat run_delay); None on a GPU)
 
 Conditions (probe/results.json) also hold visible_gpus_by_rank: the GPUs each
 rank saw, once a GPU backend mapped ranks to devices.
@@ -59,6 +62,7 @@ COLUMNS = [
     "skew_p99_us",
     "slack_us",
     "slack_overruns",
+    "preempted_samples",
 ]
 # Above this share of a row's samples with the slack overrun, the table says so.
 SLACK_OVERRUN_WARN = 0.10
@@ -190,6 +194,21 @@ def slack_notes(rows: list[dict]) -> list[str]:
     return out
 
 
+def preempt_notes(rows: list[dict]) -> list[str]:
+    """One warning line per isolated CPU row where more than SLACK_OVERRUN_WARN of the samples had a rank
+    preempted: its times and skew then hold the scheduler's slices, not the collective's."""
+    out = []
+    for r in rows:
+        k, n = r.get("preempted_samples"), int(r.get("samples") or 0)
+        if r.get("timing") == "isolated" and k is not None and n and k / n > SLACK_OVERRUN_WARN:
+            out.append(
+                f"# WARNING: a rank was preempted in {k}/{n} samples ({k / n:.0%}) of {r['backend']} {r['op']} "
+                f"{r['bytes']} B {r['mode']}: its time and skew hold the scheduler's slices (another busy process "
+                "on the ranks' cores, or more ranks than free cores)"
+            )
+    return out
+
+
 def inter_node_text(d: dict) -> str:
     env = ", ".join(f"{k}={v}" for k, v in (d.get("env") or {}).items())
     rdma = ", ".join(d.get("rdma_devices") or [])
@@ -279,7 +298,7 @@ def format_table(rows: list[dict], skipped: list[dict], conditions: dict) -> str
                 f"#   {s['backend']:<9} {s.get('op') or '':<14} {s.get('mode') or '':<6} "
                 f"({', '.join(human_bytes(b) for b in sizes[:4])}{', ...' if len(sizes) > 4 else ''}): {s['reason']}"
             )
-    notes = slack_notes(rows)
+    notes = slack_notes(rows) + preempt_notes(rows)
     if notes:
         out.append("#")
         out += notes
