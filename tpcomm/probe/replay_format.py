@@ -4,6 +4,7 @@ scale, context, versions)."""
 
 from __future__ import annotations
 
+from tpcomm.probe.results import PREEMPTED_WARN
 from tpcomm.table import human_bytes, render
 
 
@@ -24,9 +25,6 @@ def conditions_line(doc: dict, backend: str | None = None, mode: str | None = No
         parts.append(str(hw))
     parts.append(f"tpcomm {c.get('tpcomm')}, torch {c.get('torch')}, vLLM {c.get('vllm') or 'not installed'}")
     return "; ".join(parts)
-
-
-PREEMPTED_WARN = 0.10  # above this share of a timing's steps with a rank preempted, the table says so
 
 
 def format_replay(doc: dict) -> str:

@@ -66,6 +66,8 @@ COLUMNS = [
 ]
 # Above this share of a row's samples with the slack overrun, the table says so.
 SLACK_OVERRUN_WARN = 0.10
+# Above this share of a row's samples (a replay timing's steps) with a rank preempted, the table says so.
+PREEMPTED_WARN = 0.10
 JSON_KEYS = [
     "backend",
     "op",
@@ -195,12 +197,12 @@ def slack_notes(rows: list[dict]) -> list[str]:
 
 
 def preempt_notes(rows: list[dict]) -> list[str]:
-    """One warning line per isolated CPU row where more than SLACK_OVERRUN_WARN of the samples had a rank
+    """One warning line per isolated CPU row where more than PREEMPTED_WARN of the samples had a rank
     preempted: its times and skew then hold the scheduler's slices, not the collective's."""
     out = []
     for r in rows:
         k, n = r.get("preempted_samples"), int(r.get("samples") or 0)
-        if r.get("timing") == "isolated" and k is not None and n and k / n > SLACK_OVERRUN_WARN:
+        if r.get("timing") == "isolated" and k is not None and n and k / n > PREEMPTED_WARN:
             out.append(
                 f"# WARNING: a rank was preempted in {k}/{n} samples ({k / n:.0%}) of {r['backend']} {r['op']} "
                 f"{r['bytes']} B {r['mode']}: its time and skew hold the scheduler's slices (another busy process "
