@@ -92,8 +92,16 @@ def sample(
     return s
 
 
-def run_dir(path: Path, seed: int, requests: int = 16, output_len: int = 64, compute_us: float = 3000.0) -> Path:
-    """A single-stream run directory (C=1) from make_records/make_client, analysed by attribute's own code."""
+def run_dir(
+    path: Path,
+    seed: int,
+    requests: int = 16,
+    output_len: int = 64,
+    compute_us: float = 3000.0,
+    cpu_wait_ms: float | None = None,
+) -> Path:
+    """A single-stream run directory (C=1) from make_records/make_client, analysed by attribute's own code;
+    `cpu_wait_ms`: the ranks' CPU wait per engine step the level doc states (as the hook's status gives it)."""
     from tpcomm import contract as C
     from tpcomm.attribute.analysis import analyse_run_dir
     from tpcomm.attribute.synthetic import make_client, make_records
@@ -108,6 +116,11 @@ def run_dir(path: Path, seed: int, requests: int = 16, output_len: int = 64, com
     rd.write_table(C.HOOK_STEPS, steps)
     rd.write_table(C.LOAD_REQUESTS, req)
     rd.write_table(C.LOAD_TOKENS, tok)
-    rd.write_json(C.LOAD_LEVELS, [{"concurrency": 1, "repeat": 0, "conditions": {"output_len": output_len}}])
+    level = {"concurrency": 1, "repeat": 0, "conditions": {"output_len": output_len}}
+    if cpu_wait_ms is not None:
+        n = int(steps["step"].nunique())
+        per = {"ms": cpu_wait_ms / 2 * n, "steps": n}
+        level["cpu_wait"] = {"ms_per_step": cpu_wait_ms, "per_rank": {"0": per, "1": per}}
+    rd.write_json(C.LOAD_LEVELS, [level])
     analyse_run_dir(rd, conditions={"model": "synthetic", "output_len": output_len, "tp": 2})
     return path

@@ -105,6 +105,39 @@ def test_synthetic_compute_shift_is_named_in_the_verdict(synth):
     assert lv.term("tok_per_s").diff < 0
 
 
+def test_a_shift_the_host_load_could_make_is_not_called_a_change(tmp_path):
+    """The same compute shift (+0.6 ms per step) with the ranks' CPU wait per step stated in each run: where it
+    rose by 1 ms per step (B's host busier by more than the shift) compute and the per-token time are resolved
+    but marked as possibly the host's load, the verdict says it cannot tell, the gate refuses to judge (exit 2);
+    where it rose by 0.01 ms the same shift is a change; where one run lacks it, a note says it was not
+    measured."""
+    a = run_dir(tmp_path / "a", seed=1, cpu_wait_ms=0.05)
+    busy = run_dir(tmp_path / "busy", seed=3, compute_us=3600.0, cpu_wait_ms=1.05)
+    quiet = run_dir(tmp_path / "quiet", seed=3, compute_us=3600.0, cpu_wait_ms=0.06)
+    cmp = compare_runs(a, busy)
+    lv = cmp.levels[0]
+    assert lv.cpu_wait_ms_per_step == pytest.approx([0.05, 1.05])
+    for name in ("per_token", "compute", "tok_per_s"):
+        t = lv.term(name)
+        assert t.resolved and t.host_load and not t.changed, t
+    assert "+1.00 ms (A 0.050, B 1.05 ms)" in lv.term("compute").host_load, lv.term("compute").host_load
+    assert "cannot be told from the host's load" in cmp.verdict and "B is" not in cmp.verdict
+    assert any(
+        n.startswith("resolved but possibly the host's load (per-token time (engine), compute") for n in lv.notes
+    )
+    cond = {(c.section, c.name): (c.a, c.b) for c in cmp.conditions}
+    assert cond[("load", "C=1 repeat 0 ranks' CPU wait")] == ("0.050 ms per engine step", "1.05 ms per engine step")
+    gate = _cli(a, busy, "--fail-if-slower", "5")
+    assert gate.exit_code == 2 and "cannot be judged" in gate.output and "host's load" in gate.output, gate.output
+    cmp = compare_runs(a, quiet)
+    comp = cmp.levels[0].term("compute")
+    assert comp.changed and comp.host_load is None
+    assert cmp.verdict.startswith("At C=1: B is") and _cli(a, quiet, "--fail-if-slower", "5").exit_code == 1
+    cmp = compare_runs(run_dir(tmp_path / "none", seed=1), quiet)
+    assert cmp.levels[0].term("compute").changed  # not measured: nothing to mark, and it says so
+    assert any("was not measured in A" in n for n in cmp.levels[0].notes), cmp.levels[0].notes
+
+
 def test_tp1_against_tp2_moves_the_collectives(tmp_path):
     """A TP 1 run has step records and no collectives: attribute splits it (transfer and wait exactly 0, the plan
     of TP 1 matched), and against TP 2 the collectives are resolved, positive, with the plan's bytes named."""

@@ -133,6 +133,42 @@ def test_metrics_histograms_agree_with_records(vllm_server, tmp_path):
     assert paths["collectives"].name == "collectives.parquet" and paths["steps"].exists()
 
 
+def test_the_ranks_cpu_wait_rises_when_the_cores_are_taken(vllm_server):
+    """The hook's `cpu_wait` (each worker's step thread, schedstat run_delay over the recording) is the host's
+    contention that `compare` checks differences against: a 48-token request recorded twice on its own, then
+    twice beside two spinning processes (one per core of this 2-core host, in a session of their own as a
+    neighbour's would be: a spinner in the server's or the test's session shares that session's CPU under
+    Linux autogroup and moved nothing, measured). With the cores taken the ranks wait for them, by at least
+    0.5 ms per engine step more in all (measured: 3.1-3.9 alone, 5.4-7.9 beside), and every rank counts the
+    steps it ran."""
+    import subprocess
+    import sys
+
+    from tpcomm.attribute.records import cpu_wait
+
+    def one() -> float:
+        hook = HookClient(vllm_server.url)
+        hook.start()
+        _complete(vllm_server.url, n=48)
+        w = cpu_wait(hook.status())
+        hook.stop()
+        assert w is not None and set(w["per_rank"]) == {"0", "1"}, w
+        assert all(r["steps"] >= 48 and r["ms"] >= 0 for r in w["per_rank"].values()), w
+        return w["ms_per_step"]
+
+    quiet = [one(), one()]
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(2)]
+    try:
+        time.sleep(0.5)
+        busy = [one(), one()]
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    print(f"\nranks' CPU wait per step (ms): alone {quiet}, beside 2 spinners {busy}")
+    assert sum(busy) / 2 > sum(quiet) / 2 + 0.5, (quiet, busy)
+
+
 def test_test_only_fault_parameter_is_ignored_unless_the_server_enables_it(vllm_server):
     """The plain pooled server runs without TPCOMM_HOOK_TEST_FAULTS: the parameter does nothing there."""
     r = httpx.post(vllm_server.url + "/tpcomm/v1/start?inject_fault_after=1", timeout=120)

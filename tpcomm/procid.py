@@ -1,4 +1,5 @@
-"""Which process a pid is: boot id, pid and start time name one process on one machine, never another.
+"""Which process a pid is: boot id, pid and start time name one process on one machine, never another;
+and how long the calling thread has waited for a CPU (thread_cpu_wait_ns).
 
 A pid alone is reused after the process dies and a host name is shared by
 containers on one machine, so neither says that a pid seen here is the
@@ -38,3 +39,13 @@ def state(pid: int) -> str | None:
     except (OSError, ValueError):
         return None
     return fields[0] if fields else None
+
+
+def thread_cpu_wait_ns() -> int | None:
+    """How long the calling thread has been runnable but waiting for a CPU, since it started (Linux schedstat
+    run_delay, ns): another task held its core. None where the kernel does not keep it."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

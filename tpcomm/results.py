@@ -119,6 +119,16 @@ class Closure:
 
 
 @dataclass
+class CpuWait:
+    """How long the TP workers' step threads waited for a CPU during the level's recording (Linux schedstat
+    run_delay: runnable, not running), from the hook: the host's contention as the ranks met it (also while a
+    thread spins for a peer). The engine core, the API server and a rank's other threads are not in it."""
+
+    ms_per_step: float  # summed over ranks, per engine step (of any kind)
+    per_rank: dict[str, dict[str, float]]  # rank -> {"ms": over the recording, "steps": engine steps}
+
+
+@dataclass
 class Site:
     group: str
     op: str
@@ -158,6 +168,7 @@ class LevelSplit:
     flags: list[str] = field(default_factory=list)
     # Why the level did not measure what it claims (judge/complete.py), None when it did: no headline from it
     incomplete: str | None = None
+    cpu_wait: CpuWait | None = None  # the host's contention during the level (None: not measured)
 
     @property
     def tok_per_s(self) -> float | None:

@@ -31,7 +31,7 @@ from tpcomm.attribute.server import ENABLE_HINT
 from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, shares_pct, top_sites
 from tpcomm.attribute.timeline import one_step_timeline
 from tpcomm.judge import bottleneck, complete
-from tpcomm.results import Attribution, LevelSplit, RankTerms, Site, Terms
+from tpcomm.results import Attribution, CpuWait, LevelSplit, RankTerms, Site, Terms
 from tpcomm.rundir import RunDir
 
 METHOD = (
@@ -273,6 +273,7 @@ def _level(lv, win, rows, al, st, lreq, tok, cc, sites) -> LevelSplit:
         top_sites=[Site(**s) for s in top],
         collectives_per_step=cc,
         flags=flags,
+        cpu_wait=CpuWait(**lv["cpu_wait"]) if lv.get("cpu_wait") else None,
     )
 
 

@@ -61,10 +61,11 @@ class RankDeath:
     def message(self, level_start_ns: int | None = None, while_: str | None = None) -> str:
         """`while_`: what the run was doing when the death was seen, if not running the level's requests."""
         when = time.strftime("%H:%M:%S", time.gmtime(self.t_ns / 1e9))
-        into = f", while {while_}" if while_ else ""
+        into = ""
         if level_start_ns:  # the watch starts before the level's recording and requests: a death may precede them
             s = (self.t_ns - level_start_ns) / 1e9
             into = f", {s:.1f} s into the level" if s >= 0 else ", before the level's first request"
+        into += f", {while_}" if while_ and level_start_ns else f", while {while_}" if while_ else ""
         if self.whole_server:
             ms = self.api_server_after_ms or 0.0
             rel = f"{abs(ms):.0f} ms {'before' if ms < 0 else 'after'}"

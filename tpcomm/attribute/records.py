@@ -19,6 +19,7 @@ __all__ = [
     "stop",
     "status",
     "session_problem",
+    "cpu_wait",
     "fetch",
     "merge",
     "from_columnar",
@@ -54,6 +55,20 @@ def session_problem(st: dict, session: str, started_ns: int) -> str | None:
         after = f" {(when - started_ns) / 1e9:.1f} s after our start" if when and started_ns else ""
         return f"another client stopped the hook's recording during this level{after}: later steps were not recorded"
     return None
+
+
+def cpu_wait(st: dict) -> dict | None:
+    """The TP workers' CPU wait over the recording so far, from a status taken before the stop (the hook's
+    `cpu_wait`: each worker's step thread, Linux schedstat run_delay): per rank ms and engine steps, and
+    `ms_per_step` summed over ranks (each rank's wait per step, added: waits of different ranks at different
+    moments all delay the step). None where a rank does not say (not Linux, an older hook) or ran no step."""
+    per = {r.get("rank"): r.get("cpu_wait") for r in st.get("per_rank") or []}
+    if not per or not all(isinstance(w, dict) and (w.get("steps") or 0) > 0 for w in per.values()):
+        return None
+    return {
+        "ms_per_step": sum(w["wait_ns"] / w["steps"] for w in per.values()) / 1e6,
+        "per_rank": {str(k): {"ms": w["wait_ns"] / 1e6, "steps": int(w["steps"])} for k, w in sorted(per.items())},
+    }
 
 
 def fetch(

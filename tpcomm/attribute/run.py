@@ -348,8 +348,10 @@ class Attribute:
             for r in self.requests[-len(rows) :]:
                 r["in_stats"] = False
         # Wait for a worker's exit only when requests failed the way a dying engine fails them, not for a 4xx.
+        # Otherwise the watch goes on through the level's records: a worker that dies while they are asked for
+        # is named too, not left as a server that stopped answering.
         failed = any(not r["ok"] and load.looks_like_disconnect(r["error"] or "") for r in rows)
-        death = watch.stop(requests_failed=failed) if watch is not None else None
+        death = (watch.stop(requests_failed=True) if failed else watch.death) if watch is not None else None
         flags = [f"C={c} not steady after {rnd + 1} round(s): {note}"] if steady is False else []
         lv = self._level_doc(c, rep, rnd, req, tok, steady, note, flags)
         self.levels.append(lv)
@@ -368,28 +370,51 @@ class Attribute:
             }
         )
         if self.plugin_on and start_error is None:
-            problem = None
             try:
-                st = records.status(self.info, timeout_s=HOOK_TIMEOUT_S)
-                problem = records.session_problem(st, session, self._started_ns(c))
-            except records.HookTimeout as e:
-                self._stalled(lv, "GET /tpcomm/v1/status", e, watch)
-            except records.HookError as e:
-                problem = f"the hook's status could not be read before stopping ({e})"
-            self._hook(lambda info: records.stop(info, session, timeout_s=HOOK_TIMEOUT_S), watch, lv)
-            self._armed = None
-            if problem:
-                lv["hook_problem"] = problem
-                lv["flags"].append(f"C={c}: {problem}; this level's split is not computed")
-                self.notes.append(f"C={c}: {problem}")
-            else:
-                fetch_error = self._pull_records(c, rep, session, lv, watch)
-                if fetch_error:
-                    lv["records_problem"] = f"the hook's records could not be fetched ({fetch_error})"
+                self._level_records(c, rep, session, lv, watch)
+            except load.ServerGone:
+                self._died_after_requests(lv, watch, t_level)
+                raise
+            self._died_after_requests(lv, watch, t_level, failed="records_problem" in lv or "hook_problem" in lv)
         elif self.plugin_on:
             lv["records_problem"] = f"the hook's recording could not be started ({start_error})"
         self._write_load()
         self.progress.level_end(lv)
+
+    def _level_records(self, c: int, rep: int, session: str, lv: dict, watch: RankWatch | None) -> None:
+        """After the level's requests: check that the recording is still ours, stop it, fetch its records."""
+        problem = None
+        try:
+            st = records.status(self.info, timeout_s=HOOK_TIMEOUT_S)
+            problem = records.session_problem(st, session, self._started_ns(c))
+            lv["cpu_wait"] = records.cpu_wait(st)
+        except records.HookTimeout as e:
+            self._stalled(lv, "GET /tpcomm/v1/status", e, watch)
+        except records.HookError as e:
+            problem = f"the hook's status could not be read before stopping ({e})"
+        self._hook(lambda info: records.stop(info, session, timeout_s=HOOK_TIMEOUT_S), watch, lv)
+        self._armed = None
+        if problem:
+            lv["hook_problem"] = problem
+            lv["flags"].append(f"C={c}: {problem}; this level's split is not computed")
+            self.notes.append(f"C={c}: {problem}")
+        else:
+            fetch_error = self._pull_records(c, rep, session, lv, watch)
+            if fetch_error:
+                lv["records_problem"] = f"the hook's records could not be fetched ({fetch_error})"
+
+    def _died_after_requests(self, lv: dict, watch: RankWatch | None, t_level: int, failed: bool = True) -> None:
+        """A worker that died after the level's requests, while its records were asked for: RankDied naming it
+        (the level marked incomplete when its records were not all had). `failed`: asking the hook failed."""
+        death = watch.stop(requests_failed=failed) if watch is not None else None
+        if death is None:
+            return
+        why = death.message(t_level, while_="after the level's requests, while its records were asked for")
+        if failed:  # else the level's records are all here: it stays measured
+            lv.update(worker_problem=why, rank_died=death.to_dict())
+            lv["flags"].append(f"incomplete: {why}")
+            self._write_load()
+        raise RankDied(death, why) from None
 
     def _started_ns(self, c: int) -> int:
         rows = [r["t_start_ns"] for r in self.requests if r.get("concurrency") == c]

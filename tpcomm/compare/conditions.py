@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpcomm.columns import fmt
 from tpcomm.compare.results import ConditionDiff
 from tpcomm.results import Attribution
 
@@ -154,6 +155,8 @@ def facts(run) -> list[tuple[str, str, Any, str]]:
                 else (lv.note or "no split")
             )
             add("load", f"C={lv.concurrency} repeat {lv.repeat} window", what, "summary")
+            cw = f"{fmt(lv.cpu_wait.ms_per_step)} ms per engine step" if lv.cpu_wait else "not measured"
+            add("load", f"C={lv.concurrency} repeat {lv.repeat} ranks' CPU wait", cw, "summary (hook: schedstat)")
     return out
 
 

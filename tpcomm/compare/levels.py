@@ -96,6 +96,8 @@ def level_diff(
                 statement=statement(d, x, unit, iv, _why_none(name, problem) if d is not None else _absent(name, x, y)),
             )
         )
+    waits = [_cpu_wait(a), _cpu_wait(b)]
+    host_notes = _host_load(terms, *waits)
     dsum = [t.diff for t in terms if t.in_sum]
     total = terms[0].diff
     residual = total - sum(dsum) if total is not None and None not in dsum else None
@@ -118,9 +120,65 @@ def level_diff(
         clock=" vs ".join(clocks),
         sites=sites(a[0], b[0]),
         notes=clock_note
+        + host_notes
         + [n for lv in a for n in _notes(lv, _side("A", lv, a))]
         + [n for lv in b for n in _notes(lv, _side("B", lv, b))],
+        cpu_wait_ms_per_step=waits,
     )
+
+
+def _cpu_wait(levels: list[LevelSplit]) -> float | None:
+    """The ranks' CPU wait per engine step, mean over the level's repeats; None where a repeat lacks it."""
+    v = [lv.cpu_wait.ms_per_step if lv.cpu_wait else None for lv in levels]
+    return sum(v) / len(v) if v and None not in v else None
+
+
+def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None) -> list[str]:
+    """Mark each resolved difference that the host's contention could account for (TermDiff.host_load); the
+    level's notes about it.
+
+    The rule: a rank that waits x ms for a CPU during a step delays that step by at most x (its compute, a
+    collective, or the other ranks' wait at the next collective grow; the waits of different ranks at different
+    moments add, so x is summed over ranks). So a change of the ranks' CPU wait per step by dw between the runs
+    can move any engine term by up to |dw|; a resolved difference whose interval reaches within |dw| of 0 may
+    be that and nothing else, and is not called a change. Exempt: delivery (the client's side, not the ranks')
+    and a term that is exactly 0 in one run (no collectives there: a change of kind, not of amount); tok/s
+    follows the per-token time. The CPU wait also counts a thread spinning for a peer (it can exceed what
+    delayed the steps: the rule then says "cannot tell" more often, never "changed" wrongly); the engine core
+    and the API server are not in it, so a host-gap confound from them is not caught."""
+    by = {t.name: t for t in terms}
+    resolved = [t for t in terms if t.resolved and t.name != "delivery"]
+    if wa is None or wb is None:
+        if not resolved:
+            return []
+        side = "A" if wa is None and wb is not None else "B" if wb is None and wa is not None else "either run"
+        return [
+            f"the host's contention (the ranks' CPU wait) was not measured in {side}: whether a resolved "
+            "difference is the host's load rather than the change cannot be told (a run by this tpcomm's "
+            "attribute on Linux measures it)"
+        ]
+    dw = wb - wa
+    for t in resolved:
+        if t.name == "tok_per_s" or t.a == 0 or t.b == 0:
+            continue
+        near = min(abs(t.lo), abs(t.hi))
+        if abs(dw) >= near:
+            t.host_load = (
+                f"the ranks' CPU wait per step changed by {signed(dw)} ms (A {fmt(wa)}, B {fmt(wb)} ms), at "
+                f"least the smallest difference the interval admits ({fmt(near)} ms): this may be the host's "
+                "load, not the change; rerun A and B with the host equally quiet (or alternate them)"
+            )
+            t.statement += f"; {t.host_load}"
+    pt, tps = by.get("per_token"), by.get("tok_per_s")
+    if pt is not None and tps is not None and pt.host_load and tps.resolved:
+        tps.host_load = pt.host_load
+        tps.statement += "; as the per-token time: this may be the host's load, not the change"
+    hit = [LABELS[t.name] for t in terms if t.host_load and t.name != "tok_per_s"]
+    if not hit:
+        return []
+    return [
+        f"resolved but possibly the host's load ({', '.join(hit)}): {next(t.host_load for t in terms if t.host_load)}"
+    ]
 
 
 def _side(side: str, lv: LevelSplit, levels: list[LevelSplit]) -> str:

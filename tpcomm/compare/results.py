@@ -5,7 +5,9 @@ What each value means:
 - `TermDiff`: one statistic of one level in A and B, B - A, and its interval (intervals.py: block bootstrap
   of each run, one simultaneous band per level); `in_sum` marks the four engine terms whose differences add
   up to the per-token time's (means over decode pairs add: exact, `LevelDiff.sum_residual_ms` is the float
-  rounding left). "collective" = transfer + wait (a sub-total, not a fifth term); "delivery" is the client's
+  rounding left). `host_load`: a resolved difference that the change in the host's contention between the
+  runs (`LevelDiff.cpu_wait_ms_per_step`) could account for; `changed` = resolved and not that.
+  "collective" = transfer + wait (a sub-total, not a fifth term); "delivery" is the client's
   p50 over requests of (client - engine time per token), attribute's statistic, outside the engine's sum.
 - `SiteDiff`: one collective site (group, op, bytes, backend) as attribute lists it per level (top sites by
   time per step): calls per decode step, transfer and wait per call, in A and in B.
@@ -39,6 +41,14 @@ class TermDiff:
     resolved: bool | None  # the interval excludes 0; None without an interval
     in_sum: bool  # one of the four engine terms that add up to the per-token time
     statement: str  # "changed by ..." | "no change that this comparison can resolve ..." | why not compared
+    # Resolved, yet the host's contention (the ranks' CPU wait per step) changed by at least the smallest
+    # difference the interval admits: why it cannot be told from the host's load (levels.host_load). None else.
+    host_load: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        """Resolved, and not possibly the host's load: what the verdict and the gate call a change."""
+        return bool(self.resolved) and self.host_load is None
 
 
 @dataclass
@@ -72,6 +82,9 @@ class LevelDiff:
     clock: str  # the clock of both runs' terms ("host", "gpu", or "host vs gpu")
     sites: list[SiteDiff]
     notes: list[str] = field(default_factory=list)
+    # [A, B]: the TP workers' CPU wait per engine step, ms (summed over ranks, mean over repeats; None: not
+    # measured): the host's contention during each run (tpcomm.results.CpuWait)
+    cpu_wait_ms_per_step: list[float | None] = field(default_factory=lambda: [None, None])
 
     def term(self, name: str) -> TermDiff | None:
         return next((t for t in self.terms if t.name == name), None)

@@ -21,6 +21,10 @@ def _said(t) -> str:
         return "not compared"
     if t.resolved is None:
         return "not judged (no interval)"
+    if t.resolved and t.host_load:
+        return (
+            f"{signed(t.diff)} {t.unit}, resolved, but possibly the host's load (the ranks' CPU wait changed as much)"
+        )
     return f"changed by {signed(t.diff)} {t.unit}" if t.resolved else "no change this comparison can resolve"
 
 
@@ -146,7 +150,13 @@ def sections(cmp: Comparison) -> list[tuple[str, list]]:
         text = "; ".join(f"{c.name}: {_val(c.a)} -> {_val(c.b)}" for c in shown[:5])
         head.append(("small", f"What differs: {text}" + (" (more in the conditions table)" if len(shown) > 5 else "")))
     if cmp.levels:
-        head.append(("figure", "compare_terms", "B - A per term with its interval (solid: resolved; pale: not)"))
+        head.append(
+            (
+                "figure",
+                "compare_terms",
+                "B - A per term with its interval (solid: resolved and not possibly the host's load; pale: not)",
+            )
+        )
     out.append(("Verdict", head))
     for lv in cmp.levels:
         blocks: list = [("table", table(TERMS, lv.terms)), ("small", TERMS_KEY)]

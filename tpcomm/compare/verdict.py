@@ -1,8 +1,8 @@
 """The verdict line (which term moved, by how much, and whether it is resolved) and the CI gate.
 
 The verdict speaks of one level: the lowest concurrency both runs measured with intervals (attribute's
-headline level), else the lowest both measured. Only resolved differences are called changes; the
-collectives (transfer + wait) are always named, changed or not, since that is what a TP lever is for.
+headline level), else the lowest both measured. Only resolved differences are called changes, and not those
+the host's load could account for (TermDiff.host_load, levels.py); the collectives (transfer + wait) are always named, changed or not, since that is what a TP lever is for.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
             f"collectives {signed(coll.diff)} ms, host gap {signed(lv.term('host_gap').diff)} ms; "
             f"whether any of it is real cannot be said: {lv.problem}."
         )
-    moved = [t for t in (lv.term("compute"), lv.term("host_gap")) if t.resolved]
+    moved = [t for t in (lv.term("compute"), lv.term("host_gap")) if t.changed]
     moved.sort(key=lambda t: -abs(t.diff))
-    if pt.resolved:
+    if pt.changed:
         word = "slower" if pt.diff > 0 else "faster"
         head = f"{where}: B is {_ms(abs(pt.diff))} per token {word} than A ({pt.diff_pct:+.1f}%, interval {signed(pt.lo)} to {signed(pt.hi)} ms)"
         same = [t for t in moved if (t.diff > 0) == (pt.diff > 0)]
@@ -48,11 +48,17 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
         head = (
             f"{where}: no change in the per-token time that this comparison can resolve "
             f"(B - A = {signed(pt.diff)} ms, interval {signed(pt.lo)} to {signed(pt.hi)} ms)"
+            if not pt.resolved
+            else f"{where}: B - A = {signed(pt.diff)} ms per token (interval {signed(pt.lo)} to {signed(pt.hi)} ms), "
+            f"which cannot be told from the host's load: {pt.host_load}"
         )
         parts = [f"{_name(t.name)} changed by {signed(t.diff)} ms" for t in moved]
         if len(parts) > 1:
             parts[-1] += " (in opposite directions, within the same per-token time)"
     parts.append(_collectives(lv))
+    loaded = [_name(t.name) for t in lv.terms if t.host_load and t.name not in ("per_token", "tok_per_s")]
+    if loaded:
+        parts.append(f"{', '.join(loaded)} resolved but possibly the host's load (the ranks' CPU wait changed as much)")
     d = lv.term("delivery")
     if d is not None and d.resolved:
         parts.append(f"delivery to the client changed by {signed(d.diff)} ms (outside the engine's time)")
@@ -75,12 +81,16 @@ def _name(term: str) -> str:
 
 def _collectives(lv: LevelDiff) -> str:
     c, tr, wa = lv.term("collective"), lv.term("transfer"), lv.term("wait")
-    if not (c.resolved or tr.resolved or wa.resolved):
-        return f"collectives unchanged ({signed(c.diff)} ms, not resolved)"
+    if not (c.changed or tr.changed or wa.changed):
+        return f"collectives unchanged ({signed(c.diff)} ms, not resolved{_loaded(c, tr, wa)})"
     bits = [
-        f"{n} {signed(t.diff)} ms{'' if t.resolved else ' not resolved'}" for n, t in (("transfer", tr), ("wait", wa))
+        f"{n} {signed(t.diff)} ms{'' if t.changed else ' not resolved'}" for n, t in (("transfer", tr), ("wait", wa))
     ]
-    return f"collectives {signed(c.diff)} ms{'' if c.resolved else ' (sum not resolved)'} ({', '.join(bits)})"
+    return f"collectives {signed(c.diff)} ms{'' if c.changed else ' (sum not resolved)'} ({', '.join(bits)})"
+
+
+def _loaded(*terms) -> str:
+    return " beyond the host's load" if any(t.host_load for t in terms) else ""
 
 
 def gate(levels: list[LevelDiff], pct: float) -> Gate:
@@ -94,11 +104,20 @@ def gate(levels: list[LevelDiff], pct: float) -> Gate:
             "cannot be judged: no concurrency level of the two runs has per-step data for an interval",
             "two run directories written by `tpcomm attribute` with attribution/steps_by_rank.parquet",
         )
-    hits = [
+    slower = [
         lv
         for lv in judged
         if lv.term("per_token").resolved and lv.term("per_token").diff > 0 and lv.term("per_token").diff_pct > pct
     ]
+    hits = [lv for lv in slower if lv.term("per_token").changed]
+    if slower and not hits:  # slower by more than allowed, but the host's load could be all of it
+        t = slower[0].term("per_token")
+        raise InputError(
+            f"--fail-if-slower {pct:g}",
+            f"cannot be judged: B is {t.diff_pct:.1f}% slower per token at C={slower[0].concurrency} (resolved), but "
+            f"{t.host_load}",
+            "two runs on a host under the same load",
+        )
     if hits:
         t = hits[0].term("per_token")
         return Gate(

@@ -25,6 +25,7 @@ from tpcomm.hook import timing
 from tpcomm.hook.gpuclock import StepClock
 from tpcomm.hook.graphs import GraphSampler
 from tpcomm.hook.recorder import GROUP_COORDINATOR, Recorder
+from tpcomm.procid import thread_cpu_wait_ns
 
 logger = logging.getLogger("vllm.tpcomm.hook")  # a child of vLLM's logger: same format and prefix
 
@@ -103,6 +104,10 @@ class Hook:
         self.clock: StepClock | None = None  # CUDA: the steps on the GPU timeline
         self.graphs = GraphSampler()  # CUDA: sampled graph replays, read at later steps
         self._step_untimed = 0  # collectives of the current sampled step that will have no row
+        # (run_delay ns, engine step) of this thread at start() and at stop(): how long the thread that runs the
+        # steps (and these RPCs) waited for a CPU while recording. None where the kernel does not keep it.
+        self._cpu0: tuple[int, int] | None = None
+        self._cpu1: tuple[int, int] | None = None
 
     # ---- arming -------------------------------------------------------
     def recorder(self) -> Recorder:
@@ -140,13 +145,30 @@ class Hook:
         self.n_added = 0
         self.fault_after = fault_after
         self.started_ns, self.stopped_ns = time.time_ns(), 0
+        w = thread_cpu_wait_ns()
+        self._cpu0, self._cpu1 = (w, self.step) if w is not None else None, None
         self.armed = True
 
     def stop(self) -> None:
         """Disarm, then read every event still pending, waiting for them (between steps: an RPC)."""
         self.armed = False
         self.stopped_ns = time.time_ns()
+        w = thread_cpu_wait_ns()
+        self._cpu1 = (w, self.step) if w is not None and self._cpu0 is not None else None
         self.poll(block=True)
+
+    def cpu_wait(self) -> dict | None:
+        """Since the last start (to its stop, once stopped): how long this worker's step thread waited for a CPU
+        (wait_ns) over how many engine steps (steps). None before a start, or where the kernel does not say."""
+        if self._cpu0 is None:
+            return None
+        end = self._cpu1
+        if end is None and not self.stopped_ns:
+            w = thread_cpu_wait_ns()
+            end = (w, self.step) if w is not None else None
+        if end is None:
+            return None
+        return {"wait_ns": end[0] - self._cpu0[0], "steps": end[1] - self._cpu0[1]}
 
     def fail(self, where: str, exc: BaseException) -> None:
         if self.disabled_reason is None:

@@ -154,6 +154,7 @@ def tpcomm_status(self: Any) -> dict:
         ],
         "started_ns": HOOK.started_ns,
         "stopped_ns": HOOK.stopped_ns,
+        "cpu_wait": HOOK.cpu_wait(),  # the step thread's CPU wait over the recording (core.py)
         "session": HOOK.session,
         "metrics_file": HOOK.metrics_file,
         "versions": _versions,

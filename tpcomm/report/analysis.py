@@ -220,11 +220,21 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s.data["closure_failed"] = [
         t for lv in levels if (t := closure_text(lv.concurrency, lv.repeat, lv.closure, lv.stalls))
     ]
-    s.data["notes"] = [f"C={lv.concurrency} repeat {lv.repeat}: {lv.note}" for lv in levels if lv.note] + [
-        f"C={lv.concurrency}: {lv.collectives_per_step.get('detail')}"
-        for lv in levels
-        if lv.collectives_per_step.get("detail")
-    ]
+    s.data["notes"] = (
+        [f"C={lv.concurrency} repeat {lv.repeat}: {lv.note}" for lv in levels if lv.note]
+        + [
+            f"C={lv.concurrency}: {lv.collectives_per_step.get('detail')}"
+            for lv in levels
+            if lv.collectives_per_step.get("detail")
+        ]
+        + [
+            f"C={lv.concurrency} repeat {lv.repeat}: the TP workers' step threads waited for a CPU "
+            f"{lv.cpu_wait.ms_per_step:.3g} ms per engine step, summed over ranks (Linux schedstat run_delay over "
+            "the level's recording: the host's contention as the ranks met it, also while spinning for a peer)"
+            for lv in levels
+            if lv.cpu_wait
+        ]
+    )
     s.data["excluded"] = [
         f"C={lv.concurrency}: {why}: request(s) {', '.join(map(str, ids[:12]))}"
         for lv in levels

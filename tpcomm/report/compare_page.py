@@ -32,7 +32,7 @@ def fig_compare_terms(data: dict[str, Any]):
         rows = [t for t in (lv.term(n) for n in FIG_TERMS) if t is not None and t.diff is not None]
         ys = list(range(len(rows)))[::-1]
         for y, t in zip(ys, rows):
-            solid = bool(t.resolved)
+            solid = t.changed
             color = F.COLORS.get(t.name, "#333333")
             ax.barh([y], [t.diff], color=color, alpha=1.0 if solid else 0.35, height=0.6)
             if t.lo is not None:
