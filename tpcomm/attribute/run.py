@@ -372,8 +372,8 @@ class Attribute:
         if self.plugin_on and start_error is None:
             try:
                 self._level_records(c, rep, session, lv, watch)
-            except load.ServerGone:
-                self._died_after_requests(lv, watch, t_level)
+            except load.ServerGone as e:  # a stopped or hung worker (WorkerStalled) is not waited for as a death
+                self._died_after_requests(lv, watch, t_level, wait=not isinstance(e, WorkerStalled))
                 raise
             self._died_after_requests(lv, watch, t_level, failed="records_problem" in lv or "hook_problem" in lv)
         elif self.plugin_on:
@@ -403,10 +403,13 @@ class Attribute:
             if fetch_error:
                 lv["records_problem"] = f"the hook's records could not be fetched ({fetch_error})"
 
-    def _died_after_requests(self, lv: dict, watch: RankWatch | None, t_level: int, failed: bool = True) -> None:
+    def _died_after_requests(
+        self, lv: dict, watch: RankWatch | None, t_level: int, failed: bool = True, wait: bool = True
+    ) -> None:
         """A worker that died after the level's requests, while its records were asked for: RankDied naming it
-        (the level marked incomplete when its records were not all had). `failed`: asking the hook failed."""
-        death = watch.stop(requests_failed=failed) if watch is not None else None
+        (the level marked incomplete when its records were not all had). `failed`: asking the hook failed;
+        `wait`: then wait for a death to be seen (ranks.GRACE_S)."""
+        death = watch.stop(requests_failed=failed and wait) if watch is not None else None
         if death is None:
             return
         why = death.message(t_level, while_="after the level's requests, while its records were asked for")

