@@ -99,6 +99,7 @@ def run_dir(
     output_len: int = 64,
     compute_us: float = 3000.0,
     cpu_wait_ms: float | None = None,
+    ranks: tuple[str, ...] = ("0", "1"),
 ) -> Path:
     """A single-stream run directory (C=1) from make_records/make_client, analysed by attribute's own code;
     `cpu_wait_ms`: the ranks' CPU wait per engine step the level doc states (as the hook's status gives it)."""
@@ -119,8 +120,8 @@ def run_dir(
     level = {"concurrency": 1, "repeat": 0, "conditions": {"output_len": output_len}}
     if cpu_wait_ms is not None:
         n = int(steps["step"].nunique())
-        per = {"ms": cpu_wait_ms / 2 * n, "steps": n}
-        level["cpu_wait"] = {"ms_per_step": cpu_wait_ms, "per_rank": {"0": per, "1": per}}
+        per = {"ms": cpu_wait_ms / len(ranks) * n, "steps": n}
+        level["cpu_wait"] = {"ms_per_step": cpu_wait_ms, "per_rank": {r: per for r in ranks}}
     rd.write_json(C.LOAD_LEVELS, [level])
     analyse_run_dir(rd, conditions={"model": "synthetic", "output_len": output_len, "tp": 2})
     return path

@@ -111,7 +111,7 @@ def test_a_killed_tp_worker_is_named_not_a_plan_mismatch(relative_server, tmp_pa
     p = subprocess.Popen(
         TPCOMM
         + ["attribute", "--server-url", relative_server.url, "--concurrency", "1,2", "--requests", "8"]
-        + ["--output-len", "48", "--out", str(out)]
+        + ["--output-len", "96", "--out", str(out)]
         + FAST,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -123,8 +123,8 @@ def test_a_killed_tp_worker_is_named_not_a_plan_mismatch(relative_server, tmp_pa
         while not str(hook.status().get("session") or "").endswith("-c2-r0") and time.monotonic() < deadline:
             assert p.poll() is None, p.communicate()
             time.sleep(0.2)
-        time.sleep(0.1)  # C=2 under way (its requests last about 1.5 s here; a kill that lands after them, while
-        # its records are asked for, is named the same way: ranks.py watches until the records are in)
+        time.sleep(0.1)  # C=2 under way (96-token requests: about 3 s here; a kill that lands after them, while
+        # its records are asked for, is named the same way: run.py watches until the records are in)
         os.kill(pid, signal.SIGKILL)
         stdout, stderr = p.communicate(timeout=300)
     finally:

@@ -110,7 +110,8 @@ def test_a_shift_the_host_load_could_make_is_not_called_a_change(tmp_path):
     rose by 1 ms per step (B's host busier by more than the shift) compute and the per-token time are resolved
     but marked as possibly the host's load, the verdict says it cannot tell, the gate refuses to judge (exit 2);
     where it rose by 0.01 ms the same shift is a change; where one run lacks it, a note says it was not
-    measured."""
+    measured; where it fell (A's host the busier) the slowdown is a change (the load could only hide part of it);
+    where the runs' ranks differ it is not checked, and a note says so."""
     a = run_dir(tmp_path / "a", seed=1, cpu_wait_ms=0.05)
     busy = run_dir(tmp_path / "busy", seed=3, compute_us=3600.0, cpu_wait_ms=1.05)
     quiet = run_dir(tmp_path / "quiet", seed=3, compute_us=3600.0, cpu_wait_ms=0.06)
@@ -136,6 +137,15 @@ def test_a_shift_the_host_load_could_make_is_not_called_a_change(tmp_path):
     cmp = compare_runs(run_dir(tmp_path / "none", seed=1), quiet)
     assert cmp.levels[0].term("compute").changed  # not measured: nothing to mark, and it says so
     assert any("was not measured in A" in n for n in cmp.levels[0].notes), cmp.levels[0].notes
+    # A's host was the busier one: the load can only have hidden part of B's slowdown, which is a change.
+    cmp = compare_runs(run_dir(tmp_path / "a-busy", seed=1, cpu_wait_ms=1.05), quiet)
+    comp = cmp.levels[0].term("compute")
+    assert comp.changed and comp.host_load is None and cmp.levels[0].cpu_wait_ms_per_step == pytest.approx([1.05, 0.06])
+    assert _cli(tmp_path / "a-busy", quiet, "--fail-if-slower", "5").exit_code == 1
+    # Summed over other ranks (one rank in A): not checked, and named.
+    cmp = compare_runs(run_dir(tmp_path / "one-rank", seed=1, cpu_wait_ms=0.05, ranks=("0",)), busy)
+    assert cmp.levels[0].term("compute").changed
+    assert any("summed over other ranks" in n for n in cmp.levels[0].notes), cmp.levels[0].notes
 
 
 def test_tp1_against_tp2_moves_the_collectives(tmp_path):

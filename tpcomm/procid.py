@@ -41,11 +41,13 @@ def state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
-def thread_cpu_wait_ns() -> int | None:
-    """How long the calling thread has been runnable but waiting for a CPU, since it started (Linux schedstat
-    run_delay, ns): another task held its core. None where the kernel does not keep it."""
+def thread_cpu_wait_ns(tid: int | None = None) -> int | None:
+    """How long thread `tid` of this process (None: the calling thread) has been runnable but waiting for a
+    CPU since it started (Linux schedstat run_delay, ns): another task held its core. None where the kernel
+    does not keep it (no file, or "0 0 0": schedstats off)."""
     try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1])
-    except (OSError, IndexError, ValueError):
+        with open(f"/proc/self/task/{int(tid)}/schedstat" if tid else "/proc/thread-self/schedstat") as f:
+            run, wait = (int(x) for x in f.read().split()[:2])
+    except (OSError, ValueError, TypeError):
         return None
+    return wait if run > 0 else None

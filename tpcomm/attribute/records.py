@@ -57,18 +57,26 @@ def session_problem(st: dict, session: str, started_ns: int) -> str | None:
     return None
 
 
-def cpu_wait(st: dict) -> dict | None:
-    """The TP workers' CPU wait over the recording so far, from a status taken before the stop (the hook's
-    `cpu_wait`: each worker's step thread, Linux schedstat run_delay): per rank ms and engine steps, and
-    `ms_per_step` summed over ranks (each rank's wait per step, added: waits of different ranks at different
-    moments all delay the step). None where a rank does not say (not Linux, an older hook) or ran no step."""
-    per = {r.get("rank"): r.get("cpu_wait") for r in st.get("per_rank") or []}
-    if not per or not all(isinstance(w, dict) and (w.get("steps") or 0) > 0 for w in per.values()):
+def cpu_wait(st: dict, since: dict | None = None) -> dict | None:
+    """The TP workers' CPU wait over the recording so far (less `since`, an earlier result of this function
+    in the same recording), from a status taken before the stop (the hook's `cpu_wait`: each worker's step
+    thread, Linux schedstat run_delay): per rank ms and engine steps, and `ms_per_step` summed over ranks
+    (each rank's wait per step, added: waits of different ranks at different moments all delay the step).
+    None where a rank does not say (not Linux, an older hook) or ran no step in the span."""
+    per = {str(r.get("rank")): r.get("cpu_wait") for r in st.get("per_rank") or []}
+    if not per or not all(isinstance(w, dict) for w in per.values()):
         return None
-    return {
-        "ms_per_step": sum(w["wait_ns"] / w["steps"] for w in per.values()) / 1e6,
-        "per_rank": {str(k): {"ms": w["wait_ns"] / 1e6, "steps": int(w["steps"])} for k, w in sorted(per.items())},
-    }
+    out = {k: {"ms": w["wait_ns"] / 1e6, "steps": int(w["steps"])} for k, w in sorted(per.items())}
+    if since is not None:
+        before = since.get("per_rank") or {}
+        if set(before) != set(out):
+            return None
+        out = {
+            k: {"ms": v["ms"] - before[k]["ms"], "steps": v["steps"] - int(before[k]["steps"])} for k, v in out.items()
+        }
+    if not all(v["steps"] > 0 for v in out.values()):
+        return None
+    return {"ms_per_step": sum(v["ms"] / v["steps"] for v in out.values()), "per_rank": out}
 
 
 def fetch(

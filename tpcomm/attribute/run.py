@@ -294,7 +294,10 @@ class Attribute:
         spec = self.cfg.spec
         t_level = time.time_ns()  # the level's requests start now (a death is timed from here)
         abort = (lambda: s.message() if (s := watch.stopped()) else None) if watch is not None else None
+        cpu_base: dict | str | None = None  # the workers' CPU wait at the start of the round (see _level_records)
         for rnd in range(spec.max_rounds):
+            if rnd and self.plugin_on and start_error is None:
+                cpu_base = self._cpu_wait_now()
             self.progress.level_start(c, rep, rnd, spec.requests)
             offset = self._next_id
             sink: list[dict] = []
@@ -351,7 +354,10 @@ class Attribute:
         # Otherwise the watch goes on through the level's records: a worker that dies while they are asked for
         # is named too, not left as a server that stopped answering.
         failed = any(not r["ok"] and load.looks_like_disconnect(r["error"] or "") for r in rows)
-        death = (watch.stop(requests_failed=True) if failed else watch.death) if watch is not None else None
+        # A death already seen: stop (its last looks complete the record: the ranks vLLM shut down after it, or
+        # a whole-server stop) before it is told.
+        seen = watch is not None and (failed or watch.death is not None)
+        death = watch.stop(requests_failed=failed) if seen else None
         flags = [f"C={c} not steady after {rnd + 1} round(s): {note}"] if steady is False else []
         lv = self._level_doc(c, rep, rnd, req, tok, steady, note, flags)
         self.levels.append(lv)
@@ -371,23 +377,30 @@ class Attribute:
         )
         if self.plugin_on and start_error is None:
             try:
-                self._level_records(c, rep, session, lv, watch)
+                self._level_records(c, rep, session, lv, watch, cpu_base)
             except load.ServerGone as e:  # a stopped or hung worker (WorkerStalled) is not waited for as a death
                 self._died_after_requests(lv, watch, t_level, wait=not isinstance(e, WorkerStalled))
                 raise
-            self._died_after_requests(lv, watch, t_level, failed="records_problem" in lv or "hook_problem" in lv)
+            asked = "records_problem" in lv or "hook_problem" in lv
+            # Wait for a death to be seen only when the server is gone, not for another client's session.
+            gone = asked and not is_alive(self.info.url, verify=self.info.verify)
+            self._died_after_requests(lv, watch, t_level, failed=asked, wait=gone)
         elif self.plugin_on:
             lv["records_problem"] = f"the hook's recording could not be started ({start_error})"
         self._write_load()
         self.progress.level_end(lv)
 
-    def _level_records(self, c: int, rep: int, session: str, lv: dict, watch: RankWatch | None) -> None:
-        """After the level's requests: check that the recording is still ours, stop it, fetch its records."""
+    def _level_records(
+        self, c: int, rep: int, session: str, lv: dict, watch: RankWatch | None, cpu_base: dict | str | None
+    ) -> None:
+        """After the level's requests: check that the recording is still ours, stop it, fetch its records.
+        `cpu_base`: the workers' CPU wait at the start of the level's last round (None: the recording's start,
+        "unknown": it could not be read), so the level's CPU wait covers the round its figures come from."""
         problem = None
         try:
             st = records.status(self.info, timeout_s=HOOK_TIMEOUT_S)
             problem = records.session_problem(st, session, self._started_ns(c))
-            lv["cpu_wait"] = records.cpu_wait(st)
+            lv["cpu_wait"] = None if cpu_base == "unknown" else records.cpu_wait(st, since=cpu_base)
         except records.HookTimeout as e:
             self._stalled(lv, "GET /tpcomm/v1/status", e, watch)
         except records.HookError as e:
@@ -402,6 +415,13 @@ class Attribute:
             fetch_error = self._pull_records(c, rep, session, lv, watch)
             if fetch_error:
                 lv["records_problem"] = f"the hook's records could not be fetched ({fetch_error})"
+
+    def _cpu_wait_now(self) -> dict | str:
+        """The workers' CPU wait since the recording's start, as of now; "unknown" where it cannot be read."""
+        try:
+            return records.cpu_wait(records.status(self.info, timeout_s=HOOK_TIMEOUT_S)) or "unknown"
+        except records.HookError:
+            return "unknown"
 
     def _died_after_requests(
         self, lv: dict, watch: RankWatch | None, t_level: int, failed: bool = True, wait: bool = True

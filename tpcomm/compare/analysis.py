@@ -36,7 +36,10 @@ METHOD = (
     "(max-|t| over the level's differences), so all of a level's statements hold together. A difference whose "
     "interval excludes 0 is resolved ('changed by'); otherwise 'no change that this comparison can resolve'. "
     "Spread between runs that no run shows within itself (with one repeat per run: a restart, a neighbour "
-    "arriving) is not in the intervals."
+    "arriving) is not in the intervals. The host's load is measured instead: each level carries the ranks' CPU "
+    "wait per engine step (the hook: schedstat run_delay of each worker's step thread, summed over ranks); a "
+    "resolved difference whose interval reaches within the change of that figure of 0, in a direction the "
+    "load could move it, is marked as possibly the host's load and is not called a change."
 )
 
 

@@ -96,8 +96,9 @@ def level_diff(
                 statement=statement(d, x, unit, iv, _why_none(name, problem) if d is not None else _absent(name, x, y)),
             )
         )
-    waits = [_cpu_wait(a), _cpu_wait(b)]
-    host_notes = _host_load(terms, *waits)
+    (wa, ra), (wb, rb) = _cpu_wait(a), _cpu_wait(b)
+    waits = [wa, wb]
+    host_notes = _host_load(terms, wa, wb, ra == rb)
     dsum = [t.diff for t in terms if t.in_sum]
     total = terms[0].diff
     residual = total - sum(dsum) if total is not None and None not in dsum else None
@@ -127,41 +128,58 @@ def level_diff(
     )
 
 
-def _cpu_wait(levels: list[LevelSplit]) -> float | None:
-    """The ranks' CPU wait per engine step, mean over the level's repeats; None where a repeat lacks it."""
+def _cpu_wait(levels: list[LevelSplit]) -> tuple[float | None, frozenset]:
+    """The ranks' CPU wait per engine step, mean over the level's repeats (None where a repeat lacks it), and
+    the ranks it was summed over."""
     v = [lv.cpu_wait.ms_per_step if lv.cpu_wait else None for lv in levels]
-    return sum(v) / len(v) if v and None not in v else None
+    ranks = frozenset(r for lv in levels if lv.cpu_wait for r in lv.cpu_wait.per_rank)
+    return (sum(v) / len(v) if v and None not in v else None), ranks
 
 
-def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None) -> list[str]:
+# More CPU wait can only make these longer; the wait (and so the collectives) can move either way: a rank
+# delayed in its compute makes the others wait longer, a rank delayed while the others were late less.
+ONE_WAY = ("per_token", "compute", "transfer", "host_gap")
+
+
+def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_ranks: bool) -> list[str]:
     """Mark each resolved difference that the host's contention could account for (TermDiff.host_load); the
     level's notes about it.
 
     The rule: a rank that waits x ms for a CPU during a step delays that step by at most x (its compute, a
     collective, or the other ranks' wait at the next collective grow; the waits of different ranks at different
     moments add, so x is summed over ranks). So a change of the ranks' CPU wait per step by dw between the runs
-    can move any engine term by up to |dw|; a resolved difference whose interval reaches within |dw| of 0 may
-    be that and nothing else, and is not called a change. Exempt: delivery (the client's side, not the ranks')
-    and a term that is exactly 0 in one run (no collectives there: a change of kind, not of amount); tok/s
-    follows the per-token time. The CPU wait is the step thread's: it also counts the thread spinning for a
-    peer (then the rule says "cannot tell" more often), and misses threads that compute beside it (vLLM-CPU's
-    other OpenMP threads), the engine core and the API server (a confound only they meet is not caught):
-    docs/compare.md has the measurements."""
+    can move any engine term by up to |dw|: the per-token time, compute, transfer and host gap only in dw's
+    direction, the wait either way. A resolved difference whose interval reaches within |dw| of 0, in a
+    direction the load could move it, may be that and nothing else, and is not called a change. Exempt:
+    delivery (the client's side, not the ranks'), a term exactly 0 in one run (no collectives there: a change
+    of kind, not of amount); tok/s follows the per-token time. Not applied when the runs' ranks differ (TP 1
+    against TP 2: the change itself moves the sum), and named. Contention the change itself causes (a backend
+    that spins) counts as the host's too: the rule then says it cannot tell. The CPU wait is the step thread's:
+    it also counts the thread spinning for a peer (then the rule says "cannot tell" more often), and misses
+    threads that compute beside it (vLLM-CPU's other OpenMP threads), the engine core and the API server (a
+    confound only they meet is not caught): docs/compare.md has the measurements."""
     by = {t.name: t for t in terms}
     resolved = [t for t in terms if t.resolved and t.name != "delivery"]
+    if not resolved:
+        return []
     if wa is None or wb is None:
-        if not resolved:
-            return []
         side = "A" if wa is None and wb is not None else "B" if wb is None and wa is not None else "either run"
         return [
             f"the host's contention (the ranks' CPU wait) was not measured in {side}: whether a resolved "
             "difference is the host's load rather than the change cannot be told (a run by this tpcomm's "
             "attribute on Linux measures it)"
         ]
+    if not same_ranks:
+        return [
+            f"the ranks' CPU wait (A {fmt(wa)}, B {fmt(wb)} ms per step) is summed over other ranks in A and B: "
+            "the host's load is not checked against the resolved differences"
+        ]
     dw = wb - wa
     for t in resolved:
         if t.name == "tok_per_s" or t.a == 0 or t.b == 0:
             continue
+        if t.name in ONE_WAY and t.diff * dw <= 0:
+            continue  # the load moved the other way: it can only have hidden part of this difference
         near = min(abs(t.lo), abs(t.hi))
         if abs(dw) >= near:
             t.host_load = (
@@ -169,11 +187,14 @@ def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None) -> lis
                 f"least the smallest difference the interval admits ({fmt(near)} ms): this may be the host's "
                 "load, not the change; rerun A and B with the host equally quiet (or alternate them)"
             )
-            t.statement += f"; {t.host_load}"
+            t.statement = f"resolved ({signed(t.diff)} {t.unit}, interval {signed(t.lo)} to {signed(t.hi)} {t.unit}), but {t.host_load}"
     pt, tps = by.get("per_token"), by.get("tok_per_s")
     if pt is not None and tps is not None and pt.host_load and tps.resolved:
         tps.host_load = pt.host_load
-        tps.statement += "; as the per-token time: this may be the host's load, not the change"
+        tps.statement = (
+            f"resolved ({signed(tps.diff)} tok/s), but as the per-token time: this may be the host's load, "
+            "not the change"
+        )
     hit = [LABELS[t.name] for t in terms if t.host_load and t.name != "tok_per_s"]
     if not hit:
         return []

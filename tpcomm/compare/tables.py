@@ -140,11 +140,13 @@ def sections(cmp: Comparison) -> list[tuple[str, list]]:
     head.append(("small", "Conditions: " + "; ".join(f"{side}: {_conditions(cmp, side)}" for side in ("A", "B"))))
     # Recorded in both runs first; then what one run recorded and the other did not.
     differ = sorted((c for c in cmp.conditions if not c.same), key=lambda c: c.a is None or c.b is None)
-    # The first few that differ, the windows left out (every two runs' windows differ): the table has them all.
+    # The first few that differ, the windows and CPU waits left out (every two runs' differ): the table has them all.
     shown = [
         c
         for c in differ
-        if (c.section != "load" or not c.name.endswith(" window")) and c.a is not None and c.b is not None
+        if (c.section != "load" or not c.name.endswith((" window", " CPU wait")))
+        and c.a is not None
+        and c.b is not None
     ]
     if shown:
         text = "; ".join(f"{c.name}: {_val(c.a)} -> {_val(c.b)}" for c in shown[:5])

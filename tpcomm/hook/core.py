@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -104,10 +105,12 @@ class Hook:
         self.clock: StepClock | None = None  # CUDA: the steps on the GPU timeline
         self.graphs = GraphSampler()  # CUDA: sampled graph replays, read at later steps
         self._step_untimed = 0  # collectives of the current sampled step that will have no row
-        # (run_delay ns, engine step) of this thread at start() and at stop(): how long the thread that runs the
-        # steps (and these RPCs) waited for a CPU while recording. None where the kernel does not keep it.
+        # (run_delay ns, engine step) of the thread that runs the steps, at start() and at stop(): how long it
+        # waited for a CPU while recording. None where the kernel does not keep it. step_tid: that thread
+        # (noted at the first step; under vLLM's multiprocessing executor the RPCs run on it too).
         self._cpu0: tuple[int, int] | None = None
         self._cpu1: tuple[int, int] | None = None
+        self.step_tid: int | None = None
 
     # ---- arming -------------------------------------------------------
     def recorder(self) -> Recorder:
@@ -127,6 +130,7 @@ class Hook:
     def start(self, fault_after: int | None = None, session: str | None = None) -> None:
         """Clear the buffer and arm. Runs between steps (an RPC), where one wait is allowed: the clock anchor
         falls back to waiting for the current stream when its side-stream try is not tight (timing.py)."""
+        self._cpu0 = self._cpu1 = None  # no CPU wait from an earlier recording
         if self.disabled_reason:
             return
         self.session = session
@@ -145,16 +149,17 @@ class Hook:
         self.n_added = 0
         self.fault_after = fault_after
         self.started_ns, self.stopped_ns = time.time_ns(), 0
-        w = thread_cpu_wait_ns()
-        self._cpu0, self._cpu1 = (w, self.step) if w is not None else None, None
+        w = thread_cpu_wait_ns(self.step_tid)
+        self._cpu0 = (w, self.step) if w is not None else None
         self.armed = True
 
     def stop(self) -> None:
         """Disarm, then read every event still pending, waiting for them (between steps: an RPC)."""
-        self.armed = False
+        was_armed, self.armed = self.armed, False
         self.stopped_ns = time.time_ns()
-        w = thread_cpu_wait_ns()
-        self._cpu1 = (w, self.step) if w is not None and self._cpu0 is not None else None
+        if was_armed and self._cpu0 is not None:  # a second stop does not move the end
+            w = thread_cpu_wait_ns(self.step_tid)
+            self._cpu1 = (w, self.step) if w is not None else None
         self.poll(block=True)
 
     def cpu_wait(self) -> dict | None:
@@ -163,8 +168,8 @@ class Hook:
         if self._cpu0 is None:
             return None
         end = self._cpu1
-        if end is None and not self.stopped_ns:
-            w = thread_cpu_wait_ns()
+        if end is None and self.armed:
+            w = thread_cpu_wait_ns(self.step_tid)
             end = (w, self.step) if w is not None else None
         if end is None:
             return None
@@ -373,6 +378,8 @@ class Hook:
 
     # ---- engine steps ---------------------------------------------------
     def step_begin(self, scheduler_output: Any) -> None:
+        if self.step_tid is None:  # once: the thread whose CPU wait a recording reads (cpu_wait)
+            self.step_tid = threading.get_native_id()
         self.step += 1
         self.in_step = True
         self.call_idx = 0
