@@ -83,24 +83,6 @@ def _last_error(stderr: str) -> str:
     return lines[-1]
 
 
-def _wait_running(url: str, n: int, p: subprocess.Popen, timeout: float = 120) -> None:
-    """Until vLLM's /metrics says at least `n` requests are running in the engine, or `p` ended (its result
-    then says whether its requests ran beside the others)."""
-    deadline, seen = time.monotonic() + timeout, None
-    while True:
-        text = httpx.get(url + "/metrics", headers=H, timeout=30).text
-        seen = max(
-            (float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:num_requests_running")),
-            default=None,
-        )
-        if seen is not None and seen >= n:
-            return
-        if p.poll() is not None:
-            return
-        assert time.monotonic() < deadline, f"vllm:num_requests_running stayed at {seen}"
-        time.sleep(0.1)
-
-
 def _wait_session(hook: HookClient, suffix: str, p: subprocess.Popen | None = None, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -385,16 +367,9 @@ def test_after_the_stops_a_run_is_complete_again(srv, tmp_path):
 
 # ---- items 10-11: other clients, other traffic ----------------------------------------------------------
 @pytest.mark.vllm
-def test_two_concurrent_attribute_clients_both_end_incomplete(srv, hook, tmp_path):
-    """A long run (A: C=1,2 four times) and a short one (B) started once A's first level is armed, so B runs
-    while A still has levels to go: B's start takes A's armed level, A's later starts and traffic fall in B's
-    levels, and both end incomplete. (Both started at once, a busy host gave one of them seconds more to start
-    up, and the other had finished: both complete, rightly.)"""
+def test_two_concurrent_attribute_clients_both_end_incomplete(srv, tmp_path):
     outs = [tmp_path / "a", tmp_path / "b"]
-    load = ["--concurrency", "1,2", "--requests", "4", "--output-len", "32", *FAST]
-    ps = [_popen(srv.url, outs[0], *load, "--repeat", "4")]
-    _wait_session(hook, "-c1-r0", ps[0])
-    ps.append(_popen(srv.url, outs[1], *load))
+    ps = [_popen(srv.url, o, "--concurrency", "1,2", "--requests", "4", "--output-len", "32", *FAST) for o in outs]
     try:
         res = [p.communicate(timeout=400) for p in ps]
     finally:
@@ -421,8 +396,8 @@ def test_two_concurrent_attribute_clients_both_end_incomplete(srv, hook, tmp_pat
 @pytest.mark.vllm
 def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
     """Two other streams beside `attribute --concurrency 1` (the issue: 2.31 sequences per step, no flag). They
-    run until attribute's own request runs beside them, and a second more: on 2 cores they starve the API
-    server, and the records pull after the level would crawl behind them. (With 48-token background requests this failed now and then: each
+    run until 6 s into attribute's level: on 2 cores they starve the API server, and the records pull after
+    the level would crawl behind them. (With 48-token background requests this failed now and then: each
     next request waited for the API server to deliver the last one, in lumps a second late on a busy host,
     and the level ran with no other traffic in the engine. Long requests stay in the engine meanwhile.)"""
     stop, errors = threading.Event(), []
@@ -453,11 +428,7 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
     p = _popen(srv.url, out, "--concurrency", "1", "--requests", "4", "--output-len", "32", *FAST)
     try:
         _wait_session(hook, "-c1-r0", p)
-        # Until attribute's own request runs beside the two (vLLM's running-requests gauge reaches 3: on a busy
-        # host the starved API server took attribute's requests only after a fixed 6 s, and the level then
-        # rightly had no other traffic), then a second more.
-        _wait_running(srv.url, 3, p)
-        time.sleep(1)
+        time.sleep(6)
     finally:
         stop.set()
     try:
