@@ -1,0 +1,326 @@
+"""Leave-one-source-out validation: every row of a source (a page, an issue, a vendor table) is held out
+together while the fitted constants are refitted on the rows of the other sources, then that source's rows are
+predicted with those constants. So no row is predicted by a constant its own source informed.
+
+The fitted constants (CONSTANTS) are the ones validation.json's rows set (each fitted row lists them in `fits`):
+a GPU's memory efficiency and GEMM ramp (A100, H20), the host time of vLLM V0 and of SGLang's overlap scheduler,
+the KV efficiency, three MoE backends' fixed cost per layer and the AWQ-GEMM slowdown; the generic GEMM ramp of
+GPUs without a fit is derived from the fitted ramps (kernels.RAMP_US: central = their geometric mean, high = the
+highest). The refit: coordinate descent, each constant by golden section on the sum of squared log errors of the
+central prediction over the rows that list it, the others held at their current values. A refitted constant
+keeps the shipped range's relative width around its new central value; one whose every fitting row is held out
+falls back to the assumption used where no fit exists (UNFITTED), and the range says so.
+
+Units: tok/s, percent; constants in their own units (fraction, us, ms).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+
+from tpcomm.plan.layout import Layout
+from tpcomm.predict import engine_on, load_inputs
+from tpcomm.predict.engine import HOST
+from tpcomm.predict.kernels import KV_EFFICIENCY, MOE_LAYER_US, RAMP_US, WEIGHT_KERNEL
+from tpcomm.predict.latency_range import make_range
+from tpcomm.predict.model import Knobs, step_time
+from tpcomm.predict.ranges import MEMORY_EFFICIENCY_RANGE, Input, central_knobs, evaluate, range_inputs, span
+from tpcomm.predict.validation import Result, load_rows, model_of
+
+GPU_GROUPS = {"a100": ("a100-sxm", "a100-pcie"), "h20": ("h20",)}
+ROUNDS = 3  # coordinate-descent passes (the joint A100 fit settles in two)
+GOLDEN_STEPS = 28
+
+
+@dataclass(frozen=True)
+class Constant:
+    name: str
+    field: str  # the RangeInputs field it sets
+    bounds: tuple[float, float]  # search interval of the refit
+    shipped: tuple[float, float, float]  # low, central, high as shipped (the fit on every source)
+    # "fit": refitted on its rows; "bound": its rows only bound it (kept as shipped while one is left)
+    kind: str = "fit"
+
+
+def _profile_range(gpu: str, key: str) -> tuple[float, float, float]:
+    from tpcomm.predict.hardware import load_profile
+
+    p = load_profile(GPU_GROUPS[gpu][0])
+    lo, hi = p[f"{key}_range"]
+    return (lo, p[key], hi)
+
+
+def constants() -> dict[str, Constant]:
+    out = {}
+    for g in GPU_GROUPS:
+        out[f"{g}.memory_efficiency"] = Constant(
+            f"{g}.memory_efficiency", "memory_efficiency", (0.15, 0.97), _profile_range(g, "memory_efficiency")
+        )
+        out[f"{g}.ramp_us"] = Constant(f"{g}.ramp_us", "ramp_us", (0.0, 60.0), _profile_range(g, "ramp_us"))
+    for runner in ("vllm-v0", "sglang-overlap"):
+        out[f"host.{runner}"] = Constant(f"host.{runner}", "host_ms", (0.0, 6.0), HOST[runner][:3])
+    # One TP-1 row bounds SGLang's host time from above (host + GPU <= 2.4 ms); it does not fit a value.
+    out["host.sglang-overlap"] = replace(out["host.sglang-overlap"], kind="bound")
+    out["kv_efficiency"] = Constant("kv_efficiency", "kv_efficiency", (0.05, 1.0), KV_EFFICIENCY[:3])
+    for b in ("nvfp4-sm12", "mxfp4-sm8", "sglang-gptq-moe"):
+        out[f"moe.{b}"] = Constant(f"moe.{b}", "moe_layer_us", (0.0, 2000.0), MOE_LAYER_US[b][:3])
+    out["weight_kernel.awq-gemm"] = Constant(
+        "weight_kernel.awq-gemm", "quant_kernel_factor", (0.05, 1.0), WEIGHT_KERNEL["awq-gemm"][:3]
+    )
+    return out
+
+
+def unfitted(name: str, ri) -> Input:
+    """The input where no fitting row is left: the assumption tpcomm uses for a GPU or backend without a fit."""
+    why = "no row of the other sources fits it"
+    if name.endswith(".memory_efficiency"):
+        lo, c, hi = MEMORY_EFFICIENCY_RANGE
+        return Input(lo, c, hi, f"unfitted ({why}): the generic memory efficiency")
+    if name.endswith(".ramp_us"):
+        return Input(*RAMP_US[:3], f"unfitted ({why}): the generic GEMM ramp")
+    if name == "host.vllm-v0":
+        return Input(*HOST["vllm-v1"][:3], f"unfitted ({why}): vLLM V1 without async scheduling's range")
+    if name == "host.sglang-overlap":
+        return Input(*HOST["vllm-v1-async"][:3], f"unfitted ({why}): as vLLM's async scheduling")
+    if name == "kv_efficiency":
+        m = ri.memory_efficiency
+        return Input(m.low, m.central, m.high, f"unfitted ({why}): the weights' memory efficiency")
+    if name.startswith("moe."):
+        return Input(*MOE_LAYER_US["default"][:3], f"unfitted ({why}): the default MoE backend's cost")
+    return Input(1.0, 1.0, 1.0, f"unfitted ({why}): quantized GEMMs stream like the rest")
+
+
+@dataclass
+class Prepared:
+    row: dict
+    plan: object
+    hw: dict
+    ri: object
+    k: Knobs
+    uses: tuple[str, ...]  # the constants this row's prediction depends on
+    generic_ramp: bool  # the row's GPU has no ramp fit: the generic ramp (derived from the fitted ones)
+
+
+def prepare(row: dict, qconfigs: dict) -> Prepared:
+    k = Knobs(context=row["context"])
+    hw, plan, eng = load_inputs(
+        model_of(row, qconfigs), Layout(tp=row["tp"]), row["gpu"], None, [row["batch"]], row["engine"], k, None
+    )
+    eng = engine_on(eng, hw)
+    main = max(plan.for_batch(1), key=lambda c: c.count, default=None)
+    lat = make_range(
+        hw, None, None, n=main.group_size if main else row["tp"], nbytes=main.bytes if main else 0, engine=eng
+    )
+    ri = range_inputs(hw, k, lat, eng, plan.model)
+    uses = ["kv_efficiency"]
+    gpu = next((g for g, names in GPU_GROUPS.items() if hw["profile"] in names), None)
+    if gpu:
+        uses += [f"{gpu}.memory_efficiency", f"{gpu}.ramp_us"]
+    if eng.runner in ("vllm-v0", "sglang-overlap"):
+        uses.append(f"host.{eng.runner}")
+    if ri.moe_backend and ri.moe_backend != "default":
+        uses.append(f"moe.{ri.moe_backend}")
+    if ri.quant_kernel_factor is not None:
+        uses.append("weight_kernel.awq-gemm")
+    return Prepared(row, plan, hw, ri, k, tuple(uses), gpu is None and "ramp_us" not in hw)
+
+
+def source_of(row: dict, by: str = "source") -> str:
+    """The group a row is held out with: its source page (a commit pinned in the URL is part of the page: the
+    Qwen speed-benchmark page was rewritten for each model generation) or, stricter, its publisher (the part of
+    `publisher` before the first comma or parenthesis: the Qwen team's three speed-benchmark pages go together)."""
+    if by == "publisher":
+        return re.split(r"[(,]", row["publisher"])[0].strip()
+    return row.get("source_group") or row["source"]
+
+
+def with_values(p: Prepared, values: dict[str, Input], ramp_generic: Input):
+    ri = p.ri
+    changes = {}
+    for name in p.uses:
+        if name in values:
+            changes[CONSTS[name].field] = values[name]
+    if p.generic_ramp:
+        changes["ramp_us"] = ramp_generic
+    if "kv_efficiency" in changes and changes["kv_efficiency"].source.startswith("unfitted"):
+        m = changes.get("memory_efficiency", ri.memory_efficiency)
+        changes["kv_efficiency"] = Input(m.low, m.central, m.high, changes["kv_efficiency"].source)
+    return replace(ri, **changes)
+
+
+def _central_tok(p: Prepared, ri) -> float:
+    return step_time(p.plan, p.row["batch"], p.hw, ri.latency.central, central_knobs(ri, p.k), eager=ri.eager)[
+        "tok_per_s"
+    ]
+
+
+def _golden(f, lo: float, hi: float) -> float:
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(GOLDEN_STEPS):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def scaled(const: Constant, v: float, source: str) -> Input:
+    lo, c, hi = const.shipped
+    hi2 = hi * v / c
+    if const.field in ("memory_efficiency", "kv_efficiency", "quant_kernel_factor"):
+        hi2 = min(hi2, 1.0)
+    return Input(lo * v / c, v, hi2, source)
+
+
+def derived_ramp(values: dict[str, Input]) -> Input:
+    """kernels.RAMP_US's rule on the fold's fitted ramps: central their geometric mean, high the highest."""
+    fitted = [values[f"{g}.ramp_us"] for g in GPU_GROUPS]
+    fitted = [x for x in fitted if not x.source.startswith("unfitted")]
+    if not fitted:
+        return Input(*RAMP_US[:3], "the generic GEMM ramp as shipped (no fitted ramp left)")
+    c = math.exp(sum(math.log(max(x.central, 1e-3)) for x in fitted) / len(fitted))
+    return Input(RAMP_US[0], c, max(x.high for x in fitted), "the generic GEMM ramp from this fold's fitted ramps")
+
+
+def fit(prepared: list[Prepared], label: str = "") -> dict[str, Input]:
+    """The constants refitted on `prepared` (the rows of the sources not held out)."""
+    fitters = {name: [p for p in prepared if name in p.row.get("fits", [])] for name in CONSTS}
+    values = {
+        name: Input(*c.shipped, "shipped") if fitters[name] else unfitted(name, prepared[0].ri)
+        for name, c in CONSTS.items()
+    }
+    by_id = {p.row["id"]: p for p in prepared}
+    for _ in range(ROUNDS):
+        for name, c in CONSTS.items():
+            rows = fitters[name]
+            if not rows or c.kind == "bound":
+                continue
+
+            def loss(v, name=name, rows=rows):
+                trial = {**values, name: Input(v, v, v, "trial")}
+                return sum(_log_error(p, trial, by_id) ** 2 for p in rows)
+
+            v = _golden(loss, *c.bounds)
+            values[name] = scaled(c, v, f"refitted on {len(rows)} rows{label}")
+    return values
+
+
+def _log_error(p: Prepared, values: dict[str, Input], by_id: dict[str, Prepared]) -> float:
+    """log(predicted / measured); for a row fitted relative to another (`fits_relative_to`: a checkpoint beside its
+    reference, the difference being what it fits), the log error of the ratio of the two."""
+    ramp = derived_ramp(values)
+    err = math.log(_central_tok(p, with_values(p, values, ramp)) / p.row["measured_tok_per_s"])
+    ref = p.row.get("fits_relative_to")
+    if ref and ref in by_id:
+        q = by_id[ref]
+        err -= math.log(_central_tok(q, with_values(q, values, ramp)) / q.row["measured_tok_per_s"])
+    return err
+
+
+def predict_row(p: Prepared, values: dict[str, Input]) -> Result:
+    ri = with_values(p, values, derived_ramp(values))
+    central, cs = evaluate(p.plan, p.row["batch"], p.hw, ri, p.k)
+    r = span(central["tok_per_s"], [c["tok_per_s"] for c in cs])
+    return Result(p.row, r["central"], r["low"], r["high"])
+
+
+@dataclass
+class Fold:
+    source: str
+    rows: list[Result]
+    informed: list[str]  # the constants its rows fit (with all sources)
+    values: dict[str, Input]  # the constants without it
+
+
+def run(by: str = "source") -> tuple[list[Fold], dict[str, Input]]:
+    """Every source held out in turn; and the fit on every source (the in-sample constants of this procedure)."""
+    rows, qconfigs = load_rows()
+    prepared = [prepare(r, qconfigs) for r in rows]
+    full = fit(prepared, " (every source)")
+    folds = []
+    groups: dict[str, list[Prepared]] = {}
+    for p in prepared:
+        groups.setdefault(source_of(p.row, by), []).append(p)
+    for src, members in groups.items():
+        informed = sorted({f for p in members for f in p.row.get("fits", [])})
+        rest = [p for p in prepared if source_of(p.row, by) != src]
+        values = fit(rest, f" (without {short(src)})") if informed else full
+        folds.append(Fold(src, [predict_row(p, values) for p in members], informed, values))
+    return folds, full
+
+
+def in_sample(values: dict[str, Input]) -> list[Result]:
+    """Every row predicted with one set of constants (the fit on every source: this procedure's in-sample)."""
+    rows, qconfigs = load_rows()
+    return [predict_row(prepare(r, qconfigs), values) for r in rows]
+
+
+def report(by: str = "source") -> dict:
+    """LOSO beside in-sample: per source its rows' results and the constants its rows informed (their value with
+    every source and without this one); summaries over every row and over TP >= 2 rows."""
+    from tpcomm.predict.validation import run as shipped_run
+    from tpcomm.predict.validation import summary
+
+    folds, full = run(by)
+    loso_rows = [r for f in folds for r in f.rows]
+    refit_rows = in_sample(full)
+    shipped_rows = shipped_run()
+    tp2 = lambda rs: [r for r in rs if r.row["tp"] >= 2]  # noqa: E731
+    return {
+        "grouping": by,
+        "sources": [
+            {
+                "source": f.source,
+                "rows": [_row(r) for r in f.rows],
+                "informed": {
+                    n: {"with_every_source": full[n].as_dict(), "without_this_source": f.values[n].as_dict()}
+                    for n in f.informed
+                },
+            }
+            for f in folds
+        ],
+        "constants_every_source": {n: v.as_dict() for n, v in full.items()},
+        "summary": {
+            name: {"all_rows": summary(rs), "tp_2_and_more": summary(tp2(rs))}
+            for name, rs in (
+                ("leave_one_source_out", loso_rows),
+                ("in_sample_refit", refit_rows),
+                ("in_sample_shipped", shipped_rows),
+            )
+        },
+    }
+
+
+def _row(r: Result) -> dict:
+    return {
+        "id": r.row["id"],
+        "tp": r.row["tp"],
+        "measured_tok_per_s": r.measured,
+        "central_tok_per_s": r.central,
+        "low_tok_per_s": r.low,
+        "high_tok_per_s": r.high,
+        "inside": r.inside,
+        "error_pct": r.error_pct,
+    }
+
+
+def short(src: str) -> str:
+    m = re.match(r"https://github.com/([^/]+/[^/]+)/(?:issues|pull)/(\d+)", src)
+    if m:
+        return f"{m.group(1)}#{m.group(2)}"
+    m = re.match(r"https://github.com/([^/]+/[^/]+)/blob/([0-9a-f]{7})[0-9a-f]*/(.*)", src)
+    if m:
+        return f"{m.group(1)}@{m.group(2)}:{m.group(3).rsplit('/', 1)[-1]}"
+    return src
+
+
+CONSTS = constants()
