@@ -72,7 +72,7 @@ def constants() -> dict[str, Constant]:
     return out
 
 
-def unfitted(name: str, ri) -> Input:
+def unfitted(name: str) -> Input:
     """The input where no fitting row is left: the assumption tpcomm uses for a GPU or backend without a fit."""
     why = "no row of the other sources fits it"
     if name.endswith(".memory_efficiency"):
@@ -85,8 +85,8 @@ def unfitted(name: str, ri) -> Input:
     if name == "host.sglang-overlap":
         return Input(*HOST["vllm-v1-async"][:3], f"unfitted ({why}): as vLLM's async scheduling")
     if name == "kv_efficiency":
-        m = ri.memory_efficiency
-        return Input(m.low, m.central, m.high, f"unfitted ({why}): the weights' memory efficiency")
+        lo, c, hi = MEMORY_EFFICIENCY_RANGE
+        return Input(lo, c, hi, f"unfitted ({why}): each row's weight memory efficiency")
     if name.startswith("moe."):
         return Input(*MOE_LAYER_US["default"][:3], f"unfitted ({why}): the default MoE backend's cost")
     return Input(1.0, 1.0, 1.0, f"unfitted ({why}): quantized GEMMs stream like the rest")
@@ -142,9 +142,10 @@ def with_values(p: Prepared, values: dict[str, Input], ramp_generic: Input):
     for name in p.uses:
         if name in values:
             changes[CONSTS[name].field] = values[name]
-    if p.generic_ramp:
-        changes["ramp_us"] = ramp_generic
-    if "kv_efficiency" in changes and changes["kv_efficiency"].source.startswith("unfitted"):
+    unfit = lambda f: f in changes and changes[f].source.startswith("unfitted")  # noqa: E731
+    if p.generic_ramp or unfit("ramp_us"):
+        changes["ramp_us"] = ramp_generic  # an unfitted GPU takes the generic ramp of this fold's fits
+    if unfit("kv_efficiency"):
         m = changes.get("memory_efficiency", ri.memory_efficiency)
         changes["kv_efficiency"] = Input(m.low, m.central, m.high, changes["kv_efficiency"].source)
     return replace(ri, **changes)
@@ -194,10 +195,7 @@ def derived_ramp(values: dict[str, Input]) -> Input:
 def fit(prepared: list[Prepared], label: str = "") -> dict[str, Input]:
     """The constants refitted on `prepared` (the rows of the sources not held out)."""
     fitters = {name: [p for p in prepared if name in p.row.get("fits", [])] for name in CONSTS}
-    values = {
-        name: Input(*c.shipped, "shipped") if fitters[name] else unfitted(name, prepared[0].ri)
-        for name, c in CONSTS.items()
-    }
+    values = {name: Input(*c.shipped, "shipped") if fitters[name] else unfitted(name) for name, c in CONSTS.items()}
     by_id = {p.row["id"]: p for p in prepared}
     for _ in range(ROUNDS):
         for name, c in CONSTS.items():
@@ -282,7 +280,7 @@ def report(by: str = "source") -> dict:
                 "source": f.source,
                 "rows": [_row(r) for r in f.rows],
                 "informed": {
-                    n: {"with_every_source": full[n].as_dict(), "without_this_source": f.values[n].as_dict()}
+                    n: {"with_every_source": full[n].as_dict(), "without_this_source": _shown(n, f.values)}
                     for n in f.informed
                 },
             }
@@ -298,6 +296,15 @@ def report(by: str = "source") -> dict:
             )
         },
     }
+
+
+def _shown(name: str, values: dict[str, Input]) -> dict:
+    """A constant as the fold's rows use it (an unfitted GPU ramp is the fold's generic ramp)."""
+    v = values[name]
+    if name.endswith(".ramp_us") and v.source.startswith("unfitted"):
+        g = derived_ramp(values)
+        v = Input(g.low, g.central, g.high, f"{v.source}, from this fold's fitted ramps")
+    return v.as_dict()
 
 
 def _row(r: Result) -> dict:
