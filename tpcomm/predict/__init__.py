@@ -126,14 +126,16 @@ def predict(
         nbytes=main.bytes if main else 0,
         engine=eng,
     )
-    ri = range_inputs(hw, k, lat, eng, plan.model)
+    ri = range_inputs(hw, k, lat, eng, plan.model, plan.layout.tp)
     fit_method = None
     if fitted_to and not (k.moe_penalty_us or k.moe_bw_factor != 1.0):
         from tpcomm.predict.fit import fit_moe_terms
 
         pen, fac, fit_method = fit_moe_terms(plan, hw, lat.central, central_knobs(ri, k), fitted_to, eager=ri.eager)
         k = replace(k, moe_penalty_us=pen, moe_bw_factor=fac, moe_layer_us=0.0)
-        ri = range_inputs(hw, k, lat, eng, plan.model)  # the fitted penalty stands in for the per-layer cost
+        ri = range_inputs(
+            hw, k, lat, eng, plan.model, plan.layout.tp
+        )  # the fitted penalty stands in for the per-layer cost
     kc = central_knobs(ri, k)
     steps = [evaluate(plan, b, hw, ri, k) for b in batches]
     ss, corners = steps[0]

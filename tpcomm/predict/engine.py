@@ -14,6 +14,7 @@ Units: *_ms milliseconds per decode step, *_us microseconds.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -69,6 +70,31 @@ HOST = {
         "criteria) (assumption)",
     ),
 }
+# Host time added per doubling of the TP world (ms per step = this x log2(world)): the driver broadcasts each step's
+# inputs to the other workers and waits for them, on the critical path unless the engine overlaps it.
+_V0_TP_SOURCE = (
+    "fitted: QwQ-32B (Qwen2.5-32B architecture) on 8x A100 80GB with vLLM 0.7.2 (V0), batch 1: 36.2 / 50 / 63 tok/s "
+    "at TP 2 / 4 / 8 (vLLM issue 16300, rows marked fitted) leave 1.1 / 3.5 / 4.4 ms per step beyond the TP-flat "
+    "terms, 1.1-1.75 ms per doubling of TP (central: their least-squares fit); the form (x log2 TP) is an assumption "
+    "that reproduces all three"
+)
+HOST_TP = {
+    "vllm-v0": (1.1, 1.52, 1.75, _V0_TP_SOURCE),
+    "vllm-v1": (
+        1.1,
+        1.52,
+        1.75,
+        "as vLLM V0's (assumption: V1 without async scheduling also broadcasts each step to the workers between GPU "
+        "steps); " + _V0_TP_SOURCE,
+    ),
+}
+HOST_TP_NONE = (
+    0.0,
+    0.0,
+    0.0,
+    "none: the engine overlaps scheduling and the broadcast to its workers with the GPU step (assumption: no public "
+    "TP sweep of an overlapping engine is in the validation table)",
+)
 # Host time to launch one kernel from PyTorch eager code (us): low for vLLM's custom ops, high for the
 # module-per-op Python of transformers (assumption: a PyTorch eager op costs a few us of CPU before its launch,
 # which is why CUDA graphs pay off at batch 1: PyTorch blog "Accelerating PyTorch with CUDA Graphs", 2021).
@@ -98,6 +124,20 @@ class Engine:
     launch_us: tuple[float, float, float] | None = None
     launch_source: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    host_tp_ms: tuple[float, float, float] = HOST_TP_NONE[:3]  # per doubling of the TP world (HOST_TP)
+    host_tp_source: str = HOST_TP_NONE[3]
+
+    def host_at(self, world: int) -> tuple[tuple[float, float, float], str]:
+        """The host term at this TP world size: host_ms + log2(world) x host_tp_ms (low, central, high), its source."""
+        f = math.log2(max(world, 1))
+        h = tuple(a + f * b for a, b in zip(self.host_ms, self.host_tp_ms))
+        if not f or not any(self.host_tp_ms):
+            return self.host_ms, self.host_source
+        t = self.host_tp_ms
+        return h, (
+            f"{self.host_source}; at TP {world} plus log2({world}) x {t[0]:g}-{t[2]:g} ms (central {t[1]:g}) for the "
+            f"workers ({self.host_tp_source})"
+        )
 
     @property
     def eager(self) -> bool:
@@ -126,6 +166,8 @@ class Engine:
             "launch_us": dict(zip(("low", "central", "high"), self.launch_us)) if self.launch_us else None,
             "launch_source": self.launch_source or None,
             "notes": list(self.notes),
+            "host_tp_ms": dict(zip(("low", "central", "high"), self.host_tp_ms)),
+            "host_tp_source": self.host_tp_source,
         }
 
 
@@ -188,6 +230,7 @@ def resolve_engine(spec: str | None = None) -> Engine:
         else:
             runner = "vllm-v1-async"
     h = HOST[runner]
+    tp = HOST_TP.get(runner, HOST_TP_NONE)
     launch = LAUNCH_US["vllm"] if eager else None
     notes = () if version else (f"{family} version not given: the newest behaviour ({runner}) assumed",)
     return Engine(
@@ -201,4 +244,6 @@ def resolve_engine(spec: str | None = None) -> Engine:
         launch[:3] if launch else None,
         launch[3] if launch else "",
         notes,
+        tp[:3],
+        tp[3],
     )

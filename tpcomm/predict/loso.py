@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from tpcomm.plan.layout import Layout
 from tpcomm.predict import engine_on, load_inputs
-from tpcomm.predict.engine import HOST
+from tpcomm.predict.engine import HOST, HOST_TP
 from tpcomm.predict.kernels import KV_EFFICIENCY, MOE_LAYER_US, RAMP_US, WEIGHT_KERNEL
 from tpcomm.predict.latency_range import make_range
 from tpcomm.predict.model import Knobs, step_time
@@ -63,6 +63,7 @@ def constants() -> dict[str, Constant]:
         out[f"host.{runner}"] = Constant(f"host.{runner}", "host_ms", (0.0, 6.0), HOST[runner][:3])
     # One TP-1 row bounds SGLang's host time from above (host + GPU <= 2.4 ms); it does not fit a value.
     out["host.sglang-overlap"] = replace(out["host.sglang-overlap"], kind="bound")
+    out["host_tp.vllm"] = Constant("host_tp.vllm", "host_tp", (0.0, 6.0), HOST_TP["vllm-v0"][:3])
     out["kv_efficiency"] = Constant("kv_efficiency", "kv_efficiency", (0.05, 1.0), KV_EFFICIENCY[:3])
     for b in ("nvfp4-sm12", "mxfp4-sm8", "sglang-gptq-moe"):
         out[f"moe.{b}"] = Constant(f"moe.{b}", "moe_layer_us", (0.0, 2000.0), MOE_LAYER_US[b][:3])
@@ -84,6 +85,8 @@ def unfitted(name: str) -> Input:
         return Input(*HOST["vllm-v1"][:3], f"unfitted ({why}): vLLM V1 without async scheduling's range")
     if name == "host.sglang-overlap":
         return Input(*HOST["vllm-v1-async"][:3], f"unfitted ({why}): as vLLM's async scheduling")
+    if name == "host_tp.vllm":
+        return Input(0.0, 0.0, 0.0, f"unfitted ({why}): no host cost growing with TP")
     if name == "kv_efficiency":
         lo, c, hi = MEMORY_EFFICIENCY_RANGE
         return Input(lo, c, hi, f"unfitted ({why}): each row's weight memory efficiency")
@@ -101,6 +104,7 @@ class Prepared:
     k: Knobs
     uses: tuple[str, ...]  # the constants this row's prediction depends on
     generic_ramp: bool  # the row's GPU has no ramp fit: the generic ramp (derived from the fitted ones)
+    eng: object = None
 
 
 def prepare(row: dict, qconfigs: dict) -> Prepared:
@@ -113,18 +117,20 @@ def prepare(row: dict, qconfigs: dict) -> Prepared:
     lat = make_range(
         hw, None, None, n=main.group_size if main else row["tp"], nbytes=main.bytes if main else 0, engine=eng
     )
-    ri = range_inputs(hw, k, lat, eng, plan.model)
+    ri = range_inputs(hw, k, lat, eng, plan.model, row["tp"])
     uses = ["kv_efficiency"]
     gpu = next((g for g, names in GPU_GROUPS.items() if hw["profile"] in names), None)
     if gpu:
         uses += [f"{gpu}.memory_efficiency", f"{gpu}.ramp_us"]
     if eng.runner in ("vllm-v0", "sglang-overlap"):
         uses.append(f"host.{eng.runner}")
+    if eng.runner in HOST_TP:
+        uses.append("host_tp.vllm")
     if ri.moe_backend and ri.moe_backend != "default":
         uses.append(f"moe.{ri.moe_backend}")
     if ri.quant_kernel_factor is not None:
         uses.append("weight_kernel.awq-gemm")
-    return Prepared(row, plan, hw, ri, k, tuple(uses), gpu is None and "ramp_us" not in hw)
+    return Prepared(row, plan, hw, ri, k, tuple(uses), gpu is None and "ramp_us" not in hw, eng)
 
 
 def source_of(row: dict, by: str = "source") -> str:
@@ -140,8 +146,14 @@ def with_values(p: Prepared, values: dict[str, Input], ramp_generic: Input):
     ri = p.ri
     changes = {}
     for name in p.uses:
-        if name in values:
+        if name in values and CONSTS[name].field != "host_tp":
             changes[CONSTS[name].field] = values[name]
+    if "host_tp.vllm" in p.uses:  # the host term at this TP: base + log2(TP) x the per-doubling cost
+        base = changes.get("host_ms") or Input(*p.eng.host_ms, p.eng.host_source)
+        t, f = values["host_tp.vllm"], math.log2(p.row["tp"])
+        changes["host_ms"] = Input(
+            base.low + f * t.low, base.central + f * t.central, base.high + f * t.high, base.source
+        )
     unfit = lambda f: f in changes and changes[f].source.startswith("unfitted")  # noqa: E731
     if p.generic_ramp or unfit("ramp_us"):
         changes["ramp_us"] = ramp_generic  # an unfitted GPU takes the generic ramp of this fold's fits

@@ -95,9 +95,10 @@ class RangeInputs:
         return out
 
 
-def range_inputs(hw: dict, k, lat: LatencyRange, engine=None, model=None) -> RangeInputs:
+def range_inputs(hw: dict, k, lat: LatencyRange, engine=None, model=None, world: int = 1) -> RangeInputs:
     """Given values are fixed; otherwise the profile's range (`*_range` keys), the engine's and the kernel
-    tables' (kernels.py, engine.py), else the defaults above."""
+    tables' (kernels.py, engine.py), else the defaults above. `world`: the TP world size (the engine's host term
+    grows with it, engine.HOST_TP; a given --host-ms is the whole term)."""
 
     def pick(given, key, default, source, flag):
         if given is not None:
@@ -140,7 +141,7 @@ def range_inputs(hw: dict, k, lat: LatencyRange, engine=None, model=None) -> Ran
         ),
     )
     if engine is not None:
-        ri.host_ms = pick(k.host_ms, "host_ms", engine.host_ms, engine.host_source, "--host-ms")
+        ri.host_ms = pick(k.host_ms, "host_ms", *engine.host_at(world), "--host-ms")
         if engine.eager:
             ri.eager = True
             ri.launch_us = pick(k.launch_us, "launch_us", engine.launch_us, engine.launch_source, "--launch-us")

@@ -193,6 +193,7 @@ def what_ifs(model, plan: Plan, hw, k, ri, base: tuple[dict, list[dict]], eng) -
             p2,
             hw,
             lat,
+            ri_=_host_at(ri, k, eng, t),
             against=against,
             lever=fits,
             lever_note=None if fits else "does not fit in memory",
@@ -200,6 +201,13 @@ def what_ifs(model, plan: Plan, hw, k, ri, base: tuple[dict, list[dict]], eng) -
             latency_basis="same kind" if against is None else "reference on both sides",
         )
     return out
+
+
+def _host_at(ri, k, eng, world: int):
+    """The range inputs with the engine's host term at another TP world size (a given --host-ms stays as given)."""
+    if eng is None or k.host_ms is not None:
+        return ri
+    return replace(ri, host_ms=Input(*eng.host_at(world)[0], eng.host_at(world)[1]))
 
 
 def _engine_what_ifs(entry, plan, hw, ri, eng) -> None:

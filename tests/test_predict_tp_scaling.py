@@ -1,0 +1,85 @@
+"""How `tpcomm predict` scales with TP against every public TP sweep in the validation table: per sweep, the
+predicted speedup (central values) from its lowest to its highest TP within 20% of the measured one. The rows
+are in tpcomm/predict/data/validation.json with their sources; a sweep whose rows set a constant says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpcomm.predict import Layout, predict
+from tpcomm.predict.engine import resolve_engine
+from tpcomm.predict.validation import run
+
+# (sweep, lower-TP row, higher-TP row, fitted: its rows set engine.HOST_TP)
+SWEEPS = [
+    (
+        "vLLM issue 16300, QwQ-32B, A100, vLLM 0.7.2, batch 1, TP 2 -> 8",
+        "qwq-32b-bf16-tp2-a100-b1-v0.7",
+        "qwq-32b-bf16-tp8-a100-b1-v0.7",
+        True,
+    ),
+    ("vLLM issue 16300, batch 1, TP 2 -> 4", "qwq-32b-bf16-tp2-a100-b1-v0.7", "qwq-32b-bf16-tp4-a100-b1-v0.7", True),
+    (
+        "vLLM issue 6955, Llama-3.1-70B AWQ, RTX 3090 Ti PCIe, vLLM 0.5.3, C=1, TP 2 -> 4",
+        "llama3.1-70b-awq-tp2-3090ti",
+        "llama3.1-70b-awq-tp4-3090ti",
+        False,
+    ),
+    ("vLLM issue 6955, C=5, TP 2 -> 4", "llama3.1-70b-awq-tp2-3090ti-c5", "llama3.1-70b-awq-tp4-3090ti-c5", False),
+    (
+        "vLLM issue 22331, gpt-oss-120b, A100, vLLM 0.10, TP 1 -> 4",
+        "gpt-oss-120b-tp1-a100",
+        "gpt-oss-120b-tp4-a100",
+        False,
+    ),
+    ("vLLM issue 22331, TP 2 -> 4", "gpt-oss-120b-tp2-a100", "gpt-oss-120b-tp4-a100", False),
+]
+
+
+def _speedups(lo_id: str, hi_id: str) -> tuple[float, float]:
+    by = {r.row["id"]: r for r in run([lo_id, hi_id])}
+    lo, hi = by[lo_id], by[hi_id]
+    assert lo.central and hi.central
+    return hi.measured / lo.measured, hi.central / lo.central
+
+
+@pytest.mark.parametrize("name,lo_id,hi_id,fitted", SWEEPS, ids=[s[0] for s in SWEEPS])
+def test_tp_speedup_within_20pct_of_the_public_sweep(name, lo_id, hi_id, fitted):
+    measured, predicted = _speedups(lo_id, hi_id)
+    err = predicted / measured - 1
+    print(
+        f"{name}: measured {measured:.2f}x, predicted {predicted:.2f}x ({100 * err:+.0f}%){' [fitted]' if fitted else ''}"
+    )
+    assert abs(err) <= 0.20, (name, measured, predicted)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known miss: at batch 16 the same QwQ-32B sweep scales 1.44x from TP 2 to TP 8 and predict says 1.74x: "
+    "vLLM V0's host cost per step also grows with the batch at higher TP, which the model does not carry",
+)
+def test_tp_speedup_at_batch_16_known_miss():
+    measured, predicted = _speedups("qwq-32b-bf16-tp2-a100-b16-v0.7", "qwq-32b-bf16-tp8-a100-b16-v0.7")
+    assert abs(predicted / measured - 1) <= 0.20
+
+
+def test_host_term_grows_with_tp_only_where_the_engine_does_not_overlap_it():
+    v0, asy = resolve_engine("vllm-0.7.2"), resolve_engine("vllm-0.32")
+    assert v0.host_at(8)[0][1] == pytest.approx(v0.host_ms[1] + 3 * v0.host_tp_ms[1])
+    assert v0.host_at(1)[0] == v0.host_ms
+    assert asy.host_at(8)[0] == asy.host_ms  # async scheduling overlaps it (stated as an assumption)
+    d2, d8 = (predict("qwen2.5-32b", Layout(tp=t), gpu="a100-sxm", engine="vllm-0.7.2", what_if=False) for t in (2, 8))
+    h2, h8 = (d["single_stream"]["breakdown_ms"]["host"] for d in (d2, d8))
+    assert h8 - h2 == pytest.approx(2 * v0.host_tp_ms[1])
+    assert "log2(8)" in d8["range"]["inputs"]["host_ms"]["source"]
+    # the TP what-if carries the host term of its own TP: TP 8 -> TP 2 saves the growth
+    d = predict("qwen2.5-32b", Layout(tp=8), gpu="a100-sxm", engine="vllm-0.7.2")
+    tp2 = next(w for w in d["what_if"] if w["name"] == "tp2")
+    assert tp2["breakdown_ms"]["host"] == pytest.approx(h2)
+    # a given --host-ms is the whole term, at every TP
+    from tpcomm.predict.model import Knobs
+
+    g = predict(
+        "qwen2.5-32b", Layout(tp=8), gpu="a100-sxm", engine="vllm-0.7.2", knobs=Knobs(host_ms=1.0), what_if=False
+    )
+    assert g["single_stream"]["breakdown_ms"]["host"] == 1.0
