@@ -69,6 +69,17 @@ def _looks_like_hf_id(s: str) -> bool:
     return len(parts) == 2 and all(parts) and not s.startswith((".", "~")) and not s.endswith(".json")
 
 
+def preset_for_hf_id(model_id: str) -> str | None:
+    """The preset taken from this Hugging Face id's config.json (its `_tpcomm_source` names the id), if any."""
+    want = model_id.strip().lower()
+    for name in preset_names():
+        cfg = json.loads(resources.files("tpcomm.models").joinpath("presets", name + ".json").read_text())
+        src = str(cfg.get("_tpcomm_source", "")).split(" ", 1)[0].lower()
+        if src == want:
+            return name
+    return None
+
+
 def load_config(arg: str | Path | dict) -> tuple[dict, str, str]:
     """(config dict, display name, source) for a path, folder, preset name, HF model id or dict."""
     if isinstance(arg, dict):
@@ -81,6 +92,10 @@ def load_config(arg: str | Path | dict) -> tuple[dict, str, str]:
     p = Path(s).expanduser()
     if not p.exists() and _looks_like_hf_id(s):
         cached = _from_hf_cache(s)
+        preset = preset_for_hf_id(s) if cached is None else None
+        if preset:  # not downloaded, but a preset was taken from this very id's config.json
+            cfg, _, src = load_config(preset)
+            return cfg, preset, f"{src} (for {s}: not in the local Hugging Face cache, its preset used)"
         if cached is None:
             raise InputError(
                 f"--model {s}",

@@ -189,16 +189,7 @@ def predict(
             }
             for s, cs in steps
         ],
-        "memory": {
-            "weights_stored_per_gpu_GB": stored / 1e9,
-            "fits_90pct": fits,
-            "statement": (
-                f"The weights fit: {stored / 1e9:.1f} GB per GPU of {hw['memory_GB']:g} GB."
-                if fits
-                else f"DOES NOT FIT: {stored / 1e9:.0f} GB of weights per GPU at TP {layout.tp} against 90% of "
-                f"{hw['memory_GB']:g} GB; no verdict is given, and every time below is what the model gives if it did."
-            ),
-        },
+        "memory": memory_statement(stored, hw["memory_GB"], layout.tp, fits),
         "fitted": fitted,
         "conditions": {
             "phase": "decode",
@@ -216,7 +207,60 @@ def predict(
         from tpcomm.predict.whatif import what_ifs
 
         doc["what_if"] = what_ifs(model, plan, hw, k, ri, (ss, corners), eng)
+    if not fits:
+        withhold_throughput(doc)
     return doc
+
+
+HEADROOM_WARN = 0.05  # warn when the weights leave less than this share of the 90% budget
+
+
+def memory_statement(stored: float, memory_GB: float, tp: int, fits: bool) -> dict:
+    """Weights per GPU against 90% of its memory: fits or not, and a warning under 5% headroom."""
+    budget = 0.9 * memory_GB * 1e9
+    headroom = (budget - stored) / budget
+    out = {"weights_stored_per_gpu_GB": stored / 1e9, "fits_90pct": fits, "headroom_pct": 100 * headroom}
+    if not fits:
+        out["statement"] = (
+            f"DOES NOT FIT: {stored / 1e9:.0f} GB of weights per GPU at TP {tp} against 90% of {memory_GB:g} GB "
+            f"({budget / 1e9:.1f} GB); no throughput and no verdict are given (exit code {EXIT_DOES_NOT_FIT}); the "
+            "per-token terms below are what the model gives if it did."
+        )
+    elif headroom < HEADROOM_WARN:
+        out["statement"] = (
+            f"WARNING: the weights fit with {100 * headroom:.1f}% headroom: {stored / 1e9:.1f} GB per GPU of the "
+            f"{budget / 1e9:.1f} GB budget (90% of {memory_GB:g} GB), under {100 * HEADROOM_WARN:.0f}%: little room "
+            "is left for the KV cache, activations and CUDA graphs."
+        )
+        out["warning"] = out["statement"]
+    else:
+        out["statement"] = f"The weights fit: {stored / 1e9:.1f} GB per GPU of {memory_GB:g} GB."
+    return out
+
+
+EXIT_DOES_NOT_FIT = 3  # `tpcomm predict` exit code when the layout's weights do not fit (docs/predict.md)
+
+
+def withhold_throughput(doc: dict) -> None:
+    """A layout whose weights do not fit gets no tok/s: every throughput figure of it is set to None (the
+    per-token terms stay, labelled as what the model gives if it did); what-ifs that fit keep theirs."""
+    doc["single_stream"]["tok_per_s"] = None
+    doc["range"]["single_stream"]["tok_per_s"] = None
+    for key in ("comm_only_tok_per_s", "compute_only_tok_per_s"):
+        doc["ceilings"][key] = None
+    b = doc["range"]["bounds"]
+    b["tok_per_s"] = b["compute_only_tok_per_s_max"] = b["comm_only_tok_per_s_max"] = None
+    b["statement"] = "No throughput bounds: the weights do not fit."
+    for x in doc["batches"]:
+        x["tok_per_s"] = x["tok_per_s_range"] = None
+    for c in doc["range"]["corners"]:
+        c["tok_per_s"] = None
+    for w in doc.get("what_if", []):
+        if w.get("fits_memory") is False:
+            w["tok_per_s"] = w["tok_per_s_range"] = w["delta_pct"] = w["delta_pct_range"] = None
+            w.pop("baseline_tok_per_s", None)
+        elif w.get("tok_per_s") is not None:  # a change against a throughput not given is not given either
+            w["delta_pct"] = w["delta_pct_range"] = None
 
 
 def engine_on(eng, hw: dict):

@@ -299,6 +299,10 @@ def predict(
         doc["compare"] = compare_models(model, compare_model, base, run(compare_model, **same), lay, measured)
     _write(out, doc)
     click.echo(json.dumps(doc, indent=2) if as_json else format_predict(doc))
+    if doc["memory"]["fits_90pct"] is False:
+        from tpcomm.predict import EXIT_DOES_NOT_FIT
+
+        click.get_current_context().exit(EXIT_DOES_NOT_FIT)  # the layout does not fit: no tok/s (docs/predict.md)
 
 
 def _write(out, doc):

@@ -27,7 +27,7 @@ def format_predict(doc: dict) -> str:
         (b["fitted_to_tok_per_s"] for b in doc["batches"] if b["batch"] == 1 and b.get("fitted_to_tok_per_s")), None
     )
     mem = doc.get("memory") or {}
-    first = [mem["statement"]] if mem.get("fits_90pct") is False else []
+    first = [mem["statement"]] if mem.get("fits_90pct") is False or mem.get("warning") else []
     lines = (
         first
         + _header(doc, "MODEL-BASED PREDICTION (not a measurement)")
@@ -38,13 +38,7 @@ def format_predict(doc: dict) -> str:
             *[f"  {lv:<7} {inp['collective_latency'][lv]}" for lv in ("low", "central", "high")],
             "kernel costs: " + "; ".join(_inputs_line(inp)),
             "",
-            f"single stream: {ss['tok_per_s']:.1f} tok/s central, {_r(s1['tok_per_s'])} tok/s over the stated ranges "
-            f"({ss['ms_per_token']:.2f} ms/token, {_r(s1['ms_per_token'], '.2f')}; {ss['bound']}-bound)"
-            + (
-                f"; the extra terms were fitted to the measured {fit1:g} tok/s here: this reproduces the fit, it is not a prediction of it"
-                if fit1
-                else ""
-            ),
+            _single_stream_line(ss, s1, fit1),
         ]
     )
     rows = [
@@ -62,7 +56,10 @@ def format_predict(doc: dict) -> str:
     comm = ce["comm_only_tok_per_s"]
     lines += [
         "",
-        f"interconnect at the central values: {ss['collectives_per_token']} collectives per token, {ss['breakdown_ms']['collectives']:.2f} ms = "
+        f"interconnect at the central values (if it fit): {ss['collectives_per_token']} collectives per token, "
+        f"{ss['breakdown_ms']['collectives']:.2f} ms = {100 * ce['interconnect_share_of_token']:.0f}% of each token"
+        if ss["tok_per_s"] is None
+        else f"interconnect at the central values: {ss['collectives_per_token']} collectives per token, {ss['breakdown_ms']['collectives']:.2f} ms = "
         f"{100 * ce['interconnect_share_of_token']:.0f}% of each token; ceilings comm-only {comm:.0f} tok/s, compute-only "
         f"{ce['compute_only_tok_per_s']:.1f} tok/s"
         if comm
@@ -87,7 +84,9 @@ def format_predict(doc: dict) -> str:
                     "note",
                 ],
                 [
-                    [b["batch"], f"{b['step_ms']:.2f}", f"{b['tok_per_s']:.1f}", _r(b["tok_per_s_range"]), b["bound"]]
+                    [b["batch"], f"{b['step_ms']:.2f}"]
+                    + (["-", "-"] if b["tok_per_s"] is None else [f"{b['tok_per_s']:.1f}", _r(b["tok_per_s_range"])])
+                    + [b["bound"]]
                     + [
                         f"{x:.2f}"
                         for x in (
@@ -118,6 +117,23 @@ def format_predict(doc: dict) -> str:
         lines += ["", "compare: " + doc["compare"]["conclusion"]]
     lines += ["", "assumptions:"] + [f"  - {a}" for a in doc["assumptions"]]
     return "\n".join(lines)
+
+
+def _single_stream_line(ss: dict, s1: dict, fit1) -> str:
+    if ss["tok_per_s"] is None:
+        return (
+            f"single stream: no tok/s (the weights do not fit); if they did: {ss['ms_per_token']:.2f} ms/token, "
+            f"{_r(s1['ms_per_token'], '.2f')} over the stated ranges ({ss['bound']}-bound)"
+        )
+    return (
+        f"single stream: {ss['tok_per_s']:.1f} tok/s central, {_r(s1['tok_per_s'])} tok/s over the stated ranges "
+        f"({ss['ms_per_token']:.2f} ms/token, {_r(s1['ms_per_token'], '.2f')}; {ss['bound']}-bound)"
+        + (
+            f"; the extra terms were fitted to the measured {fit1:g} tok/s here: this reproduces the fit, it is not a prediction of it"
+            if fit1
+            else ""
+        )
+    )
 
 
 def _inputs_line(inp: dict) -> list[str]:

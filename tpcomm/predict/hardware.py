@@ -60,6 +60,35 @@ def _refusal(name: str) -> InputError:
     return InputError(f"--gpu {name}", "is neither a built-in profile nor a profile file" + hint, choices)
 
 
+FITTED_KEYS = ("memory_efficiency", "ramp_us", "kv_efficiency", "kernel_overhead_us")
+
+
+def _with_builtin_ranges(prof: dict) -> dict:
+    """A user profile of a GPU that has a built-in profile (same name, or its `profile` key / file name is a built-in
+    name or alias) takes the built-in's efficiency and ramp values and ranges for the keys it does not give, so one
+    GPU gets one set of ranges whichever way it is named."""
+    by_name = {p["name"].lower(): p for p in _profiles().values()}
+    base = by_name.get(str(prof.get("name", "")).lower()) or _builtin(str(prof.get("profile", "")))
+    if base is None:
+        return prof
+    prof = dict(prof)
+    sources = dict(prof.get("sources") or {})
+    taken = []
+    for key in FITTED_KEYS:
+        if key in prof or f"{key}_range" in prof or key not in base:
+            continue
+        prof[key] = base[key]
+        if f"{key}_range" in base:
+            prof[f"{key}_range"] = list(base[f"{key}_range"])
+        sources[key] = f"from the built-in profile {base['profile']} (same GPU): " + base.get("sources", {}).get(key, "")
+        taken.append(key)
+    if taken:
+        prof["sources"] = sources
+        prof.setdefault("notes", [])
+        prof["notes"] = [*prof["notes"], f"{', '.join(taken)} taken from the built-in profile {base['profile']}"]
+    return prof
+
+
 def load_profile(name_or_path: str | None) -> dict:
     if not name_or_path:
         raise InputError("--gpu", "is required (the model has no default GPU)", "one of " + ", ".join(profile_names()))
@@ -77,6 +106,7 @@ def load_profile(name_or_path: str | None) -> dict:
         prof.setdefault("profile", p.stem)
         prof.setdefault("name", p.stem)
         prof.setdefault("sources", {"*": f"user profile {p}"})
+        prof = _with_builtin_ranges(prof)
     missing = [k for k in REQUIRED if k not in prof]
     if missing:
         raise InputError(

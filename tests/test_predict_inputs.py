@@ -1,0 +1,81 @@
+"""predict's handling of its inputs and of layouts that do not fit (issue 29 item 4): Hugging Face ids of presets,
+no tok/s and exit code 3 where the weights do not fit, a warning under 5% headroom, and one set of efficiency
+ranges per GPU whether it comes from a built-in profile or a user's JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tpcomm.cli import main
+from tpcomm.errors import InputError
+from tpcomm.models import load_config
+from tpcomm.predict import EXIT_DOES_NOT_FIT, Layout, memory_statement, predict
+from tpcomm.predict.hardware import load_profile
+
+
+def test_hugging_face_id_of_a_preset_is_the_preset(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache: the id is not downloaded here
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    cfg, name, source = load_config("openai/gpt-oss-120b")
+    assert name == "gpt-oss-120b" and cfg == load_config("gpt-oss-120b")[0]
+    assert "openai/gpt-oss-120b" in source and "preset" in source
+    a = predict("openai/gpt-oss-120b", Layout(tp=2), gpu="a100-sxm", what_if=False)
+    b = predict("gpt-oss-120b", Layout(tp=2), gpu="a100-sxm", what_if=False)
+    assert a["single_stream"]["tok_per_s"] == b["single_stream"]["tok_per_s"]
+    with pytest.raises(InputError, match="not in the local Hugging Face cache"):
+        load_config("someone/not-a-preset-32B")
+
+
+def test_does_not_fit_gives_no_tok_per_s_and_exit_code_3(capsys):
+    doc = predict("kimi-k2.5", Layout(tp=4), gpu="rtx-pro-6000")
+    assert doc["memory"]["fits_90pct"] is False
+    assert doc["single_stream"]["tok_per_s"] is None and doc["range"]["single_stream"]["tok_per_s"] is None
+    assert all(b["tok_per_s"] is None and b["tok_per_s_range"] is None for b in doc["batches"])
+    assert doc["ceilings"]["compute_only_tok_per_s"] is None
+    assert all(c["tok_per_s"] is None for c in doc["range"]["corners"])
+    assert doc["single_stream"]["ms_per_token"] > 0  # the terms stay, labelled "if it did"
+    tp8 = next(w for w in doc["what_if"] if w["name"] == "tp8")  # a what-if that fits keeps its tok/s
+    assert tp8["fits_memory"] and tp8["tok_per_s"] > 0 and tp8["delta_pct"] is None
+    with pytest.raises(SystemExit) as e:
+        main(["predict", "--model", "kimi-k2.5", "--tp", "4", "--gpu", "rtx-pro-6000", "--json"])
+    assert e.value.code == EXIT_DOES_NOT_FIT == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["single_stream"]["tok_per_s"] is None
+    with pytest.raises(SystemExit) as e:
+        main(["predict", "--model", "kimi-k2.5", "--tp", "4", "--gpu", "rtx-pro-6000"])
+    text = capsys.readouterr().out
+    assert text.startswith("DOES NOT FIT") and "no tok/s" in text and e.value.code == 3
+    # a layout that fits exits 0
+    rc = main(["predict", "--model", "kimi-k2.5", "--tp", "8", "--gpu", "rtx-pro-6000", "--json"])
+    assert rc in (None, 0)
+    capsys.readouterr()
+
+
+def test_under_5pct_headroom_is_warned_with_the_figure():
+    m = memory_statement(85.1e9, 96, 8, True)  # 85.1 of the 86.4 GB budget (90% of an H20's 96 GB)
+    assert m["headroom_pct"] == pytest.approx(100 * (86.4 - 85.1) / 86.4)
+    assert m["warning"].startswith("WARNING") and "1.5% headroom" in m["warning"] and "86.4 GB" in m["warning"]
+    assert "warning" not in memory_statement(80e9, 96, 8, True)  # 7.4% headroom: no warning
+    assert "warning" not in memory_statement(90e9, 96, 8, False)  # does not fit: its own statement
+
+
+def test_one_set_of_ranges_per_gpu_builtin_or_user_json(tmp_path):
+    builtin = load_profile("h20")
+    user = {k: builtin[k] for k in ("name", "memory_GB", "memory_bandwidth_GBps", "bf16_tflops", "link")}
+    f = tmp_path / "my-gpu.json"
+    f.write_text(json.dumps(user))
+    prof = load_profile(str(f))
+    for key in ("memory_efficiency", "ramp_us"):
+        assert prof[f"{key}_range"] == builtin[f"{key}_range"] and prof[key] == builtin[key]
+        assert "built-in profile h20" in prof["sources"][key]
+    a = predict("qwen3-32b", Layout(tp=2), gpu="h20", what_if=False)["range"]["inputs"]
+    b = predict("qwen3-32b", Layout(tp=2), gpu=str(f), what_if=False)["range"]["inputs"]
+    for key in ("memory_efficiency", "ramp_us"):
+        assert (a[key]["low"], a[key]["central"], a[key]["high"]) == (b[key]["low"], b[key]["central"], b[key]["high"])
+    # a value the user gives stays theirs; a GPU without a built-in profile keeps the generic ranges
+    f.write_text(json.dumps({**user, "memory_efficiency": 0.5}))
+    assert load_profile(str(f))["memory_efficiency"] == 0.5 and "memory_efficiency_range" not in load_profile(str(f))
+    f.write_text(json.dumps({**user, "name": "Some Other GPU"}))
+    assert "ramp_us" not in load_profile(str(f))
