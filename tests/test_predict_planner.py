@@ -87,7 +87,7 @@ def test_tp_what_if_compares_one_kind_of_latency_source():
 
 def test_configuration_that_does_not_fit_says_so_first_and_gets_no_verdict():
     r = CliRunner().invoke(cli, ["predict", "--model", "qwen2.5-72b", "--tp", "2", "--gpu", "rtx-4090"])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3, r.output  # does not fit: its own exit code, no tok/s
     first = r.output.splitlines()[0]
     assert first.startswith("DOES NOT FIT: 73 GB of weights per GPU at TP 2 against 90% of 24 GB")
     assert "verdict (model-based): No verdict: the weights do not fit" in r.output

@@ -80,7 +80,9 @@ def _with_builtin_ranges(prof: dict) -> dict:
         prof[key] = base[key]
         if f"{key}_range" in base:
             prof[f"{key}_range"] = list(base[f"{key}_range"])
-        sources[key] = f"from the built-in profile {base['profile']} (same GPU): " + base.get("sources", {}).get(key, "")
+        sources[key] = f"from the built-in profile {base['profile']} (same GPU): " + base.get("sources", {}).get(
+            key, ""
+        )
         taken.append(key)
     if taken:
         prof["sources"] = sources

@@ -22,13 +22,14 @@ from tpcomm.models.spec import ModelSpec
 
 RAMP_US = (
     1.0,
-    10.0,
+    9.5,
     23.0,
     "fixed cost per weight GEMM at batch 1 (fill the GPU, drain the tail; as fitted it also carries the fixed cost "
     "of the layer's other kernels, which TP-1 data cannot tell apart and which does not shrink with TP either): "
-    "not fitted for this GPU. Two GPU/engine pairs are fitted to public TP-1 rows (H20 + SGLang 0.4.6: 6.5 us, "
-    "4-9; A100 + vLLM 0.6.3: 15.5 us, 10.5-23; profiles h20, a100-*): central = their geometric mean, high = the "
-    "highest fitted, low = 1 us (assumption: a newer stack may fuse or shorten these kernels below either fit)",
+    "not fitted for this GPU. Three GPU/engine pairs are fitted to public rows (H20 + SGLang 0.4.6: 6.5 us, 4-9; "
+    "A100 + vLLM 0.6.3: 15.5 us, 10.5-23; RTX PRO 6000 + vLLM 0.17: 8.5 us, 1-12.6; profiles h20, a100-*, "
+    "rtx-pro-6000*): central = their geometric mean, high = the highest fitted, low = 1 us (assumption: a newer "
+    "stack may fuse or shorten these kernels below any fit)",
 )
 KV_EFFICIENCY = (
     0.3,

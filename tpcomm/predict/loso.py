@@ -23,13 +23,18 @@ from dataclasses import dataclass, replace
 from tpcomm.plan.layout import Layout
 from tpcomm.predict import engine_on, load_inputs
 from tpcomm.predict.engine import HOST, HOST_TP
+from tpcomm.predict.hardware import load_profile
 from tpcomm.predict.kernels import KV_EFFICIENCY, MOE_LAYER_US, RAMP_US, WEIGHT_KERNEL
 from tpcomm.predict.latency_range import make_range
 from tpcomm.predict.model import Knobs, step_time
 from tpcomm.predict.ranges import MEMORY_EFFICIENCY_RANGE, Input, central_knobs, evaluate, range_inputs, span
 from tpcomm.predict.validation import Result, load_rows, model_of
 
-GPU_GROUPS = {"a100": ("a100-sxm", "a100-pcie"), "h20": ("h20",)}
+GPU_GROUPS = {
+    "a100": ("a100-sxm", "a100-pcie"),
+    "h20": ("h20",),
+    "rtx-pro-6000": ("rtx-pro-6000", "rtx-pro-6000-server"),
+}
 ROUNDS = 3  # coordinate-descent passes (the joint A100 fit settles in two)
 GOLDEN_STEPS = 28
 
@@ -45,8 +50,6 @@ class Constant:
 
 
 def _profile_range(gpu: str, key: str) -> tuple[float, float, float]:
-    from tpcomm.predict.hardware import load_profile
-
     p = load_profile(GPU_GROUPS[gpu][0])
     lo, hi = p[f"{key}_range"]
     return (lo, p[key], hi)
@@ -55,9 +58,10 @@ def _profile_range(gpu: str, key: str) -> tuple[float, float, float]:
 def constants() -> dict[str, Constant]:
     out = {}
     for g in GPU_GROUPS:
-        out[f"{g}.memory_efficiency"] = Constant(
-            f"{g}.memory_efficiency", "memory_efficiency", (0.15, 0.97), _profile_range(g, "memory_efficiency")
-        )
+        if "memory_efficiency_range" in load_profile(GPU_GROUPS[g][0]):
+            out[f"{g}.memory_efficiency"] = Constant(
+                f"{g}.memory_efficiency", "memory_efficiency", (0.15, 0.97), _profile_range(g, "memory_efficiency")
+            )
         out[f"{g}.ramp_us"] = Constant(f"{g}.ramp_us", "ramp_us", (0.0, 60.0), _profile_range(g, "ramp_us"))
     for runner in ("vllm-v0", "sglang-overlap"):
         out[f"host.{runner}"] = Constant(f"host.{runner}", "host_ms", (0.0, 6.0), HOST[runner][:3])
@@ -121,7 +125,7 @@ def prepare(row: dict, qconfigs: dict) -> Prepared:
     uses = ["kv_efficiency"]
     gpu = next((g for g, names in GPU_GROUPS.items() if hw["profile"] in names), None)
     if gpu:
-        uses += [f"{gpu}.memory_efficiency", f"{gpu}.ramp_us"]
+        uses += [f"{gpu}.{key}" for key in ("memory_efficiency", "ramp_us") if f"{gpu}.{key}" in CONSTS]
     if eng.runner in ("vllm-v0", "sglang-overlap"):
         uses.append(f"host.{eng.runner}")
     if eng.runner in HOST_TP:
