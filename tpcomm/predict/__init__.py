@@ -207,6 +207,10 @@ def predict(
         from tpcomm.predict.whatif import what_ifs
 
         doc["what_if"] = what_ifs(model, plan, hw, k, ri, (ss, corners), eng)
+        for w in doc["what_if"]:  # a what-if whose weights do not fit gets no tok/s either
+            if w.get("fits_memory") is False:
+                w["tok_per_s"] = w["tok_per_s_range"] = w["delta_pct"] = w["delta_pct_range"] = None
+                w.pop("baseline_tok_per_s", None)
     if not fits:
         withhold_throughput(doc)
     return doc
@@ -243,7 +247,7 @@ EXIT_DOES_NOT_FIT = 3  # `tpcomm predict` exit code when the layout's weights do
 
 def withhold_throughput(doc: dict) -> None:
     """A layout whose weights do not fit gets no tok/s: every throughput figure of it is set to None (the
-    per-token terms stay, labelled as what the model gives if it did); what-ifs that fit keep theirs."""
+    per-token terms stay, labelled as what the model gives if it did); what-ifs that fit keep their tok/s."""
     doc["single_stream"]["tok_per_s"] = None
     doc["range"]["single_stream"]["tok_per_s"] = None
     for key in ("comm_only_tok_per_s", "compute_only_tok_per_s"):
@@ -255,12 +259,8 @@ def withhold_throughput(doc: dict) -> None:
         x["tok_per_s"] = x["tok_per_s_range"] = None
     for c in doc["range"]["corners"]:
         c["tok_per_s"] = None
-    for w in doc.get("what_if", []):
-        if w.get("fits_memory") is False:
-            w["tok_per_s"] = w["tok_per_s_range"] = w["delta_pct"] = w["delta_pct_range"] = None
-            w.pop("baseline_tok_per_s", None)
-        elif w.get("tok_per_s") is not None:  # a change against a throughput not given is not given either
-            w["delta_pct"] = w["delta_pct_range"] = None
+    for w in doc.get("what_if", []):  # a change against a throughput not given is not given either
+        w["delta_pct"] = w["delta_pct_range"] = None
 
 
 def engine_on(eng, hw: dict):
