@@ -45,21 +45,7 @@ def main(argv=None) -> int:
     held = [r for r in results if r.held_out]
     other = [r for r in results if not r.held_out]
     doc = {
-        "rows": [
-            {
-                "id": r.row["id"],
-                "held_out": r.held_out,
-                "measured_tok_per_s": r.measured,
-                "central_tok_per_s": r.central,
-                "low_tok_per_s": r.low,
-                "high_tok_per_s": r.high,
-                "inside": r.inside,
-                "error_pct": r.error_pct,
-                "half_width_pct": r.half_width_pct,
-                "error": r.error,
-            }
-            for r in results
-        ],
+        "rows": [r.as_dict() for r in results],
         "held_out": summary(held),
         "fitted_or_tp1": summary(other),
         "targets": TARGETS,

@@ -294,7 +294,7 @@ def report(by: str = "source") -> dict:
         "sources": [
             {
                 "source": f.source,
-                "rows": [_row(r) for r in f.rows],
+                "rows": [r.as_dict() for r in f.rows],
                 "informed": {
                     n: {"with_every_source": full[n].as_dict(), "without_this_source": _shown(n, f.values)}
                     for n in f.informed
@@ -321,19 +321,6 @@ def _shown(name: str, values: dict[str, Input]) -> dict:
         g = derived_ramp(values)
         v = Input(g.low, g.central, g.high, f"{v.source}, from this fold's fitted ramps")
     return v.as_dict()
-
-
-def _row(r: Result) -> dict:
-    return {
-        "id": r.row["id"],
-        "tp": r.row["tp"],
-        "measured_tok_per_s": r.measured,
-        "central_tok_per_s": r.central,
-        "low_tok_per_s": r.low,
-        "high_tok_per_s": r.high,
-        "inside": r.inside,
-        "error_pct": r.error_pct,
-    }
 
 
 def short(src: str) -> str:

@@ -66,6 +66,21 @@ class Result:
     def held_out(self) -> bool:
         return not self.row.get("fitted") and self.row["tp"] >= 2
 
+    def as_dict(self) -> dict:
+        return {
+            "id": self.row["id"],
+            "tp": self.row["tp"],
+            "held_out": self.held_out,
+            "measured_tok_per_s": self.measured,
+            "central_tok_per_s": self.central,
+            "low_tok_per_s": self.low,
+            "high_tok_per_s": self.high,
+            "inside": self.inside,
+            "error_pct": self.error_pct,
+            "half_width_pct": self.half_width_pct,
+            "error": self.error,
+        }
+
 
 def run_row(row: dict, qconfigs: dict) -> Result:
     try:
