@@ -79,3 +79,15 @@ def test_one_set_of_ranges_per_gpu_builtin_or_user_json(tmp_path):
     assert load_profile(str(f))["memory_efficiency"] == 0.5 and "memory_efficiency_range" not in load_profile(str(f))
     f.write_text(json.dumps({**user, "name": "Some Other GPU"}))
     assert "ramp_us" not in load_profile(str(f))
+
+
+def test_vllm_before_0_4_1_runs_nccl_not_its_custom_all_reduce():
+    from tpcomm.predict.engine import resolve_engine
+
+    assert not resolve_engine("vllm-0.2").custom_allreduce and not resolve_engine("vllm-0.4.0").custom_allreduce
+    assert resolve_engine("vllm-0.4.1").custom_allreduce and resolve_engine("vllm-0.32").custom_allreduce
+    old, new = (
+        predict("llama-3.1-70b", Layout(tp=4), gpu="a100-sxm", engine=e, what_if=False)
+        for e in ("vllm-0.2.7", "vllm-0.32")
+    )
+    assert old["collective_latency_kernel"] == "nccl" and new["collective_latency_kernel"] == "custom-ar"

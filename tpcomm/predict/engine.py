@@ -104,6 +104,7 @@ LAUNCH_US = {
 }
 V1_DEFAULT = (0, 8)  # vLLM 0.8.0 made V1 the default engine
 ASYNC_DEFAULT = (0, 14)  # vLLM 0.14 turned async scheduling on by default (vLLM PR 27614, v0.14 release notes)
+CUSTOM_AR_DEFAULT = (0, 4, 1)  # vLLM's custom all-reduce on by default (vLLM PR 4040)
 SGLANG_OVERLAP = (0, 4)  # SGLang 0.4 introduced the overlap ("zero-overhead") scheduler
 FAMILIES = ("vllm", "sglang", "transformers")
 FORMS = (
@@ -145,8 +146,13 @@ class Engine:
 
     @property
     def custom_allreduce(self) -> bool:
-        """vLLM (>= 0.4) and SGLang run their own one-shot/two-shot all-reduce where eligible; transformers
-        (accelerate device_map) does not all-reduce at all, but its TP mode uses torch.distributed (NCCL)."""
+        """vLLM (>= 0.4.1) and SGLang run their own one-shot/two-shot all-reduce where eligible; transformers
+        (accelerate device_map) does not all-reduce at all, but its TP mode uses torch.distributed (NCCL).
+        vLLM's custom all-reduce came with PR 2192 (January 2024), was turned off by default by PR 2808 (February
+        2024) and back on by PR 4040 (April 2024, vLLM 0.4.1): earlier vLLM runs NCCL."""
+        if self.family == "vllm" and self.version:
+            parts = tuple(int(x) for x in re.findall(r"\d+", self.version)[:3])
+            return parts >= CUSTOM_AR_DEFAULT
         return self.family in ("vllm", "sglang")
 
     def describe(self) -> str:
