@@ -91,3 +91,18 @@ def test_vllm_before_0_4_1_runs_nccl_not_its_custom_all_reduce():
         for e in ("vllm-0.2.7", "vllm-0.32")
     )
     assert old["collective_latency_kernel"] == "nccl" and new["collective_latency_kernel"] == "custom-ar"
+
+
+def test_tgi_is_an_engine_with_nccl_and_a_host_term_stated_as_an_assumption():
+    from tpcomm.predict.engine import resolve_engine
+
+    e = resolve_engine("tgi-2.4")
+    assert e.family == "tgi" and e.runner == "tgi" and not e.custom_allreduce and e.cuda_graphs
+    assert "assumption" in e.host_source and "assumption" in e.host_tp_source
+    d2, d4 = (predict("llama-3.1-70b", Layout(tp=t), gpu="a100-sxm", engine="tgi-2.4", what_if=False) for t in (2, 4))
+    assert d2["collective_latency_kernel"] == "nccl" and d2["engine"]["family"] == "tgi"
+    h2, h4 = (d["single_stream"]["breakdown_ms"]["host"] for d in (d2, d4))
+    assert h4 - h2 == pytest.approx(e.host_tp_ms[1])
+    assert not resolve_engine("tgi-2.4-eager").cuda_graphs
+    with pytest.raises(InputError, match="tgi"):
+        resolve_engine("tgx-2")

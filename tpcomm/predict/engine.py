@@ -62,6 +62,14 @@ HOST = {
         "SGLang before 0.4 (no overlap scheduler): scheduling between GPU steps (assumption, as vLLM V1 "
         "without async scheduling)",
     ),
+    "tgi": (
+        0.5,
+        1.5,
+        3.0,
+        "Hugging Face text-generation-inference: the Rust router sends every decode step to the Python shards over "
+        "gRPC and waits for their reply, with no overlap of the next step's scheduling (assumption: no public TP-1 "
+        "row of TGI is in the validation table; range as SGLang before its overlap scheduler)",
+    ),
     "eager": (
         0.3,
         1.0,
@@ -80,6 +88,13 @@ _V0_TP_SOURCE = (
 )
 HOST_TP = {
     "vllm-v0": (1.1, 1.52, 1.75, _V0_TP_SOURCE),
+    "tgi": (
+        1.1,
+        1.52,
+        1.75,
+        "as vLLM V0's (assumption: TGI's router sends each decode step to every shard and waits for all of them, "
+        "between GPU steps; no public TGI TP sweep with its figures is in the validation table); " + _V0_TP_SOURCE,
+    ),
     "vllm-v1": (
         1.1,
         1.52,
@@ -106,17 +121,17 @@ V1_DEFAULT = (0, 8)  # vLLM 0.8.0 made V1 the default engine
 ASYNC_DEFAULT = (0, 14)  # vLLM 0.14 turned async scheduling on by default (vLLM PR 27614, v0.14 release notes)
 CUSTOM_AR_DEFAULT = (0, 4, 1)  # vLLM's custom all-reduce on by default (vLLM PR 4040)
 SGLANG_OVERLAP = (0, 4)  # SGLang 0.4 introduced the overlap ("zero-overhead") scheduler
-FAMILIES = ("vllm", "sglang", "transformers")
+FAMILIES = ("vllm", "sglang", "tgi", "transformers")
 FORMS = (
-    "vllm[-VERSION][-eager][-no-async][-v0], sglang[-VERSION][-eager], transformers "
-    "(e.g. vllm-0.32, vllm-0.6.3-eager, vllm-0.32-no-async, sglang-0.4.6)"
+    "vllm[-VERSION][-eager][-no-async][-v0], sglang[-VERSION][-eager], tgi[-VERSION][-eager], transformers "
+    "(e.g. vllm-0.32, vllm-0.6.3-eager, vllm-0.32-no-async, sglang-0.4.6, tgi-2.4)"
 )
 
 
 @dataclass(frozen=True)
 class Engine:
     name: str
-    family: str  # vllm | sglang | transformers
+    family: str  # vllm | sglang | tgi | transformers
     version: str | None
     runner: str  # a key of HOST
     cuda_graphs: bool
@@ -204,7 +219,7 @@ def resolve_engine(spec: str | None = None) -> Engine:
         return Engine(**{**eng.__dict__, "notes": (*eng.notes, f"default engine: the vLLM {why}")})
     s = spec.strip().lower()
     m = re.fullmatch(
-        r"(vllm|sglang|transformers|hf)(?:-(\d+(?:\.\d+){0,2}[\w.+]*?))?((?:-(?:eager|no-async|sync|v0))*)", s
+        r"(vllm|sglang|tgi|transformers|hf)(?:-(\d+(?:\.\d+){0,2}[\w.+]*?))?((?:-(?:eager|no-async|sync|v0))*)", s
     )
     if not m:
         raise InputError(f"--engine {spec}", "is not an engine name", FORMS)
@@ -228,6 +243,8 @@ def resolve_engine(spec: str | None = None) -> Engine:
     v = _ver(version) if version else None
     if family == "sglang":
         runner = "sglang-overlap" if v is None or v >= SGLANG_OVERLAP else "sglang"
+    elif family == "tgi":
+        runner = "tgi"  # NCCL all-reduce through torch.distributed: no custom all-reduce (custom_allreduce)
     else:
         if "v0" in flags or (v is not None and v < V1_DEFAULT):
             runner = "vllm-v0"
