@@ -33,6 +33,9 @@ from pathlib import Path
 from tpcomm.errors import InputError
 
 CHUNK = 1 << 20  # characters read per refill
+# One JSON value (an event, a header field) longer than this is no Kineto trace (a real event is < 100 kB):
+# stop there rather than hold a gzip bomb's one string in memory.
+MAX_VALUE = 32 << 20
 # Event categories kept, as small integers in the `cat` column.
 CATS = (
     "cpu_op",
@@ -43,8 +46,7 @@ CATS = (
     "gpu_user_annotation",
     "cuda_runtime",
     "cuda_driver",
-    "python_function",
-)
+)  # not python_function (with_stack: most of a vLLM GPU trace's events), nor anything else: no rule reads them
 CAT_CODE = {c: i for i, c in enumerate(CATS)}
 DEVICE_CATS = {CAT_CODE[c] for c in ("kernel", "gpu_memcpy", "gpu_memset")}
 HOST_CATS = {CAT_CODE[c] for c in ("cpu_op", "user_annotation")}
@@ -71,6 +73,7 @@ class RankTrace:
     corr: array = field(default_factory=lambda: array("q"))  # CUDA correlation id, -1 if none
     ext: array = field(default_factory=lambda: array("q"))  # Kineto External id, -1 if none
     args: dict[int, dict] = field(default_factory=dict)  # row -> args, for rows keep_args selected
+    events_seen: int = 0  # every element of traceEvents, kept or not
 
     @property
     def base_ns(self) -> int:
@@ -166,8 +169,14 @@ class _Parser:
         while True:
             try:
                 v, end = self.dec.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise InputError(self.what, "nests JSON deeper than Python can decode", EXPECTED) from None
             except json.JSONDecodeError as e:
                 # An incomplete value at the buffer's end: read more and decode again; at EOF it is truncated.
+                if len(self.buf) - self.pos > MAX_VALUE:
+                    raise InputError(
+                        self.what, f"holds one JSON value of more than {MAX_VALUE >> 20} MB: not a Kineto trace", EXPECTED
+                    ) from None
                 if self._fill():
                     continue
                 raise InputError(self.what, f"is not valid JSON ({e.msg}): truncated?", EXPECTED) from None
@@ -200,32 +209,108 @@ class _Parser:
         return tr
 
     def _events(self, tr: RankTrace, keep_args) -> None:
+        """The events array. Where the buffer holds several whole events they are decoded in one json.loads of
+        the run up to the last `}, {` boundary (C speed, no per-event Python call); a boundary that is not a
+        top-level one (inside a string or nested args) makes that text invalid JSON: then one event at a time.
+        """
         self._expect("[")
         if self._peek() == "]":
             self.pos += 1
             return
-        ids: dict[str, int] = {}
-        cat_code, names = CAT_CODE, tr.names
+        add = _Adder(tr, keep_args, self.what)
+        try:
+            self._elements(add)
+        finally:
+            tr.events_seen = add.n
+
+    def _elements(self, add) -> None:
         while True:
-            ev = self._value()
-            if isinstance(ev, dict) and ev.get("ph") == "X":
-                c = cat_code.get(ev.get("cat"))
-                if c is not None:
-                    nm = ev.get("name", "")
-                    i = ids.get(nm)
-                    if i is None:
-                        i = ids[nm] = len(names)
-                        names.append(nm)
-                    a = ev.get("args") or {}
-                    tid = ev.get("tid", 0)
-                    tr.cat.append(c)
-                    tr.name.append(i)
-                    tr.tid.append(tid if isinstance(tid, int) else hash(tid) & 0x7FFFFFFF)
-                    tr.ts_ns.append(round(float(ev.get("ts", 0)) * 1000))
-                    tr.dur_ns.append(round(float(ev.get("dur", 0)) * 1000))
-                    tr.corr.append(int(a.get("correlation", -1)))
-                    tr.ext.append(int(a.get("External id", -1)))
-                    if keep_args(c, nm):
-                        tr.args[len(tr.ts_ns) - 1] = a
+            if len(self.buf) - self.pos < CHUNK and not self.eof:
+                self._fill()
+            cut = _last_boundary(self.buf, self.pos)
+            if cut is not None:
+                try:
+                    batch = json.loads("[" + self.buf[self.pos : cut] + "]")
+                except (ValueError, RecursionError):
+                    batch = None
+                if batch is not None:
+                    add(batch)
+                    self.pos = _BOUNDARY_TAIL.match(self.buf, cut).end()
+                    continue
+            add([self._value()])
             if self._expect(",]") == "]":
                 return
+
+
+_BOUNDARY = re.compile(r"\}[ \t\n\r]*,[ \t\n\r]*(?=\{)")
+_BOUNDARY_TAIL = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
+_TAIL = 1 << 16  # characters searched back for the last event boundary
+
+
+def _last_boundary(buf: str, pos: int) -> int | None:
+    """The end of the last `}` followed by `, {` in buf[pos:] (searched in its last 64 kB), else None."""
+    last = None
+    for m in _BOUNDARY.finditer(buf, max(pos, len(buf) - _TAIL)):
+        last = m
+    return None if last is None else last.start() + 1
+
+
+# A timestamp or duration past this (us) is no clock reading: ~146 years of ns in an int64.
+_MAX_US = 2**62 / 1000
+
+
+class _Adder:
+    """Appends decoded events to a RankTrace's columns; a value the columns cannot hold is a one-line error."""
+
+    def __init__(self, tr: RankTrace, keep_args, what: str):
+        self.tr, self.keep, self.what = tr, keep_args, what
+        self.ids: dict[str, int] = {name: i for i, name in enumerate(tr.names)}
+        self.n = 0  # events seen (all phases), for the error message
+        self.kept: dict[tuple[int, int], bool] = {}  # (cat, name id) -> keep_args' answer: names repeat
+
+    def __call__(self, events: list) -> None:
+        tr, ids, names, cat_code, kept = self.tr, self.ids, self.tr.names, CAT_CODE, self.kept
+        for ev in events:
+            self.n += 1
+            if type(ev) is not dict or ev.get("ph") != "X":
+                continue
+            c = cat_code.get(ev.get("cat"))
+            if c is None:
+                continue
+            try:
+                nm = ev.get("name", "")
+                if type(nm) is not str:
+                    raise TypeError("name is not a string")
+                a = ev.get("args") or {}
+                if type(a) is not dict:
+                    raise TypeError("args is not an object")
+                t, d = float(ev.get("ts", 0)), float(ev.get("dur", 0))
+                if not (abs(t) < _MAX_US and abs(d) < _MAX_US):  # also NaN
+                    raise ValueError(f"ts {ev.get('ts')!r} / dur {ev.get('dur')!r} out of range")
+                tid = ev.get("tid", 0)
+                tid = tid if type(tid) is int and -(2**63) <= tid < 2**63 else zlib.crc32(str(tid).encode())
+                corr, ext = int(a.get("correlation", -1)), int(a.get("External id", -1))
+                i = ids.get(nm)
+                if i is None:
+                    i = ids[nm] = len(names)
+                    names.append(nm)
+                tr.corr.append(corr)  # first: the int64 columns raise OverflowError before any other is touched
+                try:
+                    tr.ext.append(ext)
+                except OverflowError:
+                    tr.corr.pop()
+                    raise
+            except (TypeError, ValueError, OverflowError) as e:
+                raise InputError(
+                    self.what, f"has an event ({self.n}th) whose fields are not numbers it can hold ({e})", EXPECTED
+                ) from None
+            tr.cat.append(c)
+            tr.name.append(i)
+            tr.tid.append(tid)
+            tr.ts_ns.append(round(t * 1000))
+            tr.dur_ns.append(round(d * 1000))
+            k = kept.get((c, i))
+            if k is None:
+                k = kept[(c, i)] = bool(self.keep(c, nm))
+            if k:
+                tr.args[len(tr.ts_ns) - 1] = a
