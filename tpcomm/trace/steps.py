@@ -15,10 +15,16 @@ whole trace is one step (kind "window").
 
 On a trace with GPU kernels the step is read on the device: its kernels are
 the ones launched from inside its host range (CUDA correlation id -> the
-launch's host time), or, for a kernel whose launch is not in the trace,
-the last step that started on the host before the kernel ran; its span is
-its first kernel's start to its last kernel's end, and the gap to the next
-step is device idle time. On a CPU trace the host ranges are the steps.
+launch's host time; a CUDA graph's kernels all carry the correlation id of
+its one cudaGraphLaunch, so a replayed graph belongs to the step that
+launched it), or, for a kernel whose launch is not in the trace, the step
+whose GPU-side range (`gpu_user_annotation`, same name) holds it, else the
+last step that started on the host before the kernel ran. Its span is its
+first kernel's start to its last kernel's end (gpu_start_ns/gpu_end_ns; the
+host range stays in t_*), and the gap to the next step is device idle time.
+Async scheduling (the host range of step n+1 running while the GPU runs
+step n) changes nothing: steps are told apart by launch, not by host time.
+On a CPU trace the host ranges are the steps.
 
 Units: t_*_ns on the Unix clock (baseTimeNanoseconds + ts), *_us microseconds.
 """
@@ -65,6 +71,7 @@ DTYPE_BYTES = {
     "c10::Float8_e4m3fn": ("float8_e4m3fn", 1),
 }
 STEP_COLS = ["rank", "step", "t_start_ns", "t_end_ns", "duration_us", "num_seqs", "num_tokens", "kind", "source"]
+GPU_STEP_COLS = ["gpu_start_ns", "gpu_end_ns"]  # attribute/split.py GPU_COLUMNS
 COLL_COLS = [
     "rank",
     "group",
@@ -170,22 +177,36 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
         t_host = np.where(np.isnan(lt), ts[dev_idx], lt).astype(np.int64)
         k_dev = step_of_host_time(t_host)
         no_launch = np.isnan(lt) & (k_dev < 0)
-        k_dev[no_launch] = np.searchsorted(h_start, ts[dev_idx][no_launch], side="right") - 1
+        t_nl = ts[dev_idx][no_launch]
+        k_nl = np.searchsorted(h_start, t_nl, side="right") - 1
+        gr = _gpu_ranges(tr, cat, name, ts, dur, vllm_rows)
+        if gr is not None:  # vLLM's GPU-side ranges say which step a kernel without its launch record ran in
+            k_gpu = np.searchsorted(gr[0], t_nl, side="right") - 1
+            k_nl = np.where((k_gpu >= 0) & (t_nl <= gr[1][np.maximum(k_gpu, 0)]), k_gpu, k_nl)
+        k_dev[no_launch] = k_nl
         d = pd.DataFrame({"k": k_dev, "t0": ts[dev_idx], "t1": ts[dev_idx] + dur[dev_idx]})
         d = d[d["k"] >= 0].groupby("k").agg(t0=("t0", "min"), t1=("t1", "max"))
-        span = {int(k): (int(r.t0), int(r.t1)) for k, r in d.iterrows()}
-        step_of = dict(zip(dev_idx.tolist(), k_dev.tolist(), strict=True))
+        span = dict(zip(d.index.tolist(), zip(d["t0"].tolist(), d["t1"].tolist(), strict=True), strict=True))
+        step_of = np.full(len(ts), -1, dtype=np.int64)
+        step_of[dev_idx] = k_dev
     else:
         span = {k: (int(h_start[k]), int(h_end[k])) for k in range(len(h_start))}
         step_of = None
 
+    # A GPU trace's steps carry both clocks as the hook's do: the host range in t_*, the device span (first
+    # kernel start to last kernel end) in gpu_*; the split (attribute/split.py) runs on the GPU's.
     step_rows = []
     for k, (step, kind, seqs, toks) in enumerate(meta):
         if kind is None or k not in span:
             continue
         t0, t1 = span[k]
-        step_rows.append((tr.rank, step, base + t0, base + t1, (t1 - t0) / 1e3, seqs, toks, kind, "trace"))
-    steps = pd.DataFrame(step_rows, columns=STEP_COLS)
+        if timeline == K.DEVICE:
+            h0, h1 = (int(h_start[k]), int(h_end[k])) if srows else (t0, t1)
+            row = (tr.rank, step, base + h0, base + h1, (h1 - h0) / 1e3, seqs, toks, kind, "trace", base + t0, base + t1)
+        else:
+            row = (tr.rank, step, base + t0, base + t1, (t1 - t0) / 1e3, seqs, toks, kind, "trace")
+        step_rows.append(row)
+    steps = pd.DataFrame(step_rows, columns=STEP_COLS + (GPU_STEP_COLS if timeline == K.DEVICE else []))
     step_no = np.array([m[0] for m in meta], dtype=np.int64)
 
     # ---- communication ------------------------------------------------------------------------------------
@@ -230,7 +251,7 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
         else:
             nm_op = None
         gsize = _int(md.get("Group size")) or group_size or 1
-        k = step_of[i] if step_of is not None else int(step_of_host_time(np.array([ts[i]]))[0])
+        k = int(step_of[i]) if step_of is not None else int(step_of_host_time(np.array([ts[i]]))[0])
         coll.append(
             (
                 tr.rank,
@@ -263,6 +284,20 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
     cdf = cdf.drop(columns="t_issue")
     unclassified = [{"name": n, "count": c, "time_us": t} for n, (c, t) in sorted(odd.items(), key=lambda x: -x[1][1])]
     return RankTables(tr.rank, timeline, source, steps, cdf, unclassified, base + first, base + last)
+
+
+def _gpu_ranges(tr, cat, name, ts, dur, vllm_rows) -> tuple[np.ndarray, np.ndarray] | None:
+    """vLLM's step ranges as the trace shows them on the GPU (`gpu_user_annotation`, the same names): (starts,
+    ends) sorted, when they pair one to one, in order and by name, with the host ranges; else None."""
+    g = np.flatnonzero(cat == CAT_CODE["gpu_user_annotation"])
+    if not len(g) or not vllm_rows:
+        return None
+    steps_named = [i for i in np.unique(name[g]).tolist() if VLLM_STEP.match(tr.names[i])]
+    g = g[np.isin(name[g], steps_named)]
+    g = g[np.argsort(ts[g], kind="stable")]
+    if len(g) != len(vllm_rows) or (name[g] != name[np.array(vllm_rows)]).any():
+        return None
+    return ts[g], ts[g] + dur[g]
 
 
 def _host_step_ends(srows, ts, dur, tid, host) -> np.ndarray:
