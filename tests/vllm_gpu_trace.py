@@ -53,6 +53,8 @@ class Shape:
     dev_idle_ns: int = 40_000  # GPU idle between two decode steps
     host_step_ns: int = 3_000_000  # host range of a decode step (shorter than its GPU work: the host runs ahead)
     prefill: bool = True  # step 0 eager (cudaLaunchKernel each), the rest graph-replayed decode steps
+    graph_launches: bool = True  # False: the cudaGraphLaunch records are missing (the kernels have no launch)
+    gpu_ranges: bool = True  # the gpu_user_annotation step ranges
 
     @property
     def kernels_per_step(self) -> int:
@@ -109,7 +111,7 @@ def write_rank(path, rank: int, world: int, steps: int, shape: Shape | None = No
                 h0 = max(host_t, gpu_end_prevprev)
                 h1 = h0 + sh.host_step_ns
                 out.append(_ev("user_annotation", name, tid, h0, h1 - h0, f'"External id": {corr}'))
-                gpu_t = max(h0 + 200_000, gpu_end_prev + sh.dev_idle_ns)
+                gpu_t = max(h0 + sh.host_step_ns // 10 + 10_000, gpu_end_prev + sh.dev_idle_ns)  # after the launch
                 g0 = gpu_t
                 coll = wait = 0
                 kernels = []
@@ -129,10 +131,10 @@ def write_rank(path, rank: int, world: int, steps: int, shape: Shape | None = No
                 nk = len(kernels)
                 # host: python functions spread over the range, then the launch(es)
                 if prefill:
-                    step = (h1 - h0 - 100_000) // max(nk, 1)
+                    step = (h1 - h0) // 2 // max(nk, 1)
                     for q, (kn, t, d, ar) in enumerate(kernels):
                         c = corr + 1 + q
-                        lt = h0 + 50_000 + q * step
+                        lt = h0 + sh.host_step_ns // 4 + q * step
                         if ar:
                             out.append(_ev("cpu_op", "vllm::all_reduce", tid, lt - 8_000, 12_000))
                             out.append(
@@ -151,8 +153,9 @@ def write_rank(path, rank: int, world: int, steps: int, shape: Shape | None = No
                         out.append(_ev("kernel", kn, stream, t, d, ka, pid=0))
                     corr += nk + 1
                 else:
-                    lt = h0 + 150_000
-                    out.append(_ev("cuda_runtime", "cudaGraphLaunch", tid, lt, 20_000, f'"correlation": {corr}'))
+                    lt = h0 + sh.host_step_ns // 10
+                    if sh.graph_launches:
+                        out.append(_ev("cuda_runtime", "cudaGraphLaunch", tid, lt, 20_000, f'"correlation": {corr}'))
                     for q, (kn, t, d, _) in enumerate(kernels):
                         ka = (
                             f'"device": {rank}, "stream": {stream}, "correlation": {corr}, "graph id": 1, '
@@ -160,11 +163,19 @@ def write_rank(path, rank: int, world: int, steps: int, shape: Shape | None = No
                         )
                         out.append(_ev("kernel", kn, stream, t, d, ka, pid=0))
                     corr += 1
-                out.append(_ev("gpu_user_annotation", name, stream, g0, g1 - g0, pid=0))
+                if sh.gpu_ranges:
+                    out.append(_ev("gpu_user_annotation", name, stream, g0, g1 - g0, pid=0))
                 pstep = (h1 - h0) // max(nk * sh.py_per_kernel, 1)
                 for q in range(nk * sh.py_per_kernel):
-                    out.append(_ev("python_function", f"vllm/model_executor/layers/linear.py(4{q % 97}): forward",
-                                   tid, h0 + q * pstep, max(pstep - 100, 1)))
+                    out.append(
+                        _ev(
+                            "python_function",
+                            f"vllm/model_executor/layers/linear.py(4{q % 97}): forward",
+                            tid,
+                            h0 + q * pstep,
+                            max(pstep - 100, 1),
+                        )
+                    )
                 out.append(_ev("cpu_op", "sample_tokens", tid, h1 + 5_000, 100_000))
                 f.write(sep + ",\n".join(out))
                 sep = ",\n"
@@ -201,6 +212,10 @@ def expected_split(truths: dict[int, dict], shape: Shape) -> dict:
         wait = sum(x["wait_ns"] for x in pairs) / n
         coll = sum(x["coll_ns"] for x in pairs) / n
         gap = sum(x["next_g0"] - x["g1"] for x in pairs) / n
-        per[r] = {"compute": (span - coll) / 1e6, "transfer": (coll - wait) / 1e6, "wait": wait / 1e6,
-                  "host_gap": gap / 1e6}
+        per[r] = {
+            "compute": (span - coll) / 1e6,
+            "transfer": (coll - wait) / 1e6,
+            "wait": wait / 1e6,
+            "host_gap": gap / 1e6,
+        }
     return {k: sum(p[k] for p in per.values()) / len(per) for k in ("compute", "transfer", "wait", "host_gap")}

@@ -175,7 +175,9 @@ class _Parser:
                 # An incomplete value at the buffer's end: read more and decode again; at EOF it is truncated.
                 if len(self.buf) - self.pos > MAX_VALUE:
                     raise InputError(
-                        self.what, f"holds one JSON value of more than {MAX_VALUE >> 20} MB: not a Kineto trace", EXPECTED
+                        self.what,
+                        f"holds one JSON value of more than {MAX_VALUE >> 20} MB: not a Kineto trace",
+                        EXPECTED,
                     ) from None
                 if self._fill():
                     continue

@@ -176,9 +176,10 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
         lt = launch.reindex(corr[dev_idx]).to_numpy()
         t_host = np.where(np.isnan(lt), ts[dev_idx], lt).astype(np.int64)
         k_dev = step_of_host_time(t_host)
-        no_launch = np.isnan(lt) & (k_dev < 0)
+        no_launch = np.isnan(lt)
         t_nl = ts[dev_idx][no_launch]
-        k_nl = np.searchsorted(h_start, t_nl, side="right") - 1
+        k_nl = k_dev[no_launch]
+        k_nl = np.where(k_nl < 0, np.searchsorted(h_start, t_nl, side="right") - 1, k_nl)
         gr = _gpu_ranges(tr, cat, name, ts, dur, vllm_rows)
         if gr is not None:  # vLLM's GPU-side ranges say which step a kernel without its launch record ran in
             k_gpu = np.searchsorted(gr[0], t_nl, side="right") - 1
@@ -202,7 +203,19 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
         t0, t1 = span[k]
         if timeline == K.DEVICE:
             h0, h1 = (int(h_start[k]), int(h_end[k])) if srows else (t0, t1)
-            row = (tr.rank, step, base + h0, base + h1, (h1 - h0) / 1e3, seqs, toks, kind, "trace", base + t0, base + t1)
+            row = (
+                tr.rank,
+                step,
+                base + h0,
+                base + h1,
+                (h1 - h0) / 1e3,
+                seqs,
+                toks,
+                kind,
+                "trace",
+                base + t0,
+                base + t1,
+            )
         else:
             row = (tr.rank, step, base + t0, base + t1, (t1 - t0) / 1e3, seqs, toks, kind, "trace")
         step_rows.append(row)
@@ -332,7 +345,9 @@ class _Launchers:
         rt = np.flatnonzero(np.isin(cat, list(RUNTIME_CATS)))
         self.launch = {int(corr[j]): (int(ts[j]), int(tid[j])) for j in rt}
         self.tr, self.names, self.name, self.ts, self.corr = tr, names, name, ts, corr
-        w = [j for j in tr.args if host[j] and (K.is_wrapper(names[name[j]]) or K.LOOKS_LIKE_COMM.search(names[name[j]]))]
+        w = [
+            j for j in tr.args if host[j] and (K.is_wrapper(names[name[j]]) or K.LOOKS_LIKE_COMM.search(names[name[j]]))
+        ]
         by_tid: dict[int, list] = {}
         for j in w:  # (time, 0 = an op opens, row); launches sort after ops that open at the same time
             by_tid.setdefault(int(tid[j]), []).append((int(ts[j]), 0, j))
