@@ -82,7 +82,8 @@ class RankTrace:
 
     @property
     def world_size(self) -> int | None:
-        w = (self.header.get("distributedInfo") or {}).get("world_size")
+        info = self.header.get("distributedInfo")
+        w = info.get("world_size") if isinstance(info, dict) else None
         return int(w) if isinstance(w, int) else None
 
     @property
@@ -94,7 +95,13 @@ class RankTrace:
         return len(self.ts_ns)
 
 
-def read_trace(path: str | Path, keep_args) -> RankTrace:
+def read_header(path: str | Path) -> RankTrace:
+    """The trace's top-level keys before `traceEvents` (Kineto writes distributedInfo there) and its rank, no
+    event read: what a set of traces can be checked on before reading millions of events."""
+    return read_trace(path, None, header_only=True)
+
+
+def read_trace(path: str | Path, keep_args, header_only: bool = False) -> RankTrace:
     """Stream one trace file. `keep_args(cat, name) -> bool` says whose args to keep (the rest are dropped)."""
     path = Path(path)
     what = f"trace {path}"
@@ -108,23 +115,31 @@ def read_trace(path: str | Path, keep_args) -> RankTrace:
         binary = gzip.GzipFile(fileobj=raw) if magic == b"\x1f\x8b" else raw
         text = io.TextIOWrapper(binary, encoding="utf-8", errors="strict")
         try:
-            tr = _Parser(text, what).parse(path, keep_args)
+            tr = _Parser(text, what).parse(path, keep_args, header_only)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise InputError(what, f"is truncated or not valid gzip ({e})", EXPECTED) from None
         except UnicodeDecodeError:
             raise InputError(what, "is not UTF-8 text", EXPECTED) from None
-    info = tr.header.get("distributedInfo") or {}
+    info = tr.header.get("distributedInfo")
+    info = info if isinstance(info, dict) else {}
+    for key in ("rank", "world_size"):
+        v = info.get(key)
+        if v is not None and not (type(v) is int and 0 <= v < 1 << 20):
+            raise InputError(what, f"has distributedInfo.{key} {str(v)[:40]!r}: not a rank number", EXPECTED)
     if isinstance(info.get("rank"), int):
         tr.rank, tr.rank_from = int(info["rank"]), "distributedInfo"
     else:
         m = _RANK_IN_NAME.search(path.name)
+        if not m and header_only:  # distributedInfo may come after the events in a non-Kineto writer's file
+            tr.rank, tr.rank_from = -1, ""
+            return tr
         if not m:
             raise InputError(
                 what,
                 "names no rank (no distributedInfo.rank in it, no rank<N> in its file name)",
                 "a trace written under torch.distributed, or a file named like *rank0*.json.gz",
             )
-        tr.rank, tr.rank_from = int(m.group(1)), "file name"
+        tr.rank, tr.rank_from = int(m.group(1)[:9]), "file name"
     return tr
 
 
@@ -187,7 +202,7 @@ class _Parser:
             self.pos = end
             return v
 
-    def parse(self, path: Path, keep_args) -> RankTrace:
+    def parse(self, path: Path, keep_args, header_only: bool = False) -> RankTrace:
         if self._peek() != "{":
             raise InputError(self.what, "is not a JSON object: not a Kineto trace", EXPECTED)
         self.pos += 1
@@ -200,6 +215,8 @@ class _Parser:
                 key = self._value()
                 self._expect(":")
                 if key == "traceEvents":
+                    if header_only:
+                        return tr
                     self._events(tr, keep_args)
                     seen_events = True
                 else:
