@@ -85,7 +85,7 @@ def write_rank(path, rank: int, world: int, steps: int, shape: Shape | None = No
     sh = shape or Shape()
     tid, stream = 1000 + rank, 7
     n_events = 0
-    corr = 1
+    corr = 1_000_000  # a long-running server's CUDA correlation ids are large (HTA 0.5 + pandas 3 fail on small ones)
     truth: list[dict] = []
     with gzip.open(path, "wt", compresslevel=1) as f:
         f.write(
