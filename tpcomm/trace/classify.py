@@ -58,6 +58,32 @@ RULES: tuple[Rule, ...] = (
         "NVIDIA/nccl src/device/symmetric/generate.py @5067397c (kernel_cname: ncclSymkDevKernel_<coll>_<algo>_<red>_<ty>)",
     ),
     _r(
+        "nccl_symm",
+        DEVICE,
+        r"^ncclSymDevKernel_",
+        "ncclSymDevKernel_AllReduce_RSxLD_AGxST_sum_bf16(ncclSymDevArgs)",
+        "NVIDIA/nccl v2.27.7-1 (593de54e) src/device/symmetric/generate.py:136 (kernel_cname: "
+        "ncclSymDevKernel_<coll>_<algo>_<red>_<ty>; renamed ncclSymkDevKernel_ in 2.28)",
+    ),
+    _r(
+        "custom_ar",
+        DEVICE,
+        r"\bcross_device_(all_gather|reduce_scatter)(_\w+)?\b",
+        "void vllm::cross_device_all_gather<8>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, "
+        "vllm::array_t<unsigned long, 2>*, int, int)",
+        "vllm-project/vllm csrc/custom_all_gather_reduce_scatter.cuh @b042c9b4 lines 15 (cross_device_all_gather) "
+        "and 35 (cross_device_reduce_scatter): CustomAllreduce's all-gather / reduce-scatter",
+    ),
+    _r(
+        "custom_ar",
+        DEVICE,
+        r"\bmnnvl_lamport_(all_gather|reduce_scatter)\w*\b",
+        "void vllm::mnnvl_lamport_reduce_scatter_kernel<__nv_bfloat16, 4>(vllm::RankData*, __nv_bfloat16 const*, "
+        "__nv_bfloat16*, unsigned int*, int, int, int)",
+        "vllm-project/vllm csrc/custom_all_gather_reduce_scatter.cuh @b042c9b4 (kernels mnnvl_lamport_all_gather, "
+        "mnnvl_lamport_reduce_scatter_kernel: the MNNVL Lamport backends of custom_all_reduce.py)",
+    ),
+    _r(
         "custom_ar",
         DEVICE,
         r"\bcross_device_reduce_(1stage|2stage|half_butterfly)\b",
@@ -124,6 +150,15 @@ RULES: tuple[Rule, ...] = (
         "void (anonymous namespace)::one_shot_all_reduce_kernel<c10::BFloat16, 16, 8>(c10::BFloat16**, "
         "c10::BFloat16*, c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
         "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu @03a4032b",
+    ),
+    _r(
+        "symm_mem",
+        DEVICE,
+        r"\b(one_shot|two_shot)_all_reduce_kernel_inplace\b",
+        "void (anonymous namespace)::two_shot_all_reduce_kernel_inplace<c10::BFloat16, 16, 2>(c10::BFloat16**, "
+        "unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
+        "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu @fd6c4b6a "
+        "(two_shot_all_reduce_kernel_inplace: torch.ops.symm_mem.two_shot_all_reduce_, vLLM's SymmMemCommunicator)",
     ),
     _r(
         "shm",
