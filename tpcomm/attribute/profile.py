@@ -137,6 +137,11 @@ def profile_run(
         doc["instruments"] = cmp_doc
         from tpcomm.trace.summary import compare_lines
 
+        z = cmp_doc["trace_size"]
+        lines.append(
+            f"traces: {z['files']} files, {z['bytes'] / 1e6:.1f} MB, {z['events']:,} events, imported in "
+            f"{z['import_s']:.1f} s"
+        )
         if cmp_doc.get("terms"):
             lines += compare_lines(cmp_doc)
     except InputError as e:  # traces that cannot be read: said, and nothing measured is lost
@@ -152,9 +157,18 @@ def both_instruments(rd, paths: list[Path], hook_coll, hook_steps, window: tuple
     from tpcomm.attribute.align import align
     from tpcomm.trace import importer, terms
 
+    t_import = time.perf_counter()
     imp = importer.analyse(importer.load(paths), model_config, window)
-    importer.write(rd, imp, {"window_ns": list(window), "source": "attribute --profile"})
+    import_s = time.perf_counter() - t_import
+    size = {
+        "files": len(paths),
+        "bytes": sum(p.stat().st_size for p in paths),
+        "events": imp.traces.events_seen,
+        "import_s": import_s,
+    }
+    importer.write(rd, imp, {"window_ns": list(window), "source": "attribute --profile", "trace_size": size})
     out = {
+        "trace_size": size,
         "window_ns": list(window),
         "window_text": f"the {len(paths)} profiled ranks' steps starting in the profiled requests' "
         f"{(window[1] - window[0]) / 1e9:.2f} s",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,10 +118,18 @@ def import_traces(
 
         load_model(model_config)
     paths = find_traces(source)
+    t0 = time.perf_counter()
     imp = analyse(load(paths, subset), model_config)
+    size = {
+        "files": len(paths),
+        "bytes": sum(p.stat().st_size for p in paths),
+        "events": imp.traces.events_seen,
+        "import_s": round(time.perf_counter() - t0, 3),
+    }
     rd = RunDir(out)
     rd.record_command("trace", argv)
-    doc = write(rd, imp, {"trace_folder": str(source), "model_config": str(model_config) if model_config else None})
+    cond = {"trace_folder": str(source), "model_config": str(model_config) if model_config else None}
+    doc = write(rd, imp, {**cond, "trace_size": size})
     # The report's split: the traces', unless the hook already attributed this run directory (then both are
     # kept, and attribute --profile's trace/compare.json sets them side by side).
     if not rd.exists(C.ATTR_SUMMARY):

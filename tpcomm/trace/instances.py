@@ -39,6 +39,7 @@ class TraceSet:
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)  # aligned (HOOK_COLLECTIVES + align's columns)
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # HOOK_STEPS + source
     notes: list[str] = field(default_factory=list)
+    events_seen: int = 0  # traceEvents elements in all the files, kept or not
 
     @property
     def ranks(self) -> list[int]:
@@ -59,7 +60,7 @@ def check_and_align(tables: list[RankTables], traces, subset: bool = False) -> T
     world = max(worlds) if worlds else None
     files = check_ranks([t.rank for t in tables], world, subset, traces)
     hosts = sorted({tr.host for tr in traces if tr.host})
-    ts = TraceSet(tables, files, world, hosts, subset)
+    ts = TraceSet(tables, files, world, hosts, subset, events_seen=sum(getattr(tr, "events_seen", 0) for tr in traces))
     ranks = ts.ranks
     _check_windows(ts, traces)
     if all(t.collectives.empty for t in tables):

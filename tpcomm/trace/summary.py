@@ -123,6 +123,12 @@ def split_lines(doc: dict) -> list[str]:
     for rank, odd in (doc.get("unclassified") or {}).items():
         names = "; ".join(f"{u['name'][:80]} x{u['count']} ({u['time_us']:.0f} us)" for u in odd[:5])
         out.append(f"  rank {rank}: looks like communication, matches no rule (counted as compute): {names}")
+    z = (doc.get("conditions") or {}).get("trace_size")
+    if z:
+        out.append(
+            f"  traces: {z['files']} files, {z['bytes'] / 1e6:.1f} MB, {z['events']:,} events, "
+            f"imported in {z['import_s']:.1f} s"
+        )
     if sp.get("clock_note"):
         out.append(f"  clock: {sp['clock_note']}")
     out += [f"  note: {n}" for n in doc.get("notes", [])]
