@@ -307,7 +307,10 @@ class _Adder:
                 if not (abs(t) < _MAX_US and abs(d) < _MAX_US):  # also NaN
                     raise ValueError(f"ts {ev.get('ts')!r} / dur {ev.get('dur')!r} out of range")
                 tid = ev.get("tid", 0)
-                tid = tid if type(tid) is int and -(2**63) <= tid < 2**63 else zlib.crc32(str(tid).encode())
+                if type(tid) is not int:  # Kineto's are ints; a name (some writers) is hashed to one, stably
+                    tid = zlib.crc32(str(tid).encode())
+                elif not -(2**63) <= tid < 2**63:
+                    raise ValueError(f"tid {tid} out of range")
                 corr, ext = int(a.get("correlation", -1)), int(a.get("External id", -1))
                 i = ids.get(nm)
                 if i is None:
