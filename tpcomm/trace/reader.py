@@ -274,6 +274,18 @@ def _last_boundary(buf: str, pos: int) -> int | None:
     return None if last is None else last.start() + 1
 
 
+# The args keys tpcomm/trace reads (collective metadata, record_shapes); the rest of a kept event's args is dropped.
+META_KEYS = (
+    "Collective name",
+    "In msg nelems",
+    "Out msg nelems",
+    "dtype",
+    "Group size",
+    "Process Group Name",
+    "Process Group Description",
+    "Input Dims",
+    "Input type",
+)
 # A timestamp or duration past this (us) is no clock reading: ~146 years of ns in an int64.
 _MAX_US = 2**62 / 1000
 
@@ -334,5 +346,5 @@ class _Adder:
             k = kept.get((c, i))
             if k is None:
                 k = kept[(c, i)] = bool(self.keep(c, nm))
-            if k:
-                tr.args[len(tr.ts_ns) - 1] = a
+            if k:  # only the metadata the analysis reads: a GPU trace's kernels carry a dozen keys each
+                tr.args[len(tr.ts_ns) - 1] = {m: a[m] for m in META_KEYS if m in a}
