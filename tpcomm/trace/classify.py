@@ -16,6 +16,7 @@ wrapper is reported as unclassified, never silently counted as compute.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -226,6 +227,7 @@ _COLLECTIVE_NAMES = {
 }
 
 
+@functools.lru_cache(maxsize=8192)  # a GPU trace repeats a few hundred names millions of times
 def rule_for(name: str, timeline: str) -> Rule | None:
     for r in RULES:
         if r.timeline == timeline and r.pattern.search(name):
