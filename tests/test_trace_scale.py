@@ -133,3 +133,22 @@ def test_reduced_benchmark_500k_events_per_rank_in_linear_time(tmp_path):
     assert tr.events_seen == truth["events"] >= 450_000
     assert len(tab.collectives) == 2 * sh.layers * len(truth["steps"])
     assert cpu / tr.events_seen < 30e-6, f"{cpu:.1f} s CPU for {tr.events_seen} events"
+
+
+def test_profile_without_hook_records_gives_the_traces_split_and_their_size(tmp_path):
+    """attribute --profile against a server without the plugin: no hook records, the traces' split alone (the
+    function profile_run calls after /stop_profile; the live-server route is tests/test_trace_server.py)."""
+    from tpcomm.attribute.profile import alone_lines, both_instruments
+    from tpcomm.rundir import RunDir
+
+    sh = Shape(layers=4)
+    truths = _gen(tmp_path, sh, steps=6)
+    paths = importer.find_traces(tmp_path / "prof")
+    doc = both_instruments(RunDir(tmp_path / "run"), paths, None, None, (0, 2**62))
+    assert doc["hook"] is None and not doc["terms"]
+    want = expected_split(truths, sh)
+    assert doc["trace"]["per_token_ms"] == pytest.approx(want, abs=1e-9)
+    z = doc["trace_size"]
+    assert z["files"] == 2 and z["events"] == sum(t["events"] for t in truths.values()) and z["import_s"] > 0
+    (line,) = alone_lines(doc)
+    assert "traces alone" in line and "gpu clock" in line and f"compute {want['compute']:.3f}" in line

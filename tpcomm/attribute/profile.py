@@ -144,6 +144,8 @@ def profile_run(
         )
         if cmp_doc.get("terms"):
             lines += compare_lines(cmp_doc)
+        else:
+            lines += alone_lines(cmp_doc)
     except InputError as e:  # traces that cannot be read: said, and nothing measured is lost
         doc["instruments"] = {"error": str(e)}
         lines.append(f"traces not split: {e}")
@@ -184,6 +186,19 @@ def both_instruments(rd, paths: list[Path], hook_coll, hook_steps, window: tuple
         out["terms"] = terms.comparison(out["hook"], imp.split)
     rd.write_json(C.TRACE_COMPARE, out)
     return out
+
+
+def alone_lines(cmp_doc: dict) -> list[str]:
+    """The traces' split when there are no hook records to set beside it (a server without the plugin)."""
+    sp = cmp_doc.get("trace") or {}
+    pt = sp.get("per_token_ms")
+    if not pt:
+        return [f"traces alone: no split ({sp.get('note', 'no two consecutive decode steps in the window')})"]
+    terms = "  ".join(f"{k} {'n/a' if v is None else f'{v:.3f}'}" for k, v in pt.items())
+    return [
+        f"traces alone (no hook records), {cmp_doc.get('window_text', '')}, {sp.get('clock', 'host')} clock: "
+        f"engine ms/token {sp['engine_ms_per_token']:.3f} = {terms} ({sp.get('decode_pairs', 0)} pairs/rank)"
+    ]
 
 
 def compare_with_hook(summ: pd.DataFrame, hook: pd.DataFrame | None) -> list[dict]:
