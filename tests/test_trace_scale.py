@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from vllm_gpu_trace import Shape, expected_split, steps_for, write_rank
 
+from tpcomm.errors import InputError
 from tpcomm.trace import importer
 from tpcomm.trace.reader import read_trace
 from tpcomm.trace.steps import keep_args, rank_tables
@@ -152,3 +153,19 @@ def test_profile_without_hook_records_gives_the_traces_split_and_their_size(tmp_
     assert z["files"] == 2 and z["events"] == sum(t["events"] for t in truths.values()) and z["import_s"] > 0
     (line,) = alone_lines(doc)
     assert "traces alone" in line and "gpu clock" in line and f"compute {want['compute']:.3f}" in line
+
+
+def test_ranks_read_in_parallel_processes_give_the_same_split_and_the_same_errors(tmp_path, monkeypatch):
+    sh = Shape(layers=4)
+    _gen(tmp_path, sh, steps=6)
+    paths = importer.find_traces(tmp_path / "prof")
+    one = importer.analyse(importer.load(paths, jobs=1)).split
+    monkeypatch.setattr(importer, "PARALLEL_BYTES", 0)  # the generated files are small: take the parallel path
+    two = importer.analyse(importer.load(paths, jobs=2)).split
+    assert two["per_token_ms"] == one["per_token_ms"] and two["by_rank"] == one["by_rank"]
+    # a bad trace read in a worker process is the same one-line error in the caller
+    bad = tmp_path / "prof" / "rank1.pt.trace.json.gz"
+    data = gzip.decompress(bad.read_bytes())
+    bad.write_bytes(gzip.compress(data.replace(b'"ts": ', b'"ts": "x', 1)))
+    with pytest.raises(InputError, match=r"rank1\.pt\.trace\.json\.gz: .*not valid JSON|fields are not numbers"):
+        importer.load(paths, jobs=2)

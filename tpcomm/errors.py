@@ -12,3 +12,6 @@ class InputError(ValueError):
         if expected:
             msg += f" (expected {expected})"
         super().__init__(msg)
+
+    def __reduce__(self):  # picklable, so that an error in a worker process (trace ranks) reaches the caller
+        return (type(self), (self.what, self.problem, self.expected))
