@@ -13,5 +13,7 @@ class InputError(ValueError):
             msg += f" (expected {expected})"
         super().__init__(msg)
 
-    def __reduce__(self):  # picklable, so that an error in a worker process (trace ranks) reaches the caller
-        return (type(self), (self.what, self.problem, self.expected))
+    def __reduce__(self):
+        # Picklable, so that an error in a worker process (trace ranks) reaches the caller: as an InputError
+        # with the same message (subclasses' own __init__ take other arguments).
+        return (InputError, (self.what, self.problem, self.expected))
