@@ -2,20 +2,26 @@
 and memory, whatever the file holds. The bombs are generated here at a size that keeps the test fast (hundreds
 of MB of JSON behind a few MB of gzip); what the test holds the reader to is the bound: a JSON value over 32 MB is
 refused as it is read, and a trace set with a rank missing is refused from the traces' headers, before any event
-is read. Limits (per case, the `tpcomm trace` process alone, os.wait4's rusage): 10 s of CPU, 300 MB peak RSS."""
+is read. Limits (per case, the `tpcomm trace` process alone, its os.wait4 rusage in a small wrapper process): 10 s of CPU, 300 MB peak RSS."""
 
 from __future__ import annotations
 
 import gzip
-import os
+import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 CPU_S, RSS_MB = 10.0, 300.0
+_WRAP = (
+    "import json, os, subprocess, sys\n"
+    "p = subprocess.Popen(sys.argv[2:])\n"
+    "_, st, ru = os.wait4(p.pid, 0)\n"
+    "u = {'rc': os.waitstatus_to_exitcode(st), 'cpu_s': ru.ru_utime + ru.ru_stime, 'peak_mb': ru.ru_maxrss / 1024}\n"
+    "open(sys.argv[1], 'w').write(json.dumps(u))\n"
+)
 
 
 def _head(rank: int, world: int = 2) -> str:
@@ -76,23 +82,26 @@ def test_malicious_trace_exits_2_with_one_line_in_bounded_time_and_memory(case, 
     d = tmp_path / "prof"
     d.mkdir()
     CASES[case](d)
-    outp, errp = tmp_path / "stdout", tmp_path / "stderr"
+    outp, errp, usage = tmp_path / "stdout", tmp_path / "stderr", tmp_path / "usage.json"
+    # Through a small wrapper process: a child forked straight from pytest would inherit pytest's peak RSS
+    # (Linux carries the forking process's high-water mark into ru_maxrss across exec).
+    cmd = [sys.executable, "-m", "tpcomm.cli", "trace", str(d), "--out", str(tmp_path / "run")]
     with outp.open("w") as fo, errp.open("w") as fe:
         p = subprocess.Popen(
-            [sys.executable, "-m", "tpcomm.cli", "trace", str(d), "--out", str(tmp_path / "run")],
+            [sys.executable, "-c", _WRAP, str(usage), *cmd],
             stdout=fo,
             stderr=fe,
             cwd=Path(__file__).resolve().parents[1],
         )
-        guard = threading.Timer(120, p.kill)  # a hang fails the test instead of stalling the suite
-        guard.start()
-        _, status, ru = os.wait4(p.pid, 0)  # this process's own rusage: CPU time and peak RSS
-        guard.cancel()
-    rc = os.waitstatus_to_exitcode(status)
+        try:
+            p.wait(timeout=120)  # a hang fails the test instead of stalling the suite
+        finally:
+            p.kill()
+    u = json.loads(usage.read_text())
+    rc, cpu, peak = u["rc"], u["cpu_s"], u["peak_mb"]
     out, err = outp.read_text(), errp.read_text()
     lines = [ln for ln in (out + err).splitlines() if ln.strip()]
     assert rc == 2, (case, out[-500:], err[-2000:])
     assert len(lines) == 1 and "trace" in lines[0], lines[:5]
     assert not (tmp_path / "run" / "trace").exists()  # nothing written
-    cpu, peak = ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
     assert cpu <= CPU_S and peak <= RSS_MB, (case, f"{cpu:.1f} s CPU, {peak:.0f} MB")
