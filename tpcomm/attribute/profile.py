@@ -137,8 +137,15 @@ def profile_run(
         doc["instruments"] = cmp_doc
         from tpcomm.trace.summary import compare_lines
 
+        z = cmp_doc["trace_size"]
+        lines.append(
+            f"traces: {z['files']} files, {z['bytes'] / 1e6:.1f} MB, {z['events']:,} events, imported in "
+            f"{z['import_s']:.1f} s"
+        )
         if cmp_doc.get("terms"):
             lines += compare_lines(cmp_doc)
+        else:
+            lines += alone_lines(cmp_doc)
     except InputError as e:  # traces that cannot be read: said, and nothing measured is lost
         doc["instruments"] = {"error": str(e)}
         lines.append(f"traces not split: {e}")
@@ -152,9 +159,18 @@ def both_instruments(rd, paths: list[Path], hook_coll, hook_steps, window: tuple
     from tpcomm.attribute.align import align
     from tpcomm.trace import importer, terms
 
+    t_import = time.perf_counter()
     imp = importer.analyse(importer.load(paths), model_config, window)
-    importer.write(rd, imp, {"window_ns": list(window), "source": "attribute --profile"})
+    import_s = time.perf_counter() - t_import
+    size = {
+        "files": len(paths),
+        "bytes": sum(p.stat().st_size for p in paths),
+        "events": imp.traces.events_seen,
+        "import_s": import_s,
+    }
+    importer.write(rd, imp, {"window_ns": list(window), "source": "attribute --profile", "trace_size": size})
     out = {
+        "trace_size": size,
         "window_ns": list(window),
         "window_text": f"the {len(paths)} profiled ranks' steps starting in the profiled requests' "
         f"{(window[1] - window[0]) / 1e9:.2f} s",
@@ -170,6 +186,19 @@ def both_instruments(rd, paths: list[Path], hook_coll, hook_steps, window: tuple
         out["terms"] = terms.comparison(out["hook"], imp.split)
     rd.write_json(C.TRACE_COMPARE, out)
     return out
+
+
+def alone_lines(cmp_doc: dict) -> list[str]:
+    """The traces' split when there are no hook records to set beside it (a server without the plugin)."""
+    sp = cmp_doc.get("trace") or {}
+    pt = sp.get("per_token_ms")
+    if not pt:
+        return [f"traces alone: no split ({sp.get('note', 'no two consecutive decode steps in the window')})"]
+    terms = "  ".join(f"{k} {'n/a' if v is None else f'{v:.3f}'}" for k, v in pt.items())
+    return [
+        f"traces alone (no hook records), {cmp_doc.get('window_text', '')}, {sp.get('clock', 'host')} clock: "
+        f"engine ms/token {sp['engine_ms_per_token']:.3f} = {terms} ({sp.get('decode_pairs', 0)} pairs/rank)"
+    ]
 
 
 def compare_with_hook(summ: pd.DataFrame, hook: pd.DataFrame | None) -> list[dict]:

@@ -60,6 +60,15 @@ TERMS = ("compute", "transfer", "wait", "host_gap")
 GPU_COLUMNS = ("gpu_start_ns", "gpu_end_ns")
 
 
+def _ns(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A ns column as float (NaN where missing, for the checks) and as int64 (exact: a Unix time in ns needs 61
+    bits, a float64 keeps 53, so the float is off by up to 128 ns)."""
+    v = pd.to_numeric(col, errors="coerce")
+    f = v.to_numpy(dtype=np.float64, na_value=np.nan)
+    exact = v.dtype.kind in "iu" or (v.dtype.kind in "O" and not v.isna().any())
+    return f, (v.to_numpy(dtype=np.int64) if exact else np.nan_to_num(f).astype(np.int64))
+
+
 def _on_step_clock(steps: pd.DataFrame) -> pd.DataFrame:
     """Steps on the clock the split uses: the GPU's where the records have it (t_start_ns/t_end_ns/duration_us
     replaced, the host's kept as host_*), else the host's. Adds `clock`: "gpu", "host", or "none" (a GPU
@@ -68,12 +77,12 @@ def _on_step_clock(steps: pd.DataFrame) -> pd.DataFrame:
     out["host_t_start_ns"], out["host_t_end_ns"] = out["t_start_ns"], out["t_end_ns"]
     if not all(c in out.columns for c in GPU_COLUMNS):
         return out.assign(clock="host")
-    g0 = pd.to_numeric(out["gpu_start_ns"], errors="coerce").to_numpy(dtype=np.float64)
-    g1 = pd.to_numeric(out["gpu_end_ns"], errors="coerce").to_numpy(dtype=np.float64)
+    g0, i0 = _ns(out["gpu_start_ns"])
+    g1, i1 = _ns(out["gpu_end_ns"])
     ok = np.isfinite(g0) & np.isfinite(g1) & (g0 > 0) & (g1 >= g0)
     t0 = out["t_start_ns"].to_numpy(dtype=np.int64).copy()
     t1 = out["t_end_ns"].to_numpy(dtype=np.int64).copy()
-    t0[ok], t1[ok] = g0[ok].astype(np.int64), g1[ok].astype(np.int64)
+    t0[ok], t1[ok] = i0[ok], i1[ok]
     return out.assign(
         t_start_ns=t0,
         t_end_ns=t1,
@@ -149,13 +158,15 @@ def decode_pairs(rank_rows: pd.DataFrame) -> pd.DataFrame:
     empty = (r["kind"] == "empty").to_numpy()
     seen_empty = pd.Series(empty.astype(np.int64), index=r.index).groupby(r["rank"]).cumsum()
     r = r[~empty].assign(_empties=seen_empty[~empty])
+    # Int64 (nullable) so that the shift's missing last row does not turn ns times into floats (128 ns off)
+    r = r.assign(t_start_ns=r["t_start_ns"].astype("Int64"))
     nxt = r.groupby("rank", sort=False)[["step", "t_start_ns", "kind", "_empties"]].shift(-1)
     skipped = nxt["step"] - r["step"] - 1
     ok = ((r["kind"] == "decode") & (nxt["kind"] == "decode") & (skipped == nxt["_empties"] - r["_empties"])).to_numpy()
     if "clock" in r.columns:  # both steps of a pair on the same usable clock
         nclock = r.groupby("rank", sort=False)["clock"].shift(-1)
         ok = ok & (r["clock"].to_numpy() == nclock.to_numpy()) & (r["clock"].to_numpy() != "none")
-    out = r[ok].drop(columns="_empties")
+    out = r[ok].drop(columns="_empties").astype({"t_start_ns": "int64"})
     nstart = nxt.loc[ok, "t_start_ns"].to_numpy(dtype=np.int64)
     out["period_us"] = (nstart - out["t_start_ns"].to_numpy(dtype=np.int64)) / 1e3
     out["gap_us"] = (nstart - out["t_end_ns"].to_numpy(dtype=np.int64)) / 1e3

@@ -16,6 +16,7 @@ wrapper is reported as unclassified, never silently counted as compute.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -56,6 +57,32 @@ RULES: tuple[Rule, ...] = (
         r"^ncclSymkDevKernel_",
         "ncclSymkDevKernel_AllReduce_AGxLL_R_sum_bf16",
         "NVIDIA/nccl src/device/symmetric/generate.py @5067397c (kernel_cname: ncclSymkDevKernel_<coll>_<algo>_<red>_<ty>)",
+    ),
+    _r(
+        "nccl_symm",
+        DEVICE,
+        r"^ncclSymDevKernel_",
+        "ncclSymDevKernel_AllReduce_RSxLD_AGxST_sum_bf16(ncclSymDevArgs)",
+        "NVIDIA/nccl v2.27.7-1 (593de54e) src/device/symmetric/generate.py:136 (kernel_cname: "
+        "ncclSymDevKernel_<coll>_<algo>_<red>_<ty>; renamed ncclSymkDevKernel_ in 2.28)",
+    ),
+    _r(
+        "custom_ar",
+        DEVICE,
+        r"\bcross_device_(all_gather|reduce_scatter)(_\w+)?\b",
+        "void vllm::cross_device_all_gather<8>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, "
+        "vllm::array_t<unsigned long, 2>*, int, int)",
+        "vllm-project/vllm csrc/custom_all_gather_reduce_scatter.cuh @b042c9b4 lines 15 (cross_device_all_gather) "
+        "and 35 (cross_device_reduce_scatter): CustomAllreduce's all-gather / reduce-scatter",
+    ),
+    _r(
+        "custom_ar",
+        DEVICE,
+        r"\bmnnvl_lamport_(all_gather|reduce_scatter)\w*\b",
+        "void vllm::mnnvl_lamport_reduce_scatter_kernel<__nv_bfloat16, 4>(vllm::RankData*, __nv_bfloat16 const*, "
+        "__nv_bfloat16*, unsigned int*, int, int, int)",
+        "vllm-project/vllm csrc/custom_all_gather_reduce_scatter.cuh @b042c9b4 (kernels mnnvl_lamport_all_gather, "
+        "mnnvl_lamport_reduce_scatter_kernel: the MNNVL Lamport backends of custom_all_reduce.py)",
     ),
     _r(
         "custom_ar",
@@ -126,6 +153,15 @@ RULES: tuple[Rule, ...] = (
         "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu @03a4032b",
     ),
     _r(
+        "symm_mem",
+        DEVICE,
+        r"\b(one_shot|two_shot)_all_reduce_kernel_inplace\b",
+        "void (anonymous namespace)::two_shot_all_reduce_kernel_inplace<c10::BFloat16, 16, 2>(c10::BFloat16**, "
+        "unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
+        "pytorch/pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu @fd6c4b6a "
+        "(two_shot_all_reduce_kernel_inplace: torch.ops.symm_mem.two_shot_all_reduce_, vLLM's SymmMemCommunicator)",
+    ),
+    _r(
         "shm",
         HOST,
         r"^_C::shm_(allreduce|all_gather|gather|send_tensor_list|recv_tensor_list)$",
@@ -191,6 +227,7 @@ _COLLECTIVE_NAMES = {
 }
 
 
+@functools.lru_cache(maxsize=8192)  # a GPU trace repeats a few hundred names millions of times
 def rule_for(name: str, timeline: str) -> Rule | None:
     for r in RULES:
         if r.timeline == timeline and r.pattern.search(name):

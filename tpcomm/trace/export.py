@@ -20,6 +20,14 @@ STEPS, COLLECTIVES, SPLIT = 1, 2, 3
 
 
 def perfetto(aligned: pd.DataFrame, steps: pd.DataFrame, label: str) -> dict:
+    if {"gpu_start_ns", "gpu_end_ns"} <= set(steps.columns):  # steps drawn on the clock of their collectives
+        g0 = pd.to_numeric(steps["gpu_start_ns"], errors="coerce")
+        g1 = pd.to_numeric(steps["gpu_end_ns"], errors="coerce")
+        ok = g0.notna() & g1.notna() & (g0 > 0) & (g1 >= g0)
+        steps = steps.assign(
+            t_start_ns=steps["t_start_ns"].where(~ok, g0).astype("int64"),
+            duration_us=steps["duration_us"].where(~ok, (g1 - g0) / 1e3),
+        )
     t0 = int(min(aligned["t_start_ns"].min(), steps["t_start_ns"].min() if len(steps) else aligned["t_start_ns"].min()))
     ev: list[dict] = []
     for r in sorted(set(aligned["rank"]) | set(steps["rank"])):

@@ -9,7 +9,11 @@ only (atomic writes), never over the hook's own files.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import re
+import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +21,9 @@ from tpcomm import contract as C
 from tpcomm.errors import InputError
 from tpcomm.rundir import RunDir
 from tpcomm.trace import export, terms
-from tpcomm.trace.instances import TraceSet, check_and_align
-from tpcomm.trace.reader import read_trace
-from tpcomm.trace.steps import keep_args, rank_tables
+from tpcomm.trace.instances import TraceSet, check_and_align, check_ranks
+from tpcomm.trace.reader import RankTrace, read_header, read_trace
+from tpcomm.trace.steps import RankTables, keep_args, rank_tables
 from tpcomm.trace.summary import attribution, write_summary
 
 # vLLM's front-end trace (the API server's AsyncLLM) holds no worker: not a rank.
@@ -56,11 +60,36 @@ class Imported:
     ranks: list[dict]
 
 
-def load(paths: list[Path], subset: bool = False) -> TraceSet:
-    traces = [read_trace(p, keep_args) for p in paths]
-    worlds = {t.world_size for t in traces if t.world_size}
-    gsize = max(worlds) if worlds else len(traces)
-    tables = [rank_tables(t, gsize) for t in traces]
+# Below this many bytes of trace files in all, the ranks are read in this process (a worker process costs
+# about a second to start, more than reading a few MB).
+PARALLEL_BYTES = 64 << 20
+
+
+def _one_rank(path: Path, gsize: int) -> tuple[RankTables, RankTrace]:
+    """Read and tabulate one rank; the trace comes back without its event columns (only its header)."""
+    tr = read_trace(path, keep_args)
+    tab = rank_tables(tr, gsize)
+    return tab, RankTrace(tr.path, tr.rank, tr.rank_from, tr.header, events_seen=tr.events_seen)
+
+
+def load(paths: list[Path], subset: bool = False, jobs: int | None = None) -> TraceSet:
+    """Every rank's tables. The headers first (ranks missing from the world are an error before any event is
+    read); then large traces in parallel processes, one rank each (`jobs` at most, default the CPUs), each
+    holding only its own rank's columns."""
+    heads = [read_header(p) for p in paths]
+    worlds = {h.world_size for h in heads if h.world_size}
+    gsize = max(worlds) if worlds else len(paths)
+    if all(h.rank >= 0 for h in heads):
+        check_ranks([h.rank for h in heads], max(worlds) if worlds else None, subset, heads)
+    size = sum(p.stat().st_size for p in paths if p.exists())
+    jobs = min(len(paths), jobs or os.cpu_count() or 1)
+    if jobs > 1 and size >= PARALLEL_BYTES:
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (attribute's)
+        with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            done = list(pool.map(_one_rank, paths, [gsize] * len(paths)))
+    else:
+        done = [_one_rank(p, gsize) for p in paths]
+    tables, traces = [d[0] for d in done], [d[1] for d in done]
     return check_and_align(tables, traces, subset)
 
 
@@ -89,10 +118,18 @@ def import_traces(
 
         load_model(model_config)
     paths = find_traces(source)
+    t0 = time.perf_counter()
     imp = analyse(load(paths, subset), model_config)
+    size = {
+        "files": len(paths),
+        "bytes": sum(p.stat().st_size for p in paths),
+        "events": imp.traces.events_seen,
+        "import_s": round(time.perf_counter() - t0, 3),
+    }
     rd = RunDir(out)
     rd.record_command("trace", argv)
-    doc = write(rd, imp, {"trace_folder": str(source), "model_config": str(model_config) if model_config else None})
+    cond = {"trace_folder": str(source), "model_config": str(model_config) if model_config else None}
+    doc = write(rd, imp, {**cond, "trace_size": size})
     # The report's split: the traces', unless the hook already attributed this run directory (then both are
     # kept, and attribute --profile's trace/compare.json sets them side by side).
     if not rd.exists(C.ATTR_SUMMARY):

@@ -39,6 +39,7 @@ class TraceSet:
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)  # aligned (HOOK_COLLECTIVES + align's columns)
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # HOOK_STEPS + source
     notes: list[str] = field(default_factory=list)
+    events_seen: int = 0  # traceEvents elements in all the files, kept or not
 
     @property
     def ranks(self) -> list[int]:
@@ -55,23 +56,12 @@ class TraceSet:
 
 def check_and_align(tables: list[RankTables], traces, subset: bool = False) -> TraceSet:
     """`traces`: the RankTrace objects (headers and paths) in the same order as `tables`."""
-    files: dict[int, str] = {}
-    for t, tr in zip(tables, traces, strict=True):
-        if t.rank in files:
-            raise InputError(f"trace {tr.path}", f"is rank {t.rank} again (also {files[t.rank]})", "one trace per rank")
-        files[t.rank] = str(tr.path)
     worlds = {tr.world_size for tr in traces if tr.world_size}
     world = max(worlds) if worlds else None
+    files = check_ranks([t.rank for t in tables], world, subset, traces)
     hosts = sorted({tr.host for tr in traces if tr.host})
-    ts = TraceSet(tables, files, world, hosts, subset)
+    ts = TraceSet(tables, files, world, hosts, subset, events_seen=sum(getattr(tr, "events_seen", 0) for tr in traces))
     ranks = ts.ranks
-    if world and not subset and ranks != list(range(world)):
-        missing = sorted(set(range(world)) - set(ranks))
-        raise InputError(
-            "trace folder",
-            f"holds rank(s) {_short(ranks)} of a world of {world}; missing: {_short(missing)}",
-            "one trace per rank of the world (or --subset to analyse the ranks present, wait relative to them)",
-        )
     _check_windows(ts, traces)
     if all(t.collectives.empty for t in tables):
         odd = sorted({u["name"] for t in tables for u in t.unclassified})
@@ -102,6 +92,25 @@ def check_and_align(tables: list[RankTables], traces, subset: bool = False) -> T
     elif not hosts:
         ts.notes.append("the traces name no host: taken as one host, one clock")
     return ts
+
+
+def check_ranks(ranks: list[int], world: int | None, subset: bool, traces) -> dict[int, str]:
+    """rank -> file; a rank twice, or ranks of the world missing (unless `subset`), is an error. Runs on the
+    traces' headers before their events are read, and again on the tables."""
+    files: dict[int, str] = {}
+    for r, tr in zip(ranks, traces, strict=True):
+        if r in files:
+            raise InputError(f"trace {tr.path}", f"is rank {r} again (also {files[r]})", "one trace per rank")
+        files[r] = str(tr.path)
+    have = sorted(files)
+    if world and not subset and have != list(range(world)):
+        missing = sorted(set(range(world)) - set(have))
+        raise InputError(
+            "trace folder",
+            f"holds rank(s) {_short(have)} of a world of {world}; missing: {_short(missing)}",
+            "one trace per rank of the world (or --subset to analyse the ranks present, wait relative to them)",
+        )
+    return files
 
 
 def _check_windows(ts: TraceSet, traces) -> None:

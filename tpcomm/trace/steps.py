@@ -15,10 +15,16 @@ whole trace is one step (kind "window").
 
 On a trace with GPU kernels the step is read on the device: its kernels are
 the ones launched from inside its host range (CUDA correlation id -> the
-launch's host time), or, for a kernel whose launch is not in the trace,
-the last step that started on the host before the kernel ran; its span is
-its first kernel's start to its last kernel's end, and the gap to the next
-step is device idle time. On a CPU trace the host ranges are the steps.
+launch's host time; a CUDA graph's kernels all carry the correlation id of
+its one cudaGraphLaunch, so a replayed graph belongs to the step that
+launched it), or, for a kernel whose launch is not in the trace, the step
+whose GPU-side range (`gpu_user_annotation`, same name) holds it, else the
+last step that started on the host before the kernel ran. Its span is its
+first kernel's start to its last kernel's end (gpu_start_ns/gpu_end_ns; the
+host range stays in t_*), and the gap to the next step is device idle time.
+Async scheduling (the host range of step n+1 running while the GPU runs
+step n) changes nothing: steps are told apart by launch, not by host time.
+On a CPU trace the host ranges are the steps.
 
 Units: t_*_ns on the Unix clock (baseTimeNanoseconds + ts), *_us microseconds.
 """
@@ -32,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from tpcomm.trace import classify as K
+from tpcomm.trace.launches import Launchers, gpu_ranges
 from tpcomm.trace.reader import CAT_CODE, DEVICE_CATS, HOST_CATS, RUNTIME_CATS, RankTrace
 
 VLLM_STEP = re.compile(r"^execute_(?:\d+_)?context_(\d+)\((?:sq)?(\d+)[^)]*\)_generation_(\d+)\((?:sq)?(\d+)[^)]*\)$")
@@ -65,6 +72,7 @@ DTYPE_BYTES = {
     "c10::Float8_e4m3fn": ("float8_e4m3fn", 1),
 }
 STEP_COLS = ["rank", "step", "t_start_ns", "t_end_ns", "duration_us", "num_seqs", "num_tokens", "kind", "source"]
+GPU_STEP_COLS = ["gpu_start_ns", "gpu_end_ns"]  # attribute/split.py GPU_COLUMNS
 COLL_COLS = [
     "rank",
     "group",
@@ -169,32 +177,59 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
         lt = launch.reindex(corr[dev_idx]).to_numpy()
         t_host = np.where(np.isnan(lt), ts[dev_idx], lt).astype(np.int64)
         k_dev = step_of_host_time(t_host)
-        no_launch = np.isnan(lt) & (k_dev < 0)
-        k_dev[no_launch] = np.searchsorted(h_start, ts[dev_idx][no_launch], side="right") - 1
+        no_launch = np.isnan(lt)
+        t_nl = ts[dev_idx][no_launch]
+        k_nl = k_dev[no_launch]
+        k_nl = np.where(k_nl < 0, np.searchsorted(h_start, t_nl, side="right") - 1, k_nl)
+        gr = gpu_ranges(tr, cat, name, ts, dur, vllm_rows, VLLM_STEP)
+        if gr is not None:  # vLLM's GPU-side ranges say which step a kernel without its launch record ran in
+            k_gpu = np.searchsorted(gr[0], t_nl, side="right") - 1
+            k_nl = np.where((k_gpu >= 0) & (t_nl <= gr[1][np.maximum(k_gpu, 0)]), k_gpu, k_nl)
+        k_dev[no_launch] = k_nl
         d = pd.DataFrame({"k": k_dev, "t0": ts[dev_idx], "t1": ts[dev_idx] + dur[dev_idx]})
         d = d[d["k"] >= 0].groupby("k").agg(t0=("t0", "min"), t1=("t1", "max"))
-        span = {int(k): (int(r.t0), int(r.t1)) for k, r in d.iterrows()}
-        step_of = dict(zip(dev_idx.tolist(), k_dev.tolist(), strict=True))
+        span = dict(zip(d.index.tolist(), zip(d["t0"].tolist(), d["t1"].tolist(), strict=True), strict=True))
+        step_of = np.full(len(ts), -1, dtype=np.int64)
+        step_of[dev_idx] = k_dev
     else:
         span = {k: (int(h_start[k]), int(h_end[k])) for k in range(len(h_start))}
         step_of = None
 
+    # A GPU trace's steps carry both clocks as the hook's do: the host range in t_*, the device span (first
+    # kernel start to last kernel end) in gpu_*; the split (attribute/split.py) runs on the GPU's.
     step_rows = []
     for k, (step, kind, seqs, toks) in enumerate(meta):
         if kind is None or k not in span:
             continue
         t0, t1 = span[k]
-        step_rows.append((tr.rank, step, base + t0, base + t1, (t1 - t0) / 1e3, seqs, toks, kind, "trace"))
-    steps = pd.DataFrame(step_rows, columns=STEP_COLS)
+        if timeline == K.DEVICE:
+            h0, h1 = (int(h_start[k]), int(h_end[k])) if srows else (t0, t1)
+            row = (
+                tr.rank,
+                step,
+                base + h0,
+                base + h1,
+                (h1 - h0) / 1e3,
+                seqs,
+                toks,
+                kind,
+                "trace",
+                base + t0,
+                base + t1,
+            )
+        else:
+            row = (tr.rank, step, base + t0, base + t1, (t1 - t0) / 1e3, seqs, toks, kind, "trace")
+        step_rows.append(row)
+    steps = pd.DataFrame(step_rows, columns=STEP_COLS + (GPU_STEP_COLS if timeline == K.DEVICE else []))
     step_no = np.array([m[0] for m in meta], dtype=np.int64)
 
     # ---- communication ------------------------------------------------------------------------------------
     ext = np.frombuffer(tr.ext, dtype=np.int64)
     meta_by_ext = {int(ext[i]): a for i, a in tr.args.items() if host[i] and names[name[i]] == "record_param_comms"}
-    launchers = _Launchers(tr, host, names, name, ts, dur, tid, cat) if timeline == K.DEVICE else None
-    coll, odd = [], {}
     tl_mask = dev if timeline == K.DEVICE else host
     cand = sorted((i for i in tr.args if tl_mask[i]), key=lambda i: ts[i])
+    launchers = Launchers(tr, host, names, name, ts, dur, tid, cat, cand) if timeline == K.DEVICE else None
+    coll, odd = [], {}
     open_until: dict[int, int] = {}  # host thread -> end of the counted op it is inside
     for i in cand:
         nm = names[name[i]]
@@ -230,7 +265,7 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
         else:
             nm_op = None
         gsize = _int(md.get("Group size")) or group_size or 1
-        k = step_of[i] if step_of is not None else int(step_of_host_time(np.array([ts[i]]))[0])
+        k = int(step_of[i]) if step_of is not None else int(step_of_host_time(np.array([ts[i]]))[0])
         coll.append(
             (
                 tr.rank,
@@ -282,43 +317,6 @@ def _host_step_ends(srows, ts, dur, tid, host) -> np.ndarray:
         end = int(e[lo:hi].max()) if hi > lo else int(ts[i] + dur[i])
         out.append(min(max(end, int(ts[i] + dur[i])), int(nxt[k])))
     return np.array(out, dtype=np.int64)
-
-
-class _Launchers:
-    """For a kernel: the host ops around its launch (CUDA correlation id -> the launch -> enclosing ops)."""
-
-    def __init__(self, tr, host, names, name, ts, dur, tid, cat):
-        corr = np.frombuffer(tr.corr, dtype=np.int64)
-        rt = np.flatnonzero(np.isin(cat, list(RUNTIME_CATS)))
-        self.launch = {int(corr[j]): (int(ts[j]), int(tid[j])) for j in rt}
-        w = [
-            j for j in tr.args if host[j] and (K.is_wrapper(names[name[j]]) or K.LOOKS_LIKE_COMM.search(names[name[j]]))
-        ]
-        self.w = sorted(w, key=lambda j: ts[j])
-        self.tr, self.names, self.name, self.ts, self.dur, self.tid, self.corr = tr, names, name, ts, dur, tid, corr
-
-    def _around(self, i) -> list[int]:
-        hit = self.launch.get(int(self.corr[i]))
-        if hit is None:
-            return []
-        t, th = hit
-        out = [j for j in self.w if self.tid[j] == th and self.ts[j] <= t <= self.ts[j] + self.dur[j]]
-        return out[::-1]  # innermost first
-
-    def issued(self, i) -> int:
-        """When the kernel was launched on the host (trace clock), else when it started on the device."""
-        hit = self.launch.get(int(self.corr[i]))
-        return hit[0] if hit else int(self.ts[i])
-
-    def around(self, i) -> list[dict]:
-        return [self.tr.args[j] for j in self._around(i)]
-
-    def op_name(self, i) -> str | None:
-        for j in self._around(i):
-            nm = self.names[self.name[j]]
-            if nm.startswith(("nccl:", "gloo:")):
-                return K.op_of(nm.split(":", 1)[1], None)
-        return None
 
 
 def _bytes(md: dict) -> tuple[int, str, str]:

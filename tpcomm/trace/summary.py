@@ -51,7 +51,7 @@ def attribution(doc: dict) -> Attribution:
         note=note,
         window=None,
         source="trace",
-        clock="gpu" if doc["timeline"] == "gpu" else "host",
+        clock=sp.get("clock") or ("gpu" if doc["timeline"] == "device" else "host"),
         engine_ms_per_token=ms,
         per_token_ms=terms,
         shares_pct=shares_pct(terms.as_dict(), ms) if terms and ms else None,
@@ -98,7 +98,7 @@ def split_lines(doc: dict) -> list[str]:
     sp = doc["split"]
     unit = sp.get("unit", "token")
     out = [
-        f"Per-{unit} split from torch-profiler traces ({doc['timeline']} timeline; steps: "
+        f"Per-{unit} split from torch-profiler traces ({sp.get('clock', 'host')} clock, {doc['timeline']} timeline; steps: "
         f"{', '.join(doc['step_source'])}; ranks {', '.join(map(str, sorted(int(r) for r in doc['files'])))})"
     ]
     pt = sp.get("per_token_ms")
@@ -123,6 +123,14 @@ def split_lines(doc: dict) -> list[str]:
     for rank, odd in (doc.get("unclassified") or {}).items():
         names = "; ".join(f"{u['name'][:80]} x{u['count']} ({u['time_us']:.0f} us)" for u in odd[:5])
         out.append(f"  rank {rank}: looks like communication, matches no rule (counted as compute): {names}")
+    z = (doc.get("conditions") or {}).get("trace_size")
+    if z:
+        out.append(
+            f"  traces: {z['files']} files, {z['bytes'] / 1e6:.1f} MB, {z['events']:,} events, "
+            f"imported in {z['import_s']:.1f} s"
+        )
+    if sp.get("clock_note"):
+        out.append(f"  clock: {sp['clock_note']}")
     out += [f"  note: {n}" for n in doc.get("notes", [])]
     return out
 

@@ -24,8 +24,8 @@ def by_rank_steps(aligned: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """One row per (rank, step): step_us (span), compute_us, coll_us, transfer_us, wait_us, gap_us (to the
     rank's next step; NaN for its last), n_collectives, kind."""
     rows = rank_steps(aligned, steps).sort_values(["rank", "step"]).reset_index(drop=True)
-    nxt = rows.groupby("rank")["t_start_ns"].shift(-1)
-    rows["gap_us"] = (nxt - rows["t_end_ns"]) / 1e3
+    nxt = rows["t_start_ns"].astype("Int64").groupby(rows["rank"]).shift(-1)  # Int64: ns stay exact
+    rows["gap_us"] = ((nxt - rows["t_end_ns"]).astype("Float64") / 1e3).astype("float64")
     return rows
 
 
@@ -45,6 +45,12 @@ def split(aligned: pd.DataFrame, steps: pd.DataFrame, window=None, multi_host: b
         unit = "step"
     sp = engine_split(rows)
     sp["unit"] = unit
+    if sp.get("clock") == "gpu":  # the hook's note speaks of its CUDA events; say what the trace's GPU clock is
+        sp["clock_note"] = (
+            "GPU timeline of the traces: a step is the kernels its host range launched (CUDA-graph replays "
+            "included), first kernel start to last kernel end; collectives are kernels; host_gap = GPU idle "
+            "between steps"
+        )
     sp["ranks"] = sorted(int(r) for r in rows["rank"].unique()) if not rows.empty else []
     if multi_host and sp.get("per_token_ms"):
         for d in [sp["per_token_ms"], *(r["per_token_ms"] for r in sp["by_rank"])]:
