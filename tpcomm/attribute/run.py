@@ -28,6 +28,7 @@ from tpcomm import contract as C
 from tpcomm.attribute import load, records
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.ranks import RankDied, RankStopped, RankWatch
+from tpcomm.attribute.delivery import client_boot_id
 from tpcomm.attribute.server import ServerInfo, check_server, is_alive
 from tpcomm.rundir import RunDir
 
@@ -611,6 +612,8 @@ class Attribute:
             "server_versions": st.get("versions"),
             "client_versions": stack_versions(),
             "plugin": self.plugin_on,
+            # the client's machine: the delivery delays (attribute/delivery.py) are on one clock only there
+            "client_boot_id": client_boot_id(),
         }
 
     def result(self, complete: bool, reason: str | None = None, interrupted: bool = False) -> dict:
