@@ -26,9 +26,9 @@ import pandas as pd
 
 from tpcomm import contract as C
 from tpcomm.attribute import load, records
+from tpcomm.attribute.delivery import client_boot_id
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.ranks import RankDied, RankStopped, RankWatch
-from tpcomm.attribute.delivery import client_boot_id
 from tpcomm.attribute.server import ServerInfo, check_server, is_alive
 from tpcomm.rundir import RunDir
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from tpcomm.columns import fmt
 from tpcomm.judge import bottleneck, complete, definitions
+from tpcomm.judge import delivery as deliver
 from tpcomm.judge import levers as L
 from tpcomm.report import readers
 from tpcomm.results import Attribution, LevelSplit, Verdict
@@ -97,7 +98,77 @@ def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) ->
     src = "measured from torch-profiler traces" if att.source == "trace" else "measured (tpcomm hook)"
     d["conditions"] = f"{src}: " + readers.short_conditions(cond)
     d["sentences"].append(att.verdict.statement)
+    plat = machine(inp, lv).platform
+    if capped := deliver.statement(lv.delivery_term, lv.host_load, plat):
+        d["sentences"].append(capped)
     d["sentences"].append(_closure_sentence(lv))
+    if five := five_terms_sentence(lv):
+        d["sentences"].append(five)
+        dt = lv.delivery_term
+        if dt.measured:
+            n.update(delivery_ms=dt.ms, client_ms_per_token=dt.client_ms, five_term_sum_ms=dt.sum_ms)
+    if load := host_load_sentence(lv):
+        d["sentences"].append(load)
+
+
+def five_terms_sentence(lv: LevelSplit) -> str | None:
+    """The token as the client saw it: the four engine terms (over the same requests) plus delivery, and
+    how far their sum is from the client's own figure (attribute/delivery.py)."""
+    dt = lv.delivery_term
+    if dt is None:
+        if lv.source == "trace":
+            return None
+        return (
+            "Delivery (the API server's part of each token): not measured in this summary (written before tpcomm "
+            "measured it); `tpcomm attribute --reanalyse RUN_DIR` measures it from the run's own records."
+        )
+    if not dt.measured:
+        return f"Delivery (the API server's part of each token): not measured ({dt.why_not_measured})."
+    t = lv.per_token_ms
+    parts = " + ".join(f"{TERM_LABEL[k]} {fmt(v)}" for k, v in t.as_dict().items()) if t else "engine n/a"
+    held = (
+        f"; {dt.held_tokens} token(s) of {len(dt.held_requests)} request(s) held over 100 ms, counted in it"
+        if dt.held_tokens
+        else ""
+    )
+    delay = (
+        f"; each token reached the client {fmt(dt.delay_ms_p50)} ms (p50) after its step ended"
+        if dt.delay_ms_p50 is not None
+        else ""
+    )
+    sign = " (negative: the first tokens came late and the rest caught up, a cost in TTFT)" if dt.ms < 0 else ""
+    if dt.judged:
+        verdict = f"{dt.diff_pct:+.1f}% {'within' if dt.ok else 'BEYOND'} {dt.tolerance_pct:g}%: the pairing of tokens to steps {'holds' if dt.ok else 'does not hold'}"
+    elif dt.diff_pct is not None:
+        verdict = f"{dt.diff_pct:+.1f}%, not judged: {dt.why_not_judged}"
+    else:
+        verdict = f"not judged: {dt.why_not_judged}"
+    return (
+        f"Per token as the client saw it ({fmt(dt.client_ms)} ms, pooled over {dt.requests} requests, "
+        f"{dt.tokens} tokens): {parts} + delivery {fmt(dt.ms)}{sign} = {fmt(dt.sum_ms)} ms ({verdict}){held}{delay}."
+    )
+
+
+TERM_LABEL = {"compute": "compute", "transfer": "transfer", "wait": "wait", "host_gap": "host gap"}
+
+
+def host_load_sentence(lv: LevelSplit) -> str | None:
+    """The machine's load beside the headline when it is high (results.HostLoad)."""
+    h = lv.host_load
+    if h is None or not h.high:
+        return None
+    api = (
+        f"; the API server waited {fmt(h.api_server_wait_ms_per_token)} ms for a CPU per token"
+        if h.api_server_wait_ms_per_token is not None
+        else ""
+    )
+    pres = (
+        f"CPU pressure {fmt(h.cpu_pressure_pct)}% of the level's time"
+        if h.cpu_pressure_pct is not None
+        else "CPU pressure not measured"
+    )
+    load = f", load {fmt(h.loadavg_1m)} on {h.cpus} CPUs" if h.loadavg_1m is not None else ""
+    return f"Loaded host during this level: {pres}{load}{api} (the machine's, other users' processes included)."
 
 
 def _closure_sentence(lv: LevelSplit) -> str:
@@ -241,6 +312,8 @@ def _levers(inp: readers.Inputs, head: LevelSplit | None, pred: dict | None, cmd
     else:
         return [], [], None
     got, _ = L.levers(whatifs, m, basis)
+    if head is not None and (dl := deliver.lever(head.delivery_term, head.host_load, m.platform)):
+        got = [dl] + got  # delivery caps what the client gets: the engine's levers come after it
     levers = [x for x in got if x.kind == "lever"][:TOP_LEVERS]
     # A model's bounds are stated by its verdict (over the whole range); a measured split's as a line.
     bounds = [x for x in got if x.kind == "bound"] if head is not None else []
@@ -250,5 +323,5 @@ def _levers(inp: readers.Inputs, head: LevelSplit | None, pred: dict | None, cmd
 def _definitions(d: dict) -> list[str]:
     t = definitions.TERM
     if d.get("source") == "measured" and d.get("split"):
-        return [t["transfer"], t["wait"], t["host_gap"], t["closure"]]
+        return [t["transfer"], t["wait"], t["host_gap"], t["delivery_term"], t["closure"]]
     return []
