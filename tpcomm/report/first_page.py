@@ -105,7 +105,7 @@ def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) ->
     if five := five_terms_sentence(lv):
         d["sentences"].append(five)
         dt = lv.delivery_term
-        if dt.measured:
+        if dt is not None and dt.measured:
             n.update(delivery_ms=dt.ms, client_ms_per_token=dt.client_ms, five_term_sum_ms=dt.sum_ms)
     if load := host_load_sentence(lv):
         d["sentences"].append(load)
