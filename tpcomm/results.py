@@ -176,6 +176,7 @@ class HostLoad:
     cpu_pressure_pct: float | None  # share of the level's time some runnable task waited for a CPU
     api_server_wait_ms_per_token: float | None  # the API server's threads' CPU wait over the level / tokens
     high: bool  # pressure at least HIGH_PRESSURE_PCT or load above the CPU count
+    client_wait_ms_per_token: float | None = None  # the same for tpcomm's own client process
 
 
 @dataclass

@@ -3,8 +3,9 @@
 Read by the client, and only where it runs on the server's machine (the rank watch verified the workers'
 or the API server's pid there): Linux CPU pressure (/proc/pressure/cpu, `some total`: the time some
 runnable task waited for a CPU, in us) over the level's last round, the 1-minute load average at its end,
-and the API server's own CPU wait (the schedstat run_delay of its threads, ns) over the same round, per
-token the round delivered. Others' processes on a shared machine are in the pressure and the load: they are
+the API server's own CPU wait (the schedstat run_delay of its threads, ns) over the same round, per
+token the round delivered, and the client's (this process's) the same way: which of the two waited is
+where a token's delivery went on a loaded host. Others' processes on a shared machine are in the pressure and the load: they are
 the host's, and the report says so. Nothing here asks the server anything.
 
 Units: *_pct percent, *_ms milliseconds, *_ns / *_us as named.
@@ -55,6 +56,7 @@ class HostLoadMeter:
     def start(self) -> None:
         self._t0, self._p0 = time.monotonic_ns(), _pressure_us()
         self._d0 = _run_delay_ns(self.api_pid) if self.api_pid else None
+        self._c0 = _run_delay_ns(os.getpid())
 
     def stop(self, tokens: int) -> dict | None:
         if self._t0 is None:
@@ -69,6 +71,8 @@ class HostLoadMeter:
         )
         d1 = _run_delay_ns(self.api_pid) if self.api_pid else None
         api = (d1 - self._d0) / 1e6 / tokens if d1 is not None and self._d0 is not None and tokens else None
+        c1 = _run_delay_ns(os.getpid())
+        client = (c1 - self._c0) / 1e6 / tokens if c1 is not None and self._c0 is not None and tokens else None
         try:
             load1 = float(Path("/proc/loadavg").read_text().split()[0])
         except (OSError, ValueError, IndexError):
@@ -80,5 +84,6 @@ class HostLoadMeter:
             "loadavg_1m": load1,
             "cpu_pressure_pct": pressure,
             "api_server_wait_ms_per_token": api,
+            "client_wait_ms_per_token": client,
             "high": bool(high),
         }
