@@ -104,8 +104,8 @@ def test_page_one_shows_delivery_and_the_five_terms(busy_run):
 
     md = render_markdown(analyze(busy_run), busy_run / "report.md").read_text()
     flat = " ".join(md.split())
-    assert "Per token as the client saw it" in flat and "+ delivery " in flat, flat[:4000]
-    assert "the pairing of tokens to steps holds" in flat
+    assert "as the client saw it" in flat and "sum of the five" in flat, flat[:4000]
+    assert "pairing of tokens to steps holds" in flat and "delivery (API server, streaming;" in flat
     assert "delivery (fifth term)" in flat  # its definition beside the others
 
 
@@ -118,7 +118,8 @@ def test_an_older_summary_loads_and_says_delivery_was_not_measured(tmp_path):
     shutil.copytree(DATA / "demo_run", run)
     assert json.loads((run / "attribution/summary.json").read_text())["schema_version"] == 2
     flat = " ".join(render_markdown(analyze(run), run / "report.md").read_text().split())
-    assert "not measured in this summary" in flat and "--reanalyse" in flat
+    assert "| delivery (the API server's part) | not measured | this summary predates it" in flat
+    assert "--reanalyse" in flat
 
 
 def _dt(ms: float, client: float, held: int = 0) -> DeliveryTerm:

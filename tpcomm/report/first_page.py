@@ -102,73 +102,59 @@ def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) ->
     if capped := deliver.statement(lv.delivery_term, lv.host_load, plat):
         d["sentences"].append(capped)
     d["sentences"].append(_closure_sentence(lv))
-    if five := five_terms_sentence(lv):
-        d["sentences"].append(five)
-        dt = lv.delivery_term
-        if dt is not None and dt.measured:
-            n.update(delivery_ms=dt.ms, client_ms_per_token=dt.client_ms, five_term_sum_ms=dt.sum_ms)
-    if load := host_load_sentence(lv):
-        d["sentences"].append(load)
-
-
-def five_terms_sentence(lv: LevelSplit) -> str | None:
-    """The token as the client saw it: the four engine terms (over the same requests) plus delivery, and
-    how far their sum is from the client's own figure (attribute/delivery.py)."""
+    d["five"] = five_terms_table(lv)
     dt = lv.delivery_term
-    if dt is None:
-        if lv.source == "trace":
-            return None
-        return (
-            "Delivery (the API server's part of each token): not measured in this summary (written before tpcomm "
-            "measured it); `tpcomm attribute --reanalyse RUN_DIR` measures it from the run's own records."
-        )
-    if not dt.measured:
-        return f"Delivery (the API server's part of each token): not measured ({dt.why_not_measured})."
-    t = lv.per_token_ms
-    parts = " + ".join(f"{TERM_LABEL[k]} {fmt(v)}" for k, v in t.as_dict().items()) if t else "engine n/a"
-    held = (
-        f"; {dt.held_tokens} token(s) of {len(dt.held_requests)} request(s) held over 100 ms, counted in it"
-        if dt.held_tokens
-        else ""
-    )
-    delay = (
-        f"; each token reached the client {fmt(dt.delay_ms_p50)} ms (p50) after its step ended"
-        if dt.delay_ms_p50 is not None
-        else ""
-    )
-    sign = " (negative: the first tokens came late and the rest caught up, a cost in TTFT)" if dt.ms < 0 else ""
-    if dt.judged:
-        verdict = f"{dt.diff_pct:+.1f}% {'within' if dt.ok else 'BEYOND'} {dt.tolerance_pct:g}%: the pairing of tokens to steps {'holds' if dt.ok else 'does not hold'}"
-    elif dt.diff_pct is not None:
-        verdict = f"{dt.diff_pct:+.1f}%, not judged: {dt.why_not_judged}"
-    else:
-        verdict = f"not judged: {dt.why_not_judged}"
-    return (
-        f"Per token as the client saw it ({fmt(dt.client_ms)} ms, pooled over {dt.requests} requests, "
-        f"{dt.tokens} tokens): {parts} + delivery {fmt(dt.ms)}{sign} = {fmt(dt.sum_ms)} ms ({verdict}){held}{delay}."
-    )
+    if dt is not None and dt.measured:
+        n.update(delivery_ms=dt.ms, client_ms_per_token=dt.client_ms, five_term_sum_ms=dt.sum_ms)
+    if lv.host_load is not None:
+        n.update(cpu_pressure_pct=lv.host_load.cpu_pressure_pct, host_loaded=lv.host_load.high)
 
 
 TERM_LABEL = {"compute": "compute", "transfer": "transfer", "wait": "wait", "host_gap": "host gap"}
+FIVE_HEADER = ["as the client saw it", "ms per token", "% of the client's"]
 
 
-def host_load_sentence(lv: LevelSplit) -> str | None:
-    """The machine's load beside the headline when it is high (results.HostLoad)."""
-    h = lv.host_load
-    if h is None or not h.high:
+def five_terms_table(lv: LevelSplit) -> tuple | None:
+    """The token as the client saw it, as a table under the bar: the four engine terms (over the same
+    requests) plus delivery, their sum against the client's own figure (attribute/delivery.py), and the host's
+    load when it was high. A table, so the page's prose stays short."""
+    dt = lv.delivery_term
+    if dt is None and lv.source == "trace":
         return None
-    api = (
-        f"; the API server waited {fmt(h.api_server_wait_ms_per_token)} ms for a CPU per token"
-        if h.api_server_wait_ms_per_token is not None
-        else ""
-    )
-    pres = (
-        f"CPU pressure {fmt(h.cpu_pressure_pct)}% of the level's time"
-        if h.cpu_pressure_pct is not None
-        else "CPU pressure not measured"
-    )
-    load = f", load {fmt(h.loadavg_1m)} on {h.cpus} CPUs" if h.loadavg_1m is not None else ""
-    return f"Loaded host during this level: {pres}{load}{api} (the machine's, other users' processes included)."
+    if dt is None or not dt.measured:
+        why = "this summary predates it: tpcomm attribute --reanalyse RUN_DIR" if dt is None else dt.why_not_measured
+        rows = [["delivery (the API server's part)", "not measured", why]]
+    else:
+        c = dt.client_ms
+        t = lv.per_token_ms.as_dict() if lv.per_token_ms else {}
+        share = (lambda v: f"{100 * v / c:.1f}%") if c else (lambda v: "n/a")
+        rows = [[TERM_LABEL[k], fmt(v), share(v)] for k, v in t.items()]
+        held = f"; {dt.held_tokens} held token(s) in it" if dt.held_tokens else ""
+        rows.append([f"delivery (API server, streaming{held})", fmt(dt.ms), share(dt.ms)])
+        if dt.judged:
+            check = f"{dt.diff_pct:+.1f}%: pairing of tokens to steps {'holds' if dt.ok else 'FAILS'} (<= {dt.tolerance_pct:g}%)"
+        else:
+            check = (
+                f"{dt.diff_pct:+.1f}%, not judged: {dt.why_not_judged}"
+                if dt.diff_pct is not None
+                else f"not judged: {dt.why_not_judged}"
+            )
+        rows.append(["sum of the five", fmt(dt.sum_ms), check])
+        rows.append([f"client, pooled over {dt.requests} requests", fmt(c), "100%"])
+        if dt.delay_ms_p50 is not None:
+            rows.append(
+                ["token delay, step end to receipt", f"p50 {fmt(dt.delay_ms_p50)}", f"max {fmt(dt.delay_ms_max)} ms"]
+            )
+    if (h := lv.host_load) is not None and h.high:
+        waits = ", ".join(
+            f"{who} waited {fmt(v)} ms/token"
+            for who, v in (("API server", h.api_server_wait_ms_per_token), ("client", h.client_wait_ms_per_token))
+            if v is not None
+        )
+        pres = f"CPU pressure {fmt(h.cpu_pressure_pct)}%" if h.cpu_pressure_pct is not None else "pressure n/a"
+        load = f"load {fmt(h.loadavg_1m)} on {h.cpus} CPUs" if h.loadavg_1m is not None else ""
+        rows.append(["LOADED HOST (the machine's)", pres, "; ".join(x for x in (load, waits) if x)])
+    return (FIVE_HEADER, rows, [1.6, 0.9, 3.5])
 
 
 def _closure_sentence(lv: LevelSplit) -> str:
