@@ -159,3 +159,17 @@ def test_host_load_meter_reads_this_machine():
     assert doc["cpus"] == os.cpu_count() and doc["loadavg_1m"] is not None
     assert 0 <= doc["cpu_pressure_pct"] <= 100.5 and doc["api_server_wait_ms_per_token"] >= 0
     assert doc["high"] == (doc["cpu_pressure_pct"] >= 50 or doc["loadavg_1m"] > doc["cpus"])
+
+
+def test_compare_shows_delivery_term_by_term(busy_run):
+    """compare puts delivery (the fifth term) and the client's five-term time beside the engine's terms, A
+    against B, outside the engine terms' sum (the client's side)."""
+    from tpcomm.compare.levels import level_diff
+    from tpcomm.results import Attribution
+
+    lv = Attribution.from_json(json.loads((busy_run / "attribution/summary.json").read_text())).levels[0]
+    d = level_diff([lv], [lv], [None], [None], "no per-step files in this test")
+    dt, cl = d.term("delivery_term"), d.term("client_per_token")
+    assert dt.a == dt.b == lv.delivery_term.ms and dt.diff == 0 and not dt.in_sum
+    assert cl.a == lv.delivery_term.client_ms and not cl.in_sum
+    assert d.sum_residual_ms == pytest.approx(0.0, abs=1e-9)  # the engine terms' sum check is untouched
