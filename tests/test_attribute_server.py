@@ -349,8 +349,9 @@ def assert_closure_verdict_is_true(lv: dict, run_dir: Path) -> None:
     Every request it left out as held back or stalled was delivered late (its tokens' delivery delays
     spread by over 100 ms: on a busy 2-core host vLLM's API server sends whole streams in one lump ~1 s
     after the engine made them, with or without the plugin). Where at least MIN_CLOSURE_REQUESTS requests
-    came on time, the closure is judged, and engine and client agree within 10%; where fewer did, it says
-    it was not judged and why, and agrees with nothing it did not see."""
+    came on time, the closure is judged, and engine and client agree within 10%, or (a loaded host) the five
+    terms account for the client's time and the run names delivery as the cause; where fewer did, it says it
+    was not judged and why, and agrees with nothing it did not see."""
     from delivery import late_and_on_time
 
     from tpcomm.attribute.closure import MIN_CLOSURE_REQUESTS
@@ -361,7 +362,17 @@ def assert_closure_verdict_is_true(lv: dict, run_dir: Path) -> None:
     assert named <= late, ("left out as held or stalled, yet delivered on time", named - late, cz)
     if len(on_time) >= MIN_CLOSURE_REQUESTS:
         assert cz["judged"], (on_time, cz)
-    if cz["judged"]:
+    if cz["judged"] and abs(cz["diff_pct"]) > 10 and (lv.get("delivery_term") or {}).get("ok"):
+        # A loaded host (issue 31): holds shorter than the stall threshold, then catch-up bursts, move the
+        # client's pace off the engine's; the five terms account for the client's own time (checked by the
+        # caller within 5%), so the cause is delivery, and the run says so instead of CLOSURE FAILED.
+        from tpcomm.attribute.closure import closure_text
+        from tpcomm.results import Closure, DeliveryTerm
+
+        text = closure_text(1, 0, Closure(**cz), None, DeliveryTerm(**lv["delivery_term"]))
+        assert "delivery, not the split" in text, text
+        print(f"C=1 pace closure {cz['diff_pct']:+.1f}% on a loaded host, accounted for by delivery: {text}")
+    elif cz["judged"]:
         assert abs(cz["diff_pct"]) <= 10, (
             f"C=1: per request, engine {cz['engine_ms']:.2f} vs client {cz['client_ms']:.2f} ms per token "
             f"({cz['diff_pct']:+.1f}%, {cz['statistic']}); excluded {cz['excluded']}; stalls {lv['stalls']}"

@@ -173,3 +173,18 @@ def test_compare_shows_delivery_term_by_term(busy_run):
     assert dt.a == dt.b == lv.delivery_term.ms and dt.diff == 0 and not dt.in_sum
     assert cl.a == lv.delivery_term.client_ms and not cl.in_sum
     assert d.sum_residual_ms == pytest.approx(0.0, abs=1e-9)  # the engine terms' sum check is untouched
+
+
+def test_a_pace_closure_beyond_tolerance_names_delivery_when_the_five_terms_add_up():
+    """The loaded host of CI (2026-12-03: engine 27.62 vs client 22.21 ms per token, +24.4% over 6 requests,
+    while the five terms held within 5%): the run names delivery as the cause instead of CLOSURE FAILED with
+    no cause; without the five terms holding it still says CLOSURE FAILED."""
+    from tpcomm.attribute.closure import closure_text
+    from tpcomm.results import Closure
+
+    cz = Closure("p50 over 6 requests", "prefill segments", 6, {}, 27.62, 22.21, 24.4, 10.0, True, False)
+    assert "delivery, not the split" in closure_text(1, 0, cz, None, _dt(-2.0, 25.0))
+    failed = _dt(-2.0, 25.0)
+    failed.ok = False
+    assert "closure check failed" in closure_text(1, 0, cz, None, failed)
+    assert "closure check failed" in closure_text(1, 0, cz, None)

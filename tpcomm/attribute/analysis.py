@@ -186,7 +186,7 @@ def analyse_run_dir(
         doc = _level(lv, win, rows, al, st, lreq, tok, cc, sites, delivery.one_clock(nodes, att.conditions))
         doc.incomplete = complete.level_incomplete(lv, doc.seqs_per_step)
         att.levels.append(doc)
-        if text := closure_text(c, rep, doc.closure, doc.stalls):
+        if text := closure_text(c, rep, doc.closure, doc.stalls, doc.delivery_term):
             att.notes.append(text)
         if cc["match"] is False:
             att.notes.append(f"C={c}: collectives per decode step differ from the plan: {cc['detail']}")

@@ -110,7 +110,7 @@ def render(res: dict, console: Console | None = None) -> None:
                     )
             if a.note:
                 con.print(f"[yellow]C={a.concurrency} repeat {a.repeat}: {a.note}")
-            if text := closure_text(a.concurrency, a.repeat, a.closure, a.stalls):
+            if text := closure_text(a.concurrency, a.repeat, a.closure, a.stalls, a.delivery_term):
                 con.print(f"[red]{text}")
             if text := five_terms_line(a):
                 con.print(text)

@@ -168,6 +168,11 @@ def _closure_sentence(lv: LevelSplit) -> str:
     both = f"engine {fmt(c.engine_ms)} vs client {fmt(c.client_ms)} ms per token, {c.diff_pct:+.1f}% ({c.statistic})"
     if c.ok:
         return f"Closure: the split accounts for what the client saw ({both}; tolerance {c.tolerance_pct:g}%)."
+    if lv.delivery_term is not None and lv.delivery_term.ok:
+        return (
+            f"Pace closure beyond {c.tolerance_pct:g}% ({both}): the client got tokens late, then in catch-up "
+            "bursts; the five terms (table) account for its time: the cause is delivery, not the split."
+        )
     return (
         f"CLOSURE FAILED: {both}, beyond {c.tolerance_pct:g}%: the split explains the engine's time, not the "
         "client's; cause not determined."
