@@ -143,6 +143,9 @@ def test_the_delivery_rule_and_its_lever():
     assert "VLLM_CPU_OMP_THREADS_BIND" in J.statement(_dt(10.0, 30.0, held=40), None, "cpu")
     hot = HostLoad(cpus=2, loadavg_1m=11.7, cpu_pressure_pct=99.0, api_server_wait_ms_per_token=3.0, high=True)
     assert "free CPU cores" in J.statement(big, hot, "cuda") and "99" in J.statement(big, hot, "cuda")
+    # The client's own process starved (the loaded-host server test: 74-76 vs 0.8-0.9 ms per token)
+    starved = HostLoad(2, 8.4, 99.0, 0.85, True, client_wait_ms_per_token=75.0)
+    assert "the client, not the server" in J.statement(big, starved, "cpu")
 
 
 def test_host_load_meter_reads_this_machine():

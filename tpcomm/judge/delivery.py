@@ -7,7 +7,9 @@ API server's time goes: on a loaded host (the level's CPU pressure high, or held
 sent tokens a hold later than the rest) the API server and the engine core wait for a CPU, so the lever is
 cores (free cores for them beside the workers' VLLM_CPU_OMP_THREADS_BIND set, or nothing else busy there);
 on an unloaded host it is the API server's own work per token (`--api-server-count`, fewer outputs per
-step: the batch). What it would give is a bound: the client's per-token time with delivery at zero, which
+step: the batch). Where the client's own process waited for a CPU more than the API server did (and for a
+quarter of the token or more), the holds are the client's: run it on cores or a machine of its own. What it
+would give is a bound: the client's per-token time with delivery at zero, which
 is the engine's own (the four terms) and no setting goes below.
 
 Units: shares are fractions of the client's per-token time; *_ms milliseconds per token; tok/s one stream.
@@ -37,8 +39,24 @@ def loaded(dt: DeliveryTerm, host: HostLoad | None) -> bool:
     return bool((host and host.high) or dt.held_tokens)
 
 
+def client_starved(dt: DeliveryTerm, host: HostLoad | None) -> bool:
+    """The client's own process waited for a CPU more per token than the API server did, and for at least
+    DELIVERY_SHARE of the client's token: the holds are the client's (measured 2026-12-03 on a loaded 2-core
+    host: the client 74-76 ms per token summed over its threads, the API server 0.8-0.9 ms)."""
+    if host is None or host.client_wait_ms_per_token is None or not dt.client_ms:
+        return False
+    api = host.api_server_wait_ms_per_token or 0.0
+    return host.client_wait_ms_per_token > api and host.client_wait_ms_per_token >= DELIVERY_SHARE * dt.client_ms
+
+
 def setting(dt: DeliveryTerm, host: HostLoad | None, platform: str | None) -> str:
     """What to set, by where the API server's time goes (see the module docstring)."""
+    if client_starved(dt, host):
+        return (
+            "the client, not the server: run the client on a machine or cores of its own (its process waited "
+            f"{fmt(host.client_wait_ms_per_token)} ms per token for a CPU, the API server "
+            f"{fmt(host.api_server_wait_ms_per_token)} ms)"
+        )
     if loaded(dt, host):
         if platform == "cpu":
             return (
