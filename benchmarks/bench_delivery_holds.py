@@ -9,7 +9,7 @@ several tokens is the API server's output collector merging tokens its stream ha
 side); single-token chunks arriving back to back after a gap would be the client (or the socket) late.
 With the plugin on, the run's attribution also gives the five-term split (delivery) per run.
 
-    flock /tmp/tpcomm-vllm.lock .venv/bin/python benchmarks/bench_delivery_holds.py --out /tmp/holds --runs 3
+    PYTHONPATH=. flock /tmp/tpcomm-vllm.lock .venv/bin/python benchmarks/bench_delivery_holds.py --out /tmp/holds --runs 3
 
 The machine's load is whatever else runs on it too (stated in the output: /proc/loadavg and the CPU
 pressure at each run's end).
