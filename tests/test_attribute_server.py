@@ -310,8 +310,8 @@ def test_server_without_plugin_still_measures_load(plugin_off_url, tmp_path):
 
 # ---- plugin-on server -------------------------------------------------------
 def assert_split_closes(summ: dict, levels: list[dict], run_dir: Path) -> None:
-    """The four terms add up to the engine's per-token time (level and every rank, within 1%), and at C=1,
-    per request, the engine's time per token and the client's agree within 10% (p50 over the same requests)
+    """The four terms add up to the engine's per-token time (level and every rank, within 1%), at C=1 with
+    delivery to the client's own per-token time (within 5%), and at C=1, per request, the engine's time per token and the client's agree within 10% (p50 over the same requests)
     wherever enough requests were delivered on time to judge it (assert_closure_verdict_is_true)."""
     for lv in summ["levels"]:
         c, e, p = lv["concurrency"], lv["engine_ms_per_token"], lv["per_token_ms"]
@@ -330,6 +330,14 @@ def assert_split_closes(summ: dict, levels: list[dict], run_dir: Path) -> None:
         if c == 1:
             assert cz["pairing"] == "prefill segments", cz
             assert_closure_verdict_is_true(lv, run_dir)
+        # The five terms (issue 31): at C=1 the four engine terms + delivery add up to the client's own time
+        # per token over every request, held ones included; above C=1 not measured, and why.
+        dt = lv["delivery_term"]
+        if c == 1:
+            assert dt["judged"] and dt["ok"] and dt["requests"] == lv["client"]["requests"], dt
+            assert abs(sum(p.values()) + dt["ms"] - dt["client_ms"]) <= 0.05 * dt["client_ms"], (p, dt)
+        else:
+            assert not dt["measured"] and "C=1" in dt["why_not_measured"], dt
         d = lv["delivery"]
         if cz["requests"]:  # delivery: the paired differences' p50, inside its own interval; signed only when resolved
             assert d["requests"] == cz["requests"] and d["lo_ms"] <= d["ms"] <= d["hi_ms"]
@@ -341,8 +349,9 @@ def assert_closure_verdict_is_true(lv: dict, run_dir: Path) -> None:
     Every request it left out as held back or stalled was delivered late (its tokens' delivery delays
     spread by over 100 ms: on a busy 2-core host vLLM's API server sends whole streams in one lump ~1 s
     after the engine made them, with or without the plugin). Where at least MIN_CLOSURE_REQUESTS requests
-    came on time, the closure is judged, and engine and client agree within 10%; where fewer did, it says
-    it was not judged and why, and agrees with nothing it did not see."""
+    came on time, the closure is judged, and engine and client agree within 10%, or (a loaded host) the five
+    terms account for the client's time and the run names delivery as the cause; where fewer did, it says it
+    was not judged and why, and agrees with nothing it did not see."""
     from delivery import late_and_on_time
 
     from tpcomm.attribute.closure import MIN_CLOSURE_REQUESTS
@@ -353,7 +362,17 @@ def assert_closure_verdict_is_true(lv: dict, run_dir: Path) -> None:
     assert named <= late, ("left out as held or stalled, yet delivered on time", named - late, cz)
     if len(on_time) >= MIN_CLOSURE_REQUESTS:
         assert cz["judged"], (on_time, cz)
-    if cz["judged"]:
+    if cz["judged"] and abs(cz["diff_pct"]) > 10 and (lv.get("delivery_term") or {}).get("ok"):
+        # A loaded host (issue 31): holds shorter than the stall threshold, then catch-up bursts, move the
+        # client's pace off the engine's; the five terms account for the client's own time (checked by the
+        # caller within 5%), so the cause is delivery, and the run says so instead of CLOSURE FAILED.
+        from tpcomm.attribute.closure import closure_text
+        from tpcomm.results import Closure, DeliveryTerm
+
+        text = closure_text(1, 0, Closure(**cz), None, DeliveryTerm(**lv["delivery_term"]))
+        assert "delivery, not the split" in text, text
+        print(f"C=1 pace closure {cz['diff_pct']:+.1f}% on a loaded host, accounted for by delivery: {text}")
+    elif cz["judged"]:
         assert abs(cz["diff_pct"]) <= 10, (
             f"C=1: per request, engine {cz['engine_ms']:.2f} vs client {cz['client_ms']:.2f} ms per token "
             f"({cz['diff_pct']:+.1f}%, {cz['statistic']}); excluded {cz['excluded']}; stalls {lv['stalls']}"
@@ -414,7 +433,7 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
     req = pd.read_parquet(out / "load/requests.parquet")
     assert req["ok"].all() and (req["output_tokens"] == 64).all() and (req["prompt_tokens"] == 16).all()
     summ = json.loads((out / "attribution/summary.json").read_text())
-    assert summ["conditions"]["tp"] == 2 and summ["schema_version"] == 2
+    assert summ["conditions"]["tp"] == 2 and summ["schema_version"] == 3
     for lv in summ["levels"]:
         cc = lv["collectives_per_step"]
         # The plan for the tiny model at TP 2: 9 all-reduces (4 layers x 2 + embedding) + 1 logits all-gather.
@@ -451,34 +470,51 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
 
 @pytest.mark.vllm
 def test_the_closure_holds_per_request_on_a_loaded_host(plugin_server, tmp_path):
-    """A busy process beside the server on the 2 cores (where the old closure failed, at -73.5%, on streams the
-    API server held back whole, and a later one at -60.9% on stall-released bursts compared as the pace): no
-    false verdict. Over the tokens the client could time, engine and client agree within 10% wherever enough
-    requests came on time to judge (read from the raw files by tests/delivery.py); otherwise the closure says
-    it was not judged and why. Every request it leaves out is named with why, and those named held or
-    stalled really came late."""
+    """A busy process per core beside the server (where the old closure failed, at -73.5%, on streams the
+    API server held back whole, and a later one at -60.9% on stall-released bursts compared as the pace), three
+    runs of 8 requests at C=1. Each run: the five terms (the four engine terms over the requests' own decode
+    steps + delivery, held tokens included) add up to the client's own per-token time within 5%, judged on
+    every request (issue 31); the old per-request closure gives no false verdict: engine and client agree
+    within 10% wherever enough requests came on time to judge (read from the raw files by tests/delivery.py),
+    otherwise it says it was not judged and why; those it names held or stalled really came late. The host's
+    load is measured beside each level (the machine's: other sessions' work on a shared machine is in it)."""
     url, key = plugin_server
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    outs = []
     try:
-        out = tmp_path / "run"
-        args = ["--server-url", url, "--concurrency", "1", "--requests", "16", "--input-len", "16"]
-        args += ["--output-len", "64", "--warmup", "1", "--max-rounds", "1", "--out", str(out)]
-        r = _run(args + (["--api-key", key] if key else []))
+        for i in range(3):
+            out = tmp_path / f"run{i}"
+            args = ["--server-url", url, "--concurrency", "1", "--requests", "8", "--input-len", "16"]
+            args += ["--output-len", "64", "--warmup", "1", "--max-rounds", "1", "--out", str(out)]
+            r = _run(args + (["--api-key", key] if key else []))
+            assert r.returncode == 0, r.stderr[-3000:]
+            outs.append(out)
     finally:
-        busy.kill()
-        busy.wait()
-    assert r.returncode == 0, r.stderr[-3000:]
-    lv = json.loads((out / "attribution/summary.json").read_text())["levels"][0]
-    cz = lv["closure"]
-    assert cz["pairing"] == "prefill segments", cz
-    left_out = {r for ids in cz["excluded"].values() for r in ids}
-    assert cz["requests"] + len(left_out) == lv["client"]["requests"] == 16, cz
-    # Held or stalled requests really came late; judged wherever enough came on time, and then within 10%.
-    assert_closure_verdict_is_true(lv, out)
-    assert set(cz["excluded"]) <= {HELD, STALLED}, cz
-    print(
-        f"loaded host: closure {cz['diff_pct']}% ({cz['statistic']}); judged {cz['judged']}; excluded {cz['excluded']}"
-    )
+        for b in busy:
+            b.kill()
+            b.wait()
+    for out in outs:
+        lv = json.loads((out / "attribution/summary.json").read_text())["levels"][0]
+        dt, cz = lv["delivery_term"], lv["closure"]
+        req = pd.read_parquet(out / "load/requests.parquet")
+        req = req[req["in_stats"] & req["ok"]]
+        client = float((req["tpot_ms"] * (req["output_tokens"] - 1)).sum() / (req["output_tokens"] - 1).sum())
+        four = sum(lv["per_token_ms"].values())
+        assert dt["judged"] and dt["requests"] == 8 and dt["client_ms"] == pytest.approx(client, rel=1e-3), dt
+        assert abs(four + dt["ms"] - client) / client <= 0.05 and dt["ok"], (four, dt, client)
+        assert cz["pairing"] == "prefill segments", cz
+        left_out = {r for ids in cz["excluded"].values() for r in ids}
+        assert cz["requests"] + len(left_out) == lv["client"]["requests"] == 8, cz
+        assert_closure_verdict_is_true(lv, out)
+        assert set(cz["excluded"]) <= {HELD, STALLED}, cz
+        hl = lv["host_load"]
+        assert hl is not None and hl["cpus"] == os.cpu_count() and hl["cpu_pressure_pct"] is not None, hl
+        print(
+            f"loaded host: five terms {four:.2f} + delivery {dt['ms']:.2f} = {dt['sum_ms']:.2f} vs client "
+            f"{client:.2f} ms ({dt['diff_pct']:+.2f}%), held tokens {dt['held_tokens']}, delay p50/max "
+            f"{dt['delay_ms_p50']}/{dt['delay_ms_max']} ms; host {hl}; old closure {cz['diff_pct']} judged "
+            f"{cz['judged']} excluded {cz['excluded']}"
+        )
 
 
 @pytest.mark.vllm

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tpcomm.errors import InputError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: attribution levels carry delivery_term and host_load (older summaries still load)
 
 # Column kinds: i integer, f number (int or float), s text, b boolean.
 _KIND_NAMES = {"i": "integers", "f": "numbers", "s": "text", "b": "booleans"}

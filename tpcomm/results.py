@@ -14,6 +14,10 @@ What each value means (the definitions the report prints come from tpcomm/judge/
 - `Closure`: per request, the engine's time per token for that request's own decode steps against the
   client's TPOT of the same request; the same statistic (p50 over the same requests) on both sides.
 - `Delivery`: p50 over those requests of client - engine, with the p50's distribution-free interval.
+- `DeliveryTerm`: the fifth term of a token (attribute/delivery.py): per token, the client's receipt minus
+  the end of the engine step that made it, pooled over a level's requests; with the four engine terms over
+  the same requests' decode steps it adds up to the client's per-token time (held tokens included). None
+  in a summary written before schema 3 (`tpcomm attribute --reanalyse RUN_DIR` measures it).
 
 Units: *_ms milliseconds (per token unless named otherwise), *_pct percent, *_ns wall clock ns, tok/s.
 """
@@ -104,6 +108,38 @@ class Delivery:
 
 
 @dataclass
+class DeliveryTerm:
+    """The fifth term (attribute/delivery.py): client per token = the four engine terms + delivery, over the
+    same requests (pooled by token). `diff_pct` = (sum of the five - client) / client: what the pairing of
+    tokens to steps leaves, judged at C=1 on at least 6 requests within `tolerance_pct`."""
+
+    measured: bool
+    ms: float | None  # per token: how much later each token reached the client than the one before it
+    client_ms: float | None  # the client's per-token time over the same requests ((last - first) / (n - 1))
+    engine_ms: float | None  # the engine's, from the ends of the steps that made those tokens
+    split_ms: float | None  # the four engine terms over those requests' decode steps (their mean period)
+    sum_ms: float | None  # split_ms + ms
+    diff_pct: float | None
+    tolerance_pct: float
+    judged: bool
+    ok: bool | None
+    requests: int
+    tokens: int
+    held_tokens: int  # delivered over 100 ms later than the level's median delay (a hold or a stall)
+    held_requests: list[int] = field(default_factory=list)
+    delay_ms_p50: float | None = None  # receipt - step end per token; None unless client and server share a clock
+    delay_ms_p90: float | None = None
+    delay_ms_max: float | None = None
+    held_delay_ms_max: float | None = None  # the longest delay beyond the median (offset-free)
+    why_not_judged: str | None = None
+    why_not_measured: str | None = None
+
+    @classmethod
+    def not_measured(cls, why: str) -> DeliveryTerm:
+        return cls(False, None, None, None, None, None, None, 0.0, False, None, 0, 0, 0, why_not_measured=why)
+
+
+@dataclass
 class Closure:
     statistic: str  # what is compared on both sides, e.g. "p50 over 14 requests, paired by prefill"
     pairing: str  # "prefill segments" | "client times" | "none"
@@ -127,6 +163,20 @@ class CpuWait:
 
     ms_per_step: float  # summed over ranks, per engine step (of any kind)
     per_rank: dict[str, dict[str, float]]  # rank -> {"ms": over the recording, "steps": engine steps}
+
+
+@dataclass
+class HostLoad:
+    """The machine's load over a level, read by the client where it runs on the server's machine (Linux
+    /proc/pressure/cpu and /proc/loadavg), and the API server's CPU wait (schedstat run_delay of its threads)
+    per token delivered. Others' processes on a shared machine are in it: it is the host's, not tpcomm's."""
+
+    cpus: int
+    loadavg_1m: float | None  # at the level's end
+    cpu_pressure_pct: float | None  # share of the level's time some runnable task waited for a CPU
+    api_server_wait_ms_per_token: float | None  # the API server's threads' CPU wait over the level / tokens
+    high: bool  # pressure at least HIGH_PRESSURE_PCT or load above the CPU count
+    client_wait_ms_per_token: float | None = None  # the same for tpcomm's own client process
 
 
 @dataclass
@@ -170,6 +220,8 @@ class LevelSplit:
     # Why the level did not measure what it claims (judge/complete.py), None when it did: no headline from it
     incomplete: str | None = None
     cpu_wait: CpuWait | None = None  # the host's contention during the level (None: not measured)
+    delivery_term: DeliveryTerm | None = None  # the fifth term (None: a summary older than schema 3)
+    host_load: HostLoad | None = None  # the machine's load during the level (None: not measured)
 
     @property
     def tok_per_s(self) -> float | None:

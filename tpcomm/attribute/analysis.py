@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tpcomm import contract as C
-from tpcomm.attribute import clocks, coverage, pairing
+from tpcomm.attribute import clocks, coverage, delivery, pairing
 from tpcomm.attribute.align import align, alignment_quality
 from tpcomm.attribute.closure import client_figures, closure, closure_text, find_stalls
 from tpcomm.attribute.crosscheck import (
@@ -31,7 +31,7 @@ from tpcomm.attribute.server import ENABLE_HINT
 from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, shares_pct, top_sites
 from tpcomm.attribute.timeline import one_step_timeline
 from tpcomm.judge import bottleneck, complete
-from tpcomm.results import Attribution, CpuWait, LevelSplit, RankTerms, Site, Terms
+from tpcomm.results import Attribution, CpuWait, DeliveryTerm, HostLoad, LevelSplit, RankTerms, Site, Terms
 from tpcomm.rundir import RunDir
 
 METHOD = (
@@ -183,10 +183,10 @@ def analyse_run_dir(
             continue
         lreq = req[(req["concurrency"] == c) & (req["repeat"] == rep)] if req is not None else pd.DataFrame()
         tok = tokens[(tokens["concurrency"] == c) & (tokens["repeat"] == rep)]
-        doc = _level(lv, win, rows, al, st, lreq, tok, cc, sites)
+        doc = _level(lv, win, rows, al, st, lreq, tok, cc, sites, delivery.one_clock(nodes, att.conditions))
         doc.incomplete = complete.level_incomplete(lv, doc.seqs_per_step)
         att.levels.append(doc)
-        if text := closure_text(c, rep, doc.closure, doc.stalls):
+        if text := closure_text(c, rep, doc.closure, doc.stalls, doc.delivery_term):
             att.notes.append(text)
         if cc["match"] is False:
             att.notes.append(f"C={c}: collectives per decode step differ from the plan: {cc['detail']}")
@@ -198,11 +198,15 @@ def analyse_run_dir(
     return att
 
 
-def client_side(rows: pd.DataFrame, requests: pd.DataFrame, tokens: pd.DataFrame, concurrency: int) -> dict:
+def client_side(
+    rows: pd.DataFrame, requests: pd.DataFrame, tokens: pd.DataFrame, concurrency: int, same_clock: bool = False
+) -> dict:
     """One level's client side beside its engine rows (rank_steps rows of the level, all kinds): the engine's
     split over the whole window, stalls, each request paired with its own steps (pairing.py), the closure and
-    delivery over the compared requests (closure.py), and the split again over those requests' decode steps
-    when the closure is judged (the headline and the closure then rest on the same requests)."""
+    delivery over the compared requests (closure.py), the delivery term over every request paired with its
+    steps (delivery.py), and the split again over the requests the level's figures rest on: at C=1 those of
+    the delivery term (the five terms then add up to the client's time over the same requests), else those
+    the closure compared when it is judged. `same_clock`: client and server on one machine."""
     whole = engine_split(rows)
     stalls = find_stalls(tokens, whole["engine_ms_per_token"])
     ok = requests[requests["ok"]] if "ok" in requests.columns else requests
@@ -219,7 +223,22 @@ def client_side(rows: pd.DataFrame, requests: pd.DataFrame, tokens: pd.DataFrame
     if cz.judged and compared:
         own = {s for ids in pairs.loc[pairs["request_id"].isin(compared), "steps"] for s in ids}
         split = engine_split(rows[rows["step"].isin(own)])
+    if concurrency != 1:
+        dt = DeliveryTerm.not_measured(
+            "which engine step made each token is known only where streams run one at a time (C=1)"
+        )
+    elif problem:
+        dt = DeliveryTerm.not_measured(f"requests could not be paired with the engine's steps: {problem}")
+    else:
+        per_req, _ = delivery.token_delays(pairs, rows, tokens, ok)
+        mine = {int(r) for r, _, _ in per_req}
+        own = {s for ids in pairs.loc[pairs["request_id"].isin(mine), "steps"] for s in ids}
+        five = engine_split(rows[rows["step"].isin(own)]) if own else whole
+        dt = delivery.delivery_term(per_req, five["engine_ms_per_token"], concurrency, same_clock)
+        if dt.measured and five["per_token_ms"]:
+            split = five
     return {
+        "delivery_term": dt,
         "whole": whole,
         "split": split,
         "stalls": stalls,
@@ -231,10 +250,10 @@ def client_side(rows: pd.DataFrame, requests: pd.DataFrame, tokens: pd.DataFrame
     }
 
 
-def _level(lv, win, rows, al, st, lreq, tok, cc, sites) -> LevelSplit:
+def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False) -> LevelSplit:
     """One level's split, client side and closure (see the module docstring and closure.py)."""
     c, rep = lv["concurrency"], lv["repeat"]
-    cs = client_side(rows, lreq, tok, c)
+    cs = client_side(rows, lreq, tok, c, same_clock)
     whole, sp = cs["whole"], cs["split"]
     terms = Terms(**sp["per_token_ms"]) if sp["per_token_ms"] else None
     ms = sp["engine_ms_per_token"]
@@ -274,6 +293,8 @@ def _level(lv, win, rows, al, st, lreq, tok, cc, sites) -> LevelSplit:
         collectives_per_step=cc,
         flags=flags,
         cpu_wait=CpuWait(**lv["cpu_wait"]) if lv.get("cpu_wait") else None,
+        delivery_term=cs["delivery_term"],
+        host_load=HostLoad(**lv["host_load"]) if lv.get("host_load") else None,
     )
 
 

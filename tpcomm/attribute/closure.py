@@ -153,11 +153,20 @@ def closure(
     return c, delivery(client - engine), ids
 
 
-def closure_text(concurrency: int, repeat: int, c: Closure | None, stalls: Stalls | None) -> str | None:
-    """The sentence `attribute` and the report print when a judged closure fails (no cause named)."""
+def closure_text(concurrency: int, repeat: int, c: Closure | None, stalls: Stalls | None, five=None) -> str | None:
+    """The sentence `attribute` and the report print when a judged closure fails: no cause named, unless the
+    five terms (`five`: results.DeliveryTerm, attribute/delivery.py) account for the client's time, which
+    names it: delivery (the client got tokens late, then in catch-up bursts)."""
     if c is None or c.ok is not False:
         return None
     where = f" in request(s) {', '.join(map(str, stalls.requests[:8]))}" if stalls and stalls.requests else ""
+    if five is not None and five.ok:
+        return (
+            f"C={concurrency} repeat {repeat}: the client's pace between holds (p50 {c.client_ms:.2f} ms per token "
+            f"over {c.requests} requests) differs from the engine's ({c.engine_ms:.2f} ms) by {c.diff_pct:+.1f}%: "
+            f"delivery, not the split: the five terms add up to the client's own time per token within "
+            f"{five.diff_pct:+.1f}% (held tokens {five.held_tokens}; stalls {stalls.count if stalls else 0}{where})"
+        )
     return (
         f"C={concurrency} repeat {repeat}: closure check failed: per request, the engine's time per token "
         f"(p50 {c.engine_ms:.2f} ms) and the client's TPOT (p50 {c.client_ms:.2f} ms) over the same {c.requests} "

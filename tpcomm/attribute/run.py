@@ -26,6 +26,8 @@ import pandas as pd
 
 from tpcomm import contract as C
 from tpcomm.attribute import load, records
+from tpcomm.attribute.delivery import client_boot_id
+from tpcomm.attribute.hostload import HostLoadMeter
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.ranks import RankDied, RankStopped, RankWatch
 from tpcomm.attribute.server import ServerInfo, check_server, is_alive
@@ -67,6 +69,16 @@ class AttributeConfig:
 
 
 HOOK_TIMEOUT_S = 30.0  # a status or stop call after a level: the workers answer between engine steps
+
+
+def _host_meter(watch: RankWatch | None) -> HostLoadMeter | None:
+    """A started meter of the machine's load where the client runs on the server's machine (the watch verified
+    a worker's or the API server's pid here); None elsewhere (not measured)."""
+    if watch is None or not (watch.local or watch.api):
+        return None
+    m = HostLoadMeter(watch.api[1] if watch.api else None)
+    m.start()
+    return m
 
 
 class WorkerStalled(load.ServerGone):
@@ -299,6 +311,7 @@ class Attribute:
             if rnd and self.plugin_on and start_error is None:
                 cpu_base = self._cpu_wait_now()
             self.progress.level_start(c, rep, rnd, spec.requests)
+            meter = _host_meter(watch)
             offset = self._next_id
             sink: list[dict] = []
             try:
@@ -360,6 +373,8 @@ class Attribute:
         death = watch.stop(requests_failed=failed) if seen else None
         flags = [f"C={c} not steady after {rnd + 1} round(s): {note}"] if steady is False else []
         lv = self._level_doc(c, rep, rnd, req, tok, steady, note, flags)
+        # the machine's load over the level's last round (the one its figures come from)
+        lv["host_load"] = meter.stop(int(req["output_tokens"].sum())) if meter is not None and len(req) else None
         self.levels.append(lv)
         if death:  # the requests ended (failed) before the server went away: the hook cannot be asked any more
             why = death.message(t_level)
@@ -611,6 +626,8 @@ class Attribute:
             "server_versions": st.get("versions"),
             "client_versions": stack_versions(),
             "plugin": self.plugin_on,
+            # the client's machine: the delivery delays (attribute/delivery.py) are on one clock only there
+            "client_boot_id": client_boot_id(),
         }
 
     def result(self, complete: bool, reason: str | None = None, interrupted: bool = False) -> dict:

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from tpcomm.attribute.closure import closure_text
 from tpcomm.attribute.run import Progress as ProgressHooks
-from tpcomm.columns import LOAD, SPLIT, table
+from tpcomm.columns import LOAD, SPLIT, fmt, table
 from tpcomm.judge import definitions
 from tpcomm.results import Attribution
 
@@ -47,6 +47,24 @@ class RichProgress(ProgressHooks):
 
     def close(self):
         self.bar.stop()
+
+
+def five_terms_line(a) -> str | None:
+    """One level's token as the client saw it: the four engine terms + delivery against the client's own."""
+    dt = a.delivery_term
+    if dt is None or not dt.measured or a.per_token_ms is None:
+        return None
+    t = a.per_token_ms
+    check = f"{dt.diff_pct:+.1f}%" if dt.diff_pct is not None else "n/a"
+    judged = ("ok" if dt.ok else "[red]FAILED[/red]") if dt.judged else f"not judged: {dt.why_not_judged}"
+    load = (
+        f"; LOADED HOST (CPU pressure {fmt(a.host_load.cpu_pressure_pct)}%)" if a.host_load and a.host_load.high else ""
+    )
+    return (
+        f"C={a.concurrency} as the client saw it: compute {fmt(t.compute)} + transfer {fmt(t.transfer)} + wait "
+        f"{fmt(t.wait)} + host gap {fmt(t.host_gap)} + delivery {fmt(dt.ms)} = {fmt(dt.sum_ms)} vs client "
+        f"{fmt(dt.client_ms)} ms per token ({check}, {judged}; {dt.held_tokens} held tokens){load}"
+    )
 
 
 def _rich_table(header: list[str], rows: list[list[str]]) -> Table:
@@ -92,8 +110,10 @@ def render(res: dict, console: Console | None = None) -> None:
                     )
             if a.note:
                 con.print(f"[yellow]C={a.concurrency} repeat {a.repeat}: {a.note}")
-            if text := closure_text(a.concurrency, a.repeat, a.closure, a.stalls):
+            if text := closure_text(a.concurrency, a.repeat, a.closure, a.stalls, a.delivery_term):
                 con.print(f"[red]{text}")
+            if text := five_terms_line(a):
+                con.print(text)
     for line in att.incomplete() if att is not None else []:
         con.print(f"[red]INCOMPLETE level {line} (no headline from it)")
     for n in res.get("notes", []):

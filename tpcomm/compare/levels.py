@@ -29,6 +29,8 @@ ROWS = (
     ("host_gap", "ms", True),
     ("collective", "ms", False),
     ("delivery", "ms", False),
+    ("delivery_term", "ms", False),
+    ("client_per_token", "ms", False),
     ("tok_per_s", "tok/s", False),
 )
 LABELS = {
@@ -39,6 +41,8 @@ LABELS = {
     "host_gap": "host gap",
     "collective": "collectives (transfer + wait)",
     "delivery": "delivery (client - engine, p50)",
+    "delivery_term": "delivery (fifth term, pooled per token)",
+    "client_per_token": "per-token time (client: the five terms)",
     "tok_per_s": "tok/s",
 }
 
@@ -53,6 +57,9 @@ def values(lv: LevelSplit) -> dict[str, float | None]:
     out.update({k: getattr(t, k) if t else None for k in TERMS})
     out["collective"] = t.collective if t else None
     out["delivery"] = lv.delivery.ms if lv.delivery else None
+    dt = lv.delivery_term if lv.delivery_term is not None and lv.delivery_term.measured else None
+    out["delivery_term"] = dt.ms if dt else None
+    out["client_per_token"] = dt.client_ms if dt else None
     out["tok_per_s"] = lv.tok_per_s
     return out
 
@@ -88,7 +95,7 @@ def level_diff(
                 b=y,
                 diff=d,
                 # Delivery is a small difference of two clocks, often near 0: a percentage of it says nothing.
-                diff_pct=100.0 * d / x if d is not None and x and name != "delivery" else None,
+                diff_pct=100.0 * d / x if d is not None and x and name not in ("delivery", "delivery_term") else None,
                 lo=iv.lo if iv else None,
                 hi=iv.hi if iv else None,
                 resolved=iv.resolved if iv else None,
@@ -139,6 +146,8 @@ def _cpu_wait(levels: list[LevelSplit]) -> tuple[float | None, frozenset]:
 # More CPU wait can only make these longer; the wait (and so the collectives) can move either way: a rank
 # delayed in its compute makes the others wait longer, a rank delayed while the others were late less.
 ONE_WAY = ("per_token", "compute", "transfer", "host_gap")
+# The client's side (attribute/delivery.py), not the ranks': the ranks' CPU wait does not bound them.
+FIVE_ONLY = ("delivery", "delivery_term", "client_per_token")
 
 
 def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_ranks: bool) -> list[str]:
@@ -159,7 +168,7 @@ def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_r
     threads that compute beside it (vLLM-CPU's other OpenMP threads), the engine core and the API server (a
     confound only they meet is not caught): docs/compare.md has the measurements."""
     by = {t.name: t for t in terms}
-    resolved = [t for t in terms if t.resolved and t.name != "delivery"]
+    resolved = [t for t in terms if t.resolved and t.name not in FIVE_ONLY]
     if not resolved:
         return []
     if wa is None or wb is None:
@@ -228,6 +237,8 @@ def statement(d: float | None, a: float | None, unit: str, iv, why: str | None) 
 def _why_none(name: str, problem: str | None) -> str:
     if problem:
         return problem
+    if name in FIVE_ONLY[1:]:
+        return "pooled over the runs' requests, not resampled"
     return "fewer than 2 compared requests in a run" if name == "delivery" else "not resampled"
 
 

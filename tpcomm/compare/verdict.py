@@ -62,6 +62,12 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
     d = lv.term("delivery")
     if d is not None and d.resolved:
         parts.append(f"delivery to the client changed by {signed(d.diff)} ms (outside the engine's time)")
+    dt, cl = lv.term("delivery_term"), lv.term("client_per_token")
+    if dt is not None and dt.diff is not None and cl is not None and cl.diff is not None:
+        parts.append(
+            f"as the client saw it, {_ms(cl.a)} -> {_ms(cl.b)} per token, of which delivery (the fifth term) "
+            f"{_ms(dt.a)} -> {_ms(dt.b)} (pooled, no interval)"
+        )
     return head + "; " + ", ".join(parts) + "."
 
 

@@ -13,6 +13,8 @@ from tpcomm.attribute.closure import (
     STALL_FACTOR,
     STALL_MIN_MS,
 )
+from tpcomm.attribute.delivery import FIVE_TERM_TOL_PCT
+from tpcomm.attribute.delivery import MIN_REQUESTS as FIVE_MIN_REQUESTS
 from tpcomm.attribute.pairing import BURST_GAP_FRACTION, MIN_OBSERVED
 from tpcomm.judge.bottleneck import BOTTLENECK_SHARE, MAJOR_SHARE
 
@@ -29,6 +31,13 @@ TERM = {
     "delivery": (
         f"delivery: p50 over those requests of client - engine time per token (API server, network, client), "
         f"with the p50's {INTERVAL_COVERAGE:.0%} distribution-free interval"
+    ),
+    "delivery_term": (
+        "delivery (fifth term): per token, the client's receipt minus the end of the engine step that made it "
+        "(API server output processing, streaming, event loop, network, client; held tokens included), pooled "
+        f"by token over the C=1 requests paired with their steps; with the four engine terms over the same "
+        f"requests it adds up to the client's per-token time, judged within {FIVE_TERM_TOL_PCT:g}% on at least "
+        f"{FIVE_MIN_REQUESTS} requests (what is left is the pairing of tokens to steps)"
     ),
     "held": (
         f"held stream: tokens arriving within {BURST_GAP_FRACTION:g} of an engine period of each other count as one "

@@ -218,7 +218,7 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     levels = sorted(att.levels, key=lambda x: (x.concurrency, x.repeat))
     s.data["levels"] = levels
     s.data["closure_failed"] = [
-        t for lv in levels if (t := closure_text(lv.concurrency, lv.repeat, lv.closure, lv.stalls))
+        t for lv in levels if (t := closure_text(lv.concurrency, lv.repeat, lv.closure, lv.stalls, lv.delivery_term))
     ]
     s.data["notes"] = (
         [f"C={lv.concurrency} repeat {lv.repeat}: {lv.note}" for lv in levels if lv.note]

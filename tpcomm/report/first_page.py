@@ -15,6 +15,7 @@ from typing import Any
 
 from tpcomm.columns import fmt
 from tpcomm.judge import bottleneck, complete, definitions
+from tpcomm.judge import delivery as deliver
 from tpcomm.judge import levers as L
 from tpcomm.report import readers
 from tpcomm.results import Attribution, LevelSplit, Verdict
@@ -97,7 +98,63 @@ def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) ->
     src = "measured from torch-profiler traces" if att.source == "trace" else "measured (tpcomm hook)"
     d["conditions"] = f"{src}: " + readers.short_conditions(cond)
     d["sentences"].append(att.verdict.statement)
+    plat = machine(inp, lv).platform
+    if capped := deliver.statement(lv.delivery_term, lv.host_load, plat):
+        d["sentences"].append(capped)
     d["sentences"].append(_closure_sentence(lv))
+    d["five"] = five_terms_table(lv)
+    dt = lv.delivery_term
+    if dt is not None and dt.measured:
+        n.update(delivery_ms=dt.ms, client_ms_per_token=dt.client_ms, five_term_sum_ms=dt.sum_ms)
+    if lv.host_load is not None:
+        n.update(cpu_pressure_pct=lv.host_load.cpu_pressure_pct, host_loaded=lv.host_load.high)
+
+
+TERM_LABEL = {"compute": "compute", "transfer": "transfer", "wait": "wait", "host_gap": "host gap"}
+FIVE_HEADER = ["as the client saw it", "ms per token", "% of the client's"]
+
+
+def five_terms_table(lv: LevelSplit) -> tuple | None:
+    """The token as the client saw it, as a table under the bar: the four engine terms (over the same
+    requests) plus delivery, their sum against the client's own figure (attribute/delivery.py), and the host's
+    load when it was high. A table, so the page's prose stays short."""
+    dt = lv.delivery_term
+    if dt is None and lv.source == "trace":
+        return None
+    if dt is None or not dt.measured:
+        why = "this summary predates it: tpcomm attribute --reanalyse RUN_DIR" if dt is None else dt.why_not_measured
+        rows = [["delivery (the API server's part)", "not measured", why]]
+    else:
+        c = dt.client_ms
+        t = lv.per_token_ms.as_dict() if lv.per_token_ms else {}
+        share = (lambda v: f"{100 * v / c:.1f}%") if c else (lambda v: "n/a")
+        rows = [[TERM_LABEL[k], fmt(v), share(v)] for k, v in t.items()]
+        held = f"; {dt.held_tokens} held token(s) in it" if dt.held_tokens else ""
+        rows.append([f"delivery (API server, streaming{held})", fmt(dt.ms), share(dt.ms)])
+        if dt.judged:
+            check = f"{dt.diff_pct:+.1f}%: pairing of tokens to steps {'holds' if dt.ok else 'FAILS'} (<= {dt.tolerance_pct:g}%)"
+        else:
+            check = (
+                f"{dt.diff_pct:+.1f}%, not judged: {dt.why_not_judged}"
+                if dt.diff_pct is not None
+                else f"not judged: {dt.why_not_judged}"
+            )
+        rows.append(["sum of the five", fmt(dt.sum_ms), check])
+        rows.append([f"client, pooled over {dt.requests} requests", fmt(c), "100%"])
+        if dt.delay_ms_p50 is not None:
+            rows.append(
+                ["token delay, step end to receipt", f"p50 {fmt(dt.delay_ms_p50)}", f"max {fmt(dt.delay_ms_max)} ms"]
+            )
+    if (h := lv.host_load) is not None and h.high:
+        waits = ", ".join(
+            f"{who} waited {fmt(v)} ms/token"
+            for who, v in (("API server", h.api_server_wait_ms_per_token), ("client", h.client_wait_ms_per_token))
+            if v is not None
+        )
+        pres = f"CPU pressure {fmt(h.cpu_pressure_pct)}%" if h.cpu_pressure_pct is not None else "pressure n/a"
+        load = f"load {fmt(h.loadavg_1m)} on {h.cpus} CPUs" if h.loadavg_1m is not None else ""
+        rows.append(["LOADED HOST (the machine's)", pres, "; ".join(x for x in (load, waits) if x)])
+    return (FIVE_HEADER, rows, [1.6, 0.9, 3.5])
 
 
 def _closure_sentence(lv: LevelSplit) -> str:
@@ -111,6 +168,11 @@ def _closure_sentence(lv: LevelSplit) -> str:
     both = f"engine {fmt(c.engine_ms)} vs client {fmt(c.client_ms)} ms per token, {c.diff_pct:+.1f}% ({c.statistic})"
     if c.ok:
         return f"Closure: the split accounts for what the client saw ({both}; tolerance {c.tolerance_pct:g}%)."
+    if lv.delivery_term is not None and lv.delivery_term.ok:
+        return (
+            f"Pace closure beyond {c.tolerance_pct:g}% ({both}): the client got tokens late, then in catch-up "
+            "bursts; the five terms (table) account for its time: the cause is delivery, not the split."
+        )
     return (
         f"CLOSURE FAILED: {both}, beyond {c.tolerance_pct:g}%: the split explains the engine's time, not the "
         "client's; cause not determined."
@@ -241,6 +303,8 @@ def _levers(inp: readers.Inputs, head: LevelSplit | None, pred: dict | None, cmd
     else:
         return [], [], None
     got, _ = L.levers(whatifs, m, basis)
+    if head is not None and (dl := deliver.lever(head.delivery_term, head.host_load, m.platform)):
+        got = [dl] + got  # delivery caps what the client gets: the engine's levers come after it
     levers = [x for x in got if x.kind == "lever"][:TOP_LEVERS]
     # A model's bounds are stated by its verdict (over the whole range); a measured split's as a line.
     bounds = [x for x in got if x.kind == "bound"] if head is not None else []
@@ -250,5 +314,5 @@ def _levers(inp: readers.Inputs, head: LevelSplit | None, pred: dict | None, cmd
 def _definitions(d: dict) -> list[str]:
     t = definitions.TERM
     if d.get("source") == "measured" and d.get("split"):
-        return [t["transfer"], t["wait"], t["host_gap"], t["closure"]]
+        return [t["transfer"], t["wait"], t["host_gap"], t["delivery_term"], t["closure"]]
     return []

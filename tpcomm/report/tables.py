@@ -41,6 +41,8 @@ def page_one_blocks(d: dict) -> list[Block]:
     if d.get("definitions"):  # one line per term the page uses, right under the bar that uses them
         rows = [x.split(": ", 1) for x in d["definitions"]]
         out.append(("table", (["term", "what it is"], rows, [0.8, 6])))
+    if d.get("five"):  # the token as the client saw it: the four terms + delivery (first_page.five_terms_table)
+        out.append(("table", d["five"]))
     out += [("text", x) for x in d.get("sentences", [])[:3]]
     if d.get("levers"):
         out.append(("table", K.table(K.LEVERS, d["levers"])))

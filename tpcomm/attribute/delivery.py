@@ -1,0 +1,152 @@
+"""The fifth term of a token: delivery, from the end of the engine step that made it to the client's receipt.
+
+For each token k of a request, on one clock: made at e_k (the end of the step that made it: the request's
+prefill step for token 0, its k-th decode step for token k) and received at a_k (the arrival of the chunk
+that carried it; a chunk of several tokens delivers them all at once). Its delivery delay is d_k = a_k - e_k:
+the API server's output processing, detokenisation, streaming loop and event-loop scheduling, the network
+and the client. Over a request's tokens 0..n-1:
+
+    client per token    = (a_{n-1} - a_0) / (n - 1)                 (the textbook TPOT)
+    engine per token    = (e_{n-1} - e_0) / (n - 1)                 (from the ends of the steps that made them)
+    delivery per token  = (d_{n-1} - d_0) / (n - 1) = client - engine   (how much later each token came)
+
+Held tokens and burst releases are in it, not left out: a stream whose last tokens the API server held
+for a second carries that second in its delivery. A constant offset between the client's clock and the
+server's cancels in d_{n-1} - d_0, so the term needs no shared clock; the delays themselves (d_k) do, and
+are given only where the client and the server ran on one host.
+
+A level's figures pool its requests by token (sum over requests / sum of n - 1), the same statistic as the
+split's mean decode period, so
+
+    client per token = compute + transfer + wait + host gap + delivery  + (pairing residue)
+
+where the four engine terms are the split over the SAME requests' decode steps (attribute/split.py: their
+mean period) and the residue is the engine's per-token time from the step ends the tokens were paired
+with, less the split's mean period. That residue is what the closure now checks: the pairing of tokens to
+steps (a request paired with the wrong steps, a step missing), not a remainder of unexplained time.
+Measured where each request's steps are known (one stream at a time, C=1, paired by prefill segments);
+above C=1 a token's step is not known without the client's clock: "not measured".
+
+Units: *_ms milliseconds (per token unless named), t_*_ns wall clock ns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tpcomm.attribute.closure import STALL_MIN_MS
+from tpcomm.results import DeliveryTerm
+
+FIVE_TERM_TOL_PCT = 5.0  # the five terms against the client's per-token time (the issue's bar)
+MIN_REQUESTS = 6  # judged on at least this many requests
+HELD_MS = STALL_MIN_MS  # a token delivered this much later than the level's median delay was held
+
+
+def token_delays(pairs: pd.DataFrame, rank_rows: pd.DataFrame, tokens: pd.DataFrame, requests: pd.DataFrame):
+    """Per request paired by prefill segments (pairing.by_prefill rows with `steps`): (request_id, made_ns,
+    arrived_ns) arrays of its tokens, and {request_id: why not} for the others."""
+    from tpcomm.attribute.pairing import DECODE, PREFILL, step_ends
+
+    s = step_ends(rank_rows).set_index("step")
+    n_tok = requests.set_index("request_id")["output_tokens"]
+    by_req = {int(r): g.sort_values("token_idx") for r, g in tokens.groupby("request_id")}
+    out, why = [], {}
+    for _, p in pairs.iterrows():
+        rid = int(p["request_id"])
+        steps = [x for x in p["steps"] if x in s.index]
+        kinds = s.loc[steps, "kind"].to_numpy() if steps else np.array([])
+        n = n_tok.get(rid)
+        if not steps or n is None or not np.isfinite(n) or int(n) < 2:
+            why[rid] = "not paired with its steps"
+            continue
+        n = int(n)
+        if kinds[0] != PREFILL or int((kinds == DECODE).sum()) != n - 1 or len(kinds) != n:
+            why[rid] = p["why"] or "its segment is not one prefill step and one decode step per token"
+            continue
+        g = by_req.get(rid)
+        if g is None:
+            why[rid] = "no token arrivals"
+            continue
+        cnt = g["n_tokens"].to_numpy() if "n_tokens" in g.columns else np.ones(len(g), dtype=np.int64)
+        if (cnt < 1).any():
+            cnt = np.ones(len(g), dtype=np.int64)
+        arrived = np.repeat(g["t_ns"].to_numpy(dtype=np.int64), cnt)
+        if len(arrived) != n:
+            why[rid] = f"{len(arrived)} token arrivals for {n} tokens"
+            continue
+        made = s.loc[steps, "t_end_ns"].to_numpy(dtype=np.float64)
+        out.append((rid, made, arrived.astype(np.float64)))
+    return out, why
+
+
+def delivery_term(
+    per_request: list, split_ms: float | None, concurrency: int, one_clock: bool, not_measured: str | None = None
+) -> DeliveryTerm:
+    """The level's delivery term from token_delays() output, beside the split's per-token time over the same
+    requests' decode steps (`split_ms`: the sum of the four engine terms)."""
+    if not_measured or not per_request:
+        return DeliveryTerm.not_measured(not_measured or "no request's tokens could be paired with their steps")
+    n1 = sum(len(m) - 1 for _, m, _ in per_request)
+    client = sum(a[-1] - a[0] for _, _, a in per_request) / 1e6 / n1
+    d = [a - m for _, m, a in per_request]
+    dl = sum(x[-1] - x[0] for x in d) / 1e6 / n1
+    engine = client - dl
+    allv = np.concatenate(d) / 1e6
+    base = float(np.median(allv))  # a constant offset (another host's clock) cancels in d - median
+    held = allv - base > HELD_MS
+    total = split_ms + dl if split_ms is not None else None
+    diff = (total - client) / client * 100 if total is not None and client > 0 else None
+    k = len(per_request)
+    why_not = None
+    if concurrency != 1:
+        why_not = "judged only where streams run one at a time (C=1)"
+    elif k < MIN_REQUESTS:
+        why_not = f"{k} request(s) measured (at least {MIN_REQUESTS} needed)"
+    elif diff is None:
+        why_not = "no engine split over these requests' decode steps"
+    judged = why_not is None
+    return DeliveryTerm(
+        measured=True,
+        ms=dl,
+        client_ms=client,
+        engine_ms=engine,
+        split_ms=split_ms,
+        sum_ms=total,
+        diff_pct=diff,
+        tolerance_pct=FIVE_TERM_TOL_PCT,
+        judged=judged,
+        ok=(abs(diff) <= FIVE_TERM_TOL_PCT) if judged else None,
+        requests=k,
+        tokens=int(n1 + k),
+        held_tokens=int(held.sum()),
+        held_requests=sorted(rid for (rid, _, _), x in zip(per_request, d) if ((x / 1e6 - base) > HELD_MS).any()),
+        delay_ms_p50=base if one_clock else None,
+        delay_ms_p90=float(np.percentile(allv, 90)) if one_clock else None,
+        delay_ms_max=float(allv.max()) if one_clock else None,
+        held_delay_ms_max=float((allv - base).max()),
+        why_not_judged=why_not,
+    )
+
+
+def client_boot_id() -> str | None:
+    """This machine's boot id (Linux), which the hook reports per rank too: equal ids mean one machine."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+def one_clock(nodes: dict, conditions: dict) -> bool:
+    """Client and server on one machine, so the delays d_k are on one wall clock: the client's boot id is
+    every rank's, or (runs recorded before the client noted it) the server was reached on loopback."""
+    boots = {n.get("boot_id") for n in nodes.values()}
+    if conditions.get("client_boot_id"):
+        return boots == {conditions["client_boot_id"]}
+    from urllib.parse import urlsplit
+
+    return (urlsplit(str(conditions.get("server_url") or "")).hostname or "") in LOOPBACK

@@ -1,0 +1,89 @@
+"""The machine's load over a level, as a measured condition of its figures (results.HostLoad).
+
+Read by the client, and only where it runs on the server's machine (the rank watch verified the workers'
+or the API server's pid there): Linux CPU pressure (/proc/pressure/cpu, `some total`: the time some
+runnable task waited for a CPU, in us) over the level's last round, the 1-minute load average at its end,
+the API server's own CPU wait (the schedstat run_delay of its threads, ns) over the same round, per
+token the round delivered, and the client's (this process's) the same way: which of the two waited is
+where a token's delivery went on a loaded host. Others' processes on a shared machine are in the pressure and the load: they are
+the host's, and the report says so. Nothing here asks the server anything.
+
+Units: *_pct percent, *_ms milliseconds, *_ns / *_us as named.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+HIGH_PRESSURE_PCT = 50.0  # some runnable task waited for a CPU half of the time: the host was loaded
+
+
+def _pressure_us() -> int | None:
+    try:
+        for line in Path("/proc/pressure/cpu").read_text().splitlines():
+            if line.startswith("some "):
+                return int(line.rsplit("total=", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _run_delay_ns(pid: int) -> int | None:
+    """Summed over the process's threads (schedstat's second field)."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+            seen = True
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total if seen else None
+
+
+class HostLoadMeter:
+    """start() before a round, stop(tokens) after it: the HostLoad document of that round (or None)."""
+
+    def __init__(self, api_pid: int | None):
+        self.api_pid = api_pid
+        self._t0 = self._p0 = self._d0 = None
+
+    def start(self) -> None:
+        self._t0, self._p0 = time.monotonic_ns(), _pressure_us()
+        self._d0 = _run_delay_ns(self.api_pid) if self.api_pid else None
+        self._c0 = _run_delay_ns(os.getpid())
+
+    def stop(self, tokens: int) -> dict | None:
+        if self._t0 is None:
+            return None
+        wall_us = (time.monotonic_ns() - self._t0) / 1e3
+        p1 = _pressure_us()
+        # the two reads are not at the exact instants of the two clock reads: a fully loaded host can read 101%
+        pressure = (
+            min(100.0, 100.0 * (p1 - self._p0) / wall_us)
+            if p1 is not None and self._p0 is not None and wall_us
+            else None
+        )
+        d1 = _run_delay_ns(self.api_pid) if self.api_pid else None
+        api = (d1 - self._d0) / 1e6 / tokens if d1 is not None and self._d0 is not None and tokens else None
+        c1 = _run_delay_ns(os.getpid())
+        client = (c1 - self._c0) / 1e6 / tokens if c1 is not None and self._c0 is not None and tokens else None
+        try:
+            load1 = float(Path("/proc/loadavg").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            load1 = None
+        cpus = os.cpu_count() or 1  # the machine's: the load average is the machine's
+        high = (pressure is not None and pressure >= HIGH_PRESSURE_PCT) or (load1 is not None and load1 > cpus)
+        return {
+            "cpus": cpus,
+            "loadavg_1m": load1,
+            "cpu_pressure_pct": pressure,
+            "api_server_wait_ms_per_token": api,
+            "client_wait_ms_per_token": client,
+            "high": bool(high),
+        }
