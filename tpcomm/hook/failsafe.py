@@ -198,6 +198,7 @@ def wrap(original: Callable, site: str, part: Callable, replaces: bool = False) 
             if once.error is not None:  # the original's own exception: it goes on, unchanged
                 if e is once.error:
                     raise
+                disable(site, f"tpcomm's part raised {type(e).__name__}: {e} over vLLM's {type(once.error).__name__}")
                 err = once.error
             else:
                 disable(site, f"{type(e).__name__}: {e}")

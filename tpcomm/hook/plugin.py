@@ -221,6 +221,7 @@ def _patch_worker(cls: type) -> None:
         cls.sample_tokens = _worker_sample_tokens
     _patch(cls, "sample_tokens", "sampling", _sampling_part)
     _patch(cls, "init_device", "device_init", _device_init_part)
+    _patch(cls, "init_device", "publish", _publish_part)  # its own site: CUDA timing's failure leaves it on
     from tpcomm.hook import rpc
 
     for name in rpc.METHODS:  # new methods (no vLLM call to keep): collective_rpc returns their errors as replies
@@ -251,12 +252,17 @@ def _sampling_part(call, self, *args, **kwargs):
 
 def _device_init_part(call, self, *args, **kwargs):
     out = call(self, *args, **kwargs)
-    from tpcomm.hook import publish, rpc
-
-    failsafe.attempt("publish", publish.start, HOOK, rpc._rank(self))  # metrics for scrapes (publish.py)
     # The worker's device is up: CUDA timing may go in now (see _install_cuda_timing). A failure there leaves
     # vLLM's device as it is and this site off.
     _install_cuda_timing()
+    return out
+
+
+def _publish_part(call, self, *args, **kwargs):
+    out = call(self, *args, **kwargs)
+    from tpcomm.hook import publish, rpc
+
+    publish.start(HOOK, rpc._rank(self))  # metrics for scrapes, by a thread of this worker (publish.py)
     return out
 
 
@@ -270,7 +276,9 @@ def _tag_cuda_backends() -> None:
             continue
         for m in methods:
             if hasattr(cls, m) and not hasattr(getattr(cls, m), "_tpcomm_original"):
-                _patch(cls, m, "backend_tag", _tag_part(SYMM_TAG if (tag, m) == ("pynccl", "all_reduce") else None, tag))
+                _patch(
+                    cls, m, "backend_tag", _tag_part(SYMM_TAG if (tag, m) == ("pynccl", "all_reduce") else None, tag)
+                )
     _tag_symm_decision()
 
 

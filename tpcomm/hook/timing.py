@@ -392,7 +392,9 @@ def unpatch_cuda_graphs(cls: Any = None) -> None:
         cls._tpcomm_patched = False
 
 
-def replay_part(after_replay: Callable[[Any, int], None], before_replay: Callable[[Any], None] | None = None) -> Callable:
+def replay_part(
+    after_replay: Callable[[Any, int], None], before_replay: Callable[[Any], None] | None = None
+) -> Callable:
     """The hook's part around CUDAGraph.replay (failsafe.patch), for graphs that hold captured collectives
     (timed: `_tpcomm_slots`, or captured without events: `_tpcomm_untimed`)."""
 
