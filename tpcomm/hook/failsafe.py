@@ -148,32 +148,9 @@ def details() -> dict[str, dict]:
 
 
 # ---- the mechanism ---------------------------------------------------------------------------------------
-class _Once:
-    """The original, callable once by tpcomm's part; remembers its result or its exception."""
-
-    __slots__ = ("fn", "site", "ran", "result", "error")
-
-    def __init__(self, fn: Callable, site: str) -> None:
-        self.fn, self.site, self.ran, self.result, self.error = fn, site, False, None, None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.ran:
-            raise RuntimeError(f"tpcomm's part at {self.site} called the original twice")
-        self.ran = True
-        try:
-            self.result = self.fn(*args, **kwargs)
-        except BaseException as e:
-            self.error = e
-            raise
-        if _all_after or _after:
-            fault_after(self.site)
-        return self.result
-
-
 def wrap(original: Callable, site: str, part: Callable, replaces: bool = False) -> Callable:
     """The fail-safe callable: `part(call, *args, **kwargs)` with `call` running `original` once (see the
     module docstring)."""
-
     compiling = _is_compiling()
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -181,35 +158,49 @@ def wrap(original: Callable, site: str, part: Callable, replaces: bool = False) 
             return original(*args, **kwargs)
         if compiling():  # dynamo traces this: no catch, no log (vLLM compiles with fullgraph=True)
             return part(original, *args, **kwargs)
-        once = _Once(original, site)
+        ran: list = []  # [result] once the original returned, [None, its exception] if it raised
+
+        def call(*a: Any, **k: Any) -> Any:
+            if ran:
+                raise RuntimeError(f"tpcomm's part at {site} called the original twice")
+            ran.append(None)
+            try:
+                ran[0] = original(*a, **k)
+            except BaseException as e:
+                ran.append(e)
+                raise
+            if _all_after or _after:
+                fault_after(site)
+            return ran[0]
+
         err = None
         try:
             if not _read or _all_before or _before:
                 fault(site)
-            out = part(once, *args, **kwargs)
-            if once.error is not None:  # the part swallowed the original's exception: it goes on all the same
-                disable(site, f"tpcomm's part swallowed {type(once.error).__name__} from vLLM's call")
-                err = once.error
-            elif once.ran or replaces:
+            out = part(call, *args, **kwargs)
+            if len(ran) > 1:  # the part swallowed the original's exception: it goes on all the same
+                disable(site, f"tpcomm's part swallowed {type(ran[1]).__name__} from vLLM's call")
+                err = ran[1]
+            elif ran or replaces:
                 return out
             else:
                 disable(site, "tpcomm's part returned without running vLLM's call")
         except Exception as e:
-            if once.error is not None:  # the original's own exception: it goes on, unchanged
-                if e is once.error:
+            if len(ran) > 1:  # the original's own exception: it goes on, unchanged
+                if e is ran[1]:
                     raise
-                disable(site, f"tpcomm's part raised {type(e).__name__}: {e} over vLLM's {type(once.error).__name__}")
-                err = once.error
+                disable(site, f"tpcomm's part raised {type(e).__name__}: {e} over vLLM's {type(ran[1]).__name__}")
+                err = ran[1]
             else:
                 disable(site, f"{type(e).__name__}: {e}")
         except BaseException as e:  # KeyboardInterrupt, SystemExit: never swallowed
-            if once.error is not None and e is not once.error:
-                err = once.error
+            if len(ran) > 1 and e is not ran[1]:
+                err = ran[1]
             else:
                 raise
         if err is not None:
             raise err  # outside the handler: the original's exception, not chained to tpcomm's
-        return once.result if once.ran else original(*args, **kwargs)
+        return ran[0] if ran else original(*args, **kwargs)
 
     functools.update_wrapper(wrapper, original)
     wrapper._tpcomm_original = original
