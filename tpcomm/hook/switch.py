@@ -43,17 +43,20 @@ def attach_routes_without_allowlist() -> None:
 
     if getattr(vp.load_endpoint_plugins, "_tpcomm_original", None) is not None:
         return
-    failsafe.patch(vp, "load_endpoint_plugins", "routes", _add_routes)
+    failsafe.patch(vp, "load_endpoint_plugins", "routes", _add_routes, replaces=True)
 
 
 def _add_routes(call, supported_tasks=None):
+    """vLLM's loader with VLLM_PLUGINS unset returns no endpoint plugin (and warns that tpcomm's needs the
+    allow-list): tpcomm's routes instead, the operator's TPCOMM_HOOK=1 being the consent. Set after all (an
+    allow-list): vLLM's loader decides."""
     import vllm.envs as envs
 
-    plugins = call(supported_tasks)
-    if envs.VLLM_PLUGINS is not None:  # an allow-list after all: vLLM decides
-        return plugins
+    if envs.VLLM_PLUGINS is not None:
+        return call(supported_tasks)
     from tpcomm.hook.core import logger
     from tpcomm.hook.routes import make_plugin
 
+    plugin = make_plugin()
     logger.info("tpcomm: /tpcomm/v1 routes added (TPCOMM_HOOK=1; VLLM_PLUGINS unset, other plugins load as usual)")
-    return [*plugins, make_plugin()]
+    return [plugin]
