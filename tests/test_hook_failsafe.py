@@ -294,6 +294,17 @@ def test_attribute_names_the_sites_off_and_the_terms_they_lose():
     assert coverage.lost_terms(_status({"some_new_site": "z"})) is not None
 
 
+def test_a_site_that_goes_off_mid_run_joins_the_status_the_analysis_reads():
+    from tpcomm.attribute import coverage
+
+    first = _status({"publish": "at start"})
+    coverage.merge_sites_off(first, _status({"publish": "later reason", "step_begin": "mid-run"}))
+    assert all(set(r["sites_off"]) == {"publish", "step_begin"} for r in first["per_rank"])
+    assert first["per_rank"][0]["sites_off"]["publish"]["reason"] == "at start"  # the first reason stays
+    assert coverage.lost_terms(first).startswith("the per-token time")
+    coverage.merge_sites_off(first, None)  # a status that could not be read changes nothing
+
+
 def test_lost_terms_are_not_measured_in_the_split_and_named_on_page_one(tmp_path):
     """Real records (tests/data/attribute_tiny_tp2) with a status that says graph capture timing went off: no
     level keeps a split, each says why, and page one names the site and what it lost."""

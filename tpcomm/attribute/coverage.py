@@ -43,6 +43,19 @@ def _ranks(hook_status: dict | None) -> list[dict]:
     return [w for w in (hook_status or {}).get("per_rank") or [] if isinstance(w, dict)]
 
 
+def merge_sites_off(status: dict | None, later: dict | None) -> None:
+    """Add to `status` (the hook's status at the run's start, which the analysis reads) the sites that `later`
+    (a status read after a level) lists as off: a site can go off at any call, mid-run."""
+    if not isinstance(status, dict) or not isinstance(later, dict):
+        return
+    seen = {r.get("rank"): r.get("sites_off") or {} for r in later.get("per_rank") or [] if isinstance(r, dict)}
+    for r in status.get("per_rank") or []:
+        if isinstance(r, dict) and seen.get(r.get("rank")):
+            r["sites_off"] = {**seen[r.get("rank")], **(r.get("sites_off") or {})}
+    if later.get("sites_off"):
+        status["sites_off"] = {**later["sites_off"], **(status.get("sites_off") or {})}
+
+
 def sites_off_lines(hook_status: dict | None) -> list[str]:
     """One line per switched-off site, e.g. "graph timing off: capture failed: RuntimeError: ..."."""
     out = []
