@@ -121,7 +121,22 @@ def hook_cost_us(n: int = 100_000) -> dict[str, float]:
     on = per_call(lambda: h.timed(g, "all_reduce", x, noop, x)) - base
     h.start()
     step = per_call(lambda: (h.step_begin(sched), h.step_end(None), h.sample_end()))
-    return {"collective_armed_us": on, "collective_disarmed_us": off, "step_armed_us": step}
+    # The fail-safe wrapper every patch goes through (hook/failsafe.py), around the same no-op: a pass-through
+    # part, and a site switched off (the original straight away).
+    from tpcomm.hook import failsafe
+
+    guarded = failsafe.wrap(noop, "collective", lambda call, t: call(t))
+    wrapper = per_call(lambda: guarded(x)) - base
+    failsafe.disable("bench_site_off", "benchmark")
+    off_site = failsafe.wrap(noop, "bench_site_off", lambda call, t: call(t))
+    wrapper_off = per_call(lambda: off_site(x)) - base
+    return {
+        "collective_armed_us": on,
+        "collective_disarmed_us": off,
+        "step_armed_us": step,
+        "failsafe_wrapper_us": wrapper,
+        "failsafe_site_off_us": wrapper_off,
+    }
 
 
 def alternate(url: str, key: str | None, model: str, rounds: int, per_batch: int, output_len: int) -> dict:
@@ -382,6 +397,11 @@ def main() -> None:
         f"hook's own cost (in-process, this machine, host clock): {cost['collective_armed_us']:.2f} us per collective "
         f"armed, {cost['collective_disarmed_us']:.2f} us disarmed, {cost['step_armed_us']:.2f} us per step; "
         f"10 collectives + 1 step = {per_step:.1f} us = {100 * per_step / (1e3 * tok_ms):.2f}% of a {tok_ms:.2f} ms token"
+    )
+    print(
+        f"fail-safe wrapper around each patched call (hook/failsafe.py, included in the TPOT ratios above, not in "
+        f"the per-collective cost): {cost['failsafe_wrapper_us']:.2f} us on, {cost['failsafe_site_off_us']:.2f} us "
+        "with its site off"
     )
     print(
         f"record buffer per worker: {st['buffer_bytes_per_worker'] / 2**20:.1f} MiB "

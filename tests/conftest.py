@@ -124,8 +124,14 @@ def no_pooled_server(request):
 # (test_attribute_server leaves it running; test_compare_server uses it first, then restarts it; test_hook_server
 # starts with it, then asks for its keyed and plugin-off variants). In the
 # default (alphabetical) order each of them started its own: about 1.5 min per start on 2 cores.
+# test_hook_failsafe_server reuses the plugin-off server test_hook_server ends with (its reference tokens).
 POOL_ON_AFTER = {
-    "test_attribute_server.py": ["test_predict_server.py", "test_compare_server.py", "test_hook_server.py"]
+    "test_attribute_server.py": [
+        "test_predict_server.py",
+        "test_compare_server.py",
+        "test_hook_server.py",
+        "test_hook_failsafe_server.py",
+    ]
 }
 
 

@@ -113,12 +113,16 @@ def analyse_run_dir(
         notes=list(notes or []),
         levels=[],
     )
+    att.not_timed = coverage.not_timed(hook_status)
+    # A timing path the split needs that the hook switched off (failsafe.py): no level's split stands.
+    lost = coverage.lost_terms(hook_status)
     if not has_records:
         if not plugin_on:
             att.plugin_note = ENABLE_HINT.format(model=cond.get("model_root") or "MODEL", tp="N")
         for lv in levels:
             problem = lv.get("hook_problem") or lv.get("worker_problem")
             why = ("not attributed: " if problem else "not measured: ") + _no_records_reason(lv, plugin_on)
+            why = lost if lost and not problem else why
             att.levels.append(_unattributed(lv, why, None, {}))
             att.levels[-1].incomplete = complete.level_incomplete(lv, None)
         rd.write_json(C.ATTR_SUMMARY, att.to_json())
@@ -135,7 +139,6 @@ def analyse_run_dir(
         times = ("t_start_ns", "t_end_ns", "gpu_start_ns", "gpu_end_ns")
         coll, steps = clocks.apply(coll, offsets, times), clocks.apply(steps, offsets, times)
         aligned = align(coll)
-    att.not_timed = coverage.not_timed(hook_status)
     att.nodes = {str(r): n for r, n in sorted(nodes.items())}
     att.clocks = {str(r): o for r, o in sorted(offsets.items())}
     # Analysis once: the aligned records and the one-step timeline the report draws are written here.
@@ -174,6 +177,10 @@ def analyse_run_dir(
             cc = compare(obs, planned, plan_note)
         cc["plan_config"] = plan_prov["source"]
         win = next((w for w in windows if (w["concurrency"], w["repeat"]) == (c, rep)), None)
+        if lost and not (lv.get("hook_problem") or lv.get("worker_problem")):
+            att.levels.append(_unattributed(lv, lost, win, cc))
+            att.levels[-1].incomplete = complete.level_incomplete(lv, None)
+            continue
         if lv.get("hook_problem") or lv.get("worker_problem") or not obs["steps"]:
             # Another client started or stopped recording mid-level, a TP worker died or stopped, or the run
             # ended before the level's records were pulled: the records do not cover the window, and nothing

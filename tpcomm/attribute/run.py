@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from tpcomm import contract as C
-from tpcomm.attribute import load, records
+from tpcomm.attribute import coverage, load, records
 from tpcomm.attribute.delivery import client_boot_id
 from tpcomm.attribute.hostload import HostLoadMeter
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
@@ -414,6 +414,7 @@ class Attribute:
         problem = None
         try:
             st = records.status(self.info, timeout_s=HOOK_TIMEOUT_S)
+            coverage.merge_sites_off(self.info.plugin, st)  # sites the hook switched off during the level
             problem = records.session_problem(st, session, self._started_ns(c))
             lv["cpu_wait"] = None if cpu_base == "unknown" else records.cpu_wait(st, since=cpu_base)
         except records.HookTimeout as e:

@@ -91,6 +91,12 @@ def render(res: dict, console: Console | None = None) -> None:
         for flag in lv.get("flags") or []:
             con.print(f"[yellow]! {flag}")
     att = Attribution.from_json(res["attribution"]) if res.get("attribution") else None
+    for line in att.not_timed if att is not None else []:
+        con.print(f"[yellow]! not timed by the hook: {line}")
+    if att is not None and not any(a.attributed for a in att.levels):
+        for a in att.levels:  # why each level has no split (the lost terms, no records, ...)
+            if a.note:
+                con.print(f"[yellow]C={a.concurrency} repeat {a.repeat}: {a.note}")
     if att is not None and att.plugin and any(a.attributed for a in att.levels):
         c = att.conditions
         con.print(

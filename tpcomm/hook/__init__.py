@@ -10,7 +10,8 @@ records (see routes.py), and `tpcomm.hook.client.HookClient` fetches them into
 a run directory. Without TPCOMM_HOOK=1 (or VLLM_PLUGINS naming tpcomm) nothing
 is patched.
 
-Modules: plugin.py (worker-side patches), core.py (state and the timed call),
+Modules: plugin.py (worker-side patches), failsafe.py (the one wrapper every patch goes
+through: vLLM's call runs whatever tpcomm's part does; TPCOMM_FAULT), core.py (state and the timed call),
 recorder.py (the bounded buffer), timing.py (host timer, CUDA events and
 graphs), ops.py (custom ops for torch.compile), rpc.py (worker methods),
 routes.py (HTTP), metrics.py (Prometheus text), client.py (fetch into RUN_DIR/hook/).

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from tpcomm.hook import timing
+from tpcomm.hook import failsafe, timing
 from tpcomm.hook.gpuclock import StepClock
 from tpcomm.hook.graphs import GraphSampler
 from tpcomm.hook.recorder import GROUP_COORDINATOR, Recorder
@@ -272,7 +272,8 @@ class Hook:
         try:
             capturing = torch.cuda.is_current_stream_capturing()
             timer = self.cuda
-            if capturing and not timer.capturing:
+            if capturing and (not timer.capturing or failsafe.off("graph_capture")):
+                # outside a graph the hook saw begin, or its capture timing off (failsafe.py): no events
                 timer.untimed_graph_calls += 1
                 capturing = None
             elif capturing and not timer.graph_timing:  # graph timing off: counted, no events in the graph

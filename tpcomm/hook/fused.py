@@ -46,11 +46,11 @@ each with when it applies and whether this worker has loaded (or initialised) it
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable
 from typing import Any
 
+from tpcomm.hook import failsafe
 from tpcomm.hook.core import HOOK, LAST_BACKEND, logger
 from tpcomm.hook.recorder import GROUP_COORDINATOR
 
@@ -59,6 +59,7 @@ FUSED_OP = "flashinfer_trtllm_fused_allreduce_norm"  # torch.ops.vllm.<this>
 FUSED_IMPL = "call_trtllm_fused_allreduce_norm"
 TARGET_ATTR = "allreduce_fusion"  # on the module global `flashinfer_comm`
 PATH = "flashinfer_fused_ar_rmsnorm"
+SITE = "fused_allreduce"  # failsafe.py: an error in the hook's part switches this timing off, FlashInfer's call runs
 BACKEND_PREFIX = "flashinfer_"
 DEFAULT_WORKSPACE_BACKEND = "trtllm"  # vLLM's default when VLLM_FLASHINFER_ALLREDUCE_BACKEND cannot pick mnnvl
 PDL_NOTE = (
@@ -146,7 +147,7 @@ def install(comm: Any = None, group_fn: Callable[[], Any] | None = None) -> bool
             STATE["installed"] = True
             return True
         STATE["graph_events"] = graph_events_on()
-        setattr(comm, TARGET_ATTR, _wrapped(orig, _path_names(comm), group_fn or _tp_group, STATE["graph_events"]))
+        failsafe.patch(comm, TARGET_ATTR, SITE, _part(_path_names(comm), group_fn or _tp_group, STATE["graph_events"]))
         HOOK.patched.append(f"{getattr(comm, '__name__', type(comm).__name__)}.{TARGET_ATTR}")
         STATE["installed"], STATE["error"] = True, None
         return True
@@ -157,9 +158,7 @@ def install(comm: Any = None, group_fn: Callable[[], Any] | None = None) -> bool
 
 
 def uninstall(comm: Any) -> None:
-    orig = getattr(getattr(comm, TARGET_ATTR), "_tpcomm_original", None)
-    if orig is not None:
-        setattr(comm, TARGET_ATTR, orig)
+    failsafe.unpatch(comm, TARGET_ATTR)
     STATE["installed"] = False
 
 
@@ -182,42 +181,38 @@ def _path_names(comm: Any) -> dict:
 
 
 def _wrapped(orig: Callable, names: dict, group_fn: Callable[[], Any], graph_events: bool = True) -> Callable:
+    """`orig` behind the hook's fail-safe wrapper (site fused_allreduce, failsafe.py)."""
+    return failsafe.wrap(orig, SITE, _part(names, group_fn, graph_events))
+
+
+def _part(names: dict, group_fn: Callable[[], Any], graph_events: bool = True) -> Callable:
+    """The hook's part around `allreduce_fusion`: `call` runs FlashInfer's (failsafe.py)."""
     groups: list = []
 
-    @functools.wraps(orig)
-    def allreduce_fusion(*args, **kwargs):
-        try:
-            ws = kwargs.get("workspace", args[1] if len(args) > 1 else None)
-            backend = BACKEND_PREFIX + str(getattr(ws, "backend", None) or DEFAULT_WORKSPACE_BACKEND)
-        except Exception as e:  # noqa: BLE001
-            HOOK.fail("fused all-reduce", e)
-            return orig(*args, **kwargs)
+    def allreduce_fusion(call, *args, **kwargs):
+        ws = kwargs.get("workspace", args[1] if len(args) > 1 else None)
+        backend = BACKEND_PREFIX + str(getattr(ws, "backend", None) or DEFAULT_WORKSPACE_BACKEND)
         if HOOK.depth or HOOK.disabled_reason is not None:  # inside a timed GroupCoordinator call
             LAST_BACKEND[0] = backend  # that row's transport (vLLM's standalone FlashInfer all-reduce)
-            return orig(*args, **kwargs)
-        try:
-            pattern = kwargs.get("pattern", args[2] if len(args) > 2 else None)
-            path = names.get(int(pattern), PATH) if pattern is not None else PATH
-            probe = kwargs.get("input", args[0] if args else None)
-            if not groups:
-                groups.append(group_fn())
-            if _count(path, probe, backend) and not graph_events:
-                STATE["untimed_graph_calls"] += 1
-                if HOOK.cuda is not None:
-                    HOOK.cuda.capture_untimed()  # the graph's replays count it as untimed
-                return orig(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001
-            HOOK.fail("fused all-reduce", e)
-            return orig(*args, **kwargs)
+            return call(*args, **kwargs)
+        pattern = kwargs.get("pattern", args[2] if len(args) > 2 else None)
+        path = names.get(int(pattern), PATH) if pattern is not None else PATH
+        probe = kwargs.get("input", args[0] if args else None)
+        if not groups:
+            groups.append(group_fn())
+        if _count(path, probe, backend) and not graph_events:
+            STATE["untimed_graph_calls"] += 1
+            if HOOK.cuda is not None:
+                HOOK.cuda.capture_untimed()  # the graph's replays count it as untimed
+            return call(*args, **kwargs)
 
         def run(*a, **k):
-            out = orig(*a, **k)
+            out = call(*a, **k)
             LAST_BACKEND[0] = backend  # read by the timed call once this returns
             return out
 
         return HOOK.timed_path(path, groups[0], "all_reduce", probe, run, *args, **kwargs)
 
-    allreduce_fusion._tpcomm_original = orig
     return allreduce_fusion
 
 

@@ -40,10 +40,11 @@ not; timing.py says why it is off by default); the engine steps' GPU spans
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable
+from typing import Any
 
+from tpcomm.hook import failsafe
 from tpcomm.hook.core import HOOK, LAST_BACKEND, SYMM_PENDING, env_flag, logger
 from tpcomm.hook.recorder import GROUP_COORDINATOR
 
@@ -125,9 +126,13 @@ def _install() -> None:
 
     for name, (op, pos, kw) in _TIMED.items():
         if hasattr(GroupCoordinator, name):
-            _patch(GroupCoordinator, name, _timed_method(getattr(GroupCoordinator, name), op, pos, kw))
+            _patch(GroupCoordinator, name, "collective", _timed_part(op, pos, kw))
+    try:  # the reroute acts only while dynamo traces, where nothing is caught (failsafe.py): its fault is here
+        failsafe.fault("reroute")
+    except failsafe.FaultInjected as e:
+        failsafe.disable("reroute", str(e))
     for name in _REROUTED:
-        _patch(GroupCoordinator, name, _rerouted_method(getattr(GroupCoordinator, name), name))
+        _patch(GroupCoordinator, name, "reroute", _rerouted_part(name), replaces=True)
     _patch_worker(WorkerWrapperBase)
 
 
@@ -153,37 +158,35 @@ def _install_cuda_timing() -> None:
     fused.install()  # never raises; a failure is logged and shown in status
 
 
-def _patch(cls: type, name: str, new: Callable) -> None:
-    orig = getattr(cls, name)
-    new._tpcomm_original = orig
-    setattr(cls, name, new)
-    HOOK.patched.append(f"{cls.__name__}.{name}")
+def _patch(cls: Any, name: str, site: str, part: Callable, replaces: bool = False) -> None:
+    """Every patch of a vLLM class or module goes through failsafe.patch: vLLM's call runs whatever `part` does."""
+    failsafe.patch(cls, name, site, part, replaces)
+    HOOK.patched.append(f"{getattr(cls, '__name__', type(cls).__name__)}.{name}")
 
 
-def _timed_method(orig: Callable, op: str, pos: int | None, kw: str | None) -> Callable:
+def _timed_part(op: str, pos: int | None, kw: str | None) -> Callable:
     import torch
 
-    @functools.wraps(orig)
-    def timed(self, *args, **kwargs):
+    def timed(call, self, *args, **kwargs):
         # Under dynamo, stay traceable: the compiled graph gets vLLM's own code
         # (the public methods reroute to tpcomm:: ops before reaching here).
         if torch.compiler.is_compiling() or self.world_size == 1:
-            return orig(self, *args, **kwargs)
+            return call(self, *args, **kwargs)
         probe = None if pos is None else (args[pos] if len(args) > pos else kwargs.get(kw))
         return HOOK.timed_path(
-            GROUP_COORDINATOR, self, op, probe, orig, self, *args, **kwargs
+            GROUP_COORDINATOR, self, op, probe, call, self, *args, **kwargs
         )  # not via timed: one call less
 
     return timed
 
 
-def _rerouted_method(orig: Callable, name: str) -> Callable:
+def _rerouted_part(name: str) -> Callable:
     import torch
 
     # Extra arguments a later vLLM may add pass straight through to the original (no rerouting then).
     if name == "all_reduce":
 
-        def method(self, input_, *args, **kwargs):
+        def method(call, self, input_, *args, **kwargs):
             if (
                 not args
                 and not kwargs
@@ -192,10 +195,10 @@ def _rerouted_method(orig: Callable, name: str) -> Callable:
                 and torch.compiler.is_compiling()
             ):
                 return torch.ops.tpcomm.all_reduce(input_, self.unique_name)
-            return orig(self, input_, *args, **kwargs)
+            return call(self, input_, *args, **kwargs)
     else:
 
-        def method(self, input_, dim=-1, *args, **kwargs):
+        def method(call, self, input_, dim=-1, *args, **kwargs):
             if (
                 not args
                 and not kwargs
@@ -204,52 +207,63 @@ def _rerouted_method(orig: Callable, name: str) -> Callable:
                 and torch.compiler.is_compiling()
             ):
                 return getattr(torch.ops.tpcomm, name)(input_, dim, self.world_size, self.unique_name)
-            return orig(self, input_, dim, *args, **kwargs)
+            return call(self, input_, dim, *args, **kwargs)
 
-    return functools.wraps(orig)(method)
+    return method
 
 
 def _patch_worker(cls: type) -> None:
-    orig_execute = cls.execute_model
-
-    def execute_model(self, scheduler_output, *args, **kwargs):
-        HOOK.step_begin(scheduler_output)
-        out = orig_execute(self, scheduler_output, *args, **kwargs)
-        HOOK.step_end(out)
-        return out
-
-    orig_sample = cls.__dict__.get("sample_tokens")
-
-    def sample_tokens(self, *args, **kwargs):
-        out = orig_sample(self, *args, **kwargs) if orig_sample else self.worker.sample_tokens(*args, **kwargs)
-        HOOK.sample_end()
-        return out
-
-    orig_init_device = cls.init_device
-
-    def init_device(self, *args, **kwargs):
-        out = orig_init_device(self, *args, **kwargs)
-        try:  # the worker's device is up: CUDA timing may go in now (see _install_cuda_timing)
-            _install_cuda_timing()
-        except Exception as e:  # noqa: BLE001 - a broken hook must not stop the worker
-            HOOK.fail("install CUDA timing", e)
-        try:  # metrics for scrapes, published by a thread of this worker (publish.py)
-            from tpcomm.hook import publish, rpc
-
-            publish.start(HOOK, rpc._rank(self))
-        except Exception as e:  # noqa: BLE001 - scrapes then use the RPC
-            logger.warning("tpcomm: metrics publishing not started (%s: %s)", type(e).__name__, e)
-        return out
-
-    _patch(cls, "init_device", functools.wraps(orig_init_device)(init_device))
-    _patch(cls, "execute_model", functools.wraps(orig_execute)(execute_model))
-    sample_tokens._tpcomm_original = orig_sample
-    cls.sample_tokens = sample_tokens
-    HOOK.patched.append(f"{cls.__name__}.sample_tokens")
+    """execute_model: two sites around one call (the step's start, then its end), each its own wrapper; sample_tokens
+    (WorkerWrapperBase has none: vLLM reaches the worker's through __getattr__, which stays the original)."""
+    _patch(cls, "execute_model", "step_begin", _step_begin_part)
+    _patch(cls, "execute_model", "step_end", _step_end_part)
+    if "sample_tokens" not in cls.__dict__:
+        cls.sample_tokens = _worker_sample_tokens
+    _patch(cls, "sample_tokens", "sampling", _sampling_part)
+    _patch(cls, "init_device", "device_init", _device_init_part)
+    _patch(cls, "init_device", "publish", _publish_part)  # its own site: CUDA timing's failure leaves it on
     from tpcomm.hook import rpc
 
-    for name in rpc.METHODS:
+    for name in rpc.METHODS:  # new methods (no vLLM call to keep): collective_rpc returns their errors as replies
         setattr(cls, name, getattr(rpc, name))
+
+
+def _worker_sample_tokens(self, *args, **kwargs):
+    """vLLM's own path when the wrapper class has no sample_tokens: the worker's."""
+    return self.worker.sample_tokens(*args, **kwargs)
+
+
+def _step_begin_part(call, self, scheduler_output, *args, **kwargs):
+    HOOK.step_begin(scheduler_output)
+    return call(self, scheduler_output, *args, **kwargs)
+
+
+def _step_end_part(call, self, *args, **kwargs):
+    out = call(self, *args, **kwargs)
+    HOOK.step_end(out)
+    return out
+
+
+def _sampling_part(call, self, *args, **kwargs):
+    out = call(self, *args, **kwargs)
+    HOOK.sample_end()
+    return out
+
+
+def _device_init_part(call, self, *args, **kwargs):
+    out = call(self, *args, **kwargs)
+    # The worker's device is up: CUDA timing may go in now (see _install_cuda_timing). A failure there leaves
+    # vLLM's device as it is and this site off.
+    _install_cuda_timing()
+    return out
+
+
+def _publish_part(call, self, *args, **kwargs):
+    out = call(self, *args, **kwargs)
+    from tpcomm.hook import publish, rpc
+
+    publish.start(HOOK, rpc._rank(self))  # metrics for scrapes, by a thread of this worker (publish.py)
+    return out
 
 
 def _tag_cuda_backends() -> None:
@@ -261,9 +275,10 @@ def _tag_cuda_backends() -> None:
         except Exception:  # noqa: BLE001 - a backend this build lacks
             continue
         for m in methods:
-            if hasattr(cls, m):
-                wrap = _tagged_pynccl_all_reduce if (tag, m) == ("pynccl", "all_reduce") else _tagged
-                _patch(cls, m, wrap(getattr(cls, m), tag))
+            if hasattr(cls, m) and not hasattr(getattr(cls, m), "_tpcomm_original"):
+                _patch(
+                    cls, m, "backend_tag", _tag_part(SYMM_TAG if (tag, m) == ("pynccl", "all_reduce") else None, tag)
+                )
     _tag_symm_decision()
 
 
@@ -280,36 +295,27 @@ def _tag_symm_decision() -> None:
         return
     if getattr(orig, "_tpcomm_original", None) is not None:
         return
-
-    @functools.wraps(orig)
-    def should_nccl_symm_mem_allreduce(*args, **kwargs):
-        ok = orig(*args, **kwargs)
-        SYMM_PENDING[0] = bool(ok)
-        if ok:
-            LAST_BACKEND[0] = SYMM_TAG
-        return ok
-
-    should_nccl_symm_mem_allreduce._tpcomm_original = orig
-    mod.should_nccl_symm_mem_allreduce = should_nccl_symm_mem_allreduce
-    HOOK.patched.append("cuda_communicator.should_nccl_symm_mem_allreduce")
+    _patch(mod, "should_nccl_symm_mem_allreduce", "backend_tag", _symm_decision_part)
 
 
-def _tagged(orig: Callable, tag: str) -> Callable:
-    @functools.wraps(orig)
-    def tagged(self, *args, **kwargs):
-        LAST_BACKEND[0] = tag
-        return orig(self, *args, **kwargs)
+def _symm_decision_part(call, *args, **kwargs):
+    ok = call(*args, **kwargs)
+    SYMM_PENDING[0] = bool(ok)
+    if ok:
+        LAST_BACKEND[0] = SYMM_TAG
+    return ok
 
-    return tagged
 
+def _tag_part(symm: str | None, tag: str) -> Callable:
+    """A backend's method names its transport for the record being timed around it. PyNccl's all_reduce
+    (`symm` set) says `nccl_symm_mem` when the symmetric-memory decision just said yes (consumed here)."""
 
-def _tagged_pynccl_all_reduce(orig: Callable, tag: str) -> Callable:
-    """PyNccl's all_reduce: `nccl_symm_mem` when the symmetric-memory decision just said yes (consumed here)."""
-
-    @functools.wraps(orig)
-    def tagged(self, *args, **kwargs):
-        LAST_BACKEND[0] = SYMM_TAG if SYMM_PENDING[0] else tag
-        SYMM_PENDING[0] = False
-        return orig(self, *args, **kwargs)
+    def tagged(call, self, *args, **kwargs):
+        if symm is None:
+            LAST_BACKEND[0] = tag
+        else:
+            LAST_BACKEND[0] = symm if SYMM_PENDING[0] else tag
+            SYMM_PENDING[0] = False
+        return call(self, *args, **kwargs)
 
     return tagged

@@ -237,15 +237,25 @@ class Publisher:
 
     def loop(self, stop: threading.Event | None = None) -> None:
         """Publish every interval until `stop` (forever in a worker). A failed publication withdraws the file
-        (never a stale snapshot served as current), is logged once per distinct error, and is retried."""
+        (never a stale snapshot served as current). An OS error (a full disk, a folder taken) is logged once per
+        distinct error and retried; anything else is tpcomm's own fault: publishing goes off for the life of the
+        process (failsafe.py, site `publish`) and scrapes use the RPC."""
+        from tpcomm.hook import failsafe
         from tpcomm.hook.core import logger
 
         stop = stop or threading.Event()
         while not stop.wait(interval_s()):
+            if failsafe.off("publish"):
+                self.withdraw()
+                return
             try:
+                failsafe.fault("publish")
                 self.publish()
             except Exception as e:  # noqa: BLE001 - publishing is optional: scrapes fall back to the RPC
                 self.withdraw()
+                if not isinstance(e, OSError):
+                    failsafe.disable("publish", f"{type(e).__name__}: {e}")
+                    return
                 what = f"{type(e).__name__}: {e}"
                 if what not in self.errors and len(self.errors) < 8:
                     self.errors.add(what)

@@ -49,6 +49,7 @@ import numpy as np
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from tpcomm.hook import failsafe
 from tpcomm.procid import identity
 from tpcomm.procid import state as proc_state
 
@@ -74,15 +75,21 @@ class TpcommEndpoints:
     name = "tpcomm"
     required_tasks = None
 
+    # vLLM calls these while it builds the app: an exception would stop the server from starting. Through
+    # failsafe.attempt (site `routes`): a failure leaves the routes out (attach) or answering 503 (state).
     def attach_router(self, app: FastAPI) -> None:
-        app.include_router(router)
+        failsafe.attempt("routes", app.include_router, router)
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
-        keys = getattr(args, "api_key", None)
-        if isinstance(keys, str):
-            keys = [keys]
-        state.tpcomm_engine = engine_client
-        state.tpcomm_api_keys = [k for k in (keys or [os.environ.get("VLLM_API_KEY")]) if k]
+        failsafe.attempt("routes", _init_state, engine_client, state, args)
+
+
+def _init_state(engine_client: Any, state: Any, args: Any) -> None:
+    keys = getattr(args, "api_key", None)
+    if isinstance(keys, str):
+        keys = [keys]
+    state.tpcomm_api_keys = [k for k in (keys or [os.environ.get("VLLM_API_KEY")]) if k]
+    state.tpcomm_engine = engine_client
 
 
 def make_plugin() -> TpcommEndpoints:
@@ -99,6 +106,8 @@ class _HTTPError(Exception):
 
 def _check(request: Request) -> Any:
     state = request.app.state
+    if failsafe.off("routes"):  # before the key check too: without its state, the key is not known
+        raise _HTTPError(503, "the tpcomm routes are off on this server (see its log: 'tpcomm: routes off')")
     keys = getattr(state, "tpcomm_api_keys", [])
     if keys:
         auth = request.headers.get("Authorization", "")
@@ -186,6 +195,8 @@ def _summary(per_rank: list[dict]) -> dict:
         "buffer_capacity": per_rank[0]["record_capacity"] if per_rank else 0,
         "buffer_bytes_per_worker": per_rank[0]["buffer_bytes"] if per_rank else 0,
         "timing": sorted({t for r in per_rank for t in r["timing"]}),
+        # site -> reason, over every rank (the first rank's reason): the timing paths the hook switched off
+        "sites_off": {s: d.get("reason") for r in reversed(per_rank) for s, d in (r.get("sites_off") or {}).items()},
         "versions": per_rank[0]["versions"] if per_rank else {},
         # One session on every rank, or None when the ranks disagree (a start that reached only some).
         "session": per_rank[0].get("session") if len({r.get("session") for r in per_rank}) == 1 and per_rank else None,

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tpcomm.hook import timing
+from tpcomm.hook import failsafe, timing
 from tpcomm.hook.core import HOOK, env_flag
 from tpcomm.hook.recorder import (
     COLLECTIVE_COLUMNS,
@@ -128,6 +128,8 @@ def tpcomm_status(self: Any) -> dict:
         "identity": identity(os.getpid()),  # boot id/pid/start: lets a client on this machine watch the pid itself
         "enabled": HOOK.disabled_reason is None,
         "disabled_reason": HOOK.disabled_reason,
+        # Timing paths switched off after an error in the hook's own part (failsafe.py): site -> {reason, at_ns}
+        "sites_off": failsafe.details(),
         "armed": HOOK.armed,
         "records": rec.n if rec else 0,
         "record_capacity": cap,

@@ -33,25 +33,30 @@ def switched_on() -> bool:
 
 def attach_routes_without_allowlist() -> None:
     """With VLLM_PLUGINS unset, have vLLM's endpoint loader (called once, in the API server) return tpcomm's
-    endpoint plugin. Imports nothing heavy until that call: this runs in every vLLM process."""
+    endpoint plugin. Imports nothing heavy until that call: this runs in every vLLM process. Through
+    failsafe.patch (site `routes`): whatever goes wrong here, vLLM's loader answers as it would have."""
     if named_in_vllm_plugins():
         return  # vLLM loads the endpoint plugin itself
     import vllm.plugins as vp
 
-    orig = vp.load_endpoint_plugins
-    if getattr(orig, "_tpcomm", False):
+    from tpcomm.hook import failsafe
+
+    if getattr(vp.load_endpoint_plugins, "_tpcomm_original", None) is not None:
         return
+    failsafe.patch(vp, "load_endpoint_plugins", "routes", _add_routes, replaces=True)
 
-    def load_endpoint_plugins(supported_tasks=None):
-        import vllm.envs as envs
 
-        if envs.VLLM_PLUGINS is not None:  # an allow-list after all: vLLM decides
-            return orig(supported_tasks)
-        from tpcomm.hook.core import logger
-        from tpcomm.hook.routes import make_plugin
+def _add_routes(call, supported_tasks=None):
+    """vLLM's loader with VLLM_PLUGINS unset returns no endpoint plugin (and warns that tpcomm's needs the
+    allow-list): tpcomm's routes instead, the operator's TPCOMM_HOOK=1 being the consent. Set after all (an
+    allow-list): vLLM's loader decides."""
+    import vllm.envs as envs
 
-        logger.info("tpcomm: /tpcomm/v1 routes added (TPCOMM_HOOK=1; VLLM_PLUGINS unset, other plugins load as usual)")
-        return [make_plugin()]
+    if envs.VLLM_PLUGINS is not None:
+        return call(supported_tasks)
+    from tpcomm.hook.core import logger
+    from tpcomm.hook.routes import make_plugin
 
-    load_endpoint_plugins._tpcomm = True
-    vp.load_endpoint_plugins = load_endpoint_plugins
+    plugin = make_plugin()
+    logger.info("tpcomm: /tpcomm/v1 routes added (TPCOMM_HOOK=1; VLLM_PLUGINS unset, other plugins load as usual)")
+    return [plugin]

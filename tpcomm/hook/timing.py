@@ -320,6 +320,7 @@ def patch_cuda_graphs(
     timer: CudaEventTimer,
     after_replay: Callable[[Any, int], None],
     before_replay: Callable[[Any], None] | None = None,
+    cls: Any = None,
 ) -> bool:
     """Bracket torch.cuda.CUDAGraph capture and replay (vLLM's CUDAGraphWrapper uses this class).
 
@@ -328,22 +329,26 @@ def patch_cuda_graphs(
     `after_replay(graph, host time of the call)` after it. With graph timing on and the driver
     loaded, graphs are created with keep_graph=True (their cudaGraph_t holds the node handles
     that rotation needs, cudadrv.py) and instantiated right after capture, as torch does
-    otherwise."""
-    try:
-        import torch
+    otherwise. Each method goes through failsafe.patch: torch's call runs whatever the hook's
+    part does, and a failure switches `graph_capture` (creation, capture) or `graph_replay` off.
+    `cls`: the class to patch (default torch.cuda.graphs.CUDAGraph, when CUDA is available)."""
+    from tpcomm.hook import failsafe
 
-        if not torch.cuda.is_available():
+    if cls is None:
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return False
+            cls = torch.cuda.graphs.CUDAGraph
+        except Exception:  # noqa: BLE001
             return False
-        cls = torch.cuda.graphs.CUDAGraph
-    except Exception:
-        return False
     if getattr(cls, "_tpcomm_patched", False):
         return True
-    orig_new, orig_begin, orig_end, orig_replay = cls.__new__, cls.capture_begin, cls.capture_end, cls.replay
     keep = timer.graph_timing and timer.driver is not None
 
-    def __new__(c, keep_graph: bool = False, *a, **k):
-        inst = orig_new(c, True if keep else keep_graph, *a, **k)
+    def new_part(call, c, keep_graph: bool = False, *a, **k):
+        inst = call(c, True if keep else keep_graph, *a, **k)
         if keep and not keep_graph:
             inst._tpcomm_kept = True  # kept for the hook: instantiated at capture end as torch would
         elif keep_graph:
@@ -351,50 +356,56 @@ def patch_cuda_graphs(
             inst._tpcomm_user_kept = True
         return inst
 
-    def capture_begin(self, *a, **k):
-        orig_begin(self, *a, **k)
+    def begin_part(call, self, *a, **k):
+        out = call(self, *a, **k)
         timer.on_capture_begin()
+        return out
 
-    def capture_end(self, *a, **k):
+    def end_part(call, self, *a, **k):
         try:
-            orig_end(self, *a, **k)
+            out = call(self, *a, **k)
             if getattr(self, "_tpcomm_kept", False) and not getattr(self, "_tpcomm_user_kept", False):
                 self.instantiate()
         finally:
             timer.on_capture_end(self)
+        return out
 
     if keep:
-        cls.__new__ = __new__
-    cls.capture_begin, cls.capture_end = capture_begin, capture_end
-    cls.replay = bracket_replay(orig_replay, after_replay, before_replay)
+        failsafe.patch(cls, "__new__", "graph_capture", new_part)
+    failsafe.patch(cls, "capture_begin", "graph_capture", begin_part)
+    failsafe.patch(cls, "capture_end", "graph_capture", end_part)
+    failsafe.patch(cls, "replay", "graph_replay", replay_part(after_replay, before_replay))
     cls._tpcomm_patched = True
-    cls._tpcomm_originals = (orig_new, orig_begin, orig_end, orig_replay)
     return True
 
 
-def unpatch_cuda_graphs() -> None:
+def unpatch_cuda_graphs(cls: Any = None) -> None:
     """Undo patch_cuda_graphs (a selfcheck or a test that patched the class in its own process)."""
-    import torch
+    from tpcomm.hook import failsafe
 
-    cls = torch.cuda.graphs.CUDAGraph
-    if getattr(cls, "_tpcomm_originals", None):
-        cls.__new__, cls.capture_begin, cls.capture_end, cls.replay = cls._tpcomm_originals
+    if cls is None:
+        import torch
+
+        cls = torch.cuda.graphs.CUDAGraph
+    if getattr(cls, "_tpcomm_patched", False):
+        failsafe.unpatch(cls)
         cls._tpcomm_patched = False
 
 
-def bracket_replay(
-    orig_replay: Callable, after_replay: Callable[[Any, int], None], before_replay: Callable[[Any], None] | None = None
+def replay_part(
+    after_replay: Callable[[Any, int], None], before_replay: Callable[[Any], None] | None = None
 ) -> Callable:
-    """CUDAGraph.replay with the callbacks of patch_cuda_graphs, for graphs that hold captured collectives
+    """The hook's part around CUDAGraph.replay (failsafe.patch), for graphs that hold captured collectives
     (timed: `_tpcomm_slots`, or captured without events: `_tpcomm_untimed`)."""
 
-    def replay(self, *a, **k):
+    def replay(call, self, *a, **k):
         timed = getattr(self, "_tpcomm_slots", None)
         if timed and before_replay is not None:
             before_replay(self)
         t = time.time_ns()
-        orig_replay(self, *a, **k)
+        out = call(self, *a, **k)
         if timed or getattr(self, "_tpcomm_untimed", 0):
             after_replay(self, t)
+        return out
 
     return replay
