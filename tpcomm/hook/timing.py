@@ -53,6 +53,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from tpcomm.hook import failsafe
+
 HOST_SYNC = "host-sync"
 CUDA_EVENT_EAGER = "cuda-event-eager"
 CUDA_EVENT_GRAPH = "cuda-event-graph"
@@ -321,14 +323,8 @@ def patch_cuda_graphs(
     after_replay: Callable[[Any, int], None],
     before_replay: Callable[[Any], None] | None = None,
 ) -> bool:
-    """Bracket torch.cuda.CUDAGraph capture and replay (vLLM's CUDAGraphWrapper uses this class).
-
-    For a graph holding captured collectives, `before_replay(graph)` runs before the replay is
-    enqueued (the last chance to read a noted replay that this one would re-record) and
-    `after_replay(graph, host time of the call)` after it. With graph timing on and the driver
-    loaded, graphs are created with keep_graph=True (their cudaGraph_t holds the node handles
-    that rotation needs, cudadrv.py) and instantiated right after capture, as torch does
-    otherwise."""
+    """Bracket torch.cuda.CUDAGraph capture and replay (vLLM's CUDAGraphWrapper uses this class); see
+    patch_graph_class. False where torch has no CUDA."""
     try:
         import torch
 
@@ -337,48 +333,95 @@ def patch_cuda_graphs(
         cls = torch.cuda.graphs.CUDAGraph
     except Exception:
         return False
-    if getattr(cls, "_tpcomm_patched", False):
+    return patch_graph_class(cls, timer, after_replay, before_replay)
+
+
+def patch_graph_class(
+    cls: type,
+    timer: CudaEventTimer,
+    after_replay: Callable[[Any, int], None],
+    before_replay: Callable[[Any], None] | None = None,
+) -> bool:
+    """Bracket `cls`'s capture and replay (torch.cuda.graphs.CUDAGraph, or a test's stand-in).
+
+    For a graph holding captured collectives, `before_replay(graph)` runs before the replay is
+    enqueued (the last chance to read a noted replay that this one would re-record) and
+    `after_replay(graph, host time of the call)` after it. With graph timing on and the driver
+    loaded, graphs are made with keep_graph=True (their cudaGraph_t holds the node handles that
+    rotation needs, cudadrv.py) and instantiated right after capture, as torch does otherwise.
+
+    Where keep_graph is taken: torch binds the C++ class as `_CUDAGraph` with
+    `.def(py::init<bool>(), py::arg("keep_graph") = false)` (torch/csrc/cuda/Graph.cpp), so the flag
+    reaches the C++ object through pybind's `__init__`; `__new__` (torch/cuda/graphs.py:
+    `super().__new__(cls, keep_graph)`) goes to pybind's generic object allocator, which ignores its
+    arguments. type.__call__ then calls `__init__` with the caller's own arguments, so a changed
+    `__new__` argument never arrives: `__init__` is patched. If keep_graph stayed False, capture_end
+    instantiates and frees the graph, and a second instantiate() fails torch's TORCH_CHECK(keep_graph_)
+    (aten/src/ATen/cuda/CUDAGraph.cpp).
+
+    tpcomm's part of each bracket is fail-safe: torch's own call always runs, and an exception in
+    tpcomm's part switches graph timing off for the process (failsafe.disable("graph_capture", ...))."""
+    if cls.__dict__.get("_tpcomm_patched", False):
         return True
-    orig_new, orig_begin, orig_end, orig_replay = cls.__new__, cls.capture_begin, cls.capture_end, cls.replay
+    had_init = "__init__" in cls.__dict__
+    orig_init, orig_begin, orig_end, orig_replay = cls.__init__, cls.capture_begin, cls.capture_end, cls.replay
     keep = timer.graph_timing and timer.driver is not None
 
-    def __new__(c, keep_graph: bool = False, *a, **k):
-        inst = orig_new(c, True if keep else keep_graph, *a, **k)
-        if keep and not keep_graph:
-            inst._tpcomm_kept = True  # kept for the hook: instantiated at capture end as torch would
-        elif keep_graph:
-            inst._tpcomm_kept = True
-            inst._tpcomm_user_kept = True
-        return inst
+    def __init__(self, keep_graph: bool = False, *a, **k):
+        orig_init(self, True if keep else keep_graph, *a, **k)
+        if keep_graph:
+            self._tpcomm_kept = self._tpcomm_user_kept = True
+        elif keep:
+            self._tpcomm_kept = True  # kept for the hook: instantiated at capture end as torch would
 
     def capture_begin(self, *a, **k):
         orig_begin(self, *a, **k)
-        timer.on_capture_begin()
+        try:
+            failsafe.fault("graph_capture")
+            timer.on_capture_begin()
+        except Exception as e:  # noqa: BLE001 - vLLM's capture goes on untimed
+            _capture_failed(timer, e)
 
     def capture_end(self, *a, **k):
+        orig_end(self, *a, **k)
+        if getattr(self, "_tpcomm_kept", False) and not getattr(self, "_tpcomm_user_kept", False):
+            # keep_graph=True was the hook's doing: instantiate now, as torch's capture_end would have. Not
+            # fail-safe on purpose: torch's own call, whose failure vLLM must see as it would without tpcomm.
+            self.instantiate()
         try:
-            orig_end(self, *a, **k)
-            if getattr(self, "_tpcomm_kept", False) and not getattr(self, "_tpcomm_user_kept", False):
-                self.instantiate()
-        finally:
             timer.on_capture_end(self)
+        except Exception as e:  # noqa: BLE001
+            _capture_failed(timer, e)
 
     if keep:
-        cls.__new__ = __new__
+        cls.__init__ = __init__
     cls.capture_begin, cls.capture_end = capture_begin, capture_end
     cls.replay = bracket_replay(orig_replay, after_replay, before_replay)
     cls._tpcomm_patched = True
-    cls._tpcomm_originals = (orig_new, orig_begin, orig_end, orig_replay)
+    cls._tpcomm_originals = (orig_init if had_init else None, orig_begin, orig_end, orig_replay)
     return True
 
 
-def unpatch_cuda_graphs() -> None:
-    """Undo patch_cuda_graphs (a selfcheck or a test that patched the class in its own process)."""
-    import torch
+def _capture_failed(timer: CudaEventTimer, e: BaseException) -> None:
+    """tpcomm's part of a capture bracket raised: no more events in graphs captured from now on."""
+    timer._capturing, timer.graph_timing = None, False
+    failsafe.disable("graph_capture", f"capture failed: {type(e).__name__}: {e}")
 
-    cls = torch.cuda.graphs.CUDAGraph
-    if getattr(cls, "_tpcomm_originals", None):
-        cls.__new__, cls.capture_begin, cls.capture_end, cls.replay = cls._tpcomm_originals
+
+def unpatch_cuda_graphs(cls: type | None = None) -> None:
+    """Undo patch_cuda_graphs (a selfcheck or a test that patched the class in its own process)."""
+    if cls is None:
+        import torch
+
+        cls = torch.cuda.graphs.CUDAGraph
+    orig = cls.__dict__.get("_tpcomm_originals")
+    if orig:
+        init, cls.capture_begin, cls.capture_end, cls.replay = orig
+        if init is not None:
+            cls.__init__ = init
+        elif "__init__" in cls.__dict__:
+            del cls.__init__  # inherited from torch's pybind base again
+        cls._tpcomm_originals = None
         cls._tpcomm_patched = False
 
 
