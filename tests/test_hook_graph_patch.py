@@ -158,3 +158,29 @@ def test_a_fault_in_the_hooks_capture_part_switches_graph_timing_off_and_the_cap
     g.replay()
     assert g.replays == 1 and not t.graph_timing
     assert failsafe.disabled()["graph_capture"].startswith("capture failed: RuntimeError: injected fault")
+
+
+def _hook_with_graph_timing():
+    from tpcomm.hook.core import Hook
+
+    h = Hook()
+    h.gpu, h.cuda = True, _timer()
+    return h
+
+
+def test_a_failing_start_time_self_test_switches_graph_timing_off(monkeypatch):
+    """The start-time self-test (tpcomm/hook/selftest.py) in a worker whose graph path fails (here: no CUDA in
+    this torch; the fault switch likewise): graph timing off for the process, one reason in failsafe and in
+    status, nothing raised. On a GPU it passes (tests/test_hook_timing_gpu.py)."""
+    from tpcomm.hook.selftest import graph_selftest
+
+    h = _hook_with_graph_timing()
+    why = graph_selftest(h)
+    assert why.startswith("start-time self-test failed: ") and not h.cuda.graph_timing
+    assert failsafe.disabled()["graph_capture"] == why and h.cuda.status()["graph_timing_off_why"] == why
+    assert h.cuda.graphs_with_slots == 0
+    failsafe._DISABLED.clear()
+    monkeypatch.setenv(failsafe.FAULT_ENV, "graph_selftest")
+    h = _hook_with_graph_timing()
+    assert "injected fault at graph_selftest" in graph_selftest(h) and not h.cuda.graph_timing
+    assert graph_selftest(h) is None  # graph timing now off: nothing to test

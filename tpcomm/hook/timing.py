@@ -312,6 +312,7 @@ class CudaEventTimer:
             "graphs_timed": self.graphs_with_slots,
             "graphs_rotating": self.graphs_rotating,
             "graphs_untimed": self.graphs_untimed,
+            "graph_timing_off_why": failsafe.disabled().get("graph_capture"),
             "rotation": "off: graph timing off"
             if not self.graph_timing
             else ("on" if self.driver is not None else f"off: {self.driver_why}"),
