@@ -272,7 +272,8 @@ def clock_check(f: dict, where: str, on_cuda: bool) -> Check:
         "vllm-serve-clock",
         PASS if got == want else FAIL,
         f"{where}: the split's step clock is {got or 'none'} (must be {want} on a {'CUDA' if on_cuda else 'CPU'} "
-        f"worker); steps without a GPU span: {f.get('steps_without_gpu_span', 'n/a')}",
+        "worker)"
+        + (f"; steps without a GPU span: {f['steps_without_gpu_span']}" if f.get("steps_without_gpu_span") else ""),
         f,
     )
 
