@@ -58,7 +58,9 @@ class _PybindGraph:
 
     def raw_cuda_graph(self) -> int:
         if not (self.keep_graph_ and self.has_graph_):
-            raise RuntimeError("You cannot access the raw cudaGraph_t instance unless CUDAGraph was initialized with keep_graph=true")
+            raise RuntimeError(
+                "You cannot access the raw cudaGraph_t instance unless CUDAGraph was initialized with keep_graph=true"
+            )
         return 0x1234
 
 

@@ -24,6 +24,7 @@ def render_pdf(*args, **kwargs):
 
     return real(*args, **kwargs)
 
+
 PROSE_MAX_WORDS = 150
 
 

@@ -29,6 +29,7 @@ def render_pdf(*args, **kwargs):
 
     return real(*args, **kwargs)
 
+
 DATA = Path(__file__).parent / "data"
 DEMO_RUN = DATA / "demo_run"
 
