@@ -186,3 +186,17 @@ def test_a_failing_start_time_self_test_switches_graph_timing_off(monkeypatch):
     h = _hook_with_graph_timing()
     assert "injected fault at graph_selftest" in graph_selftest(h) and not h.cuda.graph_timing
     assert graph_selftest(h) is None  # graph timing now off: nothing to test
+
+
+def test_attribute_names_why_graph_timing_went_off():
+    """What attribute's page one and summary list (attribute/coverage.py) when the workers switched graph timing
+    off themselves: the reason, not "off when the server started"."""
+    from tpcomm.attribute.coverage import not_timed
+
+    why = "start-time self-test failed: RuntimeError: a timing event was not done after a synchronize"
+    gt = {"applies": True, "enabled": False, "graph_timing_off_why": why}
+    assert not_timed({"per_rank": [{"graph_timing": gt}]}) == [
+        f"collectives inside CUDA graphs: graph timing off: {why}"
+    ]
+    gt = {"applies": True, "enabled": False, "graph_timing_off_why": None}
+    assert "off when the server started" in not_timed({"per_rank": [{"graph_timing": gt}]})[0]
