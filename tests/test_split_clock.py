@@ -126,3 +126,28 @@ def test_sampled_steps_are_those_whose_graph_collectives_were_read(graph_timing)
     rows = rank_steps(align(g), st).assign(concurrency=1, repeat=0)
     sites = {s["op"]: s["count_per_step"] for s in top_sites(align(g), rows[rows["kind"] == "decode"])}
     assert sites == {"all_reduce": pytest.approx(n_ar), "all_gather": pytest.approx(1.0)}
+
+
+def test_selfchecks_graph_item_counts_sampled_steps_as_the_split_does():
+    """selfcheck's timer-graph item (hookpath.py) holds the hook's records against split.sampled_mask: on records of
+    the shape it makes (an eager gather in every step, graph rows 1 step in 4) it counts the 1 in 4."""
+    from tpcomm.selfcheck.hookpath import split_sampled_steps
+
+    n = 24
+    coll = {
+        "rank": [0] * (n + 6),
+        "step": list(range(n)) + list(range(0, n, 4)),
+        "duration_us": [5.0] * n + [500.0] * 6,
+        "timing": ["cuda-event-eager"] * n + ["cuda-event-graph"] * 6,
+    }
+    t0 = [1_000_000 * i for i in range(n)]
+    steps = {
+        "rank": [0] * n,
+        "step": list(range(n)),
+        "t_start_ns": t0,
+        "t_end_ns": [t + 600_000 for t in t0],
+        "duration_us": [600.0] * n,
+        "kind": ["decode"] * n,
+        "untimed_collectives": [0] * n,
+    }
+    assert split_sampled_steps(coll, steps) == 6
