@@ -130,18 +130,25 @@ def _hardware(device) -> str:
 
 
 def _graph(backend, op, b, reps):
-    """Capture `reps` back-to-back ops in one CUDA graph (vLLM's decode path)."""
+    """Capture `reps` back-to-back ops in one CUDA graph (vLLM's decode path).
+
+    Warm-up and capture on one side stream, both inside the backend's capture() context, as vLLM's
+    graph_capture does and as probes/replay.py _capture: FlashInfer's PCIe IPC workspace is single-stream
+    (PcieIpcAllReduceWorkspace._check_stream raises on another stream); the eager items before bound it to
+    the default stream, capture() rebinds it and its first launch after that binds it to that launch's
+    stream. A warm-up on a side stream before capture() raised there and took the rank down (issue 27)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            backend.run(op, b)
-    torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with backend.capture():
-        with torch.cuda.graph(g):
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                backend.run(op, b)
+        s.synchronize()
+        with torch.cuda.graph(g, stream=s):
             for _ in range(reps):
                 res = backend.run(op, b)
+    torch.cuda.current_stream().wait_stream(s)
     return g, res
 
 

@@ -259,3 +259,40 @@ def test_clock_anchor_refresh_never_waits_and_falls_back_to_sync_only_at_start(m
     clock = iter([4_000_000 + i * 100_000 for i in range(2 * timing.ClockAnchor.TRIES)])
     kept = fresh.event
     assert not fresh.sync() and fresh.event is kept
+
+
+def test_eight_steps_queued_ahead_each_sampled_keep_eight_event_sets_and_drop_nothing():
+    """Issue 27 defect 3: what tests/test_hook_timing_gpu.py and the selfcheck do on a GPU: every step sampled,
+    8 steps (or a drafter's 8 replays) enqueued before the GPU has run the first. Each sampled replay needs
+    its own event set until it is read: 8 rotations, 8 samples read, none dropped (4 sets per graph dropped
+    the rest). The drafter variant: one graph replayed 8 times in one sampled step."""
+    dev, graphs = Dev(), {}
+    h = sim_hook(dev, graphs, sample_every=1)
+    g = capture(h, dev, _Group(), COMPUTE_MS, COLL_MS, graphs)
+    h.start()
+    dev.kernel(100 * COMPUTE_MS)  # the GPU is busy: every step below is enqueued before any of it runs
+    dev.strict = True
+    for _ in range(8):
+        h.step_begin(_Sched())
+        h.before_replay(g)
+        g.launch()
+        h.after_replay(g, 0)
+        h.step_end(object())
+    dev.strict = False
+    h.stop()
+    st = h.graphs.status()
+    assert dev.violations == [] and h.disabled_reason is None
+    assert st["rotations"] == 8 and st["samples_read"] == 8 and st["samples_dropped"] == 0
+    got, _ = rows(h)
+    assert sorted(got) == [(s, k, round(ms * 1e3, 1)) for s in range(8) for k, ms in enumerate(COLL_MS)]
+    d = capture(h, dev, _Group(), 0.3, [0.02], graphs)
+    h.start()
+    dev.kernel(100 * COMPUTE_MS)
+    h.step_begin(_Sched())
+    for _ in range(8):
+        h.before_replay(d)
+        d.launch()
+        h.after_replay(d, 0)
+    h.step_end(object())
+    h.stop()
+    assert h.graphs.status()["samples_read"] == 8 and h.graphs.status()["samples_dropped"] == 0

@@ -73,6 +73,29 @@ def test_graphs_are_kept_and_their_event_nodes_found(hook, kernel):
     assert len(ge.nodes) == 2 and len({n for pair in ge.nodes for n in pair}) == 4
 
 
+def test_the_real_binding_keeps_the_graph_when_vllm_constructs_it_plainly(hook, kernel):
+    """Issue 27 defect 1 on torch's real pybind class: vLLM's plain `torch.cuda.CUDAGraph()` (cuda_graph.py) with
+    graph timing on gives a kept graph (raw_cuda_graph() needs keep_graph=True), captured, instantiated once
+    (no TORCH_CHECK(keep_graph_) failure at capture end) and replayed; no timing path switched off."""
+    from tpcomm.hook import failsafe
+
+    g = _capture(hook, kernel, [100])
+    assert g.raw_cuda_graph() and g.raw_cuda_graph_exec()
+    g.replay()
+    torch.cuda.synchronize()
+    assert "graph_capture" not in failsafe.disabled()
+
+
+def test_the_start_time_self_test_passes_on_a_gpu(hook):
+    """The plugin's start-time self-test (tpcomm/hook/selftest.py) on real CUDA: passes, leaves graph timing on,
+    counts no graph of its own."""
+    from tpcomm.hook import failsafe
+    from tpcomm.hook.selftest import graph_selftest
+
+    assert graph_selftest(hook) is None, failsafe.disabled()
+    assert hook.cuda.graph_timing and hook.cuda.graphs_with_slots == 0
+
+
 def test_samples_are_read_while_the_host_runs_ahead_without_a_wait(hook, kernel):
     """Every step replays the graph again before the GPU has run the previous replay (a long sleep queued
     first): with rotation each sample keeps its own events; no synchronize between step begin and end."""

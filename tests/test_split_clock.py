@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tpcomm.attribute.align import align
-from tpcomm.attribute.split import engine_split, rank_steps
+from tpcomm.attribute.split import engine_split, rank_steps, top_sites
 from tpcomm.attribute.synthetic import make_records
 
 ENQUEUE_US = 250.0  # the worker's host span of a step: it only enqueues the step's GPU work
@@ -83,7 +83,7 @@ def test_untimed_collectives_are_not_read_as_zero_transfer():
     sp = _split(coll.iloc[0:0], st)
     assert sp["per_token_ms"] is None and "untimed" in sp["note"] and "TPCOMM_GRAPH_TIMING=1" in sp["note"]
     # and where both exist, only pairs without untimed collectives carry the transfer
-    sp = _split(coll, st)
+    sp = _split(coll.assign(timing="cuda-event-graph"), st)
     assert sp["sampled_pairs_share"] < 1.0 and sp["per_token_ms"]["transfer"] > 0
 
 
@@ -94,3 +94,60 @@ def test_records_without_the_new_columns_split_on_the_host_clock():
     assert sp["per_token_ms"]["compute"] == pytest.approx(truth["compute_us"] / 1e3, rel=0.01)
     rows = rank_steps(align(coll), st)
     assert set(rows["clock"]) == {"host"} and isinstance(rows, pd.DataFrame)
+
+
+def _graph_sampled(coll, every: int = 8, graph_timing: bool = True):
+    """What the hook records with CUDA graphs, TP 2: the all-reduces are in the graph (rows only in sampled steps,
+    timing cuda-event-graph; graph timing off: no rows, counted untimed), the logits all-gather runs eagerly in
+    every step (a cuda-event-eager row in every step)."""
+    ar, sampled = coll["op"] == "all_reduce", coll["step"] % every == 0
+    keep = ~ar | (sampled & graph_timing)
+    timing = np.where(ar, "cuda-event-graph", "cuda-event-eager")
+    return coll.assign(timing=timing)[keep], int(ar[coll["step"] == 0].sum() // coll["rank"].nunique())
+
+
+@pytest.mark.parametrize("graph_timing", [True, False])
+def test_sampled_steps_are_those_whose_graph_collectives_were_read(graph_timing):
+    """Issue 27 defect 2: the eager logits gather puts a row in every step. Transfer and wait are means over the
+    steps whose sampled graph collectives were read (1 in 8 here), not over every step with a row (which
+    diluted them ~8x); with graph timing off they are not measured (before: the logits gather alone)."""
+    coll, st, truth = async_records()
+    g, n_ar = _graph_sampled(coll, graph_timing=graph_timing)
+    if not graph_timing:
+        st["untimed_collectives"] = np.where(st["step"] % 8 == 0, n_ar, 0)
+    sp = _split(g, st)
+    if not graph_timing:
+        assert sp["per_token_ms"] is None and "TPCOMM_GRAPH_TIMING=1" in sp["note"]
+        return
+    assert sp["sampled_pairs_share"] == pytest.approx(1 / 8, abs=0.01)
+    assert sp["per_token_ms"]["transfer"] == pytest.approx(truth["transfer_us"] / 1e3, rel=0.05)
+    assert sp["per_token_ms"]["wait"] == pytest.approx(truth["wait_us"] / 1e3, rel=0.1)
+    # top_sites counts per sampled step: 9 all-reduces and 1 gather per step, per rank
+    rows = rank_steps(align(g), st).assign(concurrency=1, repeat=0)
+    sites = {s["op"]: s["count_per_step"] for s in top_sites(align(g), rows[rows["kind"] == "decode"])}
+    assert sites == {"all_reduce": pytest.approx(n_ar), "all_gather": pytest.approx(1.0)}
+
+
+def test_selfchecks_graph_item_counts_sampled_steps_as_the_split_does():
+    """selfcheck's timer-graph item (hookpath.py) holds the hook's records against split.sampled_mask: on records of
+    the shape it makes (an eager gather in every step, graph rows 1 step in 4) it counts the 1 in 4."""
+    from tpcomm.selfcheck.hookpath import split_sampled_steps
+
+    n = 24
+    coll = {
+        "rank": [0] * (n + 6),
+        "step": list(range(n)) + list(range(0, n, 4)),
+        "duration_us": [5.0] * n + [500.0] * 6,
+        "timing": ["cuda-event-eager"] * n + ["cuda-event-graph"] * 6,
+    }
+    t0 = [1_000_000 * i for i in range(n)]
+    steps = {
+        "rank": [0] * n,
+        "step": list(range(n)),
+        "t_start_ns": t0,
+        "t_end_ns": [t + 600_000 for t in t0],
+        "duration_us": [600.0] * n,
+        "kind": ["decode"] * n,
+        "untimed_collectives": [0] * n,
+    }
+    assert split_sampled_steps(coll, steps) == 6

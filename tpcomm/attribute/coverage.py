@@ -79,7 +79,11 @@ def not_timed(hook_status: dict | None) -> list[str]:
     out: list[str] = []
     ranks = _ranks(hook_status)
     gt = [w.get("graph_timing") for w in ranks if isinstance(w.get("graph_timing"), dict)]
-    if any(g.get("applies") and not g.get("enabled") for g in gt):
+    off = [g for g in gt if g.get("applies") and not g.get("enabled")]
+    lost = sorted({g["graph_timing_off_why"] for g in off if g.get("graph_timing_off_why")})
+    if lost:  # asked for, and switched off in the workers (start-time self-test, a fault in a capture)
+        out.append(f"collectives inside CUDA graphs: graph timing off: {'; '.join(lost)}")
+    elif off:
         out.append(
             "collectives inside CUDA graphs: graph timing was off when the server started (TPCOMM_GRAPH_TIMING=1 "
             "in its environment turns it on)"

@@ -15,10 +15,16 @@ Every running stream gets one token per decode step, so the engine's per-token
 time is the mean period, and
     mean period = mean compute + mean transfer + mean wait + mean gap   (exact: means add).
 Sampled collective timing (CUDA graphs, one step in TPCOMM_GRAPH_SAMPLE_EVERY):
-transfer and wait are means over the pairs whose step carries collective records and
-no untimed collective (`untimed_collectives` of the hook's step rows: collectives that
-ran in a sampled step without a row, e.g. graph timing off or a sample not read),
-compute = mean step time - transfer - wait, so unrecorded steps never count as zeros.
+transfer and wait are means over the *sampled* pairs, compute = mean step time -
+transfer - wait, so unrecorded steps never count as zeros. Where a rank's steps carry
+CUDA-graph rows (timing `cuda-event-graph`, `n_graph` below) or untimed collectives
+(`untimed_collectives` of the hook's step rows: collectives that ran in a sampled step
+without a row, e.g. graph timing off or a sample not read), a step is sampled when its
+graph replays were read: n_graph > 0 and nothing untimed. A step's eager rows alone do
+not make it sampled: vLLM's logits all-gather runs eagerly in every TP decode step, so
+counting every step with a row averaged the graph's collectives over ~8x the sampled
+steps (and with graph timing off gave a "transfer" that was the logits gather alone).
+Elsewhere (eager or CPU workers: every collective has a row) every step with a row is.
 The level's terms are the means over ranks of each rank's terms (still exact).
 
 Which clock (`clock` in what engine_split returns): on CUDA workers the hook's step
@@ -98,6 +104,7 @@ def rank_steps(aligned: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     if "untimed_collectives" not in steps.columns:
         steps = steps.assign(untimed_collectives=0)
     a = aligned[aligned["step"] >= 0]
+    a = a.assign(_graph=_graph_rows(a))
     per = (
         a.groupby(["rank", "step"], sort=False)
         .agg(
@@ -105,15 +112,35 @@ def rank_steps(aligned: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             transfer_us=("transfer_us", "sum"),
             wait_us=("wait_us", "sum"),
             n_collectives=("duration_us", "size"),
+            n_graph=("_graph", "sum"),
         )
         .reset_index()
     )
     out = steps.merge(per, on=["rank", "step"], how="left")
     for c in ("coll_us", "transfer_us", "wait_us"):
         out[c] = out[c].fillna(0.0)
-    out["n_collectives"] = out["n_collectives"].fillna(0).astype(np.int64)
+    for c in ("n_collectives", "n_graph"):
+        out[c] = out[c].fillna(0).astype(np.int64)
     out["compute_us"] = out["duration_us"] - out["coll_us"]
     return out.rename(columns={"duration_us": "step_us"})
+
+
+def _graph_rows(a: pd.DataFrame) -> np.ndarray:
+    """1 for rows read from a sampled CUDA graph replay (the hook's `cuda-event-graph` timing), else 0."""
+    if "timing" not in a.columns:
+        return np.zeros(len(a), dtype=np.int64)
+    return (a["timing"] == "cuda-event-graph").to_numpy(dtype=np.int64)
+
+
+def sampled_mask(p: pd.DataFrame) -> pd.Series:
+    """Which rank_steps rows are sampled steps (their collectives all read), rank by rank: see the module
+    docstring. The one rule for the split, top_sites, compare's resampling and selfcheck."""
+    zero = pd.Series(0, index=p.index)
+    untimed = p["untimed_collectives"] if "untimed_collectives" in p.columns else zero
+    n_graph = p["n_graph"] if "n_graph" in p.columns else zero
+    by_rank = p["rank"] if "rank" in p.columns else zero
+    graph_mode = ((n_graph > 0) | (untimed > 0)).groupby(by_rank).transform("any").astype(bool)
+    return ((n_graph > 0) & (untimed == 0)).where(graph_mode, p["n_collectives"] > 0).astype(bool)
 
 
 def assign_levels(df: pd.DataFrame, windows: list[dict], t_col: str = "t_start_ns") -> pd.DataFrame:
@@ -175,8 +202,7 @@ def decode_pairs(rank_rows: pd.DataFrame) -> pd.DataFrame:
 
 def _rank_terms(p: pd.DataFrame, coll_steps: float) -> dict:
     """One rank's per-token terms (ms) over its decode pairs."""
-    untimed = p["untimed_collectives"] if "untimed_collectives" in p.columns else 0
-    sampled = p[(p["n_collectives"] > 0) & (untimed == 0)]
+    sampled = p[sampled_mask(p)]
     if coll_steps and sampled.empty:
         return {"pairs": int(len(p)), "sampled_pairs": 0, "per_token_ms": None}
     transfer = float(sampled["transfer_us"].mean()) / 1e3 if len(sampled) else 0.0
@@ -264,10 +290,14 @@ def engine_split(rank_rows: pd.DataFrame) -> dict:
 
 def top_sites(aligned_level: pd.DataFrame, step_rows: pd.DataFrame, n: int = 8) -> list[dict]:
     """Collectives grouped by (group, op, bytes): count and time per decode step per rank
-    (over the decode steps that carry records)."""
+    (over the decode steps that carry records; where CUDA-graph rows exist, over the steps whose graph
+    replays were read, as the split counts them: eager rows of the other steps would dilute the counts)."""
     if aligned_level.empty or step_rows.empty:
         return []
     a = aligned_level[aligned_level["step"].isin(step_rows["step"])]
+    g_rows = _graph_rows(a).astype(bool)
+    if g_rows.any():
+        a = a[a["step"].isin(a.loc[g_rows, "step"])]
     n_rank_steps = max(a.groupby("rank")["step"].nunique().mean(), 1) if not a.empty else 1
     ranks = max(a["rank"].nunique(), 1)
     g = (

@@ -31,7 +31,7 @@ import pandas as pd
 
 from tpcomm import contract as C
 from tpcomm.attribute.analysis import client_side
-from tpcomm.attribute.split import decode_pairs
+from tpcomm.attribute.split import decode_pairs, sampled_mask
 from tpcomm.results import Attribution, LevelSplit
 from tpcomm.rundir import RunDir
 
@@ -153,7 +153,7 @@ def _block_len(n_steps: int, output_len: int | None) -> int:
 def block_sums(pairs: pd.DataFrame, block_idx: np.ndarray, blocks: int) -> tuple[np.ndarray, int]:
     ranks = np.sort(pairs["rank"].unique())
     r_idx = np.searchsorted(ranks, pairs["rank"].to_numpy())
-    sampled = (pairs["n_collectives"].to_numpy() > 0).astype(float)
+    sampled = sampled_mask(pairs).to_numpy().astype(float)  # the split's rule (graph replays read)
     cols = {
         "n": np.ones(len(pairs)),
         "n_sampled": sampled,

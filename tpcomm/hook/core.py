@@ -397,7 +397,10 @@ class Hook:
             tokens = int(scheduler_output.total_num_scheduled_tokens)
             if tokens:
                 new = {r.req_id for r in scheduler_output.scheduled_new_reqs}
-                prefill = sum(1 for rid, n in per_req.items() if n > 1 or rid in new)
+                # Speculative decoding (MTP, EAGLE, n-gram): a decode step schedules 1 + the request's draft
+                # tokens (scheduled_spec_decode_tokens, vLLM 0.32's SchedulerOutput); more than that is prefill.
+                spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+                prefill = sum(1 for rid, n in per_req.items() if rid in new or n > 1 + len(spec.get(rid, ())))
                 kind = 0 if prefill == 0 else (1 if prefill == len(per_req) else 2)
             else:  # an empty step: PP's batch queue runs one per stage slot with no sequence in it
                 kind = 3

@@ -52,6 +52,7 @@ SITES = {
     "fused_allreduce": "FlashInfer's fused all-reduce + RMSNorm timed (fused.py)",
     "graph_capture": "timing events captured into CUDA graphs (timing.py)",
     "graph_replay": "sampled CUDA graph replays noted and read (timing.py, graphs.py)",
+    "graph_selftest": "the start-time graph-timing self-test in each worker (selftest.py)",
     "step_begin": "an engine step's start (execute_model, plugin.py)",
     "step_end": "an engine step's end (execute_model, plugin.py)",
     "sampling": "the sampler's half of a step (sample_tokens, plugin.py)",
@@ -74,6 +75,7 @@ class Patch:
     wrapper: Callable
     part: Callable
     replaces: bool
+    own: bool = True  # the attribute was the owner's own (not inherited): unpatch puts it back, else deletes
 
 
 PATCHES: list[Patch] = []  # every patch applied in this process, in order
@@ -223,16 +225,20 @@ def patch(owner: Any, name: str, site: str, part: Callable, replaces: bool = Fal
     if site not in SITES:
         raise ValueError(f"{site!r} is not a fail-safe site ({', '.join(SITES)})")
     original = getattr(owner, name)
+    own = not isinstance(owner, type) or name in owner.__dict__
     new = wrap(original, site, part, replaces)
     setattr(owner, name, new)
-    PATCHES.append(Patch(owner, name, site, original, new, part, replaces))
+    PATCHES.append(Patch(owner, name, site, original, new, part, replaces, own))
     return new
 
 
 def unpatch(owner: Any, name: str | None = None) -> None:
     """Put back the originals of `owner`'s patches (of `name` only, if given): tests and selfcheck."""
     for p in reversed([p for p in PATCHES if p.owner is owner and (name is None or p.name == name)]):
-        setattr(owner, p.name, p.original)
+        if p.own:
+            setattr(owner, p.name, p.original)
+        else:
+            delattr(owner, p.name)  # inherited again (e.g. CUDAGraph.__init__ from torch's pybind base)
         PATCHES.remove(p)
 
 

@@ -265,15 +265,19 @@ def status(worker: Any) -> dict:
         "batch_invariant": _batch_invariant(),
         "allreduce_paths": paths,
         "not_covered": [f"{m}: {what} (vllm/{mod})" for m, mod, what in UNCOVERED],
-        "not_covered_detail": uncovered_detail(),
+        "not_covered_detail": uncovered_detail(getattr(worker, "vllm_config", None)),
         "fused_error": STATE["error"],
     }
 
 
-def uncovered_detail() -> list[dict]:
+def uncovered_detail(vllm_config: Any = None) -> list[dict]:
     """Each UNCOVERED path with whether this worker has its module loaded (the served model imports it) and,
-    for GEMM-RS/AR, whether vLLM initialised it (then it runs in every step of that model)."""
+    for GEMM-RS/AR, whether vLLM initialised it (then it runs in every step of that model); for sequence
+    parallelism whether this layout turns it on (bypasses.py: loaded is not on), then the layout-dependent
+    bypasses (dual-batch overlap, EP all-to-all)."""
     import sys
+
+    from tpcomm.hook.bypasses import SP_MODULE, layout_bypasses, sequence_parallel_on
 
     out = []
     for models, mod, what in UNCOVERED:
@@ -284,8 +288,12 @@ def uncovered_detail() -> list[dict]:
             ws = getattr(m, "_gemm_rs_ar", None) if m is not None else None
             d["initialised"] = ws is not None
             d["mode"] = None if ws is None else ("all-reduce" if getattr(ws, "all_reduce", False) else "reduce-scatter")
+        if d["module"] == SP_MODULE and m is not None:
+            sp = sequence_parallel_on(vllm_config)
+            if sp is not None:
+                d["initialised"] = sp
         out.append(d)
-    return out
+    return out + layout_bypasses(vllm_config)
 
 
 def _batch_invariant() -> bool | None:

@@ -13,7 +13,12 @@ both without a wait on the serving thread:
   sampled replay still records into the old set, and nothing re-records that set until
   it has been read: it is read with Event.query() at any later step's begin. A graph
   replayed several times in one sampled step (vLLM's EAGLE/MTP drafter loop) rotates
-  after each replay, so each replay keeps its own set (up to MAX_SETS per graph).
+  after each replay, so each replay keeps its own set. Sets are made on demand: a graph
+  needs one per sampled replay not read yet (the steps in flight times the graph's
+  replays per sampled step, e.g. 8 steps queued ahead of a GPU-bound server with 1 in 1
+  sampled, or a drafter's 4+ replays) plus the installed one, so the count follows the
+  steps in flight; the cap (max_sets) is sized from the graph's collectives so that one
+  graph holds at most EVENT_BUDGET timing events.
 - Without rotation (no driver access, or a graph whose nodes were not found): a noted
   replay is readable only until the graph is enqueued again. It is read at a later
   step's begin if its events are done by then, or just before the graph's next replay
@@ -34,7 +39,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-MAX_SETS = 4  # event sets per graph: the captured one plus spares (a drafter loop needs one per replay)
+EVENT_BUDGET = 4096  # timing events one graph may hold over all its sets (2 per captured collective per set)
+MIN_SETS = 16  # at least this many sets, however many collectives: 8 steps in flight x 2 replays per step
 MAX_NOTES = 256  # sampled replays waiting to be read; more are dropped (counted), never queued without bound
 SPAN_TOL_NS = 2_000  # event timer resolution (~0.5 us) and rounding, when checking a sample against its step
 
@@ -73,7 +79,7 @@ class GraphEvents:
         (then the installed set keeps the sample and the next replay may overwrite it)."""
         target = next((s for s in self.sets if not s.busy and s is not self.installed), None)
         if target is None:
-            if len(self.sets) >= MAX_SETS:
+            if len(self.sets) >= max_sets(len(self.metas)):
                 return False
             target = EventSet([(_fresh(new_event), _fresh(new_event)) for _ in self.metas])
             self.sets.append(target)
@@ -92,6 +98,12 @@ class GraphEvents:
             raise
         self.installed = target
         return True
+
+
+def max_sets(n_collectives: int) -> int:
+    """Event sets one graph may have: EVENT_BUDGET events over its 2 per collective, at least MIN_SETS (a
+    61-layer model's 122 all-reduces: 16 sets; a 2-collective graph: 1024)."""
+    return max(MIN_SETS, EVENT_BUDGET // max(2 * n_collectives, 1))
 
 
 def _fresh(new_event: Callable[[], Any]) -> Any:

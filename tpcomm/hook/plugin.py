@@ -152,6 +152,9 @@ def _install_cuda_timing() -> None:
         return
     if HOOK.enable_cuda_timing():
         HOOK.patched.append("torch.cuda.CUDAGraph.capture_begin/capture_end/replay")
+        from tpcomm.hook.selftest import graph_selftest
+
+        graph_selftest(HOOK)  # before vLLM's captures; a failure switches graph timing off (logged, in status)
     _tag_cuda_backends()
     from tpcomm.hook import fused
 

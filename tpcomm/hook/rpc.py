@@ -171,6 +171,8 @@ def _graph_timing() -> dict:
     if HOOK.cuda is None:
         return {"enabled": False, "applies": False, "note": "no CUDA in this worker: no CUDA graphs"}
     c = HOOK.cuda
+    st = c.status()
+    why = st.get("graph_timing_off_why")  # switched off in this process (start-time self-test, a capture fault)
     return {
         "enabled": bool(c.graph_timing),
         "applies": True,
@@ -178,10 +180,10 @@ def _graph_timing() -> dict:
         "note": None
         if c.graph_timing
         else (
-            "collectives inside CUDA graphs are not timed (graph timing off at server start); they are counted "
-            "per sampled step in steps.untimed_collectives"
+            f"collectives inside CUDA graphs are not timed (graph timing {f'off: {why}' if why else 'off at server start'})"
+            "; they are counted per sampled step in steps.untimed_collectives"
         ),
-        **c.status(),
+        **st,
         **HOOK.graphs.status(),
     }
 

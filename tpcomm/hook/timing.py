@@ -53,6 +53,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from tpcomm.hook import failsafe
+
 HOST_SYNC = "host-sync"
 CUDA_EVENT_EAGER = "cuda-event-eager"
 CUDA_EVENT_GRAPH = "cuda-event-graph"
@@ -310,6 +312,7 @@ class CudaEventTimer:
             "graphs_timed": self.graphs_with_slots,
             "graphs_rotating": self.graphs_rotating,
             "graphs_untimed": self.graphs_untimed,
+            "graph_timing_off_why": failsafe.disabled().get("graph_capture"),
             "rotation": "off: graph timing off"
             if not self.graph_timing
             else ("on" if self.driver is not None else f"off: {self.driver_why}"),
@@ -322,18 +325,9 @@ def patch_cuda_graphs(
     before_replay: Callable[[Any], None] | None = None,
     cls: Any = None,
 ) -> bool:
-    """Bracket torch.cuda.CUDAGraph capture and replay (vLLM's CUDAGraphWrapper uses this class).
-
-    For a graph holding captured collectives, `before_replay(graph)` runs before the replay is
-    enqueued (the last chance to read a noted replay that this one would re-record) and
-    `after_replay(graph, host time of the call)` after it. With graph timing on and the driver
-    loaded, graphs are created with keep_graph=True (their cudaGraph_t holds the node handles
-    that rotation needs, cudadrv.py) and instantiated right after capture, as torch does
-    otherwise. Each method goes through failsafe.patch: torch's call runs whatever the hook's
-    part does, and a failure switches `graph_capture` (creation, capture) or `graph_replay` off.
-    `cls`: the class to patch (default torch.cuda.graphs.CUDAGraph, when CUDA is available)."""
-    from tpcomm.hook import failsafe
-
+    """Bracket torch.cuda.CUDAGraph capture and replay (vLLM's CUDAGraphWrapper uses this class); see
+    patch_graph_class. `cls`: the class to patch (default torch.cuda.graphs.CUDAGraph). False where torch
+    has no CUDA."""
     if cls is None:
         try:
             import torch
@@ -343,18 +337,48 @@ def patch_cuda_graphs(
             cls = torch.cuda.graphs.CUDAGraph
         except Exception:  # noqa: BLE001
             return False
-    if getattr(cls, "_tpcomm_patched", False):
+    return patch_graph_class(cls, timer, after_replay, before_replay)
+
+
+def patch_graph_class(
+    cls: type,
+    timer: CudaEventTimer,
+    after_replay: Callable[[Any, int], None],
+    before_replay: Callable[[Any], None] | None = None,
+) -> bool:
+    """Bracket `cls`'s capture and replay (torch.cuda.graphs.CUDAGraph, or a test's stand-in).
+
+    For a graph holding captured collectives, `before_replay(graph)` runs before the replay is
+    enqueued (the last chance to read a noted replay that this one would re-record) and
+    `after_replay(graph, host time of the call)` after it. With graph timing on and the driver
+    loaded, graphs are made with keep_graph=True (their cudaGraph_t holds the node handles that
+    rotation needs, cudadrv.py) and instantiated right after capture, as torch does otherwise.
+
+    Where keep_graph is taken: torch binds the C++ class as `_CUDAGraph` with
+    `.def(py::init<bool>(), py::arg("keep_graph") = false)` (torch/csrc/cuda/Graph.cpp), so the flag
+    reaches the C++ object through pybind's `__init__`; `__new__` (torch/cuda/graphs.py:
+    `super().__new__(cls, keep_graph)`) goes to pybind's generic object allocator, which ignores its
+    arguments. type.__call__ then calls `__init__` with the caller's own arguments, so a changed
+    `__new__` argument never arrives: `__init__` is patched. If keep_graph stayed False, capture_end
+    instantiates and frees the graph, and a second instantiate() fails torch's TORCH_CHECK(keep_graph_)
+    (aten/src/ATen/cuda/CUDAGraph.cpp).
+
+    Each method goes through failsafe.patch: torch's call runs exactly once whatever the hook's part
+    does, and a failure switches `graph_capture` (creation, capture) or `graph_replay` off for the
+    process; the timer then puts no more events into graphs (core.py checks failsafe.off)."""
+    from tpcomm.hook import failsafe
+
+    if cls.__dict__.get("_tpcomm_patched", False):
         return True
     keep = timer.graph_timing and timer.driver is not None
 
-    def new_part(call, c, keep_graph: bool = False, *a, **k):
-        inst = call(c, True if keep else keep_graph, *a, **k)
-        if keep and not keep_graph:
-            inst._tpcomm_kept = True  # kept for the hook: instantiated at capture end as torch would
-        elif keep_graph:
-            inst._tpcomm_kept = True
-            inst._tpcomm_user_kept = True
-        return inst
+    def init_part(call, self, keep_graph: bool = False, *a, **k):
+        out = call(self, True if keep else keep_graph, *a, **k)
+        if keep_graph:
+            self._tpcomm_kept = self._tpcomm_user_kept = True
+        elif keep:
+            self._tpcomm_kept = True  # kept for the hook: instantiated at capture end as torch would
+        return out
 
     def begin_part(call, self, *a, **k):
         out = call(self, *a, **k)
@@ -365,13 +389,13 @@ def patch_cuda_graphs(
         try:
             out = call(self, *a, **k)
             if getattr(self, "_tpcomm_kept", False) and not getattr(self, "_tpcomm_user_kept", False):
-                self.instantiate()
+                self.instantiate()  # keep_graph=True was the hook's doing: instantiate as torch would have
         finally:
             timer.on_capture_end(self)
         return out
 
     if keep:
-        failsafe.patch(cls, "__new__", "graph_capture", new_part)
+        failsafe.patch(cls, "__init__", "graph_capture", init_part)
     failsafe.patch(cls, "capture_begin", "graph_capture", begin_part)
     failsafe.patch(cls, "capture_end", "graph_capture", end_part)
     failsafe.patch(cls, "replay", "graph_replay", replay_part(after_replay, before_replay))
@@ -387,7 +411,7 @@ def unpatch_cuda_graphs(cls: Any = None) -> None:
         import torch
 
         cls = torch.cuda.graphs.CUDAGraph
-    if getattr(cls, "_tpcomm_patched", False):
+    if cls.__dict__.get("_tpcomm_patched", False):
         failsafe.unpatch(cls)
         cls._tpcomm_patched = False
 

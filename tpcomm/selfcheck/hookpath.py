@@ -25,6 +25,22 @@ def _group(device):
     )
 
 
+def _same(t):
+    return t
+
+
+def split_sampled_steps(coll: dict, steps: dict) -> int:
+    """How many steps attribute's split counts as sampled on one rank's records (hook Recorder.columns: `coll`
+    and `steps`), with split.sampled_mask: the steps whose graph replays were read, not every step with a row."""
+    import pandas as pd
+
+    from tpcomm.attribute.split import rank_steps, sampled_mask
+
+    a = pd.DataFrame(coll)
+    a = a.assign(transfer_us=a["duration_us"], wait_us=0.0)  # one rank: nothing to align across ranks
+    return int(sampled_mask(rank_steps(a, pd.DataFrame(steps))).sum())
+
+
 def _sched():
     return SimpleNamespace(num_scheduled_tokens={"req-0": 1}, total_num_scheduled_tokens=1, scheduled_new_reqs=[])
 
@@ -132,14 +148,19 @@ def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
             for _ in range(steps):
                 hook.step_begin(_sched())
                 g.replay()
+                hook.timed(group, "all_gather", x, _same, x)  # eager in every step, as vLLM's logits gather
                 hook.step_end(object())
             enqueue_s = time.perf_counter() - t0
         hook.stop()
         cols = hook.rec.columns(rank=0)
-        graph, st = cols["collectives"], cols["steps"]
+        every_step, st = cols["collectives"], cols["steps"]
         gst = hook.graphs.status()
     finally:
         timing.unpatch_cuda_graphs()
+    split_sampled = split_sampled_steps(every_step, st)
+    is_graph = np.asarray(every_step["timing"]) == timing.CUDA_EVENT_GRAPH
+    graph = {k: np.asarray(v)[is_graph] for k, v in every_step.items()}
+    eager_steps = len(set(np.asarray(every_step["step"])[~is_graph].tolist()))
     e_med = float(np.median(eager["duration_us"])) if len(eager["duration_us"]) else 0.0
     g_dur = np.asarray(graph["duration_us"], dtype=float)
     g_med = float(np.median(g_dur)) if len(g_dur) else 0.0
@@ -156,6 +177,8 @@ def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
         and waits.count == 0
         and gst["samples_dropped"] == 0
         and ahead
+        and eager_steps == steps
+        and split_sampled == len(range(0, steps, sample_every))
     )
     return Check(
         ID,
@@ -166,7 +189,9 @@ def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
         f"{sorted(set(map(int, graph['step'])))} ({sampled}), median {g_med:.0f} us; samples read "
         f"{gst['samples_read']}, dropped {gst['samples_dropped']} {gst['dropped_why'] or ''}; event rotation "
         f"{'on' if rotating else 'off (' + str(ge.why_fixed if ge else 'no slots') + ')'}; GPU step span median "
-        f"{s_med:.0f} us; waits on the GPU while enqueuing: {waits.count} (tolerance {TOL:.0%})",
+        f"{s_med:.0f} us; waits on the GPU while enqueuing: {waits.count} (tolerance {TOL:.0%}); an eager gather read in "
+        f"{eager_steps} of {steps} steps, and attribute's split counts {split_sampled} sampled steps (must be "
+        f"{len(range(0, steps, sample_every))}: those whose graph replay was read)",
         {
             "eager_median_us": e_med,
             "graph_median_us": g_med,
@@ -180,5 +205,7 @@ def check_cuda(kernel, steps: int = 24, sample_every: int = 4) -> Check:
             "waits_in_steps": waits.count,
             "enqueue_ms": enqueue_s * 1e3,
             "clock": "cuda_event",
+            "eager_gather_steps": eager_steps,
+            "split_sampled_steps": split_sampled,
         },
     )

@@ -195,17 +195,29 @@ def serving_checks(f: dict) -> list[Check]:
                 f,
             )
         )
-    out.append(
-        Check(
-            "vllm-serve-compute",
-            PASS if compute is not None and compute > 0 else FAIL,
-            f"{where}: compute {fmt(compute)} per token (must be > 0; terms "
-            + ", ".join(f"{k} {v:.3f}" for k, v in (f.get("terms_ms") or {}).items())
-            + ")",
-            f,
-        )
-    )
     on_cuda = cond.get("device") == "cuda"
+    terms = ", ".join(f"{k} {v:.3f}" for k, v in (f.get("terms_ms") or {}).items())
+    if f.get("clock") == "host" and not on_cuda and compute is not None:
+        # On the host clock of a CPU worker collectives block the host, so compute cannot go negative: a PASS
+        # here would say nothing. The verdict is the GPU clock's (enqueue spans under async scheduling).
+        out.append(
+            Check(
+                "vllm-serve-compute",
+                SKIP,
+                f"{where}: compute {fmt(compute)} per token (terms {terms}); not judged on the host clock of a CPU "
+                "worker, where it cannot go negative (judged on a GPU's step clock)",
+                f,
+            )
+        )
+    else:
+        out.append(
+            Check(
+                "vllm-serve-compute",
+                PASS if compute is not None and compute > 0 else FAIL,
+                f"{where}: compute {fmt(compute)} per token (must be > 0; terms {terms})",
+                f,
+            )
+        )
     held_all = [w for w, v in (("plugin", tpot), ("plain", plain)) if v is None and f.get(f"held_streams_{w}")]
     if (tpot is None or plain is None) and held_all and not on_cuda:
         # CPU, where this ratio is printed and never judged: a start whose every stream the API server held back
@@ -247,7 +259,23 @@ def serving_checks(f: dict) -> list[Check]:
                 {**f, "ratio": ratio},
             )
         )
+    out.append(clock_check(f, where, on_cuda))
     return out
+
+
+def clock_check(f: dict, where: str, on_cuda: bool) -> Check:
+    """The step clock the split used must be the GPU's on a CUDA worker (its step boundaries from CUDA events,
+    hook/gpuclock.py: the host's are enqueue spans under async scheduling) and the host's on a CPU worker."""
+    want = "gpu" if on_cuda else "host"
+    got = f.get("clock")
+    return Check(
+        "vllm-serve-clock",
+        PASS if got == want else FAIL,
+        f"{where}: the split's step clock is {got or 'none'} (must be {want} on a {'CUDA' if on_cuda else 'CPU'} "
+        "worker)"
+        + (f"; steps without a GPU span: {f['steps_without_gpu_span']}" if f.get("steps_without_gpu_span") else ""),
+        f,
+    )
 
 
 def _held(f: dict, which: str) -> str:

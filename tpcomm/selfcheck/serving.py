@@ -13,7 +13,9 @@ against the same server started without the plugin. Three verdicts (result.py):
   TPOT p50 (same requests, same statistic). With async scheduling, host-clock step spans
   are enqueue spans; a hook whose step boundaries were not on the GPU would still give
   the right period, so
-- compute: the split's compute term must be positive (on enqueue spans it goes negative);
+- compute: the split's compute term must be positive (on enqueue spans it goes negative;
+  on a CPU worker's host clock it cannot, so there it is printed, not judged);
+- clock: the split's step clock must be the GPU's on CUDA, the host's on CPU;
 - overhead: TPOT p50 with the plugin recording / without the plugin at most OVERHEAD_MAX
   (one A/B pair of separate starts; benchmarks/bench_hook_overhead.py measures it ABBA).
 
@@ -240,6 +242,8 @@ def _split(coll, steps, rows: list[dict]) -> dict:
         "compute_ms": terms.get("compute"),
         "terms_ms": terms,
         "clock": sp.get("clock"),
+        "steps_without_gpu_span": sp.get("steps_without_gpu_span"),
+        "sampled_pairs_share": sp.get("sampled_pairs_share"),
         "decode_pairs": sp.get("decode_pairs"),
         "split_note": sp.get("note"),
     }
