@@ -223,7 +223,8 @@ def test_every_patch_site_runs_vllm_s_call_once_when_tpcomm_s_part_raises():
     out = json.loads(r.stdout.strip().splitlines()[-1])
     sites = {s for _, _, s in out["patches"]}
     # every kind of place the hook patches was walked (the publishing loop and the routes' own wiring: below)
-    assert sites == set(failsafe.SITES), sites
+    # graph_selftest is the start-time self-test's fault site, not a patch (tests/test_hook_graph_patch.py)
+    assert sites == set(failsafe.SITES) - {"graph_selftest"}, sites
     assert len(out["patches"]) >= 30
     assert out["failures"] == []
     assert out["stray"] == []
