@@ -29,6 +29,7 @@ from tpcomm.attribute import load, records
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.ranks import RankDied, RankStopped, RankWatch
 from tpcomm.attribute.server import ServerInfo, check_server, is_alive
+from tpcomm.errors import InputError
 from tpcomm.rundir import RunDir
 
 REQUEST_COLUMNS = [
@@ -124,8 +125,6 @@ class Attribute:
         redact.register(self.info.api_key)  # also when it came from OPENAI_API_KEY
         spec = self.cfg.spec
         if self.info.max_model_len and spec.input_len + spec.output_len > self.info.max_model_len:
-            from tpcomm.errors import InputError
-
             raise InputError(
                 "--input-len/--output-len",
                 f"{spec.input_len}+{spec.output_len} tokens exceed the "
@@ -157,7 +156,6 @@ class Attribute:
                 if warm[0]["error"].startswith("HTTP "):
                     # The server is there and says no (e.g. 501 from a non-vLLM server): a user's problem to fix,
                     # named with what it answered; nothing measured yet, so nothing is lost.
-                    from tpcomm.errors import InputError
 
                     self.rd.mark("attribute", "failed", reason="every warm-up request was refused")
                     raise InputError(
@@ -216,6 +214,9 @@ class Attribute:
             return self.result(complete=False, reason=reason)
         except KeyboardInterrupt:
             return self._interrupted()
+        except InputError as e:  # e.g. the disk filled up (safefs.WriteFailed): disarm ours, mark if we can
+            self._abandon(str(e))
+            raise
         self._analyse()
         if self.cfg.profile:
             self._profile(prompts)
@@ -228,6 +229,21 @@ class Attribute:
             "attribute", "complete", levels=len(self.levels), requests=len(self.requests), plugin=self.plugin_on
         )
         return self.result(complete=True)
+
+    def _abandon(self, why: str) -> None:
+        """A one-line error ends the run mid-way: our recording stops now (not when its lease runs out), and
+        status.json says failed where the file system still takes it (else the re-run note or "running" stays,
+        and no process holds the lock: readers see the run did not end)."""
+        if self._armed:
+            try:
+                records.stop(self.info, self._armed, timeout_s=5)
+                self._armed = None
+            except records.HookError:
+                pass
+        try:
+            self.rd.mark("attribute", "failed", reason=why[:300])
+        except (InputError, OSError):
+            pass
 
     def _interrupted(self) -> dict:
         """Ctrl-C: disarm the hook this run armed, keep and attribute what finished, mark the run."""
