@@ -120,6 +120,8 @@ class Attribute:
         from tpcomm.attribute.server import tls_verify
 
         redact.register(self.cfg.api_key)  # never written to the run directory, a log or the report
+        if self.cfg.api_key:
+            redact.register(self.cfg.api_key.strip())  # as it goes in the header (check_server strips it)
         verify = tls_verify(self.cfg.ca_cert, self.cfg.insecure)
         self.info = check_server(self.cfg.server_url, self.cfg.model, self.cfg.api_key, verify=verify)
         redact.register(self.info.api_key)  # also when it came from OPENAI_API_KEY
@@ -153,7 +155,7 @@ class Attribute:
             self.progress.note(f"warm-up: {spec.warmup} request(s)")
             warm = load.warmup(self.info, spec, prompts)
             if warm and not any(r["ok"] for r in warm):
-                if warm[0]["error"].startswith("HTTP "):
+                if warm[0]["error"].startswith(("HTTP ", load.MALFORMED)):
                     # The server is there and says no (e.g. 501 from a non-vLLM server): a user's problem to fix,
                     # named with what it answered; nothing measured yet, so nothing is lost.
 
