@@ -280,8 +280,17 @@ class Attribute:
         # Watch the TP workers while the level runs, from before its recording starts: a worker that dies
         # takes the server down with it, and only the order of the deaths tells which one failed.
         watch = RankWatch(self.info, c).start() if self.plugin_on else None
+        # One round's worst case (every wave of requests to its timeout) and a minute: a recording this run
+        # leaves armed (killed mid-level) ends by itself then; each round's status call renews it.
+        spec = self.cfg.spec
+        lease_s = int(min(7 * 86400, -(-spec.requests // c) * spec.timeout_s + 60))
+        # Counted as ours before the answer: a start that times out may still take effect when the stopped
+        # worker runs again; the stop that run() then sends names this session and is queued behind it.
+        self._armed = session if self.plugin_on else None
         try:
-            start_error = self._hook(lambda info: records.start(info, session), watch) if self.plugin_on else None
+            start_error = (
+                self._hook(lambda info: records.start(info, session, lease_s), watch) if self.plugin_on else None
+            )
         except load.ServerGone as e:
             death = watch.stop(requests_failed=True) if watch is not None else None
             if death and not getattr(e, "reason", None):
@@ -291,8 +300,8 @@ class Attribute:
             if watch is not None:
                 watch.stop()
             raise
-        if self.plugin_on and start_error is None:
-            self._armed = session
+        if start_error is not None:  # answered with an error: nothing was armed
+            self._armed = None
         if watch is not None and start_error is not None:
             watch.stop()
             watch = None

@@ -43,6 +43,7 @@ import logging
 import os
 import re
 import secrets
+import time
 from typing import Any
 
 import numpy as np
@@ -82,7 +83,31 @@ class TpcommEndpoints:
         if isinstance(keys, str):
             keys = [keys]
         state.tpcomm_engine = engine_client
+        _note_shutdown(engine_client)
         state.tpcomm_api_keys = [k for k in (keys or [os.environ.get("VLLM_API_KEY")]) if k]
+
+
+# When this API server began its own shutdown (time.time_ns()), if it has. On SIGTERM or SIGINT vLLM's
+# serve_http stops the engine client first (engine core, then workers) while HTTP still answers: the workers
+# that end next were stopped, not failed. A client that sees a worker end reads this from GET /workers and does
+# not blame the rank (issue 32). After a worker's own death vLLM calls it too, but only after that death.
+_SHUTDOWN: dict[str, int] = {}
+
+
+def _note_shutdown(engine: Any) -> None:
+    orig = getattr(engine, "shutdown", None)
+    if not callable(orig) or getattr(orig, "_tpcomm_noted", False):
+        return
+
+    def shutdown(*args: Any, **kwargs: Any) -> Any:
+        _SHUTDOWN.setdefault("ns", time.time_ns())
+        return orig(*args, **kwargs)
+
+    shutdown._tpcomm_noted = True  # type: ignore[attr-defined]
+    try:
+        engine.shutdown = shutdown
+    except Exception:  # noqa: BLE001 - a client class that refuses the attribute: no note, serving unchanged
+        pass
 
 
 def make_plugin() -> TpcommEndpoints:
@@ -226,6 +251,9 @@ async def start(request: Request) -> Response:
         session = _session_param(request)
         if session is not None:
             kw["session"] = session
+        lease = _int_param(request, "lease_s", 1, 7 * 86400)  # the recording ends by itself after this long
+        if lease is not None:
+            kw["lease_s"] = lease
         if os.environ.get("TPCOMM_HOOK_TEST_FAULTS") == "1":
             fault = _int_param(request, "inject_fault_after", 0, 2**31 - 1)
             if fault is not None:
@@ -404,7 +432,12 @@ async def workers(request: Request) -> Response:
         {
             "workers": worker_liveness(seen, socket.gethostname()),
             # the API server itself: a client on this machine tells a whole-server stop from one rank's death
-            "api_server": {"pid": me, "host": socket.gethostname(), "identity": identity(me)},
+            "api_server": {
+                "pid": me,
+                "host": socket.gethostname(),
+                "identity": identity(me),
+                "shutdown_ns": _SHUTDOWN.get("ns"),  # when it began shutting down (SIGTERM), else None
+            },
             "checked_ns": time.time_ns(),
         }
     )
