@@ -201,15 +201,15 @@ def test_a_key_read_from_a_secret_file_is_stripped_and_never_printed(fake, tmp_p
     assert key not in "".join(p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("key", ["sk-clé-secrète", "sk-a\x00b", "sk-a b"])
+@pytest.mark.parametrize("key", ["sk-clé-secrète", "sk-a\x07b", "sk-a b"])
 def test_a_key_that_cannot_go_in_a_header_is_one_line_without_the_key(fake, tmp_path, key):
     srv = fake(stream=[b"123"], key="sk-whatever")
     r, _, _ = tpcomm("attribute", "--server-url", srv.url, "--out", str(tmp_path / "run"), *ATTR, "--api-key", key)
     line = one_line_exit_2(r, "--api-key", "the key is not shown")
     assert key not in r.stdout + r.stderr and key.split("-")[1] not in line
     assert srv.auth_seen == []  # refused before anything was sent
-    r, _, _ = tpcomm("attribute", "--server-url", srv.url, *ATTR, env={"OPENAI_API_KEY": key.replace("\x00", "")})
-    assert r.returncode == 2 and key.replace("\x00", "") not in r.stdout + r.stderr
+    r, _, _ = tpcomm("attribute", "--server-url", srv.url, *ATTR, env={"OPENAI_API_KEY": key})
+    assert r.returncode == 2 and key not in r.stdout + r.stderr
 
 
 def test_a_negative_timeout_is_refused():
@@ -242,22 +242,17 @@ def test_a_second_run_into_a_directory_another_run_writes_is_refused_naming_it(t
     assert (run / "plan.json").exists()
 
 
-def test_status_only_moves_forward_and_a_rerun_that_died_is_named(tmp_path):
+def test_status_only_moves_forward_a_rerun_beside_the_finished_stage(tmp_path):
     from tpcomm.report.readers import incomplete_stages, load_inputs
 
     rd = RunDir(tmp_path / "run")
     rd.mark("attribute", "complete", levels=2)
+    rd.record_command("attribute")  # this process now holds the run directory
     rd.mark("attribute", "running")
     st = rd.read_json(C.STATUS)["attribute"]
     assert st["state"] == "complete" and st["levels"] == 2 and st["rerun"]["state"] == "running"
-    # this process still holds the lock: the re-run is "still writing"
-    assert "still writing" in incomplete_stages(load_inputs(rd))[0]
-    done = subprocess.run(  # the same in a process that has ended: the re-run "stopped before it ended"
-        [sys.executable, "-c", "import sys; from tpcomm.report.readers import *; from tpcomm.rundir import RunDir; "
-         "print(incomplete_stages(load_inputs(RunDir(sys.argv[1], create=False))))", str(rd.path)],
-        capture_output=True, text=True, check=True,
-    )
-    assert "stopped before it ended" not in done.stdout  # a child sees the lock of this (living) process
+    (why,) = incomplete_stages(load_inputs(rd))
+    assert "still writing" in why, why
     rd.mark("attribute", "incomplete", reason="x")
     assert rd.read_json(C.STATUS)["attribute"] == {**rd.read_json(C.STATUS)["attribute"], "state": "incomplete"}
     assert "rerun" not in rd.read_json(C.STATUS)["attribute"]
@@ -304,13 +299,14 @@ def test_a_full_disk_during_a_rerun_is_one_line_and_status_stays_complete(small_
     before = (run / "status.json").read_bytes()
     meta = (run / "meta.json").read_bytes()
     filler = small_fs / "filler"
-    with open(filler, "wb") as f:  # fill the file system to the last block
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
-        except OSError:
-            pass
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)  # fill the file system to the last block (unbuffered)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
     r, secs, _ = tpcomm("plan", "--model", "deepseek-v3", "--tp", "8", "--out", str(run))
     one_line_exit_2(r, "No space left on device", "kept whole")
     assert (run / "status.json").read_bytes() == before
