@@ -110,11 +110,18 @@ def test_report_outputs(tmp_path, victim):
     refused(r, victim, out)
 
 
-def test_compare_outputs(tmp_path, victim):
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["compare.md"],  # the case: compare.md linked once compare.json appears (written plainly before)
+        ["compare.pdf", "compare.md", "compare_figures/compare_terms.svg", "compare.json"],
+    ],
+    ids=["markdown", "every-name"],
+)
+def test_compare_outputs(tmp_path, victim, names):
     a = run_dir(tmp_path / "a", seed=1, requests=6, output_len=16)
     b = run_dir(tmp_path / "b", seed=2, requests=6, output_len=16)
     out = tmp_path / "cmp"
-    names = ["compare.pdf", "compare.md", "compare_figures/compare_terms.svg", "compare.json"]
     r = race(out, "compare.json", names, victim, tpcomm("compare", str(a), str(b), "--out", str(out)))
     refused(r, victim, out)
 
