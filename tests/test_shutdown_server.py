@@ -39,6 +39,25 @@ def hook(srv):
     return HookClient(srv.url, api_key=KEY, timeout_s=60)
 
 
+def _attribute(srv, out: Path, *args: str) -> subprocess.Popen:
+    cmd = ["attribute", "--server-url", srv.url, "--out", str(out), "--api-key", KEY, "--output-len", "48"]
+    return subprocess.Popen(
+        TPCOMM + [*cmd, "--input-len", "16", "--warmup", "1", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: killed whole below
+    )
+
+
+def _wait_level(hook: HookClient, p: subprocess.Popen, suffix: str) -> None:
+    """Until attribute's own recording of that level is armed (polled, not guessed)."""
+    deadline = time.monotonic() + 300
+    while not ((st := hook.status())["armed"] and str(st.get("session", "")).endswith(suffix)):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.1)
+
+
 def test_a_recording_nobody_renews_ends_by_itself(hook):
     hook.start(session="lease-a", lease_s=2)
     time.sleep(1.2)
@@ -75,40 +94,9 @@ def test_a_start_that_timed_out_is_undone_when_the_stopped_worker_runs_again(hoo
 
 
 def test_attribute_asks_for_a_lease_so_a_killed_client_leaves_no_endless_recording(srv, hook, tmp_path):
-    out = tmp_path / "run"
-    p = subprocess.Popen(
-        TPCOMM
-        + [
-            "attribute",
-            "--server-url",
-            srv.url,
-            "--out",
-            str(out),
-            "--api-key",
-            KEY,
-            "--concurrency",
-            "1",
-            "--requests",
-            "40",
-            "--output-len",
-            "48",
-            "--input-len",
-            "16",
-            "--warmup",
-            "1",
-            "--timeout",
-            "20",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    p = _attribute(srv, tmp_path / "run", "--concurrency", "1", "--requests", "40", "--timeout", "20")
     try:
-        deadline = time.monotonic() + 300
-        while not ((st := hook.status())["armed"] and str(st.get("session", "")).endswith("-c1-r0")):
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-            time.sleep(0.2)
+        _wait_level(hook, p, "-c1-r0")
         os.killpg(p.pid, signal.SIGKILL)  # kill -9 mid-level: no stop is ever sent
         p.wait()
         st = hook.status()
@@ -121,40 +109,10 @@ def test_attribute_asks_for_a_lease_so_a_killed_client_leaves_no_endless_recordi
 
 def test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death(srv, hook, tmp_path):
     out = tmp_path / "run"
-    p = subprocess.Popen(
-        TPCOMM
-        + [
-            "attribute",
-            "--server-url",
-            srv.url,
-            "--out",
-            str(out),
-            "--api-key",
-            KEY,
-            "--concurrency",
-            "1,2",
-            "--requests",
-            "24",
-            "--output-len",
-            "48",
-            "--input-len",
-            "16",
-            "--warmup",
-            "1",
-            "--max-rounds",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    p = _attribute(srv, out, "--concurrency", "1,2", "--requests", "24", "--max-rounds", "1")
     api = srv.server.proc
     try:
-        deadline = time.monotonic() + 300
-        while not ((st := hook.status())["armed"] and str(st.get("session", "")).endswith("-c2-r0")):
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-            time.sleep(0.1)
+        _wait_level(hook, p, "-c2-r0")
         time.sleep(0.3)
         os.kill(api.pid, signal.SIGTERM)  # the API server alone, as an orchestrator's restart does
         stdout, stderr = p.communicate(timeout=180)
