@@ -156,7 +156,7 @@ class Hook:
         self.armed = False
         self.stopped_ns = self.lease_ended_ns = now_ns
         logger.warning(
-            "tpcomm: recording %r ended by its lease: no client called for %.0f s (the client died or gave up)",
+            "tpcomm: recording %r ended by its lease: no client called for %g s (the client died or gave up)",
             self.session,
             self.lease_s,
         )
