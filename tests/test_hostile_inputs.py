@@ -328,3 +328,16 @@ def test_deeply_nested_status_and_summary_are_could_not_read_not_a_traceback(tmp
     assert any("summary.json" in e and "nested deeper than 64" in e for e in errs), errs
     assert any("plan.json" in e and "out of range" in e for e in errs), errs
     assert (tmp_path / "r.pdf").exists()  # every other section still rendered
+
+
+def test_a_negative_time_per_token_in_a_summary_is_refused_not_a_percentage(tmp_path):
+    from compare_synthetic import run_dir
+
+    a = run_dir(tmp_path / "a", seed=1, requests=6, output_len=16)
+    b = run_dir(tmp_path / "b", seed=2, requests=6, output_len=16)
+    doc = json.loads((b / "attribution/summary.json").read_text())
+    doc["levels"][0]["engine_ms_per_token"] = -5.0
+    (b / "attribution/summary.json").write_text(json.dumps(doc))
+    r, _, _ = tpcomm("compare", str(a), str(b))
+    line = one_line_exit_2(r, "summary.json", "engine_ms_per_token", "-5 ms")
+    assert "%" not in line and "199" not in r.stdout
