@@ -158,7 +158,6 @@ class Attribute:
                 if warm[0]["error"].startswith(("HTTP ", load.MALFORMED)):
                     # The server is there and says no (e.g. 501 from a non-vLLM server): a user's problem to fix,
                     # named with what it answered; nothing measured yet, so nothing is lost.
-
                     self.rd.mark("attribute", "failed", reason="every warm-up request was refused")
                     raise InputError(
                         "--server-url",
@@ -217,7 +216,7 @@ class Attribute:
         except KeyboardInterrupt:
             return self._interrupted()
         except InputError as e:  # e.g. the disk filled up (safefs.WriteFailed): disarm ours, mark if we can
-            self._abandon(str(e))
+            self._abandon(str(e), mark=getattr(e, "what", None) != "--server-url")  # the warm-up's marked it
             raise
         self._analyse()
         if self.cfg.profile:
@@ -232,7 +231,7 @@ class Attribute:
         )
         return self.result(complete=True)
 
-    def _abandon(self, why: str) -> None:
+    def _abandon(self, why: str, mark: bool = True) -> None:
         """A one-line error ends the run mid-way: our recording stops now (not when its lease runs out), and
         status.json says failed where the file system still takes it (else the re-run note or "running" stays,
         and no process holds the lock: readers see the run did not end)."""
@@ -242,6 +241,8 @@ class Attribute:
                 self._armed = None
             except records.HookError:
                 pass
+        if not mark:
+            return
         try:
             self.rd.mark("attribute", "failed", reason=why[:300])
         except (InputError, OSError):
