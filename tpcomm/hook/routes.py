@@ -216,6 +216,9 @@ def _summary(per_rank: list[dict]) -> dict:
         "session": per_rank[0].get("session") if len({r.get("session") for r in per_rank}) == 1 and per_rank else None,
         "started_ns": max((r.get("started_ns") or 0 for r in per_rank), default=0),
         "stopped_ns": max((r.get("stopped_ns") or 0 for r in per_rank), default=0),
+        # The recording's lease (core.py): how long it lasts without a client call, and when it ran out (0: not)
+        "lease_s": per_rank[0].get("lease_s") if per_rank else None,
+        "lease_ended_ns": max((r.get("lease_ended_ns") or 0 for r in per_rank), default=0),
         # The served model's config (the same on every rank): what `attribute` plans its cross-check from.
         "model_config": per_rank[0].get("model_config") if per_rank else None,
         "per_rank": [{k: v for k, v in r.items() if k != "model_config"} for r in per_rank],
