@@ -109,8 +109,8 @@ def test_attribute_asks_for_a_lease_so_a_killed_client_leaves_no_endless_recordi
 
 def test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death(srv, hook, tmp_path):
     out = tmp_path / "run"
+    api = srv.proc
     p = _attribute(srv, out, "--concurrency", "1,2", "--requests", "24", "--max-rounds", "1")
-    api = srv.server.proc
     try:
         _wait_level(hook, p, "-c2-r0")
         time.sleep(0.3)
@@ -119,7 +119,7 @@ def test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-        srv.server.stop()
+        srv.stop()
     assert "Traceback" not in stderr, stderr[-3000:]
     err = [ln for ln in stderr.splitlines() if ln.startswith("Error")][-1]
     assert "the vLLM server shut down during C=2" in err and "not a rank's failure" in err, err
