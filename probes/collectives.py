@@ -56,9 +56,11 @@ class RankState:
         self.entered = 0
         self.status_path = self._mm = None
         if status_dir:
+            from tpcomm import safefs  # a shared run directory: nothing written through a planted link
+
             os.makedirs(status_dir, exist_ok=True)
-            self.status_path = os.path.join(status_dir, f"rank{rank}.json")
-            with open(os.path.join(status_dir, f"rank{rank}.count"), "w+b") as f:
+            self.status_dir, self.status_path = status_dir, os.path.join(status_dir, f"rank{rank}.json")
+            with safefs.open_new(status_dir, f"rank{rank}.count", "w+b") as f:
                 f.write(b"\0" * 8)
                 f.flush()
                 self._mm = mmap.mmap(f.fileno(), 8)
@@ -69,13 +71,10 @@ class RankState:
             self.since = time.monotonic()
         self.phase = phase
         if self.status_path:
-            tmp = f"{self.status_path}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(
-                    {"rank": self.rank, "pid": os.getpid(), "phase": phase, "item": self.item, "entered": self.entered},
-                    f,
-                )
-            os.replace(tmp, self.status_path)
+            from tpcomm import safefs
+
+            doc = {"rank": self.rank, "pid": os.getpid(), "phase": phase, "item": self.item, "entered": self.entered}
+            safefs.write_atomic(self.status_dir, f"rank{self.rank}.json", json.dumps(doc).encode())
 
     def tick(self, n: int = 1) -> None:
         self.entered += n
@@ -298,7 +297,9 @@ def start_rank(spec: dict, sink=None, n_items: int = 0):
     if sink is None and rank == 0 and spec.get("out_jsonl"):
         path = spec["out_jsonl"]
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fh = open(path, "a", buffering=1)
+        from tpcomm import safefs  # a new file, never appended through a link planted at its name
+
+        fh = safefs.open_new(os.path.dirname(os.path.abspath(path)), os.path.basename(path), "w", buffering=1)
         sink = lambda rec: fh.write(json.dumps(rec) + "\n")  # noqa: E731
     emit = sink if rank == 0 and sink else (lambda rec: None)
     nodes = max(1, world // max(1, local_world))

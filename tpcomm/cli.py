@@ -59,7 +59,9 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except InputError as e:
-            raise BadInput(str(e)) from None
+            from tpcomm import redact  # a last line of defence: no error line carries a key or a bearer token
+
+            raise BadInput(redact.text(str(e))) from None
 
     def format_commands(self, ctx, formatter):
         # Short help from the table above: listing commands must not import them.
@@ -133,7 +135,9 @@ def main(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(e.exit_code)
     except InputError as e:
-        click.echo(f"Error: {e}", err=True)
+        from tpcomm import redact
+
+        click.echo(f"Error: {redact.text(str(e))}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)

@@ -163,8 +163,10 @@ class Demo:
     # ---- the job --------------------------------------------------------
     def run(self) -> int:
         from tpcomm.rundir import RunDir
+        from tpcomm.rundir_lock import lock
 
         rd = RunDir(self.out)
+        lock(rd.path, "demo")  # before clearing: never clear a directory another run writes now
         self._clear_previous()
         rd.record_command("demo")
         rd.mark("demo", "running")

@@ -303,7 +303,18 @@ class Attribution:
 
     @classmethod
     def from_json(cls, doc: Any) -> Attribution:
-        return from_json(cls, doc, ATTR_SUMMARY)
+        att = from_json(cls, doc, ATTR_SUMMARY)
+        # A time per token is positive: a summary with -5 ms per token once showed as -199.9% in `compare`.
+        for i, lv in enumerate(att.levels):
+            for name, v in (
+                ("engine_ms_per_token", lv.engine_ms_per_token),
+                ("per_token_ms (sum of its terms)", lv.per_token_ms.total if lv.per_token_ms else None),
+            ):
+                if v is not None and not 0 <= v < 1e9:
+                    raise SchemaError(
+                        ATTR_SUMMARY, f"holds {v:g} ms, not a time per token (at least 0)", f"levels[{i}].{name}"
+                    )
+        return att
 
 
 # ---- (de)serialisation with type checks ---------------------------------------

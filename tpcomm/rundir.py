@@ -26,12 +26,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpcomm import contract, redact, safefs
+from tpcomm import contract, jsonsafe, redact, safefs
 from tpcomm.contract import FileSpec, SchemaError
 from tpcomm.errors import InputError
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+# The states a stage ends in; "running" is the only other.
+FINISHED = ("complete", "incomplete", "failed")
 
 
 class RunDir:
@@ -76,10 +80,11 @@ class RunDir:
         p = self.path / str(name)
         if not p.exists():
             return default
-        try:
-            doc = json.loads(_read(p, spec, safefs.MAX_JSON_BYTES))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise SchemaError(spec, f"is not valid JSON ({getattr(e, 'msg', e)}); it may be truncated") from None
+        try:  # bounded: depth, NaN/infinities, huge integers (jsonsafe.py); size by _read
+            doc = jsonsafe.loads(_read(p, spec, safefs.MAX_JSON_BYTES), spec.path)
+        except jsonsafe.BadJSON as e:
+            hint = "; it may be truncated" if e.problem.startswith("is not valid JSON") else ""
+            raise SchemaError(spec, e.problem + hint) from None
         contract.check_json(spec, doc)
         return doc
 
@@ -127,8 +132,12 @@ class RunDir:
 
     # ---- metadata and stage status -------------------------------------
     def record_command(self, command: str, argv: list[str] | None = None) -> None:
-        """Append this command to meta.json (created with stack versions on first use)."""
+        """Lock the run directory for this process (see lock.py), then append this command to meta.json (created
+        with stack versions on first use)."""
+        from tpcomm.rundir_lock import lock
         from tpcomm.versions import stack_versions
+
+        lock(self.path, command)
 
         meta = self.read_json(contract.META) or {"created_utc": _utc(), "versions": stack_versions(), "commands": []}
         args = redact.argv(list(argv if argv is not None else sys.argv))
@@ -136,9 +145,17 @@ class RunDir:
         self.write_json(contract.META, meta)
 
     def mark(self, stage: str, state: str, **info: Any) -> None:
-        """Record a stage's state (running, complete, incomplete, failed) in status.json."""
+        """Record a stage's state (running, complete, incomplete, failed) in status.json, only forward: a re-run
+        over a finished stage keeps its record and notes the re-run beside it ("rerun": running, from when, by
+        which pid) until the re-run ends and writes its own. So "running" never replaces "complete", and a
+        re-run that died half-way (disk full, kill -9) is visible: its note stays and no process holds the lock."""
         status = self.read_json(contract.STATUS) or {}
-        status[stage] = {"state": state, "utc": _utc(), **info}
+        old = status.get(stage)
+        if state == "running" and isinstance(old, dict) and old.get("state") in FINISHED:
+            old = {k: v for k, v in old.items() if k != "rerun"}
+            status[stage] = {**old, "rerun": {"state": "running", "utc": _utc(), "pid": os.getpid(), **info}}
+        else:
+            status[stage] = {"state": state, "utc": _utc(), **info}
         self.write_json(contract.STATUS, status)
 
     def stage_state(self, stage: str) -> str | None:

@@ -33,6 +33,23 @@ class UnsafePath(InputError):
     """A path tpcomm will not write through or read from (a link, not a regular file, too large)."""
 
 
+class WriteFailed(InputError):
+    """The file system took no more (full, over quota, read-only): one line naming the file; what was written
+    before stays whole (every write is a new file renamed into place)."""
+
+
+# A full or read-only file system is the operator's to fix, not a bug: one line, exit 2.
+_FS_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def _fs_full(e: OSError, target: Path) -> WriteFailed:
+    return WriteFailed(
+        str(target),
+        f"cannot be written ({e.strerror or e}); the earlier version of this file, if any, is kept whole",
+        "free space on that file system, or another --out",
+    )
+
+
 def kind(mode: int) -> str:
     """What a file is, in words ("a FIFO", "a directory", ...)."""
     for test, name in (
@@ -87,24 +104,64 @@ def write_atomic(root: str | os.PathLike, rel: str | os.PathLike, data: bytes) -
     dfd = open_dir(root, rel.parts[:-1])
     name, target = rel.name, Path(root) / rel
     try:
-        try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(
-                str(target),
-                f"exists and is {kind(st.st_mode)}; tpcomm writes only regular files, never through links",
-                "a new file name or an existing regular file",
-            )
-        tmp = f".{name}.{secrets.token_hex(6)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+        _refuse_non_file(dfd, name, target)
+        tmp, fd = _create_tmp(dfd, name)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             # rename replaces the name itself: a link planted there since the check is replaced, not followed
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException as e:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            if isinstance(e, OSError) and e.errno in _FS_FULL:
+                raise _fs_full(e, target) from None
+            raise
+    except OSError as e:  # the temporary file could not even be created
+        if e.errno in _FS_FULL:
+            raise _fs_full(e, target) from None
+        raise
+    finally:
+        os.close(dfd)
+    return target
+
+
+def _create_tmp(dfd: int, name: str, access: int = os.O_WRONLY) -> tuple[str, int]:
+    """A new, empty file beside `name` under a random name: (that name, a write descriptor)."""
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, access | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+    return tmp, fd
+
+
+def _refuse_non_file(dfd: int, name: str, target: Path) -> None:
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePath(
+            str(target),
+            f"exists and is {kind(st.st_mode)}; tpcomm writes only regular files, never through links",
+            "a new file name or an existing regular file",
+        )
+
+
+def open_new(root: str | os.PathLike, rel: str | os.PathLike, mode: str = "wb", buffering: int = -1):
+    """A file object writing a new, empty root/rel that stays open (a log a child process writes, a stream of
+    records): created beside under a random name and renamed over rel at once, so a link planted at rel is
+    refused (checked) or replaced (planted after the check), never followed. What was at rel is replaced."""
+    rel = Path(rel)
+    dfd = open_dir(root, rel.parts[:-1])
+    name = rel.name
+    try:
+        _refuse_non_file(dfd, name, Path(root) / rel)
+        tmp, fd = _create_tmp(dfd, name, os.O_RDWR if "+" in mode else os.O_WRONLY)
+        try:
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
+            os.close(fd)
             try:
                 os.unlink(tmp, dir_fd=dfd)
             except OSError:
@@ -112,7 +169,7 @@ def write_atomic(root: str | os.PathLike, rel: str | os.PathLike, data: bytes) -
             raise
     finally:
         os.close(dfd)
-    return target
+    return os.fdopen(fd, mode, buffering=buffering)
 
 
 def open_regular(path: str | os.PathLike, limit: int, what: str | None = None):

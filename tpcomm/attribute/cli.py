@@ -8,6 +8,7 @@ import time
 
 import click
 
+from tpcomm import redact
 from tpcomm.errors import InputError
 
 
@@ -120,7 +121,14 @@ class _UserError(click.ClickException):
     default=None,
     help="The model's config.json or folder for the plan cross-check, instead of the config the server reports.",
 )
-@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Per-request timeout (s).")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Per-request timeout (s).",
+)
 @click.option(
     "--ca-cert",
     type=click.Path(exists=True, dir_okay=False),
@@ -179,7 +187,7 @@ def attribute(
         try:
             res = reanalyse_run_dir(reanalyse, model_config, argv=sys.argv)
         except InputError as e:
-            raise _UserError(str(e)) from None
+            raise _UserError(redact.text(str(e))) from None
         click.echo(json.dumps(res, indent=2, default=str)) if as_json else render(res)
         return
     if not server_url:
@@ -216,14 +224,13 @@ def attribute(
     try:
         res = Attribute(cfg, progress).run(argv=sys.argv)
     except InputError as e:
-        raise _UserError(str(e)) from None
+        raise _UserError(redact.text(str(e))) from None
     except KeyboardInterrupt:  # a second Ctrl-C during the first one's clean-up
         click.echo("Error: interrupted twice (Ctrl-C): status.json may still say running", err=True)
         raise SystemExit(130) from None
     finally:
         if progress:
             progress.close()
-    from tpcomm import redact
 
     res = redact.scrub(json.loads(json.dumps(res, default=str)))
     if as_json:

@@ -15,7 +15,6 @@ on one host).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from tpcomm import jsonsafe, netread
 from tpcomm.attribute.server import ServerInfo
 
 ABORT_POLL_S = 0.5  # how often a round asks `abort` whether to end early
@@ -93,15 +93,20 @@ def build_prompts(info: ServerInfo, spec: LoadSpec) -> Prompts:
     rng = random.Random(spec.seed)
 
     def tokenize(payload):
-        r = httpx.post(
+        r = netread.request(
+            "POST",
             info.url + "/tokenize",
             json={"model": info.model, **payload},
             headers=info.headers,
-            timeout=30,
+            timeout_s=30,
             verify=info.verify,
         )
         r.raise_for_status()
-        return r.json()["count"], r.json().get("tokens") or []
+        doc = jsonsafe.loads(r.content, "/tokenize")
+        count, toks = doc["count"], doc.get("tokens") or []
+        if not isinstance(count, int) or not isinstance(toks, list) or not all(isinstance(t, int) for t in toks):
+            raise ValueError("not a vLLM /tokenize answer")
+        return count, toks
 
     try:
         if spec.api == "completions":
@@ -132,7 +137,7 @@ def build_prompts(info: ServerInfo, spec: LoadSpec) -> Prompts:
             "(template included); the count per request is in prompt_tokens"
         )
         return p
-    except (httpx.HTTPError, KeyError, ValueError) as e:
+    except (httpx.HTTPError, KeyError, TypeError, ValueError) as e:  # BadJSON is a ValueError
         p = Prompts(
             spec.api,
             spec.input_len,
@@ -181,14 +186,17 @@ async def stream_request(
                 body = (await r.aread())[:65536].decode(errors="replace")
                 row["error"] = f"HTTP {r.status_code}: {error_text(body, r.headers.get('content-type', ''))}"
             else:
-                async for line in r.aiter_lines():
+                async for line in sse_lines(r, spec.timeout_s):
                     if not line.startswith("data:"):
                         continue  # blank separators and SSE comments (pings)
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    msg = json.loads(data)
+                    msg = jsonsafe.loads(data, "a stream chunk", "an OpenAI streaming chunk")
                     t = now_ns()
+                    if problem := chunk_problem(msg):
+                        row["error"] = f"{MALFORMED}: {problem}"
+                        break
                     if choices := msg.get("choices"):
                         delta = choices[0].get("delta")
                         # vLLM's chat stream opens with a role-only chunk sent together with the first token.
@@ -208,17 +216,20 @@ async def stream_request(
                         if pause and len(tokens) == pause[0]:
                             await asyncio.sleep(pause[1])
                     elif usage := msg.get("usage"):
-                        row["output_tokens"] = usage.get("completion_tokens")
-                        row["prompt_tokens"] = usage.get("prompt_tokens")
+                        row["output_tokens"] = _count(usage.get("completion_tokens"))
+                        row["prompt_tokens"] = _count(usage.get("prompt_tokens"))
                         # vLLM's fingerprint names its version and TP size: "vllm-0.32.0-tp2-..."
-                        row["fingerprint"] = msg.get("system_fingerprint")
+                        fp = msg.get("system_fingerprint")
+                        row["fingerprint"] = fp[:200] if isinstance(fp, str) else None
                     if err := msg.get("error"):
-                        row["error"] = f"stream error: {err}"
+                        row["error"] = f"stream error: {str(err)[:300]}"
                 row["ok"] = bool(tokens) and not row["error"]
                 if not tokens and not row["error"]:
                     row["error"] = "no token chunk received"
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
+    except httpx.HTTPError as e:
         row["error"] = f"{type(e).__name__}: {e}"
+    except jsonsafe.BadJSON as e:
+        row["error"] = f"{MALFORMED}: {e.what} {e.problem}"[:300]
     t1 = tokens[-1] if tokens else now_ns()
     n_out = row["output_tokens"] or len(tokens)
     row.update(t_start_ns=t0, t_end_ns=t1, token_ns=tokens, token_counts=counts)
@@ -235,6 +246,50 @@ async def stream_request(
     else:
         row.update(ttft_ms=None, e2e_ms=None, tpot_ms=None, itl_ms_mean=None)
     return row
+
+
+MALFORMED = "malformed stream"  # a server that streams something other than OpenAI chunks (not vLLM)
+MAX_LINE = 1 << 20  # one SSE line; vLLM's chunks are a few hundred bytes (a few kB with logprobs)
+
+
+async def sse_lines(r: httpx.Response, gap_s: float):
+    """The lines of a server-sent-event stream, each at most MAX_LINE bytes, a `data:` line at least every
+    `gap_s` seconds (httpx's read timeout is per read: a server that drips a byte or a blank line every
+    second would otherwise hold the request forever)."""
+    buf = bytearray()
+    last = time.monotonic()
+    async for chunk in r.aiter_bytes():
+        buf += chunk
+        while (i := buf.find(b"\n")) >= 0:
+            line = bytes(buf[:i]).rstrip(b"\r").decode(errors="replace")
+            del buf[: i + 1]
+            if line.startswith("data:"):
+                last = time.monotonic()
+            yield line
+        if len(buf) > MAX_LINE:
+            raise httpx.DecodingError(f"{MALFORMED}: a line longer than {MAX_LINE} bytes", request=r.request)
+        if time.monotonic() - last > gap_s:
+            raise httpx.ReadTimeout(f"no stream chunk for {gap_s:g} s (bytes kept arriving)", request=r.request)
+    if buf:
+        yield bytes(buf).rstrip(b"\r").decode(errors="replace")
+
+
+def chunk_problem(msg) -> str | None:
+    """What makes `msg` not an OpenAI streaming chunk (None when it is one): the fields read below, typed."""
+    if not isinstance(msg, dict):
+        return f"a chunk is a JSON {type(msg).__name__}, not an object"
+    choices = msg.get("choices")
+    if choices is not None and not (isinstance(choices, list) and all(isinstance(c, dict) for c in choices)):
+        return "'choices' is not a list of objects"
+    if choices and not isinstance(choices[0].get("delta", {}), (dict, type(None))):
+        return "'choices[0].delta' is not an object"
+    if msg.get("usage") is not None and not isinstance(msg["usage"], dict):
+        return "'usage' is not an object"
+    return None
+
+
+def _count(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 def error_text(body: str, content_type: str = "", limit: int = 200) -> str:

@@ -57,6 +57,13 @@ class RankDeath:
     # every rank and the API server died together (killed at once): no rank is to blame
     whole_server: bool = False
     api_server_after_ms: float | None = None  # when the API server died, after the first rank (< 0: before)
+    # the API server began its own shutdown (SIGTERM, SIGINT) this long before the first rank ended: the ranks
+    # were stopped by it, no rank is to blame (GET /tpcomm/v1/workers' api_server.shutdown_ns)
+    shutdown_before_ms: float | None = None
+
+    @property
+    def server_shutdown(self) -> bool:
+        return self.shutdown_before_ms is not None and self.shutdown_before_ms >= 0
 
     def message(self, level_start_ns: int | None = None, while_: str | None = None) -> str:
         """`while_`: what the run was doing when the death was seen, if not running the level's requests."""
@@ -66,6 +73,12 @@ class RankDeath:
             s = (self.t_ns - level_start_ns) / 1e9
             into = f", {s:.1f} s into the level" if s >= 0 else ", before the level's first request"
         into += f", {while_}" if while_ and level_start_ns else f", while {while_}" if while_ else ""
+        if self.server_shutdown:
+            return (
+                f"the vLLM server shut down during C={self.concurrency} at {when} UTC{into}: its API server began "
+                f"shutting down {self.shutdown_before_ms:.0f} ms before TP rank {self.rank} ended (SIGTERM or "
+                "SIGINT to the API server, e.g. an orchestrator's restart), not a rank's failure"
+            )
         if self.whole_server:
             ms = self.api_server_after_ms or 0.0
             rel = f"{abs(ms):.0f} ms {'before' if ms < 0 else 'after'}"
@@ -79,7 +92,7 @@ class RankDeath:
         return f"TP rank {self.rank} (pid {self.pid}) died during C={self.concurrency} at {when} UTC{into}{also}{after}"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "server_shutdown": self.server_shutdown}
 
 
 @dataclass
@@ -132,6 +145,8 @@ class RankWatch:
         self.api: tuple[int, int] | None = None  # (pidfd, pid) of the API server, when on this machine
         self._api_dead_ns: int | None = None
         self._stopped_since: dict[int, tuple[int, str, int]] = {}  # rank -> (pid, state, first seen stopped)
+        self._shutdown_ns: int | None = None  # when the API server began its own shutdown, if it said so
+        self._asking: threading.Thread | None = None
         # One connection for every look: start(), then the HTTP watch thread only (and stop() after joining it).
         self._hook = HookClient(info.url, api_key=info.api_key, timeout_s=5, keep_alive=True, verify=info.verify)
 
@@ -152,6 +167,7 @@ class RankWatch:
             return self
         self._open_pidfds(ws)
         self._open_api(doc.get("api_server") or {})
+        self._shutdown_ns = None
         # A worker already dead at the first look (it died between the level's start and this look, or the
         # pid now names another process) is a death all the same: named now, not a poll later.
         gone = [(int(w["rank"]), int(w["pid"])) for w in ws if w.get("alive") is False]
@@ -190,6 +206,10 @@ class RankWatch:
             if any(t.name == "tpcomm-rank-watch" for t in self._threads):
                 self._look()
             self._threads = []
+            if self._asking is not None:
+                self._asking.join(timeout=5)
+            if self.death is not None and self._shutdown_ns is not None:
+                self._note_shutdown(self._shutdown_ns)
             self._whole_server()
             for fd in list(self._fds) + list(self._wake or ()) + ([self.api[0]] if self.api else []):
                 os.close(fd)
@@ -220,7 +240,23 @@ class RankWatch:
 
         self._note_states({r: (pid, state(pid)) for r, pid in self.local.items()}, time.time_ns())
 
-    # ---- the API server: a whole-server stop is no rank's death -------------
+    # ---- the API server: its own shutdown, or a whole-server stop, is no rank's death -------------
+    def _ask_shutdown(self) -> None:
+        """Whether the API server began shutting down before the first death (a fresh connection: the watch's
+        own may be busy in its thread)."""
+        try:
+            api = HookClient(self.info.url, self.info.api_key, timeout_s=3, verify=self.info.verify).workers_doc()
+        except records.HookError:
+            return
+        self._note_shutdown((api.get("api_server") or {}).get("shutdown_ns"))
+
+    def _note_shutdown(self, ns: object) -> None:
+        if isinstance(ns, int) and not isinstance(ns, bool) and ns > 0:
+            self._shutdown_ns = ns
+            d = self.death
+            if d is not None:
+                d.shutdown_before_ms = (d.t_ns - ns) / 1e6
+
     def _open_api(self, api: dict) -> None:
         ident, pid = api.get("identity"), api.get("pid")
         if not hasattr(os, "pidfd_open") or not ident or not isinstance(pid, int) or identity(pid) != ident:
@@ -323,6 +359,9 @@ class RankWatch:
                     rank, pid, now, self.concurrency, sorted(r for r, _ in dead if r != rank), [], seen_by
                 )
                 self._seen.set()
+                # at once: after its engine stopped, an API server that shuts down exits within moments
+                self._asking = threading.Thread(target=self._ask_shutdown, name="tpcomm-shutdown-ask", daemon=True)
+                self._asking.start()
                 return
             d = self.death
             d.others = sorted((set(d.others) | {r for r, _ in dead}) - {d.rank} - set(d.same_time))

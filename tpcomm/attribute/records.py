@@ -30,8 +30,8 @@ def _client(info: ServerInfo, timeout_s: float = 60) -> HookClient:
     return HookClient(info.url, api_key=info.api_key, timeout_s=timeout_s, verify=info.verify)
 
 
-def start(info: ServerInfo, session: str | None = None) -> dict:
-    return _client(info).start(session=session)
+def start(info: ServerInfo, session: str | None = None, lease_s: int | None = None) -> dict:
+    return _client(info).start(session=session, lease_s=lease_s)
 
 
 def stop(info: ServerInfo, session: str | None = None, timeout_s: float = 60) -> dict:
@@ -49,6 +49,11 @@ def session_problem(st: dict, session: str, started_ns: int) -> str | None:
         return (
             f"another client restarted the hook's recording during this level (session {st.get('session')!r}, "
             f"ours {session!r}): records from before that restart are lost"
+        )
+    if not st.get("armed") and st.get("lease_ended_ns"):
+        return (
+            f"the hook's recording ended by its lease ({st.get('lease_s', 0):.0f} s without a client call) during "
+            "this level: later steps were not recorded"
         )
     if not st.get("armed"):
         when = st.get("stopped_ns") or 0

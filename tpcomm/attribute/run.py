@@ -31,6 +31,7 @@ from tpcomm.attribute.hostload import HostLoadMeter
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.ranks import RankDied, RankStopped, RankWatch
 from tpcomm.attribute.server import ServerInfo, check_server, is_alive
+from tpcomm.errors import InputError
 from tpcomm.rundir import RunDir
 
 REQUEST_COLUMNS = [
@@ -131,13 +132,13 @@ class Attribute:
         from tpcomm.attribute.server import tls_verify
 
         redact.register(self.cfg.api_key)  # never written to the run directory, a log or the report
+        if self.cfg.api_key:
+            redact.register(self.cfg.api_key.strip())  # as it goes in the header (check_server strips it)
         verify = tls_verify(self.cfg.ca_cert, self.cfg.insecure)
         self.info = check_server(self.cfg.server_url, self.cfg.model, self.cfg.api_key, verify=verify)
         redact.register(self.info.api_key)  # also when it came from OPENAI_API_KEY
         spec = self.cfg.spec
         if self.info.max_model_len and spec.input_len + spec.output_len > self.info.max_model_len:
-            from tpcomm.errors import InputError
-
             raise InputError(
                 "--input-len/--output-len",
                 f"{spec.input_len}+{spec.output_len} tokens exceed the "
@@ -166,11 +167,9 @@ class Attribute:
             self.progress.note(f"warm-up: {spec.warmup} request(s)")
             warm = load.warmup(self.info, spec, prompts)
             if warm and not any(r["ok"] for r in warm):
-                if warm[0]["error"].startswith("HTTP "):
+                if warm[0]["error"].startswith(("HTTP ", load.MALFORMED)):
                     # The server is there and says no (e.g. 501 from a non-vLLM server): a user's problem to fix,
                     # named with what it answered; nothing measured yet, so nothing is lost.
-                    from tpcomm.errors import InputError
-
                     self.rd.mark("attribute", "failed", reason="every warm-up request was refused")
                     raise InputError(
                         "--server-url",
@@ -228,6 +227,9 @@ class Attribute:
             return self.result(complete=False, reason=reason)
         except KeyboardInterrupt:
             return self._interrupted()
+        except InputError as e:  # e.g. the disk filled up (safefs.WriteFailed): disarm ours, mark if we can
+            self._abandon(str(e), mark=getattr(e, "what", None) != "--server-url")  # the warm-up's marked it
+            raise
         self._analyse()
         if self.cfg.profile:
             self._profile(prompts)
@@ -240,6 +242,23 @@ class Attribute:
             "attribute", "complete", levels=len(self.levels), requests=len(self.requests), plugin=self.plugin_on
         )
         return self.result(complete=True)
+
+    def _abandon(self, why: str, mark: bool = True) -> None:
+        """A one-line error ends the run mid-way: our recording stops now (not when its lease runs out), and
+        status.json says failed where the file system still takes it (else the re-run note or "running" stays,
+        and no process holds the lock: readers see the run did not end)."""
+        if self._armed:
+            try:
+                records.stop(self.info, self._armed, timeout_s=5)
+                self._armed = None
+            except records.HookError:
+                pass
+        if not mark:
+            return
+        try:
+            self.rd.mark("attribute", "failed", reason=why[:300])
+        except (InputError, OSError):
+            pass
 
     def _interrupted(self) -> dict:
         """Ctrl-C: disarm the hook this run armed, keep and attribute what finished, mark the run."""
@@ -274,8 +293,17 @@ class Attribute:
         # Watch the TP workers while the level runs, from before its recording starts: a worker that dies
         # takes the server down with it, and only the order of the deaths tells which one failed.
         watch = RankWatch(self.info, c).start() if self.plugin_on else None
+        # One round's worst case (every wave of requests to its timeout) and a minute: a recording this run
+        # leaves armed (killed mid-level) ends by itself then; each round's status call renews it.
+        spec = self.cfg.spec
+        lease_s = int(min(7 * 86400, -(-spec.requests // c) * spec.timeout_s + 60))
+        # Counted as ours before the answer: a start that times out may still take effect when the stopped
+        # worker runs again; the stop that run() then sends names this session and is queued behind it.
+        self._armed = session if self.plugin_on else None
         try:
-            start_error = self._hook(lambda info: records.start(info, session), watch) if self.plugin_on else None
+            start_error = (
+                self._hook(lambda info: records.start(info, session, lease_s), watch) if self.plugin_on else None
+            )
         except load.ServerGone as e:
             death = watch.stop(requests_failed=True) if watch is not None else None
             if death and not getattr(e, "reason", None):
@@ -285,8 +313,8 @@ class Attribute:
             if watch is not None:
                 watch.stop()
             raise
-        if self.plugin_on and start_error is None:
-            self._armed = session
+        if start_error is not None:  # answered with an error: nothing was armed
+            self._armed = None
         if watch is not None and start_error is not None:
             watch.stop()
             watch = None

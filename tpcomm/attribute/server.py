@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from tpcomm import jsonsafe, netread
 from tpcomm.errors import InputError
 from tpcomm.hook.client import ENABLE_HINT, enable_hint  # noqa: F401 - the one enable hint
 
@@ -47,6 +48,24 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def clean_key(raw: str | None, source: str = "--api-key") -> str | None:
+    """The API key as it goes in a header: surrounding whitespace stripped (a key read from a secret file ends
+    in a newline), None when nothing is left; InputError when a character cannot go in an HTTP header. The
+    message names the position and kind of character, never the key (httpx's own error quotes the header)."""
+    if raw is None:
+        return None
+    key = raw.strip()
+    for i, ch in enumerate(key):
+        if not 0x21 <= ord(ch) <= 0x7E:
+            what = "a non-ASCII character" if ord(ch) > 0x7E else "a space or control character"
+            raise InputError(
+                source,
+                f"holds {what} at position {i + 1} of {len(key)} (the key is not shown)",
+                "the key as given to vLLM's --api-key: printable ASCII without spaces",
+            )
+    return key or None
+
+
 def tls_verify(ca_cert: str | None = None, insecure: bool = False) -> Any:
     """httpx's `verify` for --ca-cert / --insecure (default: system CAs, or SSL_CERT_FILE when set)."""
     if insecure:
@@ -76,9 +95,26 @@ def check_server(
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise InputError("--server-url", f"{url!r} is not an http(s) URL", "e.g. http://localhost:8000")
-    api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
-    try:
-        r = httpx.get(url + "/v1/models", headers=auth_headers(api_key), timeout=timeout_s, verify=verify)
+    if api_key is None and os.environ.get("OPENAI_API_KEY") is not None:
+        api_key = clean_key(os.environ["OPENAI_API_KEY"], "OPENAI_API_KEY")
+    else:
+        api_key = clean_key(api_key)
+    try:  # bounded: a server that drips or sends gigabytes ends in one line (netread.py)
+        r = netread.request(
+            "GET", url + "/v1/models", headers=auth_headers(api_key), timeout_s=timeout_s, verify=verify
+        )
+    except netread.BodyTooLarge as e:
+        raise InputError(
+            "--server-url",
+            f"{url}/v1/models: {_one_line(str(e).split(': ', 1)[-1])}",
+            "an OpenAI-compatible server (vLLM)",
+        ) from None
+    except httpx.TimeoutException as e:
+        raise InputError(
+            "--server-url",
+            f"{url}/v1/models did not answer in full within {timeout_s:g} s ({type(e).__name__})",
+            "a running vLLM OpenAI-compatible server",
+        ) from None
     except httpx.ConnectError as e:
         if "CERTIFICATE_VERIFY_FAILED" in str(e) or "certificate verify failed" in str(e):
             raise InputError(
@@ -102,8 +138,10 @@ def check_server(
             "the key given to vLLM's --api-key (or set OPENAI_API_KEY)",
         )
     try:
-        body = r.json()
+        body = jsonsafe.loads(r.content, f"{url}/v1/models")
         served = [m["id"] for m in body["data"]]
+        if not all(isinstance(m, str) for m in served):
+            raise TypeError
     except Exception:
         raise InputError(
             "--server-url",
@@ -123,8 +161,8 @@ def check_server(
         url=url,
         model=model,
         served=served,
-        root=card.get("root"),
-        max_model_len=card.get("max_model_len"),
+        root=card.get("root") if isinstance(card.get("root"), str) else None,
+        max_model_len=_positive_int(card.get("max_model_len")),
         api_key=api_key,
         verify=verify,
     )
@@ -152,9 +190,16 @@ def plugin_status(
 
 def is_alive(url: str, timeout_s: float = 3, verify: Any = True) -> bool:
     try:
-        return httpx.get(url.rstrip("/") + "/health", timeout=timeout_s, verify=verify).status_code == 200
+        return (
+            netread.request("GET", url.rstrip("/") + "/health", timeout_s=timeout_s, verify=verify).status_code == 200
+        )
     except httpx.HTTPError:
         return False
+
+
+def _positive_int(v: Any) -> int | None:
+    """A field a server that is not vLLM may fill with anything: kept when it is a positive integer."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def _one_line(text: str, limit: int = 200) -> str:

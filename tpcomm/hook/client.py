@@ -91,25 +91,29 @@ class HookClient:
 
         import httpx
 
+        from tpcomm import netread
+
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         deadline = time.monotonic() + self.timeout_s
         try:
             while True:
-                if self._http is not None:
-                    r = self._http.request(method, self.url + path, headers=headers, params=params)
-                else:
-                    r = httpx.request(
-                        method,
-                        self.url + path,
-                        headers=headers,
-                        params=params,
-                        timeout=self.timeout_s,
-                        verify=self.verify,
-                    )
+                # bounded in size and in time as a whole (netread): a server that drips or floods ends here
+                r = netread.request(
+                    method,
+                    self.url + path,
+                    limit=netread.RECORDS_PAGE if path.endswith("/records") else netread.SMALL,
+                    timeout_s=self.timeout_s,
+                    client=self._http,
+                    verify=self.verify,
+                    headers=headers,
+                    params=params,
+                )
                 if r.status_code != 429 or time.monotonic() > deadline:
                     break
                 # Another client's pull is being served (one at a time): wait as the server asks.
                 time.sleep(min(float(r.headers.get("Retry-After") or 1), 5.0))
+        except netread.BodyTooLarge as e:
+            raise HookError(f"server {self.url}", f"sent too much on {method} {path} ({e})") from None
         except httpx.TimeoutException as e:
             raise HookTimeout(
                 f"server {self.url}",
@@ -149,16 +153,19 @@ class HookClient:
         return True
 
     def status(self) -> dict:
-        return self._request("GET", "/tpcomm/v1/status").json()
+        return _doc(self._request("GET", "/tpcomm/v1/status"), "status")
 
-    def start(self, session: str | None = None) -> dict:
-        """Clear and arm; `session` names this recording so a later status shows whether it is still ours."""
-        return self._request("POST", "/tpcomm/v1/start", {"session": session} if session else None).json()
+    def start(self, session: str | None = None, lease_s: int | None = None) -> dict:
+        """Clear and arm; `session` names this recording so a later status shows whether it is still ours;
+        `lease_s`: it ends by itself after this long without a call of any client (the server's default when
+        None)."""
+        params = {k: v for k, v in (("session", session), ("lease_s", lease_s)) if v is not None}
+        return _doc(self._request("POST", "/tpcomm/v1/start", params or None), "start")
 
     def stop(self, session: str | None = None) -> dict:
         """Disarm; with `session`, only that recording (never another client's, even if this call arrives
         late: the workers check it when they run it)."""
-        return self._request("POST", "/tpcomm/v1/stop", {"session": session} if session else None).json()
+        return _doc(self._request("POST", "/tpcomm/v1/stop", {"session": session} if session else None), "stop")
 
     def workers(self) -> list[dict]:
         """[{rank, pid, host, identity, alive, state}]: checked in the API server, no engine round trip (answers
@@ -167,7 +174,7 @@ class HookClient:
 
     def workers_doc(self) -> dict:
         """GET /tpcomm/v1/workers whole: {"workers": [...], "api_server": {pid, host, identity}, "checked_ns"}."""
-        doc = self._request("GET", "/tpcomm/v1/workers").json()
+        doc = _doc(self._request("GET", "/tpcomm/v1/workers"), "workers")
         return doc if isinstance(doc, dict) else {}
 
     def records(self, session: str | None = None) -> dict:
@@ -175,11 +182,11 @@ class HookClient:
         come from the same recording (session and start time); with `session`, the server refuses a page of
         another (409). A recording restarted between pages is a `RecordingTaken`, never a silent truncation."""
         params = {"session": session} if session else {}
-        doc = self._request("GET", "/tpcomm/v1/records", {**params, "page": 0}).json()
+        doc = _doc(self._request("GET", "/tpcomm/v1/records", {**params, "page": 0}), "records")
         first = doc.get("meta") or {}
         pages = int(first.get("pages") or 1)
         for page in range(1, pages):
-            more = self._request("GET", "/tpcomm/v1/records", {**params, "page": page}).json()
+            more = _doc(self._request("GET", "/tpcomm/v1/records", {**params, "page": page}), "records")
             meta = more.get("meta") or {}
             changed = [k for k in ("session", "started_ns", "pages") if meta.get(k) != first.get(k)]
             if changed:
@@ -254,6 +261,19 @@ def save_records(doc: dict, run_dir: Any) -> dict[str, Path]:
         "steps": rd.write_table(contract.HOOK_STEPS, steps),
         "meta": rd.write_json(contract.HOOK_META, meta),
     }
+
+
+def _doc(r: Any, route: str) -> dict:
+    """A route's JSON object, parsed with bounds (depth, number types: jsonsafe); HookError otherwise."""
+    from tpcomm import jsonsafe
+
+    try:
+        doc = jsonsafe.loads(r.content, f"the answer of /tpcomm/v1/{route}")
+    except jsonsafe.BadJSON as e:
+        raise HookError(e.what, e.problem, "tpcomm's hook of the same version") from None
+    if not isinstance(doc, dict):
+        raise HookError(f"the answer of /tpcomm/v1/{route}", f"is a JSON {type(doc).__name__}, not an object")
+    return doc
 
 
 def _error_text(r: Any) -> str:

@@ -35,6 +35,17 @@ LAST_BACKEND: list[str | None] = [None]
 # Set when vLLM's CudaCommunicator chose NCCL symmetric memory for an all-reduce (plugin.py): the PyNccl call
 # that follows is that path, not plain PyNccl. Reset with LAST_BACKEND at each timed collective.
 SYMM_PENDING: list[bool] = [False]
+# A recording nobody renews ends by itself after this long (TPCOMM_HOOK_LEASE_S, or the client's lease_s at its
+# start); `tpcomm attribute` asks for one round's worst case (its requests' timeouts) and renews at each round.
+DEFAULT_LEASE_S = 900.0
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        v = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return v if 0 < v < 1e7 else default
 
 
 class Sized(NamedTuple):
@@ -97,6 +108,12 @@ class Hook:
         self.patched: list[str] = []
         self.started_ns = 0
         self.stopped_ns = 0
+        # The recording's lease (issue 32): armed, it ends by itself once no client called for lease_s seconds
+        # (a client killed mid-level, a start that took effect after its caller gave up). Checked at each step's
+        # end and at each status: a comparison, never a wait.
+        self.lease_s = 0.0
+        self.lease_until_ns = 0
+        self.lease_ended_ns = 0
         # The recording session: set by each start (the caller's id, the same on every rank), so a client
         # can tell that someone else started or stopped recording during its run.
         self.session: str | None = None
@@ -127,7 +144,25 @@ class Hook:
         self.clock = StepClock()
         return timing.patch_cuda_graphs(self.cuda, self.after_replay, self.before_replay)
 
-    def start(self, fault_after: int | None = None, session: str | None = None) -> None:
+    def renew(self) -> None:
+        """A client called: the armed recording's lease starts again."""
+        if self.armed:
+            self.lease_until_ns = time.time_ns() + int(self.lease_s * 1e9)
+
+    def lease_over(self, now_ns: int) -> bool:
+        """Disarm when the lease has run out (True then). No poll and no wait: this runs inside a step."""
+        if not self.armed or now_ns <= self.lease_until_ns:
+            return False
+        self.armed = False
+        self.stopped_ns = self.lease_ended_ns = now_ns
+        logger.warning(
+            "tpcomm: recording %r ended by its lease: no client called for %g s (the client died or gave up)",
+            self.session,
+            self.lease_s,
+        )
+        return True
+
+    def start(self, fault_after: int | None = None, session: str | None = None, lease_s: float | None = None) -> None:
         """Clear the buffer and arm. Runs between steps (an RPC), where one wait is allowed: the clock anchor
         falls back to waiting for the current stream when its side-stream try is not tight (timing.py)."""
         self._cpu0 = self._cpu1 = None  # no CPU wait from an earlier recording
@@ -149,6 +184,8 @@ class Hook:
         self.n_added = 0
         self.fault_after = fault_after
         self.started_ns, self.stopped_ns = time.time_ns(), 0
+        self.lease_s = float(lease_s or _env_float("TPCOMM_HOOK_LEASE_S", DEFAULT_LEASE_S))
+        self.lease_until_ns, self.lease_ended_ns = self.started_ns + int(self.lease_s * 1e9), 0
         w = thread_cpu_wait_ns(self.step_tid)
         self._cpu0 = (w, self.step) if w is not None else None
         self.armed = True
@@ -415,7 +452,7 @@ class Hook:
         step's end); else the step ends here."""
         self.in_step = output is None
         t_end = time.time_ns()
-        if self._step_meta is None or not self.armed:
+        if self._step_meta is None or not self.armed or self.lease_over(t_end):
             return
         try:
             t0, seqs, toks, kind = self._step_meta

@@ -43,6 +43,7 @@ import logging
 import os
 import re
 import secrets
+import time
 from typing import Any
 
 import numpy as np
@@ -90,6 +91,31 @@ def _init_state(engine_client: Any, state: Any, args: Any) -> None:
         keys = [keys]
     state.tpcomm_api_keys = [k for k in (keys or [os.environ.get("VLLM_API_KEY")]) if k]
     state.tpcomm_engine = engine_client
+    _note_shutdown(engine_client)
+
+
+# When this API server began its own shutdown (time.time_ns()), if it has. On SIGTERM or SIGINT vLLM's
+# serve_http stops the engine client first (engine core, then workers) while HTTP still answers: the workers
+# that end next were stopped, not failed. A client that sees a worker end reads this from GET /workers and does
+# not blame the rank (issue 32). After a worker's own death vLLM calls it too, but only after that death.
+_SHUTDOWN: dict[str, int] = {}
+
+
+def _note_shutdown(engine: Any) -> None:
+    """Note the time of the engine client's shutdown() (through failsafe.patch: vLLM's shutdown runs whatever
+    the note does). A client object that refuses the attribute: no note, serving unchanged."""
+    orig = getattr(engine, "shutdown", None)
+    if not callable(orig) or getattr(orig, "_tpcomm_site", None):
+        return
+
+    def part(call: Any, *args: Any, **kwargs: Any) -> Any:
+        _SHUTDOWN.setdefault("ns", time.time_ns())
+        return call(*args, **kwargs)
+
+    try:
+        failsafe.patch(engine, "shutdown", "routes", part)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def make_plugin() -> TpcommEndpoints:
@@ -202,6 +228,9 @@ def _summary(per_rank: list[dict]) -> dict:
         "session": per_rank[0].get("session") if len({r.get("session") for r in per_rank}) == 1 and per_rank else None,
         "started_ns": max((r.get("started_ns") or 0 for r in per_rank), default=0),
         "stopped_ns": max((r.get("stopped_ns") or 0 for r in per_rank), default=0),
+        # The recording's lease (core.py): how long it lasts without a client call, and when it ran out (0: not)
+        "lease_s": per_rank[0].get("lease_s") if per_rank else None,
+        "lease_ended_ns": max((r.get("lease_ended_ns") or 0 for r in per_rank), default=0),
         # The served model's config (the same on every rank): what `attribute` plans its cross-check from.
         "model_config": per_rank[0].get("model_config") if per_rank else None,
         "per_rank": [{k: v for k, v in r.items() if k != "model_config"} for r in per_rank],
@@ -237,6 +266,9 @@ async def start(request: Request) -> Response:
         session = _session_param(request)
         if session is not None:
             kw["session"] = session
+        lease = _int_param(request, "lease_s", 1, 7 * 86400)  # the recording ends by itself after this long
+        if lease is not None:
+            kw["lease_s"] = lease
         if os.environ.get("TPCOMM_HOOK_TEST_FAULTS") == "1":
             fault = _int_param(request, "inject_fault_after", 0, 2**31 - 1)
             if fault is not None:
@@ -415,7 +447,12 @@ async def workers(request: Request) -> Response:
         {
             "workers": worker_liveness(seen, socket.gethostname()),
             # the API server itself: a client on this machine tells a whole-server stop from one rank's death
-            "api_server": {"pid": me, "host": socket.gethostname(), "identity": identity(me)},
+            "api_server": {
+                "pid": me,
+                "host": socket.gethostname(),
+                "identity": identity(me),
+                "shutdown_ns": _SHUTDOWN.get("ns"),  # when it began shutting down (SIGTERM), else None
+            },
             "checked_ns": time.time_ns(),
         }
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import time
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,8 @@ def _sequenced(fn):
 
     @functools.wraps(fn)
     def method(self: Any, *args: Any, seq: str | None = None, **kwargs: Any) -> dict:
+        HOOK.lease_over(time.time_ns())  # a lease that ran out while no step ran ends now, before any renewal
+        HOOK.renew()  # a client called: the recording's lease starts again (core.py)
         out = fn(self, *args, **kwargs)
         if seq is not None:
             (out["meta"] if "meta" in out else out)["seq"] = seq
@@ -156,6 +159,8 @@ def tpcomm_status(self: Any) -> dict:
         ],
         "started_ns": HOOK.started_ns,
         "stopped_ns": HOOK.stopped_ns,
+        "lease_s": HOOK.lease_s,  # the recording ends by itself after this long without a client call
+        "lease_ended_ns": HOOK.lease_ended_ns,  # when it did (0: it did not)
         "cpu_wait": HOOK.cpu_wait(),  # the step thread's CPU wait over the recording (core.py)
         "session": HOOK.session,
         "metrics_file": HOOK.metrics_file,
@@ -218,12 +223,15 @@ def _timing_modes() -> list[str]:
 
 
 @_sequenced
-def tpcomm_start(self: Any, fault_after: int | None = None, session: str | None = None) -> dict:
-    """Clear the buffer and arm recording under `session`. ``fault_after`` (tests only) needs
-    TPCOMM_HOOK_TEST_FAULTS=1 in the workers too."""
+def tpcomm_start(
+    self: Any, fault_after: int | None = None, session: str | None = None, lease_s: float | None = None
+) -> dict:
+    """Clear the buffer and arm recording under `session`, for `lease_s` seconds without a client call (None:
+    TPCOMM_HOOK_LEASE_S or core.DEFAULT_LEASE_S). ``fault_after`` (tests only) needs TPCOMM_HOOK_TEST_FAULTS=1
+    in the workers too."""
     if fault_after is not None and not env_flag("TPCOMM_HOOK_TEST_FAULTS"):
         fault_after = None
-    HOOK.start(fault_after=fault_after, session=session)
+    HOOK.start(fault_after=fault_after, session=session, lease_s=lease_s)
     return tpcomm_status(self)
 
 

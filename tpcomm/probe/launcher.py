@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from tpcomm import safefs
+
 # Starting a rank imports torch (and vLLM for the shm backend): seconds on an idle
 # machine, much longer on a loaded one. Setup gets this much slack beyond --timeout.
 SETUP_GRACE_S = 240.0
@@ -64,15 +66,17 @@ class Launch:
         self.module = module
         self.status_dir = self.workdir / "ranks"
         self.log_dir = self.workdir / "logs"
+        self.workdir.mkdir(parents=True, exist_ok=True)
         for d in (self.status_dir, self.log_dir):
-            d.mkdir(parents=True, exist_ok=True)
+            # folders opened without following a link (safefs); what an earlier run left there goes
+            os.close(safefs.open_dir(self.workdir, [d.name]))
             for f in d.iterdir():
                 f.unlink()
         self.jsonl = Path(spec["out_jsonl"])
         self.jsonl.unlink(missing_ok=True)
         spec = {**spec, "status_dir": str(self.status_dir)}
         self.spec_path = self.workdir / spec_name
-        self.spec_path.write_text(json.dumps(spec, indent=1))
+        safefs.write_atomic(self.workdir, spec_name, json.dumps(spec, indent=1).encode())
         self.threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nprocs)
         self.procs: list[subprocess.Popen] = []
         self.pgid: int | None = None
@@ -93,7 +97,7 @@ class Launch:
                 "OMP_NUM_THREADS": str(self.threads),
                 "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
             }
-            log = open(self.log_dir / f"rank{r}.log", "wb")
+            log = safefs.open_new(self.log_dir, f"rank{r}.log")  # never through a link planted there
             kw = {"process_group": 0 if self.pgid is None else self.pgid}
             p = subprocess.Popen(
                 [sys.executable, "-m", self.module, "--spec", str(self.spec_path)],

@@ -220,10 +220,10 @@ def run_probe(cfg: ProbeConfig, progress: bool = True, argv: list[str] | None = 
     results = ProbeResults(run, conditions)
     if run is not None:
         topo = collect_topology(tp=world)
+        run.record_command("probe", argv)  # takes the run-directory lock first
         run.write_json(C.TOPO, topo)
         conditions["hardware"] = topo.get("summary")
         conditions["topology"] = topo
-        run.record_command("probe", argv)
         run.mark("probe", "running")
         results.write()
     bar = _Progress(results, len(spec["items"]), enabled=progress and rank0)

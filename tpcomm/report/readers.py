@@ -109,8 +109,21 @@ def incomplete_stages(inp: Inputs) -> list[str]:
     """'attribute (server stopped answering)' for every stage status.json marks incomplete or failed."""
     out = []
     for stage, st in (inp.status or {}).items():
-        if isinstance(st, dict) and st.get("state") in ("incomplete", "failed") and stage != "demo":
+        if not isinstance(st, dict) or stage == "demo":
+            continue
+        if st.get("state") in ("incomplete", "failed"):
             out.append(f"{stage} ({st.get('reason') or st.get('state')})")
+        elif isinstance(st.get("rerun"), dict):
+            # a re-run over a finished stage (rundir.mark): still writing, or it died half-way
+            from tpcomm.rundir_lock import holder
+
+            since = st["rerun"].get("utc", "?")
+            out.append(
+                f"{stage} (a re-run started {since} is still writing this directory)"
+                if holder(inp.rd.path)
+                else f"{stage} (a re-run started {since} stopped before it ended: files may mix it with the "
+                f"earlier {st.get('state')} run)"
+            )
     return out
 
 

@@ -58,8 +58,12 @@ def selfcheck(json_path, only):
     click.echo(summary(checks))
     if json_path:
         doc = {"passed": exit_code(checks) == 0, "conditions": cond, "checks": [c.to_dict() for c in checks]}
-        with open(json_path, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
+        from tpcomm import safefs
+
+        target = os.path.abspath(json_path)  # never written through a link (safefs)
+        safefs.write_atomic(
+            os.path.dirname(target), os.path.basename(target), json.dumps(doc, indent=1, default=str).encode()
+        )
     code = exit_code(checks)
     if code:
         click.get_current_context().exit(code)

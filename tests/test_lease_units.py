@@ -1,0 +1,44 @@
+"""The recording's lease in the hook (core.Hook, in this process: the same object a worker holds) and the
+words for a server that shut itself down (ranks.RankDeath). The real server's side is tests/test_shutdown_server.py."""
+
+from __future__ import annotations
+
+import time
+
+from tpcomm.attribute.ranks import RankDeath
+from tpcomm.hook.core import Hook
+
+
+def test_a_lease_ends_the_recording_at_a_step_end_and_a_call_renews_it():
+    h = Hook()
+    h.start(session="s", lease_s=0.2)
+    assert h.armed and h.lease_s == 0.2
+    time.sleep(0.12)
+    h.renew()  # a client's call
+    time.sleep(0.12)
+    h._step_meta = (time.time_ns(), 1, 1, 0)
+    h.step_end(output=object())  # within the renewed lease: still armed
+    assert h.armed
+    time.sleep(0.25)
+    h.step_end(output=object())  # past it: disarmed in the step, nothing waited for
+    assert not h.armed and h.lease_ended_ns > 0 and h.stopped_ns == h.lease_ended_ns
+    h.renew()  # a call after the end does not re-arm
+    assert not h.armed
+
+
+def test_a_lease_that_ran_out_without_steps_ends_at_the_next_call():
+    h = Hook()
+    h.start(session="s", lease_s=0.05)
+    time.sleep(0.1)
+    assert h.lease_over(time.time_ns()) and not h.armed
+
+
+def test_a_shutdown_the_api_server_began_blames_no_rank():
+    d = RankDeath(0, 123, time.time_ns(), 2, [], [1])
+    assert "TP rank 0 (pid 123) died" in d.message()
+    d.shutdown_before_ms = 40.0
+    msg = d.message()
+    assert msg.startswith("the vLLM server shut down during C=2") and "not a rank's failure" in msg
+    assert "died" not in msg and d.to_dict()["server_shutdown"] is True
+    d.shutdown_before_ms = -3000.0  # vLLM's own shutdown after a rank's death: the rank is named
+    assert "TP rank 0 (pid 123) died" in d.message()

