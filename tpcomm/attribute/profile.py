@@ -60,8 +60,18 @@ def summarise_traces(paths: list[Path]) -> pd.DataFrame:
 
 
 def profile_run(
-    info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, profile_dir: str | None, rd, model_config=None
+    info: ServerInfo,
+    spec: load.LoadSpec,
+    prompts: load.Prompts,
+    profile_dir: str | None,
+    rd,
+    model_config=None,
+    sink: list | None = None,
 ) -> dict:
+    """The profiled round (C=1, profile_levels.profiled_requests of them); its client rows go to `sink` (where
+    the caller records them as a load level: profile_levels.py)."""
+    from tpcomm.attribute.profile_levels import profiled_requests
+
     prefix = f"tpcomm{time.strftime('%H%M%S')}"
     try:
         r = httpx.post(
@@ -80,10 +90,12 @@ def profile_run(
     plugin = bool(info.plugin and info.plugin.get("enabled", True))
     if plugin:
         records.start(info)
-    small = load.LoadSpec(**{**spec.__dict__, "requests": min(spec.requests, 2)})
+    small = load.LoadSpec(**{**spec.__dict__, "requests": profiled_requests(spec.requests, plugin)})
     t0 = time.time_ns()
     rows = asyncio.run(load.run_round(info, small, prompts, 1, small.requests, id_offset=10**9))
     t1 = time.time_ns()
+    if sink is not None:
+        sink.extend(rows)
     httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=600, verify=info.verify).raise_for_status()
     doc = {
         "captured": True,
