@@ -15,31 +15,16 @@ import subprocess
 import sys
 
 import pytest
+from profiled_server import profiled_server as start_profiled_server
 
 from tpcomm.attribute.closure import CLOSURE_TOL_PCT, MIN_CLOSURE_REQUESTS
-from tpcomm.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def bare_profiled_server(request, tmp_path_factory):
-    try:
-        factory = request.getfixturevalue("vllm_server_factory")
-        close = getattr(getattr(factory, "__self__", None), "close", None)
-        if close:
-            close()  # two TP-2 servers would fight over the cores
-    except pytest.FixtureLookupError:
-        pass
-    tiny = request.getfixturevalue("tiny_model_dir")
-    prof = tmp_path_factory.mktemp("prof")
-    log = tmp_path_factory.mktemp("logs") / "bare_profiled_server.log"
-    cfg = {"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False}
-    srv = VllmServer(
-        model=str(tiny), tp=2, plugin=False, log_path=str(log), extra_args=["--profiler-config", json.dumps(cfg)]
-    )
-    srv.start()
-    srv.profile_dir = prof
+    srv = start_profiled_server(request, tmp_path_factory, plugin=False)
     yield srv
     srv.stop()
 
