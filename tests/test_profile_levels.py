@@ -99,3 +99,18 @@ def test_the_profiled_window_is_short():
     assert profiled_requests(3, plugin=False) == 3
     assert profiled_requests(200, plugin=True) == 2
     assert next_repeat([{"repeat": 0}, {"repeat": 2}]) == 3 and next_repeat([]) == 0
+
+
+def test_the_terminal_shows_the_traces_split(runs):
+    from rich.console import Console
+
+    from tpcomm.attribute.show import render
+
+    _, trace_dir = runs
+    att = analyse_run_dir(trace_dir, model_source=str(DATA / "model_config.json"))
+    levels = json.loads((trace_dir / "load/levels.json").read_text())
+    con = Console(width=220, record=True)
+    render({"levels": levels, "attribution": att.to_json(), "notes": [], "complete": True, "run_dir": "r"}, con)
+    text = con.export_text()
+    assert "Per-token split (torch-profiler traces, no plugin" in text
+    assert att.verdict.statement in text

@@ -73,10 +73,12 @@ def render(res: dict, console: Console | None = None) -> None:
         for flag in lv.get("flags") or []:
             con.print(f"[yellow]! {flag}")
     att = Attribution.from_json(res["attribution"]) if res.get("attribution") else None
-    if att is not None and att.plugin and any(a.attributed for a in att.levels):
+    if att is not None and (att.plugin or att.source == "trace") and any(a.attributed for a in att.levels):
         c = att.conditions
+        # No plugin: the records are the profiled level's torch-profiler traces (attribute/profile_levels.py)
+        src = "torch-profiler traces, no plugin" if att.source == "trace" else "hook records"
         con.print(
-            f"[bold]Per-token split[/bold] (hook records: TP {c.get('tp')}, backends {', '.join(c.get('backends', []))}, "
+            f"[bold]Per-token split[/bold] ({src}: TP {c.get('tp')}, backends {', '.join(c.get('backends', []))}, "
             f"timing {', '.join(c.get('timing', []))}; server {_versions(c.get('server_versions'))})"
         )
         con.print(_rich_table(*table(SPLIT, att.levels)[:2]))
