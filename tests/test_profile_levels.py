@@ -114,3 +114,12 @@ def test_the_terminal_shows_the_traces_split(runs):
     text = con.export_text()
     assert "Per-token split (torch-profiler traces, no plugin" in text
     assert att.verdict.statement in text
+
+
+def test_count_line_without_hook_records():
+    from tpcomm.attribute.profile import _count_text
+
+    no_hook = {"rank": 0, "trace_count": 3, "trace_time_us": 5.0, "hook_count": None, "hook_time_us": None}
+    assert _count_text(no_hook) == "rank 0: trace 3 comm events (5 us)"
+    both = {**no_hook, "hook_count": 3, "hook_time_us": 4.0}
+    assert _count_text(both).endswith(", hook 3 (4 us)")

@@ -44,6 +44,7 @@ def test_traces_alone_give_the_levels_closure_and_report(bare_profiled_server, t
     args += ["--profile-dir", str(bare_profiled_server.profile_dir), "--out", str(out)]
     r = _cli("attribute", *args)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Per-token split (torch-profiler traces, no plugin" in r.stdout, r.stdout[-3000:]
     summ = json.loads((out / "attribution/summary.json").read_text())
     assert summ["source"] == "trace" and summ["plugin"] is False, summ["source"]
     levels = json.loads((out / "load/levels.json").read_text())

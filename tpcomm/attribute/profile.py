@@ -133,14 +133,7 @@ def profile_run(
     doc["traces"] = [str(p) for p in paths]
     doc["trace_comm"] = summ.to_dict("records")
     doc["comparison"] = compare_with_hook(summ, hook)
-    lines = [
-        "; ".join(
-            f"rank {c['rank']}: trace {c['trace_count']} comm events "
-            f"({c['trace_time_us']:.0f} us), hook {c['hook_count']} "
-            f"({c['hook_time_us']:.0f} us)"
-            for c in doc["comparison"]
-        )
-    ]
+    lines = ["; ".join(_count_text(c) for c in doc["comparison"])]
     try:
         from tpcomm.attribute.crosscheck import plan_config
 
@@ -211,6 +204,14 @@ def alone_lines(cmp_doc: dict) -> list[str]:
         f"traces alone (no hook records), {cmp_doc.get('window_text', '')}, {sp.get('clock', 'host')} clock: "
         f"engine ms/token {sp['engine_ms_per_token']:.3f} = {terms} ({sp.get('decode_pairs', 0)} pairs/rank)"
     ]
+
+
+def _count_text(c: dict) -> str:
+    """One rank's communication events in the traces, and the hook's beside them where it recorded (plugin on)."""
+    text = f"rank {c['rank']}: trace {c['trace_count']} comm events ({c['trace_time_us']:.0f} us)"
+    if c["hook_count"] is None:
+        return text
+    return text + f", hook {c['hook_count']} ({c['hook_time_us']:.0f} us)"
 
 
 def compare_with_hook(summ: pd.DataFrame, hook: pd.DataFrame | None) -> list[dict]:
