@@ -123,3 +123,29 @@ def test_count_line_without_hook_records():
     assert _count_text(no_hook) == "rank 0: trace 3 comm events (5 us)"
     both = {**no_hook, "hook_count": 3, "hook_time_us": 4.0}
     assert _count_text(both).endswith(", hook 3 (4 us)")
+
+
+REAL = Path(__file__).parent / "data" / "attribute_trace_alone_tp2"
+
+
+def test_real_run_without_the_plugin_reanalyses_to_its_attribution(tmp_path):
+    """The recorded real run (no plugin, traces only): --reanalyse gives the traces' split with the closure judged
+    against the client, as recorded live."""
+    from tpcomm.attribute.run import reanalyse_run_dir
+
+    d = tmp_path / "run"
+    shutil.copytree(REAL, d)
+    res = reanalyse_run_dir(str(d))
+    att = res["attribution"]
+    assert att["source"] == "trace" and att["plugin"] is False and res["complete"]
+    plain, prof = att["levels"]
+    assert not plain["attributed"] and plain["note"] == f"not measured: {NOT_PROFILED}"
+    assert prof["attributed"] and prof["source"] == "trace" and att["headline"] == {"concurrency": 1, "repeat": 1}
+    assert prof["engine_ms_per_token"] == pytest.approx(28.910245, rel=1e-6)
+    assert sum(prof["per_token_ms"].values()) == pytest.approx(prof["engine_ms_per_token"], rel=1e-12)
+    cz = prof["closure"]
+    assert cz["judged"] and cz["ok"] and cz["requests"] == 4 and cz["diff_pct"] == pytest.approx(-3.553, abs=1e-3)
+    # The traces' collectives per decode step: 9 all-reduces and 1 all-gather, as the plan of this model says
+    # (their sizes are not in a trace recorded without record_shapes: -1 B).
+    seen = {o["op"]: o["count"] for o in prof["collectives_per_step"]["observed"]}
+    assert seen == {"all_reduce": 9, "all_gather": 1}
