@@ -15,35 +15,15 @@ import subprocess
 import sys
 
 import pytest
-
-from tpcomm.vllm_server import VllmServer
+from profiled_server import profiled_server as start_profiled_server
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def profiled_server(request, tmp_path_factory):
-    try:
-        factory = request.getfixturevalue("vllm_server_factory")
-        close = getattr(getattr(factory, "__self__", None), "close", None)
-        if close:
-            close()  # two TP-2 servers would fight over the cores
-    except pytest.FixtureLookupError:
-        pass
-    tiny = request.getfixturevalue("tiny_model_dir")
-    prof = tmp_path_factory.mktemp("prof")
-    log = tmp_path_factory.mktemp("logs") / "profiled_server.log"
-    cfg = {
-        "profiler": "torch",
-        "torch_profiler_dir": str(prof),
-        "torch_profiler_with_stack": False,
-        "torch_profiler_record_shapes": True,  # sizes per collective, checked against the plan
-    }
-    srv = VllmServer(
-        model=str(tiny), tp=2, plugin=True, log_path=str(log), extra_args=["--profiler-config", json.dumps(cfg)]
-    )
-    srv.start()
-    srv.profile_dir = prof
+    # record_shapes: sizes per collective, checked against the plan
+    srv = start_profiled_server(request, tmp_path_factory, plugin=True, torch_profiler_record_shapes=True)
     yield srv
     srv.stop()
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tpcomm import contract as C
-from tpcomm.attribute import clocks, coverage, delivery, pairing
+from tpcomm.attribute import clocks, coverage, delivery, pairing, profile_levels
 from tpcomm.attribute.align import align, alignment_quality
 from tpcomm.attribute.closure import client_figures, closure, closure_text, find_stalls
 from tpcomm.attribute.crosscheck import (
@@ -86,6 +86,9 @@ def analyse_run_dir(
     tokens = rd.read_table(C.LOAD_TOKENS)
     levels = rd.read_json(C.LOAD_LEVELS, [])
     coll, steps = rd.read_table(C.HOOK_COLLECTIVES), rd.read_table(C.HOOK_STEPS)
+    source = "hook"
+    if (steps is None or steps.empty) and (tr := profile_levels.trace_records(rd)) is not None:
+        coll, steps, source = *tr, "trace"  # no plugin: the profiled level's torch-profiler traces
     hook_status = hook_status if hook_status is not None else rd.read_json(C.HOOK_STATUS)
     if req is not None and "in_stats" in req.columns:
         # astype(bool): a level stopped before its first request ends leaves an empty object column, which
@@ -103,8 +106,8 @@ def analyse_run_dir(
     has_records = coll is not None and steps is not None and not steps.empty
     cond = dict(conditions or (levels[0].get("conditions", {}) if levels else {}))
     att = Attribution(
-        source="hook",
-        plugin=has_records or plugin_on,
+        source=source,
+        plugin=(has_records and source == "hook") or plugin_on,
         plugin_note=None,
         method=METHOD,
         conditions=cond,
@@ -116,6 +119,9 @@ def analyse_run_dir(
     att.not_timed = coverage.not_timed(hook_status)
     # A timing path the split needs that the hook switched off (failsafe.py): no level's split stands.
     lost = coverage.lost_terms(hook_status)
+    if source == "trace":
+        att.plugin_note = ENABLE_HINT.format(model=cond.get("model_root") or "MODEL", tp="N")
+        att.notes.append(profile_levels.source_note(levels))
     if not has_records:
         if not plugin_on:
             att.plugin_note = ENABLE_HINT.format(model=cond.get("model_root") or "MODEL", tp="N")
@@ -170,7 +176,8 @@ def analyse_run_dir(
         if obs["batch"] not in plans:
             plans[obs["batch"]] = planned_per_step(plan_src, tp, obs["batch"], plan_label, pp=pp)
         planned, plan_note, sites = plans[obs["batch"]]
-        if skip := _no_crosscheck_reason(lv, obs):
+        unprofiled = source == "trace" and not lv.get("profiled")
+        if skip := (profile_levels.NOT_PROFILED if unprofiled else _no_crosscheck_reason(lv, obs)):
             # No verdict from records that do not cover the level: "observed 0/step" is not a MISMATCH.
             cc = compare(obs, None, skip)
         else:
@@ -178,19 +185,21 @@ def analyse_run_dir(
         cc["plan_config"] = plan_prov["source"]
         win = next((w for w in windows if (w["concurrency"], w["repeat"]) == (c, rep)), None)
         if lost and not (lv.get("hook_problem") or lv.get("worker_problem")):
-            att.levels.append(_unattributed(lv, lost, win, cc))
+            att.levels.append(_unattributed(lv, lost, win, cc, source))
             att.levels[-1].incomplete = complete.level_incomplete(lv, None)
             continue
         if lv.get("hook_problem") or lv.get("worker_problem") or not obs["steps"]:
             # Another client started or stopped recording mid-level, a TP worker died or stopped, or the run
             # ended before the level's records were pulled: the records do not cover the window, and nothing
             # of a split stays.
-            att.levels.append(_unattributed(lv, f"not attributed: {_no_records_reason(lv, True)}", win, cc))
+            why = f"not measured: {profile_levels.NOT_PROFILED}" if unprofiled else None
+            why = why or f"not attributed: {_no_records_reason(lv, True)}"
+            att.levels.append(_unattributed(lv, why, win, cc, source))
             att.levels[-1].incomplete = complete.level_incomplete(lv, None)
             continue
         lreq = req[(req["concurrency"] == c) & (req["repeat"] == rep)] if req is not None else pd.DataFrame()
         tok = tokens[(tokens["concurrency"] == c) & (tokens["repeat"] == rep)]
-        doc = _level(lv, win, rows, al, st, lreq, tok, cc, sites, delivery.one_clock(nodes, att.conditions))
+        doc = _level(lv, win, rows, al, st, lreq, tok, cc, sites, delivery.one_clock(nodes, att.conditions), source)
         doc.incomplete = complete.level_incomplete(lv, doc.seqs_per_step)
         att.levels.append(doc)
         if text := closure_text(c, rep, doc.closure, doc.stalls, doc.delivery_term):
@@ -257,7 +266,7 @@ def client_side(
     }
 
 
-def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False) -> LevelSplit:
+def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False, source="hook") -> LevelSplit:
     """One level's split, client side and closure (see the module docstring and closure.py)."""
     c, rep = lv["concurrency"], lv["repeat"]
     cs = client_side(rows, lreq, tok, c, same_clock)
@@ -278,7 +287,7 @@ def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False
         attributed=terms is not None,
         note=sp.get("note"),
         window=win,
-        source="hook",
+        source=source,
         clock=sp.get("clock", "host"),
         engine_ms_per_token=ms,
         per_token_ms=terms,
@@ -308,14 +317,14 @@ def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False
 CEILINGS = ("comm_only_tok_per_s", "comm_and_wait_only_tok_per_s", "compute_only_tok_per_s")
 
 
-def _unattributed(lv: dict, why: str, win: dict | None, cc: dict) -> LevelSplit:
+def _unattributed(lv: dict, why: str, win: dict | None, cc: dict, source: str = "hook") -> LevelSplit:
     return LevelSplit(
         concurrency=lv["concurrency"],
         repeat=lv["repeat"],
         attributed=False,
         note=why,
         window=win,
-        source="hook",
+        source=source,
         clock="host",
         engine_ms_per_token=None,
         per_token_ms=None,

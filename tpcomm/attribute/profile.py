@@ -60,8 +60,18 @@ def summarise_traces(paths: list[Path]) -> pd.DataFrame:
 
 
 def profile_run(
-    info: ServerInfo, spec: load.LoadSpec, prompts: load.Prompts, profile_dir: str | None, rd, model_config=None
+    info: ServerInfo,
+    spec: load.LoadSpec,
+    prompts: load.Prompts,
+    profile_dir: str | None,
+    rd,
+    model_config=None,
+    sink: list | None = None,
 ) -> dict:
+    """The profiled round (C=1, profile_levels.profiled_requests of them); its client rows go to `sink` (where
+    the caller records them as a load level: profile_levels.py)."""
+    from tpcomm.attribute.profile_levels import profiled_requests
+
     prefix = f"tpcomm{time.strftime('%H%M%S')}"
     try:
         r = httpx.post(
@@ -80,10 +90,12 @@ def profile_run(
     plugin = bool(info.plugin and info.plugin.get("enabled", True))
     if plugin:
         records.start(info)
-    small = load.LoadSpec(**{**spec.__dict__, "requests": min(spec.requests, 2)})
+    small = load.LoadSpec(**{**spec.__dict__, "requests": profiled_requests(spec.requests, plugin)})
     t0 = time.time_ns()
     rows = asyncio.run(load.run_round(info, small, prompts, 1, small.requests, id_offset=10**9))
     t1 = time.time_ns()
+    if sink is not None:
+        sink.extend(rows)
     httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=600, verify=info.verify).raise_for_status()
     doc = {
         "captured": True,
@@ -121,14 +133,7 @@ def profile_run(
     doc["traces"] = [str(p) for p in paths]
     doc["trace_comm"] = summ.to_dict("records")
     doc["comparison"] = compare_with_hook(summ, hook)
-    lines = [
-        "; ".join(
-            f"rank {c['rank']}: trace {c['trace_count']} comm events "
-            f"({c['trace_time_us']:.0f} us), hook {c['hook_count']} "
-            f"({c['hook_time_us']:.0f} us)"
-            for c in doc["comparison"]
-        )
-    ]
+    lines = ["; ".join(_count_text(c) for c in doc["comparison"])]
     try:
         from tpcomm.attribute.crosscheck import plan_config
 
@@ -199,6 +204,14 @@ def alone_lines(cmp_doc: dict) -> list[str]:
         f"traces alone (no hook records), {cmp_doc.get('window_text', '')}, {sp.get('clock', 'host')} clock: "
         f"engine ms/token {sp['engine_ms_per_token']:.3f} = {terms} ({sp.get('decode_pairs', 0)} pairs/rank)"
     ]
+
+
+def _count_text(c: dict) -> str:
+    """One rank's communication events in the traces, and the hook's beside them where it recorded (plugin on)."""
+    text = f"rank {c['rank']}: trace {c['trace_count']} comm events ({c['trace_time_us']:.0f} us)"
+    if c["hook_count"] is None:
+        return text
+    return text + f", hook {c['hook_count']} ({c['hook_time_us']:.0f} us)"
 
 
 def compare_with_hook(summ: pd.DataFrame, hook: pd.DataFrame | None) -> list[dict]:

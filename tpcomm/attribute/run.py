@@ -625,9 +625,21 @@ class Attribute:
     def _profile(self, prompts: load.Prompts) -> None:
         from tpcomm.attribute.profile import profile_run
 
-        doc = profile_run(self.info, self.cfg.spec, prompts, self.cfg.profile_dir, self.rd)
+        sink: list[dict] = []
+        doc = profile_run(self.info, self.cfg.spec, prompts, self.cfg.profile_dir, self.rd, sink=sink)
         self.rd.write_json(C.PROFILE_SUMMARY, doc)
         self.profile_doc = doc
+        if not self.plugin_on and sink and doc.get("instruments", {}).get("trace"):
+            # No plugin: the profiled round is a level of its own, and its traces its records (profile_levels.py)
+            from tpcomm.attribute.profile_levels import next_repeat
+
+            rep = next_repeat(self.levels)
+            req, tok = self._add_rows(sink, (1, rep), 0, True)
+            lv = self._level_doc(1, rep, 0, req, tok, None, "the profiled round (torch profiler on)", [])
+            lv["profiled"] = True
+            self.levels.append(lv)
+            self._write_load()
+            self._analyse()
 
     # ---- output -------------------------------------------------------------
     def server_tp(self) -> int | None:

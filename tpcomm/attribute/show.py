@@ -97,10 +97,12 @@ def render(res: dict, console: Console | None = None) -> None:
         for a in att.levels:  # why each level has no split (the lost terms, no records, ...)
             if a.note:
                 con.print(f"[yellow]C={a.concurrency} repeat {a.repeat}: {a.note}")
-    if att is not None and att.plugin and any(a.attributed for a in att.levels):
+    if att is not None and (att.plugin or att.source == "trace") and any(a.attributed for a in att.levels):
         c = att.conditions
+        # No plugin: the records are the profiled level's torch-profiler traces (attribute/profile_levels.py)
+        src = "torch-profiler traces, no plugin" if att.source == "trace" else "hook records"
         con.print(
-            f"[bold]Per-token split[/bold] (hook records: TP {c.get('tp')}, backends {', '.join(c.get('backends', []))}, "
+            f"[bold]Per-token split[/bold] ({src}: TP {c.get('tp')}, backends {', '.join(c.get('backends', []))}, "
             f"timing {', '.join(c.get('timing', []))}; server {_versions(c.get('server_versions'))})"
         )
         con.print(_rich_table(*table(SPLIT, att.levels)[:2]))
