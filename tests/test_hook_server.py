@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import tp_backend
 
 from tpcomm.errors import InputError
 from tpcomm.hook.client import HookClient, HookUnavailable
@@ -86,7 +87,7 @@ def test_each_decode_step_records_the_planned_collectives(vllm_server, tiny_mode
     prefill = steps[steps["kind"] == "prefill"]
     assert len(prefill) == 2 and (prefill["num_tokens"] > 1).all()
     assert set(coll["timing"]) == {"host-sync"} and set(coll["group"]) == {"tp"}
-    assert set(coll["backend"]) == {"shm"} and set(coll["group_size"]) == {2}
+    assert set(coll["backend"]) == {tp_backend(vllm_server.log_path)} and set(coll["group_size"]) == {2}
     assert (coll["duration_us"] > 0).all() and (steps["duration_us"] > 0).all()
     for r in meta["per_rank"]:
         # dynamo traced the model without graph breaks, and the compiled graph calls the tpcomm ops
@@ -109,12 +110,12 @@ def test_stop_keeps_records_and_start_clears(vllm_server):
 def test_metrics_histograms_agree_with_records(vllm_server, tmp_path):
     hook = HookClient(vllm_server.url)
     coll, _, meta = _record(vllm_server.url, n=6)
-    want = {}
+    want, backend = {}, tp_backend(vllm_server.log_path)
     for rank in (0, 1):
         n = int(((coll["rank"] == rank) & (coll["op"] == "all_reduce") & (coll["bytes"] == 512)).sum())
         want[rank] = re.compile(
             rf'^tpcomm_collective_duration_us_count\{{rank="{rank}",group="tp",op="all_reduce",'
-            rf'size="<=1KiB",backend="shm"\}} {n}$',
+            rf'size="<=1KiB",backend="{backend}"\}} {n}$',
             re.M,
         )
     # The workers publish every TPCOMM_METRICS_PUBLISH_S (1 s): poll until the snapshot has caught up.
