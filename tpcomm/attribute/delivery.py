@@ -68,10 +68,15 @@ def token_delays(pairs: pd.DataFrame, rank_rows: pd.DataFrame, tokens: pd.DataFr
         if g is None:
             why[rid] = "no token arrivals"
             continue
-        cnt = g["n_tokens"].to_numpy() if "n_tokens" in g.columns else np.ones(len(g), dtype=np.int64)
-        if (cnt < 1).any():
-            cnt = np.ones(len(g), dtype=np.int64)
-        arrived = np.repeat(g["t_ns"].to_numpy(dtype=np.int64), cnt)
+        # A chunk's token count, where the client counted one (NaN on a cut or failed stream: one token each)
+        raw = g["n_tokens"].to_numpy(dtype=np.float64) if "n_tokens" in g.columns else np.ones(len(g))
+        if not np.isfinite(raw).all() or (raw < 1).any():
+            raw = np.ones(len(g))
+        t = g["t_ns"].to_numpy(dtype=np.float64)
+        if not np.isfinite(t).all():
+            why[rid] = "token arrivals without a time (a cut stream)"
+            continue
+        arrived = np.repeat(t.astype(np.int64), raw.astype(np.int64))
         if len(arrived) != n:
             why[rid] = f"{len(arrived)} token arrivals for {n} tokens"
             continue
