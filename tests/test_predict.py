@@ -152,7 +152,7 @@ def test_user_profile_file(tmp_path):
         (["--gpu", "a100"], "is ambiguous: it could be a100-pcie or a100-sxm"),
         (["--gpu", "h100"], "is ambiguous: it could be h100-pcie or h100-sxm"),
         (["--gpu", "4090"], "did you mean rtx-4090?"),
-        (["--engine", "tgi-2"], "--engine tgi-2"),
+        (["--engine", "lmdeploy-2"], "--engine lmdeploy-2"),  # TGI is an engine since issue 29
     ],
 )
 def test_bad_predict_inputs(args, needle):

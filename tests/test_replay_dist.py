@@ -115,7 +115,7 @@ def test_kimi_tp8_on_eight_gloo_ranks(tmp_path):
     assert e["full_step_split_us"]["collectives_per_step"] == 124 and e["timings"]["full"]["steps"] == 3
 
 
-def test_skew_on_one_rank_is_wait_on_the_other(skewed_run):
+def test_skew_on_one_rank_is_wait_on_the_other(skewed_run, shm_kernels):
     coll = pd.read_parquet(skewed_run / "probe" / "replay_collectives.parquet")
     shm = coll[(coll["backend"] == "shm") & (coll["timing"] == "full")]
     waited = shm[shm["rank"] == 0]["wait_us"].mean()
@@ -140,7 +140,7 @@ def test_skew_on_one_rank_is_wait_on_the_other(skewed_run):
     assert e["timings"]["compute"]["p50_us"] > 0 and e["timings"]["comm"]["p50_us"] > 0
 
 
-def test_report_and_predict_read_the_replay(skewed_run, tmp_path):
+def test_report_and_predict_read_the_replay(skewed_run, tmp_path, shm_kernels):
     from tpcomm.report.analysis import analyze
 
     rep = analyze(skewed_run)
