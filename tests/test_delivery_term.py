@@ -191,3 +191,20 @@ def test_a_pace_closure_beyond_tolerance_names_delivery_when_the_five_terms_add_
     failed.ok = False
     assert "closure check failed" in closure_text(1, 0, cz, None, failed)
     assert "closure check failed" in closure_text(1, 0, cz, None)
+
+
+def test_compare_resamples_the_steps_the_split_rests_on(busy_run):
+    """The busy run's headline rests on the delivery term's requests (the closure is not judged there): compare's
+    block sums must give that same headline and its terms, so compare can put an interval on it. Before the
+    two shared client_side's choice, compare summed the whole window and refused ("files trimmed or written by
+    another tpcomm"), as CI's TP 1 against TP 2 did."""
+    from tpcomm.compare.runs import load_run
+
+    run = load_run(busy_run, "A")
+    samples, why = run.samples()
+    assert why is None and samples, why
+    lv = run.attribution.levels[0]
+    s = samples[(lv.concurrency, lv.repeat)]
+    assert s.problem is None, s.problem
+    assert s.unit == "request" and s.blocks == lv.delivery_term.requests, (s.unit, s.blocks)
+    assert s.point["per_token"] == pytest.approx(lv.engine_ms_per_token, rel=1e-6)

@@ -235,10 +235,10 @@ def client_side(
         how = "client times"
     cz, dl, compared = closure(pairs, concurrency, how, problem)
     held = sorted(int(r) for r in spans.loc[~spans["observed"], "request_id"])
-    split = whole
+    split, split_requests = whole, None
     if cz.judged and compared:
         own = {s for ids in pairs.loc[pairs["request_id"].isin(compared), "steps"] for s in ids}
-        split = engine_split(rows[rows["step"].isin(own)])
+        split, split_requests = engine_split(rows[rows["step"].isin(own)]), sorted(compared)
     if concurrency != 1:
         dt = DeliveryTerm.not_measured(
             "which engine step made each token is known only where streams run one at a time (C=1)"
@@ -252,11 +252,13 @@ def client_side(
         five = engine_split(rows[rows["step"].isin(own)]) if own else whole
         dt = delivery.delivery_term(per_req, five["engine_ms_per_token"], concurrency, same_clock)
         if dt.measured and five["per_token_ms"]:
-            split = five
+            split, split_requests = five, (sorted(mine) if own else None)
     return {
         "delivery_term": dt,
         "whole": whole,
         "split": split,
+        # the requests whose own steps the split rests on (None: the whole window); compare resamples these
+        "split_requests": split_requests,
         "stalls": stalls,
         "pairs": pairs,
         "closure": cz,

@@ -102,12 +102,12 @@ def level_sample(
     cs = client_side(rows, req, tok, c)
     compared = cs["compared"]
     pairs_doc = cs["pairs"]
-    by_request = bool(cs["closure"].judged and compared)
-    if by_request:  # the split rests on the compared requests' own steps (client_side)
-        own = pairs_doc[pairs_doc["request_id"].isin(compared)]
+    by_request = bool(cs["split_requests"])
+    if by_request:  # the split rests on these requests' own steps (client_side: the closure's or delivery's)
+        own = pairs_doc[pairs_doc["request_id"].isin(cs["split_requests"])]
         step_req = {s: int(r) for r, ids in zip(own["request_id"], own["steps"]) for s in ids}
         pairs = decode_pairs(rows[rows["step"].isin(list(step_req))])
-        order = sorted(compared)
+        order = sorted(cs["split_requests"])
         block_idx = np.searchsorted(np.array(order), pairs["step"].map(step_req).to_numpy())
         block_len = None
     else:
@@ -117,9 +117,9 @@ def level_sample(
         block_idx = np.searchsorted(steps, pairs["step"].to_numpy()) // block_len if len(steps) else np.array([])
         order = list(range(int(math.ceil(len(steps) / block_len)))) if len(steps) else []
     d = pairs_doc[pairs_doc["request_id"].isin(compared)].set_index("request_id")
-    delivery = (
-        (d["client_ms_per_token"] - d["engine_ms_per_token"]).reindex(order if by_request else compared).to_numpy()
-    )
+    # the closure's delivery (its compared requests) goes with the blocks when they are those same requests
+    joint = by_request and list(order) == sorted(compared)
+    delivery = (d["client_ms_per_token"] - d["engine_ms_per_token"]).reindex(order if joint else compared).to_numpy()
     sample = LevelSample(
         concurrency=c,
         repeat=lv.repeat,
@@ -130,7 +130,7 @@ def level_sample(
         sums=np.zeros((0, 0, len(SUMS))),
         collectives=bool((rows["n_collectives"] > 0).any()) if len(rows) else False,
         delivery_ms=np.asarray(delivery, dtype=float),
-        delivery_joint=by_request,
+        delivery_joint=joint,
     )
     if pairs.empty:
         sample.problem = "no decode pairs in the level's files"
