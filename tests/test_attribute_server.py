@@ -536,6 +536,7 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_
         argv=["pytest", "stall"]
     )
     lv = res["attribution"]["levels"][0]
+    assert lv["attributed"] and lv["stalls"] is not None, (lv["note"], lv.get("incomplete"), lv.get("flags"))
     st = lv["stalls"]
     # The injected pause is found where it was made (this host also stalls on its own now and then: those count too).
     injected = [g for g in st["gaps"] if g["request_id"] == 3 and g["token_idx"] == 10]

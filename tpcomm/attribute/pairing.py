@@ -112,6 +112,27 @@ def step_ends(rank_rows: pd.DataFrame) -> pd.DataFrame:
     return rows.groupby("step", sort=True).agg(kind=("kind", "first"), t_end_ns=("t_end_ns", "mean")).reset_index()
 
 
+def _unmatched(s: pd.DataFrame, starts: np.ndarray, requests: pd.DataFrame, most: int = 3) -> str:
+    """Which requests have not exactly one prefill step ending between their send and their first token (the
+    client's clock), and the nearest prefill step's end: what a reader needs to tell a lost step from a
+    clock offset between the client and the engine."""
+    ends = s["t_end_ns"].to_numpy(dtype=float)[starts]
+    if not len(ends) or not {"t_start_ns", "ttft_ms"} <= set(requests.columns):
+        return ""
+    odd = []
+    for _, r in requests.sort_values("t_start_ns").iterrows():
+        t0 = float(r["t_start_ns"])
+        t1 = t0 + float(r["ttft_ms"]) * 1e6 if np.isfinite(r["ttft_ms"]) else np.inf
+        n = int(((ends >= t0) & (ends <= t1)).sum())
+        if n != 1:
+            near = (ends[np.argmin(np.abs(ends - t0))] - t0) / 1e6
+            odd.append(
+                f"request {int(r['request_id'])}: {n} ({'nearest' if n == 0 else 'first'} ends {near:+.1f} ms from its send)"
+            )
+    shown = "; ".join(odd[:most]) + (f"; {len(odd) - most} more" if len(odd) > most else "")
+    return f"; prefill steps ending between a request's send and its first token: {shown}" if odd else ""
+
+
 def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     """Engine time per token of each request (one stream at a time) over the client's k0..k1. Returns
     (spans + engine_ms_per_token, steps (its segment's step ids), paired, why), and a level-wide reason when
@@ -126,7 +147,8 @@ def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFr
         out["why"] = "not paired"
         return (
             out,
-            f"{len(starts)} prefill steps in the level's window for {len(order)} requests (one expected per request)",
+            f"{len(starts)} prefill steps in the level's window for {len(order)} requests (one expected per "
+            f"request){_unmatched(s, starts, requests)}",
         )
     kinds, ends, ids = s["kind"].to_numpy(), s["t_end_ns"].to_numpy(dtype=float), s["step"].to_numpy()
     bounds = list(starts) + [len(s)]
