@@ -87,6 +87,33 @@ def test_the_first_death_is_named_when_the_server_goes_at_once(procs):
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
+def test_a_shutdown_the_api_server_began_is_told_even_when_http_is_gone_before_the_deaths(procs):
+    """SIGTERM to vLLM 0.32's API server: it notes the shutdown (routes._SHUTDOWN, through its engine client's
+    shutdown), stops the engine while HTTP still answers, and closes HTTP as soon as that returns. Here HTTP
+    answers for 0.6 s after the note, then is gone before the workers end: a watch that asked only after the
+    first death (the one before this test) found nobody to ask and blamed rank 1; the watch notes the shutdown
+    while it can, and the deaths are the server's shutdown, no rank's failure."""
+    from tpcomm.hook import routes
+
+    hook = _Hook(_seen(procs))
+    watch = RankWatch(hook.info, concurrency=2).start()
+    try:
+        assert watch.local == {r: p.pid for r, p in enumerate(procs)}  # every worker on a pidfd here
+        routes._SHUTDOWN["ns"] = time.time_ns()
+        time.sleep(0.6)
+        hook.stop()
+        for rank in (1, 0, 2):
+            os.kill(procs[rank].pid, signal.SIGKILL)
+        death = watch.stop(requests_failed=True)
+    finally:
+        routes._SHUTDOWN.clear()
+        hook.stop()
+    assert death is not None and death.rank in (0, 1, 2), death
+    assert death.server_shutdown and 0 <= death.shutdown_before_ms < 10_000, death
+    assert "died" not in death.message() and "shut" in death.message(), death.message()
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
 def test_a_worker_whose_exit_completes_after_the_requests_failed_is_still_named(procs):
     """vLLM fails the requests as soon as a killed worker's sockets close, which can be before its exit
     completes (and its pidfd turns readable). With requests failed and no death seen yet, stop() waits

@@ -37,6 +37,11 @@ from tpcomm.hook.client import HookClient, HookUnavailable
 from tpcomm.procid import identity
 
 POLL_S = 1.0  # HTTP polls of workers not watched through a pidfd (each poll is one request to the API server)
+# How often the API server is asked whether it began its own shutdown (GET /tpcomm/v1/workers: no engine round
+# trip). On SIGTERM vLLM 0.32 stops the engine client while HTTP still answers (launchers/launcher.py,
+# handle_shutdown), then closes HTTP as soon as that returns: asking only after a worker's death was seen came
+# too late on a loaded host (issue 32 item 2), so the watch asks all along, within this period.
+SHUTDOWN_POLL_S = 0.25
 GRACE_S = 5.0  # after requests failed: how long stop() waits for a watched worker to be seen dead
 STOPPED_S = 5.0  # a worker stopped (state T) this long has stopped answering: the level ends
 # The API server dying at most this long after the first rank (or before it) is a whole-server stop: when one
@@ -177,8 +182,8 @@ class RankWatch:
             self._wake = os.pipe()
             self._look_states()
             self._threads.append(threading.Thread(target=self._run_local, name="tpcomm-rank-pidfd", daemon=True))
-        if len(self.local) < len(ws):
-            self._threads.append(threading.Thread(target=self._run_http, name="tpcomm-rank-watch", daemon=True))
+        # Always: workers elsewhere are polled here, and the API server's own shutdown is noted before it ends.
+        self._threads.append(threading.Thread(target=self._run_http, name="tpcomm-rank-watch", daemon=True))
         for t in self._threads:
             t.start()
         return self
@@ -332,16 +337,20 @@ class RankWatch:
 
     # ---- workers elsewhere: the hook's route --------------------------------
     def _run_http(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        period = min(self.poll_s, SHUTDOWN_POLL_S)
+        while not self._stop.wait(period):
             if self._look() is False:
                 return
 
     def _look(self) -> bool | None:
         """False once the server stops answering (nothing more to learn from it)."""
         try:
-            ws = self._hook.workers()
+            doc = self._hook.workers_doc()
         except records.HookError:
             return False
+        if self._shutdown_ns is None:
+            self._note_shutdown((doc.get("api_server") or {}).get("shutdown_ns"))
+        ws = list(doc.get("workers") or [])
         # alive None: on another node, not known from here; ranks with a pidfd are judged by it alone
         now = time.time_ns()
         remote = [w for w in ws if int(w["rank"]) not in self.local]
