@@ -184,7 +184,7 @@ def test_unpaired_requests_are_named_and_the_closure_not_judged_without_enough()
     cs = client_side(_rows1(coll, steps), pd.concat([req, extra]), tok, 1)
     assert not cs["closure"].judged and "20 prefill steps" in cs["closure"].why_not_judged
     # ... and names the request whose send-to-first-token span holds no prefill step, with the nearest one
-    assert "request 99: 0 (nearest ends" in cs["closure"].why_not_judged, cs["closure"].why_not_judged
+    assert "request 99: 0 (the nearest ends" in cs["closure"].why_not_judged, cs["closure"].why_not_judged
     # Three requests only: compared, not judged.
     few = client_side(_rows1(coll, steps), req[req["request_id"] < 3], tok[tok["request_id"] < 3], 1)
     assert few["closure"].why_not_judged is not None and few["closure"].judged is False

@@ -194,10 +194,10 @@ def test_a_pace_closure_beyond_tolerance_names_delivery_when_the_five_terms_add_
 
 
 def test_compare_resamples_the_steps_the_split_rests_on(busy_run):
-    """The busy run's headline rests on the delivery term's requests (the closure is not judged there): compare's
-    block sums must give that same headline and its terms, so compare can put an interval on it. Before the
-    two shared client_side's choice, compare summed the whole window and refused ("files trimmed or written by
-    another tpcomm"), as CI's TP 1 against TP 2 did."""
+    """The busy run's headline rests on the delivery term's 16 requests (the closure compared 12 of them):
+    compare's block sums must give that same headline, so compare can put an interval on it. Before the two
+    shared client_side's choice, compare resampled the closure's requests and refused ("files trimmed or
+    written by another tpcomm"), as CI's TP 1 against TP 2 did."""
     from tpcomm.compare.runs import load_run
 
     run = load_run(busy_run, "A")

@@ -114,6 +114,28 @@ def test_a_shutdown_the_api_server_began_is_told_even_when_http_is_gone_before_t
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
+def test_a_shutdown_noted_after_the_first_death_still_blames_the_rank(procs):
+    """A worker's own death: vLLM shuts its API server down only after it, so the shutdown note comes later
+    (here 0.5 s, HTTP still answering): the death is the rank's, with the note's negative lead."""
+    from tpcomm.hook import routes
+
+    hook = _Hook(_seen(procs))
+    watch = RankWatch(hook.info, concurrency=2).start()
+    try:
+        os.kill(procs[1].pid, signal.SIGKILL)
+        time.sleep(0.5)
+        routes._SHUTDOWN["ns"] = time.time_ns()
+        time.sleep(0.6)
+        death = watch.stop(requests_failed=True)
+    finally:
+        routes._SHUTDOWN.clear()
+        hook.stop()
+    assert death is not None and death.rank == 1, death
+    assert not death.server_shutdown and death.shutdown_before_ms is not None and death.shutdown_before_ms < 0, death
+    assert "TP rank 1" in death.message() and "died" in death.message(), death.message()
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
 def test_a_worker_whose_exit_completes_after_the_requests_failed_is_still_named(procs):
     """vLLM fails the requests as soon as a killed worker's sockets close, which can be before its exit
     completes (and its pidfd turns readable). With requests failed and no death seen yet, stop() waits

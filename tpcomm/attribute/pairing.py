@@ -120,15 +120,23 @@ def _unmatched(s: pd.DataFrame, starts: np.ndarray, requests: pd.DataFrame, most
     if not len(ends) or not {"t_start_ns", "ttft_ms"} <= set(requests.columns):
         return ""
     odd = []
-    for _, r in requests.sort_values("t_start_ns").iterrows():
-        t0 = float(r["t_start_ns"])
-        t1 = t0 + float(r["ttft_ms"]) * 1e6 if np.isfinite(r["ttft_ms"]) else np.inf
-        n = int(((ends >= t0) & (ends <= t1)).sum())
-        if n != 1:
-            near = (ends[np.argmin(np.abs(ends - t0))] - t0) / 1e6
-            odd.append(
-                f"request {int(r['request_id'])}: {n} ({'nearest' if n == 0 else 'first'} ends {near:+.1f} ms from its send)"
-            )
+    r = requests.assign(
+        _t0=pd.to_numeric(requests["t_start_ns"], errors="coerce"),
+        _ttft=pd.to_numeric(requests["ttft_ms"], errors="coerce"),
+    ).sort_values("_t0")
+    for rid, t0, ttft in zip(r["request_id"], r["_t0"], r["_ttft"]):
+        if not pd.notna(t0):
+            odd.append(f"request {int(rid)}: no send time")
+            continue
+        t0 = float(t0)
+        t1 = t0 + float(ttft) * 1e6 if pd.notna(ttft) else None
+        inside = (ends >= t0) & (ends <= t1) if t1 is not None else ends >= t0
+        n = int(inside.sum()) if t1 is not None else 0
+        if t1 is None:
+            odd.append(f"request {int(rid)}: no first token time")
+        elif n != 1:
+            i = int(np.argmin(np.abs(ends - t0)))
+            odd.append(f"request {int(rid)}: {n} (the nearest ends {(ends[i] - t0) / 1e6:+.1f} ms from its send)")
     shown = "; ".join(odd[:most]) + (f"; {len(odd) - most} more" if len(odd) > most else "")
     return f"; prefill steps ending between a request's send and its first token: {shown}" if odd else ""
 

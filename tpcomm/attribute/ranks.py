@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 from tpcomm.attribute import load, records
 from tpcomm.attribute.server import ServerInfo
-from tpcomm.hook.client import HookClient, HookUnavailable
+from tpcomm.hook.client import HookClient, HookTimeout, HookUnavailable
 from tpcomm.procid import identity
 
 POLL_S = 1.0  # HTTP polls of workers not watched through a pidfd (each poll is one request to the API server)
@@ -54,7 +54,7 @@ _STOPPED_STATES = ("T", "t")
 class RankDeath:
     rank: int
     pid: int
-    t_ns: int  # when the watch first saw it dead (at once through a pidfd; within POLL_S over HTTP)
+    t_ns: int  # when the watch first saw it dead (at once through a pidfd; within SHUTDOWN_POLL_S over HTTP)
     concurrency: int
     same_time: list[int]  # other ranks already dead at the same look (which went first is unknown)
     others: list[int]  # ranks seen dead at later looks (vLLM shuts the rest down after the first)
@@ -133,7 +133,8 @@ class RankWatch:
     through pidfds, one thread blocked in poll(): a death is seen when it happens, so the rank that died first
     is told from the ranks vLLM shut down after it (its executor closes their death pipe at once, and the API
     server stops answering within a second, before a poll over HTTP may see anything). Workers elsewhere are
-    polled through GET /tpcomm/v1/workers every `poll_s`. A server whose hook lacks the route (older tpcomm)
+    polled through GET /tpcomm/v1/workers every min(`poll_s`, SHUTDOWN_POLL_S), which also notes the API
+    server's own shutdown (SIGTERM) while it still answers. A server whose hook lacks the route (older tpcomm)
     is not watched; `note` says so."""
 
     def __init__(self, info: ServerInfo, concurrency: int, poll_s: float = POLL_S):
@@ -152,6 +153,7 @@ class RankWatch:
         self._stopped_since: dict[int, tuple[int, str, int]] = {}  # rank -> (pid, state, first seen stopped)
         self._shutdown_ns: int | None = None  # when the API server began its own shutdown, if it said so
         self._asking: threading.Thread | None = None
+        self._remote = False  # workers not on this machine (watched through the HTTP look alone)
         # One connection for every look: start(), then the HTTP watch thread only (and stop() after joining it).
         self._hook = HookClient(info.url, api_key=info.api_key, timeout_s=5, keep_alive=True, verify=info.verify)
 
@@ -183,6 +185,7 @@ class RankWatch:
             self._look_states()
             self._threads.append(threading.Thread(target=self._run_local, name="tpcomm-rank-pidfd", daemon=True))
         # Always: workers elsewhere are polled here, and the API server's own shutdown is noted before it ends.
+        self._remote = len(self.local) < len(ws)
         self._threads.append(threading.Thread(target=self._run_http, name="tpcomm-rank-watch", daemon=True))
         for t in self._threads:
             t.start()
@@ -208,7 +211,10 @@ class RankWatch:
                 t.join(timeout=10)
             if self._fds:
                 self._poll_local(0)
-            if any(t.name == "tpcomm-rank-watch" for t in self._threads):
+            # One last look for workers elsewhere (the HTTP thread is theirs), and only with that thread ended: it
+            # shares the one connection, closed below.
+            alive = [t for t in self._threads if t.is_alive()]
+            if self._remote and not alive:
                 self._look()
             self._threads = []
             if self._asking is not None:
@@ -219,7 +225,8 @@ class RankWatch:
             for fd in list(self._fds) + list(self._wake or ()) + ([self.api[0]] if self.api else []):
                 os.close(fd)
             self._fds, self._wake, self.api = {}, None, None
-            self._hook.close()
+            if not alive:
+                self._hook.close()
         return self.death
 
     def stopped(self, min_s: float = STOPPED_S) -> RankStopped | None:
@@ -346,6 +353,8 @@ class RankWatch:
         """False once the server stops answering (nothing more to learn from it)."""
         try:
             doc = self._hook.workers_doc()
+        except HookTimeout:  # one slow answer on a loaded host: look again next period
+            return None
         except records.HookError:
             return False
         if self._shutdown_ns is None:

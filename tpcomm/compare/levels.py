@@ -250,7 +250,10 @@ def _absent(name: str, a, b) -> str:
 def _resampled(sa: list[LevelSample], sb: list[LevelSample], band) -> str:
     def one(s: LevelSample) -> str:
         if s.unit == "request":
-            return f"{s.blocks} requests (each request's decode steps one block, delivery with it)"
+            with_it = (
+                "delivery with it" if s.delivery_joint else f"delivery over {s.delivery_ms.size} requests on its own"
+            )
+            return f"{s.blocks} requests (each request's decode steps one block, {with_it})"
         return f"{s.blocks} blocks of {s.block_len} consecutive decode steps" + (
             f", delivery over {s.delivery_ms.size} requests" if s.delivery_ms.size else ""
         )
@@ -258,7 +261,7 @@ def _resampled(sa: list[LevelSample], sb: list[LevelSample], band) -> str:
     def side(ss: list[LevelSample]) -> str:
         if len(ss) == 1:
             return one(ss[0])
-        if all(s.unit == "request" for s in ss):
+        if all(s.unit == "request" and s.delivery_joint for s in ss):
             n = ", ".join(str(s.blocks) for s in ss)
             return f"{len(ss)} repeats of {n} requests (each request's decode steps one block, delivery with it)"
         return f"{len(ss)} repeats: " + "; ".join(one(s) for s in ss)

@@ -3,15 +3,17 @@ cut into blocks, each block's sums per rank, and the per-request delivery.
 
 The pairs are found by attribute's own code on the run's own files (attribution/steps_by_rank.parquet,
 load/*.parquet), so the statistic resampled is exactly the headline's: `client_side` (attribute/analysis.py)
-decides which decode steps the level's split rests on (at C=1 the compared requests' own steps when the
-closure is judged, else the whole steady window) and `decode_pairs` (attribute/split.py) which of them are
+decides which decode steps the level's split rests on (`split_requests`: at C=1 the delivery term's requests'
+own steps where it is measured, else the closure's compared requests' where it is judged, else the whole steady
+window) and `decode_pairs` (attribute/split.py) which of them are
 pairs. The point estimate from the block sums must equal the summary's figure; a level whose files do not
 reproduce its summary gets no interval (its `problem` says why).
 
 Blocks (decode steps are autocorrelated: a slow patch on a shared host lasts many steps, so single steps are
 not independent draws):
-- "request": where the split rests on the compared requests (one stream at a time, C=1), each request's
-  decode pairs are one block, and its delivery (client - engine time per token) goes with it;
+- "request": where the split rests on some requests' own steps (one stream at a time, C=1), each request's
+  decode pairs are one block, and the closure's delivery (client - engine time per token) goes with it when
+  those are the closure's compared requests (else it is resampled over them on its own);
 - "steps": otherwise, runs of `block_len` consecutive decode steps (one request's decode length, at least
   the cube root of the pairs), with the delivery resampled over the compared requests on its own.
 
