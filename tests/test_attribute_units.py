@@ -347,3 +347,32 @@ def test_empty_steps_between_decode_steps_keep_them_consecutive():
     p = decode_pairs(rows)
     assert p["step"].tolist() == [10, 12] and p["period_us"].tolist() == [2000.0, 2000.0]
     assert p["gap_us"].tolist() == [1600.0, 1600.0]
+
+
+def test_speculative_decoding_gives_the_split_per_accepted_token_at_c1():
+    """Decode steps that schedule 3 draft tokens per sequence and emit 2 tokens each (1 accepted draft): the
+    level says so, and at C=1 the client's tokens over each request's own decode steps give 2.00 tokens per
+    step, so the split per accepted token is the per-step split halved, its terms adding up to it. Above C=1:
+    the drafts stated, the tokens per step not measured, and why. Without drafts: nothing said."""
+    from tpcomm.attribute import specdecode
+
+    coll, steps, truth = make_records(steps=660, prefill_every=33, seed=11)
+    plain_rows = _rows1(coll, steps)
+    assert specdecode.spec_decode(plain_rows, pd.DataFrame(), pd.DataFrame(), 1, {}) is None
+    steps = steps.assign(num_tokens=np.where(steps["kind"] == "decode", 4, steps["num_tokens"]).astype(np.int32))
+    rows = _rows1(coll, steps)
+    req, tok = make_client(steps)
+    req = req.assign(output_tokens=1 + 2 * (req["output_tokens"] - 1))  # every decode step's chunk held 2 tokens
+    cs = client_side(rows, req, tok, 1)
+    sd = specdecode.spec_decode(rows, cs["pairs"], req, 1, cs["split"])
+    assert sd is not None and sd.drafts_per_seq == pytest.approx(3.0) and sd.requests == 20, sd
+    assert sd.tokens_per_step == pytest.approx(2.0)
+    assert sd.engine_ms_per_token == pytest.approx(cs["split"]["engine_ms_per_token"] / 2, rel=1e-9)
+    assert sd.engine_ms_per_token * 1e3 == pytest.approx(truth["period_us"] / 2, rel=1e-6)
+    assert sd.per_token_ms.total == pytest.approx(sd.engine_ms_per_token, rel=1e-9)
+    text = specdecode.flag(sd)
+    assert "3.00 draft tokens" in text and "2.00 tokens" in text and f"{sd.engine_ms_per_token:.3f} ms" in text
+    # The pairing that assumes one token per step does not pretend: the closure is not judged.
+    assert not cs["closure"].judged
+    above = specdecode.spec_decode(rows.assign(concurrency=2), cs["pairs"], req, 2, cs["split"])
+    assert above.tokens_per_step is None and above.per_token_ms is None and "not measured above C=1" in above.why_not

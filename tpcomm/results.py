@@ -193,6 +193,19 @@ class Site:
 
 
 @dataclass
+class SpecDecode:
+    """Speculative decoding in the level's decode steps (attribute/specdecode.py): the split is per engine step;
+    per accepted token it is the figures here (C=1: the client's tokens over each request's own decode steps)."""
+
+    drafts_per_seq: float  # draft tokens scheduled per sequence per decode step (the hook's step rows)
+    tokens_per_step: float | None  # tokens emitted per sequence per decode step (None: not measured)
+    requests: int  # requests it was measured over
+    engine_ms_per_token: float | None  # the step period over tokens_per_step
+    per_token_ms: Terms | None  # each term over tokens_per_step (they add up to engine_ms_per_token)
+    why_not: str | None = None  # why tokens_per_step is not measured
+
+
+@dataclass
 class LevelSplit:
     concurrency: int
     repeat: int
@@ -222,6 +235,7 @@ class LevelSplit:
     cpu_wait: CpuWait | None = None  # the host's contention during the level (None: not measured)
     delivery_term: DeliveryTerm | None = None  # the fifth term (None: a summary older than schema 3)
     host_load: HostLoad | None = None  # the machine's load during the level (None: not measured)
+    spec_decode: SpecDecode | None = None  # None: no draft token scheduled (or a summary older than this field)
 
     @property
     def tok_per_s(self) -> float | None:

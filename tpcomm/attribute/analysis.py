@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tpcomm import contract as C
-from tpcomm.attribute import clocks, coverage, delivery, pairing, profile_levels
+from tpcomm.attribute import clocks, coverage, delivery, pairing, profile_levels, specdecode
 from tpcomm.attribute.align import align, alignment_quality
 from tpcomm.attribute.closure import client_figures, closure, closure_text, find_stalls
 from tpcomm.attribute.crosscheck import (
@@ -280,6 +280,9 @@ def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False
         flags.append(
             f"the client received {lv['itl_burst_pct']:.0f}% of tokens in bursts: its ITL p50 is not a per-token time"
         )
+    sd = specdecode.spec_decode(rows, cs["pairs"], lreq, c, sp)
+    if sd is not None:
+        flags.append(specdecode.flag(sd))
     top = top_sites(al, st)
     for s in top:
         s["plan_sites"] = sites.get((s["group"], s["op"], int(s["bytes"])), [])
@@ -313,6 +316,7 @@ def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False
         cpu_wait=CpuWait(**lv["cpu_wait"]) if lv.get("cpu_wait") else None,
         delivery_term=cs["delivery_term"],
         host_load=HostLoad(**lv["host_load"]) if lv.get("host_load") else None,
+        spec_decode=sd,
     )
 
 
