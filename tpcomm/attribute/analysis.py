@@ -204,6 +204,8 @@ def analyse_run_dir(
         att.levels.append(doc)
         if text := closure_text(c, rep, doc.closure, doc.stalls, doc.delivery_term):
             att.notes.append(text)
+        if doc.spec_decode is not None:  # the headline's figures are per engine step: said where they are read
+            att.notes.append(f"C={c}: {specdecode.flag(doc.spec_decode)}")
         if cc["match"] is False:
             att.notes.append(f"C={c}: collectives per decode step differ from the plan: {cc['detail']}")
     head = _headline(att.levels)
