@@ -41,7 +41,7 @@ POLL_S = 1.0  # HTTP polls of workers not watched through a pidfd (each poll is 
 # trip). On SIGTERM vLLM 0.32 stops the engine client while HTTP still answers (launchers/launcher.py,
 # handle_shutdown), then closes HTTP as soon as that returns: asking only after a worker's death was seen came
 # too late on a loaded host (issue 32 item 2), so the watch asks all along, within this period.
-SHUTDOWN_POLL_S = 0.25
+SHUTDOWN_POLL_S = 1.0  # as POLL_S: one small GET a second during a level (it never reaches the engine)
 GRACE_S = 5.0  # after requests failed: how long stop() waits for a watched worker to be seen dead
 STOPPED_S = 5.0  # a worker stopped (state T) this long has stopped answering: the level ends
 # The API server dying at most this long after the first rank (or before it) is a whole-server stop: when one
