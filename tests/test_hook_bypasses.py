@@ -61,3 +61,19 @@ def test_dual_batch_overlap_and_the_ep_all_to_all_are_listed_when_on():
     assert any("dual-batch overlap" in x for x in dbo)
     ep = _listed(_config(tensor_parallel_size=2, data_parallel_size=2, enable_expert_parallel=True))
     assert any("EP all-to-all" in x and "allgather_reducescatter" in x for x in ep)
+
+
+def test_qwen4_exp_s_own_rule_turns_sequence_parallel_on(monkeypatch):
+    """qwen4_exp decides SP with `is_hc_sequence_parallel_enabled` (TP > 1 and enable_hc_sp or the MoE rule,
+    vllm/models/qwen4_exp/nvidia/model.py): with enable_hc_sp its SP collectives run, so SP is on."""
+    monkeypatch.setitem(sys.modules, SP_NAME, types.ModuleType(SP_NAME))
+    model = types.ModuleType("vllm.models.tpcomm_test.qwen4_exp")
+
+    def is_hc_sequence_parallel_enabled(cfg):
+        pc = cfg.parallel_config
+        return pc.tensor_parallel_size > 1 and (pc.enable_hc_sp or pc.use_sequence_parallel_moe)
+
+    model.is_hc_sequence_parallel_enabled = is_hc_sequence_parallel_enabled
+    monkeypatch.setitem(sys.modules, model.__name__, model)
+    assert sequence_parallel_on(_config(tensor_parallel_size=2)) is False
+    assert sequence_parallel_on(_config(tensor_parallel_size=2, enable_hc_sp=True)) is True

@@ -4,8 +4,10 @@ fused.UNCOVERED lists kernels by module; whether such a path runs depends on the
 its module was imported (a model file imports the sequence-parallel ops whether or not SP is on). Here each
 layout-dependent bypass is judged with vLLM 0.32's own rule (vllm/config/parallel.py and the model files):
 
-- sequence parallelism: the served model's `_use_sequence_parallel(vllm_config)` (deepseek_v4, deepseek_v41,
-  qwen4_exp: PP 1, EP on, TP > 1, and DP > 1 or a MEGA MoE backend), else ParallelConfig.use_sequence_parallel_moe;
+- sequence parallelism: the served model's own rule where it has one, `_use_sequence_parallel(vllm_config)`
+  (deepseek_v4, deepseek_v41: PP 1, EP on, TP > 1, and DP > 1 or a MEGA MoE backend) or
+  `is_hc_sequence_parallel_enabled(vllm_config)` (qwen4_exp: TP > 1 and enable_hc_sp or
+  use_sequence_parallel_moe), else ParallelConfig.use_sequence_parallel_moe;
 - dual-batch overlap (`--enable-dbo`, ParallelConfig.use_ubatching): each micro-batch runs on its own thread
   and the two share the hook's process-global step and call state, so their collectives are not timed apart;
 - EP all-to-all (ParallelConfig.use_all2all with enable_expert_parallel): dispatch/combine run inside the MoE
@@ -18,6 +20,8 @@ import sys
 from typing import Any
 
 SP_MODULE = "vllm/models/common/ops/sequence_parallel.py"
+# The model files' own SP rules in vLLM 0.32 (deepseek_v4 and deepseek_v41; qwen4_exp/nvidia/model.py)
+SP_RULES = ("_use_sequence_parallel", "is_hc_sequence_parallel_enabled")
 
 
 def sequence_parallel_on(vllm_config: Any) -> bool | None:
@@ -25,9 +29,10 @@ def sequence_parallel_on(vllm_config: Any) -> bool | None:
     if vllm_config is None:
         return None
     deciders = [
-        getattr(m, "_use_sequence_parallel", None)
+        getattr(m, rule, None)
         for name, m in list(sys.modules.items())
         if name.startswith("vllm.models.") and m is not None
+        for rule in SP_RULES
     ]
     deciders = [d for d in deciders if callable(d)]
     try:
