@@ -293,8 +293,11 @@ def _custom_ar_reason(car, world: int, rank: int, group) -> str:
         return f"world size {world} not in {car.CustomAllreduce._SUPPORTED_WORLD_SIZES}"
     if not all(in_the_same_node_as(group, source_rank=0)):
         return "ranks span nodes and not every GPU is MNNVL-capable"
-    ids = [current_platform.visible_device_id_to_physical_device_id(i) for i in range(world)]
-    if world > 2 and not current_platform.is_fully_connected(ids):
+    try:  # each rank seeing every GPU (vLLM itself all-gathers each rank's own physical id instead)
+        ids = [current_platform.visible_device_id_to_physical_device_id(i) for i in range(world)]
+    except (IndexError, ValueError):
+        ids = None
+    if world > 2 and ids is not None and not current_platform.is_fully_connected(ids):
         return "not supported on more than two PCIe-only GPUs (no NVLink between all of them)"
     if not car._can_p2p(rank, world):
         return "GPU P2P capability missing or vLLM's P2P test failed"
