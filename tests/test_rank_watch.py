@@ -100,7 +100,7 @@ def test_a_shutdown_the_api_server_began_is_told_even_when_http_is_gone_before_t
     try:
         assert watch.local == {r: p.pid for r, p in enumerate(procs)}  # every worker on a pidfd here
         routes._SHUTDOWN["ns"] = time.time_ns()
-        time.sleep(1.6)  # more than one look of the watch (ranks.SHUTDOWN_POLL_S)
+        time.sleep(1.6)  # more than one look of the watch (ranks.POLL_S)
         hook.stop()
         for rank in (1, 0, 2):
             os.kill(procs[rank].pid, signal.SIGKILL)

@@ -36,12 +36,11 @@ from tpcomm.attribute.server import ServerInfo
 from tpcomm.hook.client import HookClient, HookTimeout, HookUnavailable
 from tpcomm.procid import identity
 
-POLL_S = 1.0  # HTTP polls of workers not watched through a pidfd (each poll is one request to the API server)
-# How often the API server is asked whether it began its own shutdown (GET /tpcomm/v1/workers: no engine round
-# trip). On SIGTERM vLLM 0.32 stops the engine client while HTTP still answers (launchers/launcher.py,
-# handle_shutdown), then closes HTTP as soon as that returns: asking only after a worker's death was seen came
-# too late on a loaded host (issue 32 item 2), so the watch asks all along, within this period.
-SHUTDOWN_POLL_S = 1.0  # as POLL_S: one small GET a second during a level (it never reaches the engine)
+# HTTP polls (GET /tpcomm/v1/workers, no engine round trip) during a level: of workers not watched through a
+# pidfd, and always of the API server's own shutdown note. On SIGTERM vLLM 0.32 stops the engine client while HTTP
+# still answers (launchers/launcher.py, handle_shutdown) and closes HTTP as soon as that returns: asking only after
+# a worker's death came too late (issue 32 item 2), so the watch reads the note all along.
+POLL_S = 1.0
 GRACE_S = 5.0  # after requests failed: how long stop() waits for a watched worker to be seen dead
 STOPPED_S = 5.0  # a worker stopped (state T) this long has stopped answering: the level ends
 # The API server dying at most this long after the first rank (or before it) is a whole-server stop: when one
@@ -54,7 +53,7 @@ _STOPPED_STATES = ("T", "t")
 class RankDeath:
     rank: int
     pid: int
-    t_ns: int  # when the watch first saw it dead (at once through a pidfd; within SHUTDOWN_POLL_S over HTTP)
+    t_ns: int  # when the watch first saw it dead (at once through a pidfd; within POLL_S over HTTP)
     concurrency: int
     same_time: list[int]  # other ranks already dead at the same look (which went first is unknown)
     others: list[int]  # ranks seen dead at later looks (vLLM shuts the rest down after the first)
@@ -133,7 +132,7 @@ class RankWatch:
     through pidfds, one thread blocked in poll(): a death is seen when it happens, so the rank that died first
     is told from the ranks vLLM shut down after it (its executor closes their death pipe at once, and the API
     server stops answering within a second, before a poll over HTTP may see anything). Workers elsewhere are
-    polled through GET /tpcomm/v1/workers every min(`poll_s`, SHUTDOWN_POLL_S), which also notes the API
+    polled through GET /tpcomm/v1/workers every `poll_s`, which also reads the API
     server's own shutdown (SIGTERM) while it still answers. A server whose hook lacks the route (older tpcomm)
     is not watched; `note` says so."""
 
@@ -344,8 +343,7 @@ class RankWatch:
 
     # ---- workers elsewhere: the hook's route --------------------------------
     def _run_http(self) -> None:
-        period = min(self.poll_s, SHUTDOWN_POLL_S)
-        while not self._stop.wait(period):
+        while not self._stop.wait(self.poll_s):
             if self._look() is False:
                 return
 
