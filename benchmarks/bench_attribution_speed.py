@@ -14,10 +14,10 @@ import time
 import numpy as np
 import pandas as pd
 
-from tpcomm.attribute.align import align
-from tpcomm.attribute.analysis import client_side
-from tpcomm.attribute.split import assign_levels, decode_steps, rank_steps, top_sites
-from tpcomm.attribute.synthetic import make_client, make_records
+from tpcomm.analysis.align import align
+from tpcomm.analysis.attribution import client_side
+from tpcomm.analysis.split import assign_levels, decode_steps, rank_steps, top_sites
+from tpcomm.analysis.synthetic import make_client, make_records
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tpcomm.hook.client import HookClient  # noqa: E402
+from tpcomm.attribute.hook_client import HookClient  # noqa: E402
 
 
 def stream_request(url: str, key: str | None, model: str, output_len: int) -> tuple[float, float]:

@@ -34,7 +34,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_hook_overhead import stream_request  # noqa: E402
-from tpcomm.hook.client import HookClient  # noqa: E402
+from tpcomm.attribute.hook_client import HookClient  # noqa: E402
 
 
 def _scrape_loop(url: str, headers: dict, interval_s: float, stop, out) -> None:

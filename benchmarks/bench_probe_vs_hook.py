@@ -29,7 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tpcomm.hook.client import HookClient  # noqa: E402
+from tpcomm.attribute.hook_client import HookClient  # noqa: E402
 
 
 def decode(url: str, n: int, output_len: int) -> None:

@@ -80,7 +80,7 @@ def hook_figures(run: Path) -> dict:
     per_instance_min = ar.groupby(["step", "call_idx"])["duration_us"].min()
     # Who waits in serving (attribute's alignment): one rank always late would be a fixed skew
     # (replayable with --skew-us); both ranks waiting alike is lateness that alternates.
-    from tpcomm.attribute.align import align
+    from tpcomm.analysis.align import align
 
     allc = align(coll.merge(dec, on=["rank", "step"]))
     wait_by_rank = allc.groupby("rank")["wait_us"].mean()

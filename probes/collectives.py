@@ -56,7 +56,7 @@ class RankState:
         self.entered = 0
         self.status_path = self._mm = None
         if status_dir:
-            from tpcomm import safefs  # a shared run directory: nothing written through a planted link
+            from tpcomm.rundir import safefs  # a shared run directory: nothing written through a planted link
 
             os.makedirs(status_dir, exist_ok=True)
             self.status_dir, self.status_path = status_dir, os.path.join(status_dir, f"rank{rank}.json")
@@ -71,7 +71,7 @@ class RankState:
             self.since = time.monotonic()
         self.phase = phase
         if self.status_path:
-            from tpcomm import safefs
+            from tpcomm.rundir import safefs
 
             doc = {"rank": self.rank, "pid": os.getpid(), "phase": phase, "item": self.item, "entered": self.entered}
             safefs.write_atomic(self.status_dir, f"rank{self.rank}.json", json.dumps(doc).encode())
@@ -297,7 +297,7 @@ def start_rank(spec: dict, sink=None, n_items: int = 0):
     if sink is None and rank == 0 and spec.get("out_jsonl"):
         path = spec["out_jsonl"]
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        from tpcomm import safefs  # a new file, never appended through a link planted at its name
+        from tpcomm.rundir import safefs  # a new file, never appended through a link planted at its name
 
         fh = safefs.open_new(os.path.dirname(os.path.abspath(path)), os.path.basename(path), "w", buffering=1)
         sink = lambda rec: fh.write(json.dumps(rec) + "\n")  # noqa: E731

@@ -3,7 +3,7 @@
 - `sample(...)`: one level's LevelSample from per-step arrays (the real block sums and estimates of
   tpcomm/compare/samples.py), with AR(1) noise on the compute (a slow patch lasts many steps) and an optional
   offset for the whole repeat (what a restart or a neighbour does to a run);
-- `run_dir(path, ...)`: a whole run directory from tpcomm/attribute/synthetic.py's records and client, analysed
+- `run_dir(path, ...)`: a whole run directory from tpcomm/analysis/synthetic.py's records and client, analysed
   by attribute's own analyse_run_dir (so compare reads exactly what it reads from a real run).
 
 Units: *_us microseconds, *_ms milliseconds.
@@ -103,10 +103,10 @@ def run_dir(
 ) -> Path:
     """A single-stream run directory (C=1) from make_records/make_client, analysed by attribute's own code;
     `cpu_wait_ms`: the ranks' CPU wait per engine step the level doc states (as the hook's status gives it)."""
-    from tpcomm import contract as C
-    from tpcomm.attribute.analysis import analyse_run_dir
-    from tpcomm.attribute.synthetic import make_client, make_records
-    from tpcomm.rundir import RunDir
+    from tpcomm.analysis.attribution import analyse_run_dir
+    from tpcomm.analysis.synthetic import make_client, make_records
+    from tpcomm.rundir import contract as C
+    from tpcomm.rundir.layout import RunDir
 
     coll, steps, _ = make_records(
         steps=requests * output_len, prefill_every=output_len, compute_us=compute_us, seed=seed, idle_us=2000.0

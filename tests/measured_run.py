@@ -12,9 +12,9 @@ DATA = Path(__file__).parent / "data" / "attribute_tiny_tp2"
 
 
 def measured_run(dst: Path) -> Path:
-    from tpcomm.attribute.analysis import analyse_run_dir
+    from tpcomm.analysis.attribution import analyse_run_dir
     from tpcomm.plan import build_plan
-    from tpcomm.rundir import RunDir
+    from tpcomm.rundir.layout import RunDir
 
     shutil.copytree(DATA, dst)
     shutil.rmtree(dst / "profile")

@@ -14,11 +14,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tpcomm.analysis.align import align, alignment_quality
+from tpcomm.analysis.attribution import analyse_run_dir as _analyse_typed
+from tpcomm.analysis.split import rank_steps
 from tpcomm.attribute import records
-from tpcomm.attribute.align import align, alignment_quality
-from tpcomm.attribute.analysis import analyse_run_dir as _analyse_typed
 from tpcomm.attribute.profile import compare_with_hook, summarise_traces
-from tpcomm.attribute.split import rank_steps
 
 DATA = Path(__file__).parent / "data" / "attribute_tiny_tp2"
 

@@ -25,8 +25,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import tp_backend
 
+from tpcomm.analysis.closure import HELD, STALLED
 from tpcomm.attribute.cli import attribute
-from tpcomm.attribute.closure import HELD, STALLED
 from tpcomm.vllm_server import VllmServer, free_port
 
 TPCOMM = [sys.executable, "-m", "tpcomm.cli", "attribute"]
@@ -273,7 +273,7 @@ def test_server_killed_mid_run_leaves_incomplete_run_dir(keyed_server, tmp_path)
             assert p.poll() is None, p.communicate()
             time.sleep(0.5)
         # Into the second level: the hook's recording session is attribute's own for C=2 (polled, not guessed).
-        from tpcomm.hook.client import HookClient
+        from tpcomm.attribute.hook_client import HookClient
 
         hook = HookClient(keyed_server.url, api_key=KEY, timeout_s=10)
         while not str(hook.status().get("session") or "").endswith("-c2-r0") and time.monotonic() < deadline:
@@ -356,7 +356,7 @@ def assert_closure_verdict_is_true(lv: dict, run_dir: Path) -> None:
     was not judged and why, and agrees with nothing it did not see."""
     from delivery import late_and_on_time
 
-    from tpcomm.attribute.closure import MIN_CLOSURE_REQUESTS
+    from tpcomm.judge.tolerances import MIN_CLOSURE_REQUESTS
 
     cz = lv["closure"]
     late, on_time = late_and_on_time(run_dir, lv["concurrency"])
@@ -368,8 +368,8 @@ def assert_closure_verdict_is_true(lv: dict, run_dir: Path) -> None:
         # A loaded host (issue 31): holds shorter than the stall threshold, then catch-up bursts, move the
         # client's pace off the engine's; the five terms account for the client's own time (checked by the
         # caller within 5%), so the cause is delivery, and the run says so instead of CLOSURE FAILED.
-        from tpcomm.attribute.closure import closure_text
-        from tpcomm.results import Closure, DeliveryTerm
+        from tpcomm.analysis.closure import closure_text
+        from tpcomm.rundir.results import Closure, DeliveryTerm
 
         text = closure_text(1, 0, Closure(**cz), None, DeliveryTerm(**lv["delivery_term"]))
         assert "delivery, not the split" in text, text
@@ -525,9 +525,9 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_
     engine's clock does not hold it: the decode pairs made during that request's time span take no more than
     its tokens would at the level's median pace, give or take well under the pause, in the period and in the
     host gap (had the engine waited for the reader, one pair there would hold the whole second)."""
+    from tpcomm.analysis.split import decode_pairs
     from tpcomm.attribute.load import LoadSpec
     from tpcomm.attribute.run import Attribute, AttributeConfig
-    from tpcomm.attribute.split import decode_pairs
 
     url, key = plugin_server
     out = tmp_path / "run"
@@ -569,7 +569,7 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_
 @pytest.mark.vllm
 def test_a_foreign_start_mid_level_is_detected_and_the_level_not_attributed(plugin_server, tmp_path):
     """Someone else restarts the hook's recording during attribute's C=1 level (issue 12, item 6)."""
-    from tpcomm.hook.client import HookClient
+    from tpcomm.attribute.hook_client import HookClient
 
     url, key = plugin_server
     out = tmp_path / "run"

@@ -103,7 +103,7 @@ def test_a_killed_tp_worker_is_named_not_a_plan_mismatch(relative_server, tmp_pa
     """Kill TP rank 1 (its pid from the hook's status) during C=2 of a C=1,2 run: vLLM then shuts the whole
     server down. The exit line, status.json and page 1 of the report name the rank and pid; C=1 keeps its
     split; C=2 is not attributed and its cross-check is not compared (no MISMATCH anywhere)."""
-    from tpcomm.hook.client import HookClient
+    from tpcomm.attribute.hook_client import HookClient
 
     hook = HookClient(relative_server.url, timeout_s=10)
     pid = {r["rank"]: r["pid"] for r in hook.status()["per_rank"]}[1]

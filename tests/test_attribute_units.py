@@ -1,5 +1,5 @@
 """Fast tests of the attribution analysis: synthetic records with a known
-answer (tpcomm.attribute.synthetic) and the steadiness / repeat checks."""
+answer (tpcomm.analysis.synthetic) and the steadiness / repeat checks."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tpcomm.attribute.align import align, alignment_quality, instances
-from tpcomm.attribute.analysis import client_side
-from tpcomm.attribute.closure import STALLED, closure_text, delivery, delivery_cell, delivery_text, median_interval
-from tpcomm.attribute.crosscheck import compare, observed_per_step
+from tpcomm.analysis.align import align, alignment_quality, instances
+from tpcomm.analysis.attribution import client_side
+from tpcomm.analysis.closure import STALLED, closure_text, delivery, delivery_text, median_interval
+from tpcomm.analysis.crosscheck import compare, observed_per_step
+from tpcomm.analysis.split import assign_levels, decode_steps, engine_split, rank_steps, shares_pct, top_sites
+from tpcomm.analysis.synthetic import make_client, make_records
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
-from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, shares_pct, top_sites
-from tpcomm.attribute.synthetic import make_client, make_records
-from tpcomm.columns import fmt
+from tpcomm.columns import delivery_cell, fmt
 
 
 @pytest.fixture(scope="module")
@@ -331,7 +331,7 @@ def test_empty_steps_between_decode_steps_keep_them_consecutive():
     """PP's batch queue runs an empty step per stage slot (the hook records it as kind "empty"): decode steps
     separated only by recorded empty steps are consecutive, and the empty step's time is in the period; a step
     number missing from the records (dropped, not known empty) breaks the pair."""
-    from tpcomm.attribute.split import decode_pairs
+    from tpcomm.analysis.split import decode_pairs
 
     kinds = ["decode", "empty", "decode", "empty", "decode", "decode"]
     steps = [10, 11, 12, 13, 14, 16]  # 15 not recorded
@@ -354,7 +354,7 @@ def test_speculative_decoding_gives_the_split_per_accepted_token_at_c1():
     level says so, and at C=1 the client's tokens over each request's own decode steps give 2.00 tokens per
     step, so the split per accepted token is the per-step split halved, its terms adding up to it. Above C=1:
     the drafts stated, the tokens per step not measured, and why. Without drafts: nothing said."""
-    from tpcomm.attribute import specdecode
+    from tpcomm.analysis import specdecode
 
     coll, steps, truth = make_records(steps=660, prefill_every=33, seed=11)
     plain_rows = _rows1(coll, steps)

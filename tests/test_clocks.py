@@ -1,4 +1,4 @@
-"""Ranks on other clocks put on rank 0's from the collectives' exit times (tpcomm/attribute/clocks.py), on
+"""Ranks on other clocks put on rank 0's from the collectives' exit times (tpcomm/analysis/clocks.py), on
 synthetic records with a known answer: an offset injected into one rank's clock is found, applied, and leaves
 the timeline's entry skew as it was without it; the split never moves."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tpcomm.attribute import clocks
-from tpcomm.attribute.align import align, alignment_quality
-from tpcomm.attribute.split import engine_split, rank_steps
-from tpcomm.attribute.synthetic import make_records
+from tpcomm.analysis import clocks
+from tpcomm.analysis.align import align, alignment_quality
+from tpcomm.analysis.split import engine_split, rank_steps
+from tpcomm.analysis.synthetic import make_records
 
 SAME, OTHER = {"boot_id": "b0", "host": "n0"}, {"boot_id": "b1", "host": "n1"}
 

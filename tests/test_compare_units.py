@@ -16,13 +16,13 @@ from click.testing import CliRunner
 from compare_synthetic import run_dir
 from measured_run import measured_run
 
-from tpcomm import contract as C
 from tpcomm.cli import cli
 from tpcomm.compare.analysis import compare_runs
 from tpcomm.compare.results import Comparison
 from tpcomm.compare.samples import load_samples
-from tpcomm.results import Attribution
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.layout import RunDir
+from tpcomm.rundir.results import Attribution
 
 ROOT = Path(__file__).resolve().parent.parent
 KIMI_INT4 = ROOT / "reports/runs/kimi-k2.5-int4-tp8-rtx-pro-6000"
@@ -151,7 +151,7 @@ def test_a_shift_the_host_load_could_make_is_not_called_a_change(tmp_path):
 def test_tp1_against_tp2_moves_the_collectives(tmp_path):
     """A TP 1 run has step records and no collectives: attribute splits it (transfer and wait exactly 0, the plan
     of TP 1 matched), and against TP 2 the collectives are resolved, positive, with the plan's bytes named."""
-    from tpcomm.attribute.analysis import analyse_run_dir
+    from tpcomm.analysis.attribution import analyse_run_dir
     from tpcomm.tinymodel import TINY_CONFIG
 
     tp2 = run_dir(tmp_path / "tp2", seed=4)

@@ -1,4 +1,4 @@
-"""The run-directory contract (tpcomm/contract.py): versions written, drift refused in one line, report keeps going.
+"""The run-directory contract (tpcomm/rundir/contract.py): versions written, drift refused in one line, report keeps going.
 
 Run directories here are copies of the committed real run reports/runs/cpu-demo
 (vLLM-CPU TP 2), damaged one way each.
@@ -16,9 +16,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from tpcomm import contract as C
-from tpcomm.contract import SchemaError
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.contract import SchemaError
+from tpcomm.rundir.layout import RunDir
 
 DEMO = Path(__file__).parents[1] / "reports/runs/cpu-demo"
 TPCOMM = [sys.executable, "-m", "tpcomm.cli"]

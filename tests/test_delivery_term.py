@@ -1,4 +1,4 @@
-"""Delivery, the fifth term of a token (tpcomm/attribute/delivery.py), on real recorded runs: the five terms
+"""Delivery, the fifth term of a token (tpcomm/analysis/delivery.py), on real recorded runs: the five terms
 add up to the client's own per-token time, held tokens included; the judge's delivery rule and lever; the
 host-load meter; an older summary without the term."""
 
@@ -13,14 +13,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tpcomm.results import DeliveryTerm
+from tpcomm.rundir.results import DeliveryTerm
 
 DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture(scope="module")
 def busy_run(tmp_path_factory) -> Path:
-    from tpcomm.attribute.analysis import analyse_run_dir
+    from tpcomm.analysis.attribution import analyse_run_dir
 
     dst = tmp_path_factory.mktemp("busy") / "run"
     shutil.copytree(DATA / "delivery_busy_tp2", dst)
@@ -62,8 +62,8 @@ def test_five_terms_add_up_to_the_client_on_a_busy_host(busy_run):
 def test_the_pairing_is_what_the_closure_checks(busy_run):
     """Pair every request with the next request's steps (a wrong pairing): the engine's time from those step
     ends no longer matches the tokens, and the delays go negative (a token received before its step ended)."""
-    from tpcomm.attribute import delivery, pairing
-    from tpcomm.attribute.analysis import client_side
+    from tpcomm.analysis import delivery, pairing
+    from tpcomm.analysis.attribution import client_side
 
     rows = pd.read_parquet(busy_run / "attribution/steps_by_rank.parquet")
     rows = rows[rows["concurrency"] == 1]
@@ -85,7 +85,7 @@ def test_the_pairing_is_what_the_closure_checks(busy_run):
 def test_delivery_term_above_c1_and_with_few_requests(busy_run):
     """Above C=1 which step made a token is not known without the client's clock: not measured, and why.
     With fewer than 6 requests (the tiny recorded run has 4) it is measured and not judged, and why."""
-    from tpcomm.attribute.analysis import client_side
+    from tpcomm.analysis.attribution import client_side
 
     rows = pd.read_parquet(busy_run / "attribution/steps_by_rank.parquet")
     req = pd.read_parquet(busy_run / "load/requests.parquet")
@@ -130,7 +130,7 @@ def _dt(ms: float, client: float, held: int = 0) -> DeliveryTerm:
 
 def test_the_delivery_rule_and_its_lever():
     from tpcomm.judge import delivery as J
-    from tpcomm.results import HostLoad
+    from tpcomm.rundir.results import HostLoad
 
     assert J.statement(_dt(2.0, 30.0), None, "cpu") is None and J.lever(_dt(2.0, 30.0), None, "cpu") is None
     big = _dt(10.0, 30.0)  # a third of the client's token
@@ -149,7 +149,7 @@ def test_the_delivery_rule_and_its_lever():
 
 
 def test_host_load_meter_reads_this_machine():
-    from tpcomm.attribute.hostload import HostLoadMeter
+    from tpcomm.analysis.hostload import HostLoadMeter
 
     if not Path("/proc/pressure/cpu").exists():
         pytest.skip("no Linux CPU pressure file on this machine (PSI off)")
@@ -168,7 +168,7 @@ def test_compare_shows_delivery_term_by_term(busy_run):
     """compare puts delivery (the fifth term) and the client's five-term time beside the engine's terms, A
     against B, outside the engine terms' sum (the client's side)."""
     from tpcomm.compare.levels import level_diff
-    from tpcomm.results import Attribution
+    from tpcomm.rundir.results import Attribution
 
     lv = Attribution.from_json(json.loads((busy_run / "attribution/summary.json").read_text())).levels[0]
     d = level_diff([lv], [lv], [None], [None], "no per-step files in this test")
@@ -182,8 +182,8 @@ def test_a_pace_closure_beyond_tolerance_names_delivery_when_the_five_terms_add_
     """The loaded host of CI (2026-12-03: engine 27.62 vs client 22.21 ms per token, +24.4% over 6 requests,
     while the five terms held within 5%): the run names delivery as the cause instead of CLOSURE FAILED with
     no cause; without the five terms holding it still says CLOSURE FAILED."""
-    from tpcomm.attribute.closure import closure_text
-    from tpcomm.results import Closure
+    from tpcomm.analysis.closure import closure_text
+    from tpcomm.rundir.results import Closure
 
     cz = Closure("p50 over 6 requests", "prefill segments", 6, {}, 27.62, 22.21, 24.4, 10.0, True, False)
     assert "delivery, not the split" in closure_text(1, 0, cz, None, _dt(-2.0, 25.0))

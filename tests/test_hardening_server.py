@@ -26,7 +26,7 @@ import pytest
 from other_user import as_nobody, skip_reason
 from stream_proxy import StreamProxy, self_signed
 
-from tpcomm.hook.client import HookClient, RecordingTaken
+from tpcomm.attribute.hook_client import HookClient, RecordingTaken
 
 KEY = "sekret-h22"
 H = {"Authorization": f"Bearer {KEY}"}

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from tpcomm.attribute.coverage import not_timed
+from tpcomm.analysis.coverage import not_timed
 from tpcomm.hook.bypasses import SP_MODULE, sequence_parallel_on
 from tpcomm.hook.fused import uncovered_detail
 

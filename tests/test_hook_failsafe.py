@@ -280,7 +280,7 @@ def _status(sites_off: dict) -> dict:
 
 
 def test_attribute_names_the_sites_off_and_the_terms_they_lose():
-    from tpcomm.attribute import coverage
+    from tpcomm.analysis import coverage
 
     st = _status({"graph_capture": "RuntimeError: keep_graph", "publish": "OSError: x"})
     lines = coverage.not_timed(st)
@@ -296,7 +296,7 @@ def test_attribute_names_the_sites_off_and_the_terms_they_lose():
 
 
 def test_a_site_that_goes_off_mid_run_joins_the_status_the_analysis_reads():
-    from tpcomm.attribute import coverage
+    from tpcomm.analysis import coverage
 
     first = _status({"publish": "at start"})
     coverage.merge_sites_off(first, _status({"publish": "later reason", "step_begin": "mid-run"}))
@@ -311,7 +311,7 @@ def test_lost_terms_are_not_measured_in_the_split_and_named_on_page_one(tmp_path
     level keeps a split, each says why, and page one names the site and what it lost."""
     from measured_run import measured_run
 
-    from tpcomm.attribute.analysis import analyse_run_dir
+    from tpcomm.analysis.attribution import analyse_run_dir
     from tpcomm.report.analysis import analyze
 
     run = measured_run(tmp_path / "run")

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tpcomm.hook.client import HookClient
+from tpcomm.attribute.hook_client import HookClient
 
 pytestmark = pytest.mark.vllm
 # The sites that act in a CPU worker; `@after` on the step's end and the sampler: the half-way fault, raised

@@ -174,8 +174,8 @@ def test_records_without_the_path_column_still_load(tmp_path):
     """Records from a tpcomm before `path` existed pass the contract; a wrong kind in `path` does not."""
     import pandas as pd
 
-    from tpcomm import contract as C
     from tpcomm.errors import InputError
+    from tpcomm.rundir import contract as C
 
     row = {c.name: ({"i": 1, "f": 1.0, "s": "x", "b": True}[c.kind],) for c in C.HOOK_COLLECTIVES.columns}
     C.check_table(C.HOOK_COLLECTIVES, pd.DataFrame(row))

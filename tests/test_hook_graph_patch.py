@@ -194,9 +194,9 @@ def test_a_failing_start_time_self_test_switches_graph_timing_off(monkeypatch):
 
 
 def test_attribute_names_why_graph_timing_went_off():
-    """What attribute's page one and summary list (attribute/coverage.py) when the workers switched graph timing
+    """What attribute's page one and summary list (analysis/coverage.py) when the workers switched graph timing
     off themselves: the reason, not "off when the server started"."""
-    from tpcomm.attribute.coverage import not_timed
+    from tpcomm.analysis.coverage import not_timed
 
     why = "start-time self-test failed: RuntimeError: a timing event was not done after a synchronize"
     gt = {"applies": True, "enabled": False, "graph_timing_off_why": why}

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from conftest import tp_backend
 
+from tpcomm.attribute.hook_client import HookClient, HookUnavailable
 from tpcomm.errors import InputError
-from tpcomm.hook.client import HookClient, HookUnavailable
 
 pytestmark = pytest.mark.vllm
 KEY = "sekret-b1"

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from tpcomm.hook.client import COLLECTIVE_DTYPES, STEP_DTYPES, records_to_frames, save_records
+from tpcomm.attribute.hook_client import COLLECTIVE_DTYPES, STEP_DTYPES, records_to_frames, save_records
 from tpcomm.hook.metrics import prometheus_text
 from tpcomm.hook.recorder import Recorder
 from tpcomm.hook.rpc import _pack

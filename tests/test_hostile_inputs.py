@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tpcomm import contract as C
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.layout import RunDir
 
 DEMO = Path(__file__).parent / "data" / "demo_run"
 MODELS = {"object": "list", "data": [{"id": "fake", "root": "fake", "max_model_len": 4096}]}
@@ -221,7 +221,7 @@ def test_a_negative_timeout_is_refused():
 
 # ---- one writer per run directory ---------------------------------------------------------------------------
 _HOLD = (
-    "import sys, time; from tpcomm.rundir import RunDir; RunDir(sys.argv[1]).record_command('attribute'); "
+    "import sys, time; from tpcomm.rundir.layout import RunDir; RunDir(sys.argv[1]).record_command('attribute'); "
     "print('held', flush=True); time.sleep(60)"
 )
 
@@ -268,7 +268,7 @@ def test_a_rerun_killed_half_way_is_named_by_report(tmp_path):
     st["attribute"] = {"state": "complete", "utc": "2026-12-02T05:00:00Z"}
     rd.write_json(C.STATUS, st)
     code = (
-        "import os, sys; from tpcomm.rundir import RunDir; rd = RunDir(sys.argv[1]); rd.record_command('attribute');"
+        "import os, sys; from tpcomm.rundir.layout import RunDir; rd = RunDir(sys.argv[1]); rd.record_command('attribute');"
         " rd.mark('attribute', 'running'); os.kill(os.getpid(), 9)"
     )
     subprocess.run([sys.executable, "-c", code, str(run)])

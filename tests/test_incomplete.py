@@ -80,8 +80,8 @@ def test_a_slow_pace_is_compared_and_a_stall_that_releases_a_burst_is_not():
     """A proxy adding 0.3 s before every token (each long gap releases one token): that is the pace the
     client gets, compared, and the closure fails. A stall that releases many tokens at once (a starved API
     server): its window is left out of both sides, and a request it holds most of is named as stalled."""
-    from tpcomm.attribute import pairing
-    from tpcomm.attribute.closure import STALLED, closure
+    from tpcomm.analysis import pairing
+    from tpcomm.analysis.closure import STALLED, closure
 
     n = 16
     req = pd.DataFrame({"request_id": range(5), "output_tokens": [float(n)] * 5})
@@ -154,9 +154,9 @@ def test_a_stopped_worker_process_is_named_after_it_stays_stopped():
 
 def test_a_level_stopped_before_its_first_request_ended_is_analysed(tmp_path):
     """SIGSTOP on a worker before any request of the level ended: no request rows, the level named."""
-    from tpcomm import contract as C
     from tpcomm.attribute.run import reanalyse_run_dir
-    from tpcomm.rundir import RunDir
+    from tpcomm.rundir import contract as C
+    from tpcomm.rundir.layout import RunDir
 
     run = tmp_path / "run"
     shutil.copytree(REAL, run)

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from tpcomm.judge import bottleneck, definitions
 from tpcomm.judge import levers as L
-from tpcomm.results import Terms
+from tpcomm.rundir.results import Terms
 
 COMMANDS = {"probe": "tpcomm probe ...", "attribute": "tpcomm attribute ..."}
 
@@ -69,7 +69,7 @@ def test_attribute_terminal_report_and_predict_give_one_verdict_for_the_same_num
 
 
 def _summary(t: Terms, v) -> dict:
-    from tpcomm.results import Attribution, LevelSplit, to_json
+    from tpcomm.rundir.results import Attribution, LevelSplit, to_json
 
     lv = LevelSplit(
         1,
@@ -176,8 +176,8 @@ def test_collectives_free_is_a_bound_not_a_lever_and_the_measured_bounds_come_fr
 
 
 def test_definitions_are_built_from_the_constants():
-    from tpcomm.attribute import closure
+    from tpcomm.judge import tolerances as T
 
-    assert f"within {closure.CLOSURE_TOL_PCT:g}%" in definitions.TERM["closure"]
-    assert f"{closure.STALL_FACTOR:g} engine periods" in definitions.TERM["stall"]
+    assert f"within {T.CLOSURE_TOL_PCT:g}%" in definitions.TERM["closure"]
+    assert f"{T.STALL_FACTOR:g} engine periods" in definitions.TERM["stall"]
     assert f"{bottleneck.BOTTLENECK_SHARE:.0%}" in definitions.TERM["bottleneck"]

@@ -120,7 +120,7 @@ def test_a_clock_offset_on_node_1_is_estimated_and_taken_off(offset_run):
     # within 10% of the per-token time (only the steps the level's window takes in can move).
     import shutil
 
-    from tpcomm.attribute.analysis import analyse_run_dir
+    from tpcomm.analysis.attribution import analyse_run_dir
 
     raw = run.parent / "offset-own-clocks"
     shutil.copytree(run, raw)

@@ -149,7 +149,7 @@ def test_latency_model_api(tmp_path):
     rows += [_row("shm", "all_reduce", b, 5 + b / 5e3) for b in (1024, 14336, 1 << 20)]
     rows += [_row("shm", "all_reduce", 14336, 999, wrong=3)]  # a wrong result never feeds the model
     rows += [_row("shm", "all_gather", 129280, 40, timing="pipelined")]
-    from tpcomm.rundir import RunDir
+    from tpcomm.rundir.layout import RunDir
 
     RunDir(tmp_path).write_json("probe/fit.json", fit_document(rows, {"world_size": 2}))
     m = load_latency_model(tmp_path)

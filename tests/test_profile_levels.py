@@ -15,10 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tpcomm.attribute.align import align
-from tpcomm.attribute.analysis import analyse_run_dir
-from tpcomm.attribute.profile_levels import NOT_PROFILED, next_repeat, profiled_requests, trace_records
-from tpcomm.rundir import RunDir
+from tpcomm.analysis.align import align
+from tpcomm.analysis.attribution import analyse_run_dir
+from tpcomm.analysis.profile_levels import NOT_PROFILED, next_repeat, profiled_requests, trace_records
+from tpcomm.rundir.layout import RunDir
 
 DATA = Path(__file__).parent / "data" / "attribute_tiny_tp2"
 

@@ -13,8 +13,8 @@ import pytest
 from tpcomm.columns import fmt
 from tpcomm.judge import bottleneck
 from tpcomm.report.analysis import analyze
-from tpcomm.results import Attribution
-from tpcomm.rundir import RunDir
+from tpcomm.rundir.layout import RunDir
+from tpcomm.rundir.results import Attribution
 
 
 def render_pdf(*args, **kwargs):
@@ -142,7 +142,7 @@ def test_measured_headline_is_the_split_total_and_page_one_reads_back(measured, 
 
 
 def test_an_older_summary_is_one_line_saying_how_to_redo_it(measured, tmp_path):
-    from tpcomm.contract import SchemaError
+    from tpcomm.rundir.contract import SchemaError
 
     run = tmp_path / "old"
     shutil.copytree(measured, run)
@@ -206,7 +206,7 @@ def test_a_killed_server_run_says_incomplete_and_blames_no_plugin(tmp_path):
 def test_what_the_hook_could_not_time_is_on_page_one(measured, tmp_path):
     """A GPU server started without graph timing, serving a model that loaded a fused kernel the hook cannot see
     (as the hook's status reports them): page one says what is in no term."""
-    from tpcomm.attribute.analysis import analyse_run_dir
+    from tpcomm.analysis.attribution import analyse_run_dir
 
     run = tmp_path / "nt"
     shutil.copytree(measured, run)

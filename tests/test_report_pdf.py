@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from tpcomm.report.analysis import SECTION_TITLES, analyze
 from tpcomm.report.markdown import render_markdown
-from tpcomm.rundir import RunDir
+from tpcomm.rundir.layout import RunDir
 
 
 def render_pdf(*args, **kwargs):

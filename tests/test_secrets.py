@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tpcomm import contract as C
 from tpcomm import redact
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.layout import RunDir
 
 
 def assert_secret_absent(root: Path, secret: str) -> list[Path]:

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from other_user import as_nobody, skip_reason
 
-from tpcomm import contract as C
-from tpcomm import safefs
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir import safefs
+from tpcomm.rundir.layout import RunDir
 
 DEMO = Path(__file__).parent / "data" / "demo_run"
 NOT_ROOT = skip_reason()

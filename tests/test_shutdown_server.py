@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tpcomm.hook.client import HookClient, HookTimeout
+from tpcomm.attribute.hook_client import HookClient, HookTimeout
 
 KEY = "sekret-i32-shutdown"
 TPCOMM = [sys.executable, "-m", "tpcomm.cli"]

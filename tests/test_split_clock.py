@@ -1,4 +1,4 @@
-"""The split's clock (tpcomm/attribute/split.py) on records with a known answer where the GPU runs one step
+"""The split's clock (tpcomm/analysis/split.py) on records with a known answer where the GPU runs one step
 behind the host, as under vLLM's async scheduling: on the GPU step columns the split equals the answer; on
 the host's enqueue spans the same records split wrong (so this test can tell the two apart)."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tpcomm.attribute.align import align
-from tpcomm.attribute.split import engine_split, rank_steps, top_sites
-from tpcomm.attribute.synthetic import make_records
+from tpcomm.analysis.align import align
+from tpcomm.analysis.split import engine_split, rank_steps, top_sites
+from tpcomm.analysis.synthetic import make_records
 
 ENQUEUE_US = 250.0  # the worker's host span of a step: it only enqueues the step's GPU work
 

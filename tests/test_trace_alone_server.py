@@ -17,7 +17,7 @@ import sys
 import pytest
 from profiled_server import profiled_server as start_profiled_server
 
-from tpcomm.attribute.closure import CLOSURE_TOL_PCT, MIN_CLOSURE_REQUESTS
+from tpcomm.judge.tolerances import CLOSURE_TOL_PCT, MIN_CLOSURE_REQUESTS
 
 pytestmark = pytest.mark.vllm
 

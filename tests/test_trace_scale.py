@@ -140,7 +140,7 @@ def test_profile_without_hook_records_gives_the_traces_split_and_their_size(tmp_
     """attribute --profile against a server without the plugin: no hook records, the traces' split alone (the
     function profile_run calls after /stop_profile; the live-server route is tests/test_trace_server.py)."""
     from tpcomm.attribute.profile import alone_lines, both_instruments
-    from tpcomm.rundir import RunDir
+    from tpcomm.rundir.layout import RunDir
 
     sh = Shape(layers=4)
     truths = _gen(tmp_path, sh, steps=6)

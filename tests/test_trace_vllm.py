@@ -83,7 +83,7 @@ def test_a_trace_import_is_a_run_directory_the_report_renders_as_its_split(tmp_p
 
     from tpcomm.cli import cli
     from tpcomm.report.analysis import analyze
-    from tpcomm.results import Attribution
+    from tpcomm.rundir.results import Attribution
 
     run = tmp_path / "run"
     r = CliRunner().invoke(cli, ["trace", str(VLLM), "--out", str(run)])

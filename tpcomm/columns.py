@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tpcomm.attribute.closure import delivery_cell
+from tpcomm.rundir.results import Delivery
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
@@ -157,3 +157,13 @@ LEVERS = [
     Col("change", lambda lv: signed_pct(lv.change_pct), 0.6),
     Col("basis", lambda lv: lv.basis, 1.8),
 ]
+
+
+def delivery_cell(d: Delivery | None, fmt) -> str:
+    """Delivery in a table cell (judge/definitions.py DELIVERY_CELLS): the figure when resolved, else why not."""
+    if d is None:
+        return "n/a"
+    if d.resolved:
+        return fmt(d.ms)
+    iv = f"({fmt(d.lo_ms)} to {fmt(d.hi_ms)})"
+    return f"n.r. {iv}" if d.lo_ms > 0 or d.hi_ms < 0 else f"n.s. {iv}"

@@ -164,8 +164,8 @@ class Demo:
 
     # ---- the job --------------------------------------------------------
     def run(self) -> int:
-        from tpcomm.rundir import RunDir
-        from tpcomm.rundir_lock import lock
+        from tpcomm.rundir.layout import RunDir
+        from tpcomm.rundir.lock import lock
 
         rd = RunDir(self.out)
         lock(rd.path, "demo")  # before clearing: never clear a directory another run writes now

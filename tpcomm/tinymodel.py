@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tpcomm import safefs
+from tpcomm.rundir import safefs
 
 MARKER = ".tpcomm-tiny-model"
 

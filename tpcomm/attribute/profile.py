@@ -4,7 +4,7 @@ and read them as a second instrument beside the hook, on the same window.
 The traces are read by tpcomm/trace (the same classifier, step reading and
 alignment as `tpcomm trace`) into the run directory's trace/ folder; the
 hook's records of the same requests go to profile/. Both are split by the
-same function (trace/terms.py -> attribute/split.py) over the same window
+same function (trace/terms.py -> analysis/split.py) over the same window
 (the profiled requests, on the one clock both share on one host), and
 trace/compare.json holds per term: hook, trace, difference. The counts per
 rank and op name (profile/comm_events.parquet) stay beside it.
@@ -24,10 +24,10 @@ from pathlib import Path
 import httpx
 import pandas as pd
 
-from tpcomm import contract as C
 from tpcomm.attribute import load, records
 from tpcomm.attribute.server import ServerInfo
 from tpcomm.errors import InputError
+from tpcomm.rundir import contract as C
 
 PROFILER_HINT = (
     'start the server with --profiler-config \'{"profiler":"torch","torch_profiler_dir":"/tmp/vllm_prof"}\' '
@@ -70,7 +70,7 @@ def profile_run(
 ) -> dict:
     """The profiled round (C=1, profile_levels.profiled_requests of them); its client rows go to `sink` (where
     the caller records them as a load level: profile_levels.py)."""
-    from tpcomm.attribute.profile_levels import profiled_requests
+    from tpcomm.analysis.profile_levels import profiled_requests
 
     prefix = f"tpcomm{time.strftime('%H%M%S')}"
     try:
@@ -135,7 +135,7 @@ def profile_run(
     doc["comparison"] = compare_with_hook(summ, hook)
     lines = ["; ".join(_count_text(c) for c in doc["comparison"])]
     try:
-        from tpcomm.attribute.crosscheck import plan_config
+        from tpcomm.analysis.crosscheck import plan_config
 
         plan_src, _ = plan_config(model_config, info.plugin)  # --model-config, else the server-reported config
         cmp_doc = both_instruments(rd, paths, hook_coll, hook_steps, (t0, t1), plan_src)
@@ -161,7 +161,7 @@ def profile_run(
 def both_instruments(rd, paths: list[Path], hook_coll, hook_steps, window: tuple[int, int], model_config=None) -> dict:
     """Split the traces (into trace/) and, with hook records, the hook's records over the same window with the same
     function; write trace/compare.json: per term hook, trace, difference (ms per token)."""
-    from tpcomm.attribute.align import align
+    from tpcomm.analysis.align import align
     from tpcomm.trace import importer, terms
 
     t_import = time.perf_counter()

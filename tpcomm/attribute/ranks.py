@@ -32,8 +32,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from tpcomm.attribute import load, records
+from tpcomm.attribute.hook_client import HookClient, HookTimeout, HookUnavailable
 from tpcomm.attribute.server import ServerInfo
-from tpcomm.hook.client import HookClient, HookTimeout, HookUnavailable
 from tpcomm.procid import identity
 
 # HTTP polls (GET /tpcomm/v1/workers, no engine round trip) during a level: of workers not watched through a

@@ -1,4 +1,4 @@
-"""The hook's routes for `attribute`, through the one hook client (tpcomm/hook/client.py).
+"""The hook's routes for `attribute`, through the one hook client (tpcomm/attribute/hook_client.py).
 
 start/stop/fetch take the ServerInfo that check_server() built (URL and key);
 every failure is a `HookError` (an InputError), the client's one error type.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from tpcomm.attribute.hook_client import HookClient, HookError, HookTimeout, RecordingTaken, merge, records_to_frames
 from tpcomm.attribute.server import ServerInfo
-from tpcomm.hook.client import HookClient, HookError, HookTimeout, RecordingTaken, merge, records_to_frames
 
 __all__ = [
     "HookError",

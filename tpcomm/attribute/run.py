@@ -24,15 +24,16 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from tpcomm import contract as C
-from tpcomm.attribute import coverage, load, records
-from tpcomm.attribute.delivery import client_boot_id
-from tpcomm.attribute.hostload import HostLoadMeter
+from tpcomm.analysis import coverage
+from tpcomm.analysis.delivery import client_boot_id
+from tpcomm.analysis.hostload import HostLoadMeter
+from tpcomm.attribute import load, records
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.ranks import RankDied, RankStopped, RankWatch
 from tpcomm.attribute.server import ServerInfo, check_server, is_alive
 from tpcomm.errors import InputError
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.layout import RunDir
 
 REQUEST_COLUMNS = [
     "concurrency",
@@ -562,7 +563,7 @@ class Attribute:
         without them): a stopped rank by name, else the timeout."""
         stopped = watch.stopped(0) if watch is not None else None
         if stopped is None:
-            from tpcomm.hook.client import HookClient
+            from tpcomm.attribute.hook_client import HookClient
 
             try:
                 ws = HookClient(self.info.url, self.info.api_key, timeout_s=5, verify=self.info.verify).workers()
@@ -610,7 +611,7 @@ class Attribute:
 
     # ---- analysis -----------------------------------------------------------
     def _analyse(self) -> None:
-        from tpcomm.attribute.analysis import analyse_run_dir
+        from tpcomm.analysis.attribution import analyse_run_dir
 
         if self.info.plugin is not None:
             self.rd.write_json(C.HOOK_STATUS, self.info.plugin)
@@ -631,7 +632,7 @@ class Attribute:
         self.profile_doc = doc
         if not self.plugin_on and sink and doc.get("instruments", {}).get("trace"):
             # No plugin: the profiled round is a level of its own, and its traces its records (profile_levels.py)
-            from tpcomm.attribute.profile_levels import next_repeat
+            from tpcomm.analysis.profile_levels import next_repeat
 
             rep = next_repeat(self.levels)
             req, tok = self._add_rows(sink, (1, rep), 0, True)
@@ -667,7 +668,7 @@ class Attribute:
             "server_versions": st.get("versions"),
             "client_versions": stack_versions(),
             "plugin": self.plugin_on,
-            # the client's machine: the delivery delays (attribute/delivery.py) are on one clock only there
+            # the client's machine: the delivery delays (analysis/delivery.py) are on one clock only there
             "client_boot_id": client_boot_id(),
         }
 
@@ -702,7 +703,7 @@ def _empty_tokens() -> pd.DataFrame:
 def reanalyse_run_dir(run_dir: str, model_config: str | None = None, argv: list[str] | None = None) -> dict:
     """`tpcomm attribute --reanalyse RUN_DIR`: the analysis again from the run's own records (load/*, hook/*),
     with this tpcomm; the result document as `Attribute.run` returns it. Nothing is measured."""
-    from tpcomm.attribute.analysis import analyse_run_dir
+    from tpcomm.analysis.attribution import analyse_run_dir
     from tpcomm.errors import InputError
 
     rd = RunDir(run_dir, create=False)

@@ -18,7 +18,7 @@ import httpx
 
 from tpcomm import jsonsafe, netread
 from tpcomm.errors import InputError
-from tpcomm.hook.client import ENABLE_HINT, enable_hint  # noqa: F401 - the one enable hint
+from tpcomm.judge.definitions import enable_hint
 
 
 @dataclass
@@ -174,7 +174,7 @@ def plugin_status(
     url: str, api_key: str | None, timeout_s: float = 10, verify: Any = True
 ) -> tuple[dict | None, str, Exception | None]:
     """The hook's status document (through the one hook client), or None and why not (and the error)."""
-    from tpcomm.hook.client import HookClient, HookError, HookUnavailable
+    from tpcomm.attribute.hook_client import HookClient, HookError, HookUnavailable
 
     try:
         doc = HookClient(url, api_key=api_key, timeout_s=timeout_s, verify=verify).status()

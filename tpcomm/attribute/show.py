@@ -9,11 +9,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tpcomm.attribute.closure import closure_text
+from tpcomm.analysis.closure import closure_text
 from tpcomm.attribute.run import Progress as ProgressHooks
 from tpcomm.columns import LOAD, SPLIT, fmt, table
 from tpcomm.judge import definitions
-from tpcomm.results import Attribution
+from tpcomm.rundir.results import Attribution
 
 
 class RichProgress(ProgressHooks):
@@ -99,7 +99,7 @@ def render(res: dict, console: Console | None = None) -> None:
                 con.print(f"[yellow]C={a.concurrency} repeat {a.repeat}: {a.note}")
     if att is not None and (att.plugin or att.source == "trace") and any(a.attributed for a in att.levels):
         c = att.conditions
-        # No plugin: the records are the profiled level's torch-profiler traces (attribute/profile_levels.py)
+        # No plugin: the records are the profiled level's torch-profiler traces (analysis/profile_levels.py)
         src = "torch-profiler traces, no plugin" if att.source == "trace" else "hook records"
         con.print(
             f"[bold]Per-token split[/bold] ({src}: TP {c.get('tp')}, backends {', '.join(c.get('backends', []))}, "

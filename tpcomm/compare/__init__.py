@@ -9,7 +9,7 @@
     model.py       two predictions (predict.json) side by side, model-based
     verdict.py     the verdict line and the --fail-if-slower gate
     tables.py      the column specs and report blocks (PDF, Markdown and terminal draw the same)
-    show.py, cli.py  the terminal and the command; tpcomm/report/compare_page.py draws the PDF
+    show.py, cli.py  the terminal and the command; tpcomm/compare/page.py draws the PDF
 
 Reference: docs/compare.md.
 """

@@ -45,15 +45,15 @@ def compare(
     client's delivery, each with an interval from the runs' own spread; the collective sites side by side;
     what differs in the runs' conditions; their predictions (model-based) when both have predict.json.
     """
-    from tpcomm import contract as C
     from tpcomm.compare.analysis import compare_runs
+    from tpcomm.rundir import contract as C
 
     cmp = compare_runs(run_a, run_b, allow_different_models=allow_different_models, fail_if_slower=fail_if_slower)
     written = []
     if out:
-        from tpcomm.report.compare_page import render_comparison
+        from tpcomm.compare.page import render_comparison
         from tpcomm.report.output import check_target
-        from tpcomm.rundir import RunDir
+        from tpcomm.rundir.layout import RunDir
 
         rd = RunDir(out)
         target = check_target(rd / C.COMPARE_PDF)

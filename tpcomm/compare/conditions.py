@@ -18,7 +18,7 @@ from typing import Any
 
 from tpcomm.columns import fmt
 from tpcomm.compare.results import ConditionDiff
-from tpcomm.results import Attribution
+from tpcomm.rundir.results import Attribution
 
 # Model shapes that decide collectives and weights: config.json names -> plan.json's `model` names.
 IDENTITY = {

@@ -18,7 +18,7 @@ from tpcomm.columns import fmt
 from tpcomm.compare.intervals import LEVEL, REPLICATES, differences
 from tpcomm.compare.results import LevelDiff, SiteDiff, TermDiff
 from tpcomm.compare.samples import LevelSample
-from tpcomm.results import TERMS, LevelSplit
+from tpcomm.rundir.results import TERMS, LevelSplit
 
 # (name, unit, one of the four engine terms), in the order every output prints them.
 ROWS = (
@@ -146,7 +146,7 @@ def _cpu_wait(levels: list[LevelSplit]) -> tuple[float | None, frozenset]:
 # More CPU wait can only make these longer; the wait (and so the collectives) can move either way: a rank
 # delayed in its compute makes the others wait longer, a rank delayed while the others were late less.
 ONE_WAY = ("per_token", "compute", "transfer", "host_gap")
-# The client's side (attribute/delivery.py), not the ranks': the ranks' CPU wait does not bound them.
+# The client's side (analysis/delivery.py), not the ranks': the ranks' CPU wait does not bound them.
 FIVE_ONLY = ("delivery", "delivery_term", "client_per_token")
 
 

@@ -1,4 +1,4 @@
-"""The typed result of `tpcomm compare RUN_A RUN_B`, in the style of tpcomm/results.py: one name per value,
+"""The typed result of `tpcomm compare RUN_A RUN_B`, in the style of tpcomm/rundir/results.py: one name per value,
 `to_json()` with numbers as numbers (what `--json` prints), `Comparison.from_json` checks every field.
 
 What each value means:
@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpcomm.contract import COMPARE_JSON
-from tpcomm.results import from_json, to_json
+from tpcomm.rundir.contract import COMPARE_JSON
+from tpcomm.rundir.results import from_json, to_json
 
 
 @dataclass
@@ -83,7 +83,7 @@ class LevelDiff:
     sites: list[SiteDiff]
     notes: list[str] = field(default_factory=list)
     # [A, B]: the TP workers' CPU wait per engine step, ms (summed over ranks, mean over repeats; None: not
-    # measured): the host's contention during each run (tpcomm.results.CpuWait)
+    # measured): the host's contention during each run (tpcomm.rundir.results.CpuWait)
     cpu_wait_ms_per_step: list[float | None] = field(default_factory=lambda: [None, None])
 
     def term(self, name: str) -> TermDiff | None:

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpcomm import contract as C
 from tpcomm.compare.conditions import model_identity
 from tpcomm.errors import InputError
-from tpcomm.results import Attribution
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.layout import RunDir
+from tpcomm.rundir.results import Attribution
 
 
 @dataclass

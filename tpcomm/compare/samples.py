@@ -2,10 +2,10 @@
 cut into blocks, each block's sums per rank, and the per-request delivery.
 
 The pairs are found by attribute's own code on the run's own files (attribution/steps_by_rank.parquet,
-load/*.parquet), so the statistic resampled is exactly the headline's: `client_side` (attribute/analysis.py)
+load/*.parquet), so the statistic resampled is exactly the headline's: `client_side` (analysis/attribution.py)
 decides which decode steps the level's split rests on (`split_requests`: at C=1 the delivery term's requests'
 own steps where it is measured, else the closure's compared requests' where it is judged, else the whole steady
-window) and `decode_pairs` (attribute/split.py) which of them are
+window) and `decode_pairs` (analysis/split.py) which of them are
 pairs. The point estimate from the block sums must equal the summary's figure; a level whose files do not
 reproduce its summary gets no interval (its `problem` says why).
 
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tpcomm import contract as C
-from tpcomm.attribute.analysis import client_side
-from tpcomm.attribute.split import decode_pairs, sampled_mask
-from tpcomm.results import Attribution, LevelSplit
-from tpcomm.rundir import RunDir
+from tpcomm.analysis.attribution import client_side
+from tpcomm.analysis.split import decode_pairs, sampled_mask
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.layout import RunDir
+from tpcomm.rundir.results import Attribution, LevelSplit
 
 # Block sums per (block, rank): the columns of `LevelSample.sums`.
 SUMS = ("n", "n_sampled", "step_us", "gap_us", "period_us", "transfer_us", "wait_us", "seqs")
@@ -90,8 +90,8 @@ def _rank_rows(rd: RunDir, att: Attribution) -> tuple[pd.DataFrame | None, str |
     coll, steps = rd.read_table(C.HOOK_COLLECTIVES), rd.read_table(C.HOOK_STEPS)
     if coll is None or steps is None or coll.empty or steps.empty:
         return None, "neither attribution/steps_by_rank.parquet nor the hook records (hook/*.parquet) are in it"
-    from tpcomm.attribute.align import align
-    from tpcomm.attribute.split import assign_levels, rank_steps
+    from tpcomm.analysis.align import align
+    from tpcomm.analysis.split import assign_levels, rank_steps
 
     return assign_levels(rank_steps(align(coll), steps), att.windows), None
 

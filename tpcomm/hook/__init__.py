@@ -6,7 +6,7 @@ switching it on (one line; switch.py says why not VLLM_PLUGINS, an allow-list):
     TPCOMM_HOOK=1 vllm serve MODEL --tensor-parallel-size 8
 
 Then POST /tpcomm/v1/start arms recording, GET /tpcomm/v1/records returns the
-records (see routes.py), and `tpcomm.hook.client.HookClient` fetches them into
+records (see routes.py), and `tpcomm.attribute.hook_client.HookClient` fetches them into
 a run directory. Without TPCOMM_HOOK=1 (or VLLM_PLUGINS naming tpcomm) nothing
 is patched.
 

@@ -17,7 +17,7 @@ Units: shares are fractions of the per-token time (0..1); *_ms milliseconds per 
 
 from __future__ import annotations
 
-from tpcomm.results import Terms, Verdict
+from tpcomm.rundir.results import Terms, Verdict
 
 BOTTLENECK_SHARE = 0.5
 MAJOR_SHARE = 0.25

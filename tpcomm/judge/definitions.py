@@ -6,17 +6,31 @@ Units: as in the text of each line.
 
 from __future__ import annotations
 
-from tpcomm.attribute.closure import (
+from tpcomm.judge.bottleneck import BOTTLENECK_SHARE, MAJOR_SHARE
+from tpcomm.judge.tolerances import (
+    BURST_GAP_FRACTION,
     CLOSURE_TOL_PCT,
+    FIVE_TERM_MIN_REQUESTS,
+    FIVE_TERM_TOL_PCT,
     INTERVAL_COVERAGE,
     MIN_CLOSURE_REQUESTS,
+    MIN_OBSERVED,
     STALL_FACTOR,
     STALL_MIN_MS,
 )
-from tpcomm.attribute.delivery import FIVE_TERM_TOL_PCT
-from tpcomm.attribute.delivery import MIN_REQUESTS as FIVE_MIN_REQUESTS
-from tpcomm.attribute.pairing import BURST_GAP_FRACTION, MIN_OBSERVED
-from tpcomm.judge.bottleneck import BOTTLENECK_SHARE, MAJOR_SHARE
+
+ENABLE_HINT = (
+    "interconnect attribution needs the tpcomm plugin in the server: install tpcomm in the server's "
+    "environment and start it with\n  TPCOMM_HOOK=1 python -m vllm.entrypoints.openai.api_server "
+    "--model {model} --tensor-parallel-size {tp}\n(a server that sets VLLM_PLUGINS, an allow-list, must list "
+    "tpcomm in it too)"
+)
+
+
+def enable_hint(model: str = "MODEL", tp: int | str = "N") -> str:
+    """How to start a server with the plugin (every output that finds none prints this)."""
+    return ENABLE_HINT.format(model=model, tp=tp)
+
 
 TERM = {
     "per_token": "per-token time: the mean start-to-start period of consecutive decode steps (one token per stream per step)",
@@ -37,7 +51,7 @@ TERM = {
         "(API server output processing, streaming, event loop, network, client; held tokens included), pooled "
         f"by token over the C=1 requests paired with their steps; with the four engine terms over the same "
         f"requests it adds up to the client's per-token time, judged within {FIVE_TERM_TOL_PCT:g}% on at least "
-        f"{FIVE_MIN_REQUESTS} requests (what is left is the pairing of tokens to steps)"
+        f"{FIVE_TERM_MIN_REQUESTS} requests (what is left is the pairing of tokens to steps)"
     ),
     "held": (
         f"held stream: tokens arriving within {BURST_GAP_FRACTION:g} of an engine period of each other count as one "

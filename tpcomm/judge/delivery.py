@@ -1,4 +1,4 @@
-"""The delivery rule: when the API server's part of a token (the fifth term, attribute/delivery.py) is large,
+"""The delivery rule: when the API server's part of a token (the fifth term, analysis/delivery.py) is large,
 the engine is not what caps the token the client gets; the host or the API server is.
 
 The rule: delivery caps the token when it is at least DELIVERY_SHARE of the client's per-token time (a
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tpcomm.columns import fmt
 from tpcomm.judge.bottleneck import pct
-from tpcomm.results import DeliveryTerm, HostLoad, Lever
+from tpcomm.rundir.results import DeliveryTerm, HostLoad, Lever
 
 DELIVERY_SHARE = 0.25
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpcomm.results import Lever
+from tpcomm.rundir.results import Lever
 
 # vLLM all-reduce paths that are one-shot kernels (predict's "one-shot-allreduce" what-if; topo's path names).
 ONE_SHOT_PATHS = ("nccl-symm-mem", "flashinfer-pcie-ipc", "custom-ar", "torch-symm-mem", "quick-ar")

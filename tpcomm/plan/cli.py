@@ -7,8 +7,8 @@ import re
 
 import click
 
-from tpcomm import contract as C
 from tpcomm.cli_common import batch_option, layout_options, model_option, out_option
+from tpcomm.rundir import contract as C
 
 
 @click.command("plan")
@@ -53,7 +53,7 @@ def plan(model, tp, ep, dp, pp, dcp, batch, sm, flashinfer, nnodes, as_json, out
 
         annotate(doc, p.layout, nnodes)
     if out:
-        from tpcomm.rundir import RunDir
+        from tpcomm.rundir.layout import RunDir
 
         rd = RunDir(out)
         rd.record_command("plan")

@@ -11,7 +11,7 @@ what-if replaces only the part it changes, and says how:
   non-collective time, transfer modelled at the new world size, wait scaled
   by the collective count, host kept;
 - batch B: compute and transfer scaled by the model's ratios at B vs 1.
-The terms are read from the typed summary (tpcomm.results.Attribution) at its
+The terms are read from the typed summary (tpcomm.rundir.results.Attribution) at its
 headline level: compute, transfer, wait, host_gap, and the run's own per-token
 time engine_ms_per_token. The two what-ifs the measured split alone sizes
 (collectives free, no rank skew) come from tpcomm/judge/levers.py, the same
@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from tpcomm import contract as C
 from tpcomm.errors import InputError
 from tpcomm.judge.levers import measured_whatifs
 from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED
@@ -36,13 +35,14 @@ from tpcomm.predict.latency import LatencySource
 from tpcomm.predict.latency_range import LEVELS, LatencyRange, custom_ar_eligible, make_range
 from tpcomm.predict.model import Knobs, step_time
 from tpcomm.predict.ranges import central_knobs, range_inputs
+from tpcomm.rundir import contract as C
 
 ZERO = LatencySource("zero", "free", lambda op, b, n: 0.0)
 
 
 def read_attribution(run_dir: str | Path) -> dict:
-    from tpcomm.results import Attribution
-    from tpcomm.rundir import RunDir
+    from tpcomm.rundir.layout import RunDir
+    from tpcomm.rundir.results import Attribution
 
     doc = RunDir(run_dir, create=False).read_json(C.ATTR_SUMMARY)
     if not doc or not doc.get("levels"):

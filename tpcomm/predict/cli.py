@@ -6,7 +6,6 @@ import json
 
 import click
 
-from tpcomm import contract as C
 from tpcomm.cli_common import IntList, batch_option, layout_options, model_option, out_option
 from tpcomm.predict.engine import FORMS
 from tpcomm.predict.hardware import INTERCONNECTS, profile_names
@@ -18,6 +17,7 @@ from tpcomm.predict.model import (
     DEFAULT_MEMORY_EFFICIENCY,
 )
 from tpcomm.predict.ranges import KERNEL_OVERHEAD_RANGE_US, MEMORY_EFFICIENCY_RANGE
+from tpcomm.rundir import contract as C
 
 GPU_HELP = (
     "Hardware profile (required): "
@@ -307,7 +307,7 @@ def predict(
 
 def _write(out, doc):
     if out:
-        from tpcomm.rundir import RunDir
+        from tpcomm.rundir.layout import RunDir
 
         rd = RunDir(out)
         rd.record_command("predict")

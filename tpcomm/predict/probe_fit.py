@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpcomm import contract as C
 from tpcomm.errors import InputError
+from tpcomm.rundir import contract as C
 
 
 def probe_latency(run_dir: str | Path, link: dict):
@@ -83,7 +83,7 @@ def imported_nccl_tests_only(run_dir) -> bool:
 
 def _replayed(run_dir) -> dict:
     from tpcomm.probe.replay_results import in_context_latencies
-    from tpcomm.rundir import RunDir
+    from tpcomm.rundir.layout import RunDir
 
     doc = RunDir(run_dir, create=False).read_json(C.REPLAY)
     return in_context_latencies(doc) if doc else {}

@@ -12,8 +12,8 @@ import sys
 import click
 
 from probes.spec import BACKENDS, OPS
-from tpcomm import contract as C
 from tpcomm.cli_common import IntList
+from tpcomm.rundir import contract as C
 
 
 class _ProbeGroup(click.Group):
@@ -346,7 +346,7 @@ def import_cmd(file, op, world_size, out, as_json):
     from tpcomm.probe.fit import fit_document
     from tpcomm.probe.nccl_import import import_file
     from tpcomm.probe.results import ProbeResults, format_table
-    from tpcomm.rundir import RunDir
+    from tpcomm.rundir.layout import RunDir
 
     rows = import_file(file, op, world_size)
     run = RunDir(out)

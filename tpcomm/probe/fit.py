@@ -19,8 +19,8 @@ import math
 import os
 from dataclasses import dataclass
 
-from tpcomm import contract as C
 from tpcomm.errors import InputError
+from tpcomm.rundir import contract as C
 
 # The order vLLM 0.32 tries all-reduce backends (CudaCommunicator.all_reduce; on CPU
 # CpuCommunicator uses shm when it can): a measured earlier entry wins.
@@ -211,7 +211,7 @@ class LatencyModel:
 
 def load_latency_model(run_dir: str | os.PathLike) -> LatencyModel:
     """The latency model saved by `tpcomm probe` (or `tpcomm probe import`) in RUN_DIR/probe/fit.json."""
-    from tpcomm.rundir import RunDir
+    from tpcomm.rundir.layout import RunDir
 
     doc = RunDir(run_dir, create=False).read_json(C.PROBE_FIT)
     if not doc or not doc.get("models"):

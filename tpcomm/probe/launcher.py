@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from tpcomm import safefs
+from tpcomm.rundir import safefs
 
 # Starting a rank imports torch (and vLLM for the shm backend): seconds on an idle
 # machine, much longer on a loaded one. Setup gets this much slack beyond --timeout.

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from tpcomm import contract as C
 from tpcomm.errors import InputError
 from tpcomm.probe.launcher import ProbeFailed, run_local
 from tpcomm.probe.replay_results import COLL_COLUMNS, STEP_COLUMNS, record_frames, step_table, summarize
 from tpcomm.probe.schedule import build_schedule
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.layout import RunDir
 
 REPLAY_CPU = ("gloo", "shm")
 REPLAY_GPU = ("nccl", "pynccl", "custom-ar", "flashinfer-ipc")

@@ -1,6 +1,6 @@
 """The replay's records as tables and a summary, split exactly as `attribute` splits
 serving: each collective instance (same step and call on every rank) is aligned
-by tpcomm/attribute/align.py; transfer = the minimum duration over the ranks,
+by tpcomm/analysis/align.py; transfer = the minimum duration over the ranks,
 wait = the rest of each rank's duration (rank skew).
 
 probe/replay_collectives.parquet, one row per collective per rank per step
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpcomm.attribute.align import align
+from tpcomm.analysis.align import align
 
 COLL_COLUMNS = [
     "backend",
@@ -163,7 +163,7 @@ def _pct(x: pd.Series, q: float) -> float | None:
 
 def _trimmed(df: pd.DataFrame) -> pd.DataFrame:
     """Steps between the p5 and p95 step time, as attribute's per-token means are taken
-    (tpcomm/attribute/split.py): one descheduled step must not move a mean."""
+    (tpcomm/analysis/split.py): one descheduled step must not move a mean."""
     if len(df) < 10:
         return df
     lo, hi = df["step_us"].quantile([0.05, 0.95])

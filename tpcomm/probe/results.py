@@ -25,8 +25,8 @@ rank saw, once a GPU backend mapped ranks to devices.
 
 from __future__ import annotations
 
-from tpcomm import contract as C
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.layout import RunDir
 from tpcomm.table import human_bytes
 
 COLUMNS = [

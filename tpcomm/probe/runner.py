@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from probes.spec import BACKENDS, CPU_BACKENDS, GPU_BACKENDS, MODES, OPS, build_items, parse_sizes
-from tpcomm import contract as C
 from tpcomm.errors import InputError
 from tpcomm.probe.launcher import ProbeFailed, run_local
 from tpcomm.probe.limits import check_local_ranks, usable_cpus, visible_gpus
 from tpcomm.probe.results import ProbeResults
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.layout import RunDir
 
 DEFAULT_MODEL = "deepseek-v3"
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from tpcomm import redact
-from tpcomm.attribute.closure import closure_text
+from tpcomm.analysis.closure import closure_text
 from tpcomm.judge import definitions
 from tpcomm.report import readers
 from tpcomm.report.first_page import page_one
-from tpcomm.rundir import RunDir
+from tpcomm.rundir.layout import RunDir
 
 # key -> title, in the order of the PDF.
 SECTION_TITLES = {

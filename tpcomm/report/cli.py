@@ -31,14 +31,14 @@ def report(run_dir: str, out: str | None, no_markdown: bool, as_json: bool) -> N
     """
     from pathlib import Path
 
-    from tpcomm import contract
     from tpcomm.errors import InputError
     from tpcomm.report.analysis import analyze
     from tpcomm.report.markdown import render_markdown
     from tpcomm.report.output import check_target
     from tpcomm.report.pdf import render_pdf
-    from tpcomm.results import to_json
-    from tpcomm.rundir import RunDir
+    from tpcomm.rundir import contract
+    from tpcomm.rundir.layout import RunDir
+    from tpcomm.rundir.results import to_json
 
     rd = RunDir(run_dir, create=False)
     if not any(rd.exists(s) for s in contract.ALL.values() if s.format != "aux"):
@@ -62,7 +62,7 @@ def report(run_dir: str, out: str | None, no_markdown: bool, as_json: bool) -> N
                 {
                     "pdf": str(pdf),
                     "markdown": str(md) if md else None,
-                    # Numbers as numbers (tpcomm.results' types as JSON), the sentences as printed.
+                    # Numbers as numbers (tpcomm.rundir.results' types as JSON), the sentences as printed.
                     "page_one": to_json(
                         {
                             k: rep.verdict.get(k)

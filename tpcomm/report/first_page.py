@@ -1,7 +1,7 @@
 """Page one: the headline, where each token goes, the verdict and the levers, as data the renderers lay out.
 
 Nothing is judged here: the split and the measured verdict come from attribution/summary.json
-(`tpcomm.results.Attribution`, written by attribute), the model-based verdict and the what-ifs from
+(`tpcomm.rundir.results.Attribution`, written by attribute), the model-based verdict and the what-ifs from
 predict.json, the levers from tpcomm/judge/levers.py, the definitions from tpcomm/judge/definitions.py.
 One denominator: the headline is the engine's per-token time at the headline level and the split's terms
 sum to it (the bar ends there); the client's TPOT stands beside it, never in it.
@@ -18,7 +18,7 @@ from tpcomm.judge import bottleneck, complete, definitions
 from tpcomm.judge import delivery as deliver
 from tpcomm.judge import levers as L
 from tpcomm.report import readers
-from tpcomm.results import Attribution, LevelSplit, Verdict
+from tpcomm.rundir.results import Attribution, LevelSplit, Verdict
 
 TOP_LEVERS = 5
 TERM_ORDER = ("compute", "transfer", "wait", "host_gap")
@@ -116,7 +116,7 @@ FIVE_HEADER = ["as the client saw it", "ms per token", "% of the client's"]
 
 def five_terms_table(lv: LevelSplit) -> tuple | None:
     """The token as the client saw it, as a table under the bar: the four engine terms (over the same
-    requests) plus delivery, their sum against the client's own figure (attribute/delivery.py), and the host's
+    requests) plus delivery, their sum against the client's own figure (analysis/delivery.py), and the host's
     load when it was high. A table, so the page's prose stays short."""
     dt = lv.delivery_term
     if dt is None and lv.source == "trace":

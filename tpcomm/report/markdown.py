@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpcomm import safefs
 from tpcomm.report import figures as F
 from tpcomm.report import tables
 from tpcomm.report.analysis import Report
+from tpcomm.rundir import safefs
 
 
 def _cell(x) -> str:

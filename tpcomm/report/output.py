@@ -15,8 +15,8 @@ import os
 import stat
 from pathlib import Path
 
-from tpcomm import safefs
 from tpcomm.errors import InputError
+from tpcomm.rundir import safefs
 
 
 def check_target(path: Path, option: str = "--out") -> Path:

@@ -30,10 +30,10 @@ from reportlab.platypus import (
     TableStyle,
 )
 
-from tpcomm import safefs
 from tpcomm.report import figures as F
 from tpcomm.report import tables
 from tpcomm.report.analysis import Report
+from tpcomm.rundir import safefs
 
 MARGIN = 18 * mm
 FRAME_W = A4[0] - 2 * MARGIN

@@ -1,7 +1,7 @@
 """Tolerant readers of the run directory for the report.
 
 Each helper takes what another command wrote (the files and their schemas are
-named once, in tpcomm/contract.py; RunDir checks them on read) and returns plain
+named once, in tpcomm/rundir/contract.py; RunDir checks them on read) and returns plain
 Python data, or None when the file is absent. A file that breaks the contract
 is kept out with its one-line error in `Inputs.errors`.
 
@@ -14,10 +14,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpcomm import contract as C
-from tpcomm.contract import SchemaError
-from tpcomm.results import Attribution
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.contract import SchemaError
+from tpcomm.rundir.layout import RunDir
+from tpcomm.rundir.results import Attribution
 
 
 @dataclass
@@ -34,13 +34,13 @@ class Inputs:
     replay: dict | None = None  # probe/replay.json
     trace_compare: dict | None = None  # trace/compare.json: the hook and the traces on one window
     levels: Any = None  # load/levels.json as written
-    attribution: Attribution | None = None  # attribution/summary.json, typed (tpcomm/results.py)
+    attribution: Attribution | None = None  # attribution/summary.json, typed (tpcomm/rundir/results.py)
     attribution_steps: Any = None
     files_present: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # file -> one-line contract error
 
 
-# What the report reads (tpcomm/contract.py names every file of a run directory and its schema).
+# What the report reads (tpcomm/rundir/contract.py names every file of a run directory and its schema).
 READ = {
     "meta": C.META,
     "status": C.STATUS,
@@ -115,7 +115,7 @@ def incomplete_stages(inp: Inputs) -> list[str]:
             out.append(f"{stage} ({st.get('reason') or st.get('state')})")
         elif isinstance(st.get("rerun"), dict):
             # a re-run over a finished stage (rundir.mark): still writing, or it died half-way
-            from tpcomm.rundir_lock import holder
+            from tpcomm.rundir.lock import holder
 
             since = st["rerun"].get("utc", "?")
             out.append(
@@ -239,7 +239,7 @@ def plan_sizes(plan: dict | None) -> list[dict[str, Any]]:
 
 # ---- probe ---------------------------------------------------------------
 def probe_table(df) -> dict[str, Any] | None:
-    """probe/results.parquet (columns as tpcomm/contract.py names them; RunDir checked them) as curves and rows."""
+    """probe/results.parquet (columns as tpcomm/rundir/contract.py names them; RunDir checked them) as curves and rows."""
     if df is None or len(df) == 0:
         return None
     c_bytes, c_time, c_bus, c_alg, c_p99, c_wrong = "bytes", "p50_us", "busbw_GBps", "algbw_GBps", "p99_us", "wrong"

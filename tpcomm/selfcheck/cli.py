@@ -58,7 +58,7 @@ def selfcheck(json_path, only):
     click.echo(summary(checks))
     if json_path:
         doc = {"passed": exit_code(checks) == 0, "conditions": cond, "checks": [c.to_dict() for c in checks]}
-        from tpcomm import safefs
+        from tpcomm.rundir import safefs
 
         target = os.path.abspath(json_path)  # never written through a link (safefs)
         safefs.write_atomic(

@@ -34,7 +34,7 @@ def split_sampled_steps(coll: dict, steps: dict) -> int:
     and `steps`), with split.sampled_mask: the steps whose graph replays were read, not every step with a row."""
     import pandas as pd
 
-    from tpcomm.attribute.split import rank_steps, sampled_mask
+    from tpcomm.analysis.split import rank_steps, sampled_mask
 
     a = pd.DataFrame(coll)
     a = a.assign(transfer_us=a["duration_us"], wait_us=0.0)  # one rank: nothing to align across ranks

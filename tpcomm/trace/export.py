@@ -105,6 +105,6 @@ def perfetto(aligned: pd.DataFrame, steps: pd.DataFrame, label: str) -> dict:
 
 def write(root: Path, rel: str, doc: dict) -> Path:
     """root/rel (a run directory and a path inside it), written whole through safefs (no links followed)."""
-    from tpcomm import safefs
+    from tpcomm.rundir import safefs
 
     return safefs.write_atomic(root, rel, json.dumps(doc, separators=(",", ":")).encode())

@@ -17,9 +17,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpcomm import contract as C
 from tpcomm.errors import InputError
-from tpcomm.rundir import RunDir
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.layout import RunDir
 from tpcomm.trace import export, terms
 from tpcomm.trace.instances import TraceSet, check_and_align, check_ranks
 from tpcomm.trace.reader import RankTrace, read_header, read_trace
@@ -142,7 +142,7 @@ def import_traces(
 
 def export_hook(run_dir: str | Path) -> Path:
     """trace/hook_perfetto.json from a run directory's hook records (aligned as attribute aligns them)."""
-    from tpcomm.attribute.align import align
+    from tpcomm.analysis.align import align
 
     rd = RunDir(run_dir, create=False)
     coll, steps = rd.read_table(C.HOOK_COLLECTIVES), rd.read_table(C.HOOK_STEPS)

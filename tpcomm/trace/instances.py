@@ -1,5 +1,5 @@
 """Several ranks' traces -> one set of records, checked, and aligned into
-collective instances exactly as the hook's records are (attribute/align.py):
+collective instances exactly as the hook's records are (analysis/align.py):
 the k-th collective of step s on each rank of a group is one instance;
 transfer = the instance's minimum duration over ranks, wait = the rest.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from tpcomm.attribute.align import align
+from tpcomm.analysis.align import align
 from tpcomm.errors import InputError
 from tpcomm.trace.steps import RankTables
 

@@ -72,7 +72,7 @@ DTYPE_BYTES = {
     "c10::Float8_e4m3fn": ("float8_e4m3fn", 1),
 }
 STEP_COLS = ["rank", "step", "t_start_ns", "t_end_ns", "duration_us", "num_seqs", "num_tokens", "kind", "source"]
-GPU_STEP_COLS = ["gpu_start_ns", "gpu_end_ns"]  # attribute/split.py GPU_COLUMNS
+GPU_STEP_COLS = ["gpu_start_ns", "gpu_end_ns"]  # analysis/split.py GPU_COLUMNS
 COLL_COLS = [
     "rank",
     "group",
@@ -196,7 +196,7 @@ def rank_tables(tr: RankTrace, group_size: int | None) -> RankTables:
         step_of = None
 
     # A GPU trace's steps carry both clocks as the hook's do: the host range in t_*, the device span (first
-    # kernel start to last kernel end) in gpu_*; the split (attribute/split.py) runs on the GPU's.
+    # kernel start to last kernel end) in gpu_*; the split (analysis/split.py) runs on the GPU's.
     step_rows = []
     for k, (step, kind, seqs, toks) in enumerate(meta):
         if kind is None or k not in span:

@@ -3,10 +3,10 @@ terminal tables for it and for the two instruments side by side."""
 
 from __future__ import annotations
 
-from tpcomm import contract as C
-from tpcomm.attribute.split import shares_pct
+from tpcomm.analysis.split import shares_pct
 from tpcomm.judge import bottleneck
-from tpcomm.results import Attribution, LevelSplit, RankTerms, Terms
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.results import Attribution, LevelSplit, RankTerms, Terms
 
 SUMMARY_FORMAT = 1
 
@@ -79,7 +79,7 @@ def attribution(doc: dict) -> Attribution:
         plugin=False,
         plugin_note=None,
         method="Kineto traces read into the hook's record tables (tpcomm/trace), aligned and split by the hook's own "
-        "code (attribute/align.py, split.py): " + ", ".join(doc.get("step_source") or []),
+        "code (analysis/align.py, split.py): " + ", ".join(doc.get("step_source") or []),
         conditions=cond,
         plan_config={"source": None, "path": cond.get("model_config"), "text": None},
         windows=[],

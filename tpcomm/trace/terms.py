@@ -1,6 +1,6 @@
 """The per-token split of aligned records, the same function for the trace's
 records and the hook's, so that both instruments' terms are computed by one
-piece of code (attribute/split.py's rank_steps and engine_split, unchanged):
+piece of code (analysis/split.py's rank_steps and engine_split, unchanged):
     per-token time = compute + transfer + wait + host gap   (means over decode pairs; exact)
 
 Traces without vLLM's step ranges (training traces, `ProfilerStep#N`) are
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpcomm.attribute.crosscheck import compare, observed_per_step, planned_per_step
-from tpcomm.attribute.split import engine_split, rank_steps
+from tpcomm.analysis.crosscheck import compare, observed_per_step, planned_per_step
+from tpcomm.analysis.split import engine_split, rank_steps
 
 TERMS = ("compute", "transfer", "wait", "host_gap")
 

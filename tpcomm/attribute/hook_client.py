@@ -1,6 +1,6 @@
 """Client side of the hook routes: status/start/stop/records from a server URL.
 
-    from tpcomm.hook.client import HookClient
+    from tpcomm.attribute.hook_client import HookClient
     hook = HookClient("http://host:8000", api_key=None)
     if hook.available():            # False when the server runs without the plugin
         hook.start()
@@ -9,13 +9,13 @@
         coll, steps, meta = hook.frames()
         hook.save(run_dir)          # RUN_DIR/hook/collectives.parquet, steps.parquet, meta.json
 
-Columns are those of the run-directory contract (tpcomm/contract.py:
+Columns are those of the run-directory contract (tpcomm/rundir/contract.py:
 HOOK_COLLECTIVES, HOOK_STEPS); `meta` is the server's {"versions", "ranks",
 "dropped", "timing", "buffer_capacity", "per_rank": [...]} document. This is
 the one client of the hook's routes (`attribute` uses it too). Every failure
 is a `HookError` (an InputError: one line, exit 2 at the CLI); a server without
 the plugin raises its subclass `HookUnavailable` from every call except
-`available()`, with ENABLE_HINT.
+`available()`, with the enable hint (judge/definitions.py).
 """
 
 from __future__ import annotations
@@ -23,23 +23,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpcomm import contract
 from tpcomm.errors import InputError
-
-ENABLE_HINT = (
-    "interconnect attribution needs the tpcomm plugin in the server: install tpcomm in the server's "
-    "environment and start it with\n  TPCOMM_HOOK=1 python -m vllm.entrypoints.openai.api_server "
-    "--model {model} --tensor-parallel-size {tp}\n(a server that sets VLLM_PLUGINS, an allow-list, must list "
-    "tpcomm in it too)"
-)
+from tpcomm.judge.definitions import enable_hint
+from tpcomm.rundir import contract
 
 _DTYPE = {"i": "int64", "f": "float64", "s": "string", "b": "bool"}
 COLLECTIVE_DTYPES = {c.name: _DTYPE[c.kind] for c in contract.HOOK_COLLECTIVES.columns}
 STEP_DTYPES = {c.name: _DTYPE[c.kind] for c in contract.HOOK_STEPS.columns}
-
-
-def enable_hint(model: str = "MODEL", tp: int | str = "N") -> str:
-    return ENABLE_HINT.format(model=model, tp=tp)
 
 
 class HookError(InputError):
@@ -252,7 +242,7 @@ def merge(old: Any, new: Any, keys: list[str]) -> Any:
 
 
 def save_records(doc: dict, run_dir: Any) -> dict[str, Path]:
-    from tpcomm.rundir import RunDir
+    from tpcomm.rundir.layout import RunDir
 
     rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     coll, steps, meta = records_to_frames(doc)

@@ -20,7 +20,7 @@ split's mean decode period, so
 
     client per token = compute + transfer + wait + host gap + delivery  + (pairing residue)
 
-where the four engine terms are the split over the SAME requests' decode steps (attribute/split.py: their
+where the four engine terms are the split over the SAME requests' decode steps (analysis/split.py: their
 mean period) and the residue is the engine's per-token time from the step ends the tokens were paired
 with, less the split's mean period. That residue is what the closure now checks: the pairing of tokens to
 steps (a request paired with the wrong steps, a step missing), not a remainder of unexplained time.
@@ -35,18 +35,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpcomm.attribute.closure import STALL_MIN_MS
-from tpcomm.results import DeliveryTerm
-
-FIVE_TERM_TOL_PCT = 5.0  # the five terms against the client's per-token time (the issue's bar)
-MIN_REQUESTS = 6  # judged on at least this many requests
-HELD_MS = STALL_MIN_MS  # a token delivered this much later than the level's median delay was held
+from tpcomm.judge.tolerances import FIVE_TERM_MIN_REQUESTS, FIVE_TERM_TOL_PCT, HELD_MS
+from tpcomm.rundir.results import DeliveryTerm
 
 
 def token_delays(pairs: pd.DataFrame, rank_rows: pd.DataFrame, tokens: pd.DataFrame, requests: pd.DataFrame):
     """Per request paired by prefill segments (pairing.by_prefill rows with `steps`): (request_id, made_ns,
     arrived_ns) arrays of its tokens, and {request_id: why not} for the others."""
-    from tpcomm.attribute.pairing import DECODE, PREFILL, step_ends
+    from tpcomm.analysis.pairing import DECODE, PREFILL, step_ends
 
     s = step_ends(rank_rows).set_index("step")
     n_tok = requests.set_index("request_id")["output_tokens"]
@@ -106,8 +102,8 @@ def delivery_term(
     why_not = None
     if concurrency != 1:
         why_not = "judged only where streams run one at a time (C=1)"
-    elif k < MIN_REQUESTS:
-        why_not = f"{k} request(s) measured (at least {MIN_REQUESTS} needed)"
+    elif k < FIVE_TERM_MIN_REQUESTS:
+        why_not = f"{k} request(s) measured (at least {FIVE_TERM_MIN_REQUESTS} needed)"
     elif diff is None:
         why_not = "no engine split over these requests' decode steps"
     judged = why_not is None

@@ -10,12 +10,12 @@ from typing import Any
 
 from reportlab.platypus import CondPageBreak, KeepTogether
 
-from tpcomm import safefs
 from tpcomm.compare.levels import LABELS
 from tpcomm.compare.results import Comparison
 from tpcomm.compare.tables import sections
 from tpcomm.report import figures as F
 from tpcomm.report import markdown, pdf
+from tpcomm.rundir import safefs
 
 FIG_TERMS = ("per_token", "compute", "transfer", "wait", "host_gap", "delivery")
 

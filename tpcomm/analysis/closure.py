@@ -34,15 +34,11 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
-from tpcomm.results import Client, Closure, Delivery, StallGap, Stalls
+from tpcomm.judge.tolerances import CLOSURE_TOL_PCT, INTERVAL_COVERAGE, MIN_CLOSURE_REQUESTS, STALL_FACTOR, STALL_MIN_MS
+from tpcomm.rundir.results import Client, Closure, Delivery, StallGap, Stalls
 
-STALL_FACTOR = 20.0
-STALL_MIN_MS = 100.0
-CLOSURE_TOL_PCT = 10.0
-MIN_CLOSURE_REQUESTS = 4
 STALLED = "stalled (its stall windows hold most of its tokens)"
 HELD = "held back (nearly) whole by the API server"
-INTERVAL_COVERAGE = 0.95
 MAX_STALL_GAPS = 100  # stall locations kept in the summary (the longest); count and total_ms cover all
 
 
@@ -155,7 +151,7 @@ def closure(
 
 def closure_text(concurrency: int, repeat: int, c: Closure | None, stalls: Stalls | None, five=None) -> str | None:
     """The sentence `attribute` and the report print when a judged closure fails: no cause named, unless the
-    five terms (`five`: results.DeliveryTerm, attribute/delivery.py) account for the client's time, which
+    five terms (`five`: results.DeliveryTerm, analysis/delivery.py) account for the client's time, which
     names it: delivery (the client got tokens late, then in catch-up bursts)."""
     if c is None or c.ok is not False:
         return None
@@ -231,13 +227,3 @@ def delivery_text(d: Delivery | None, fmt) -> str | None:
     if d.lo_ms > 0 or d.hi_ms < 0:  # excludes 0, but too few requests for a 95% interval
         return f"not resolved with {n} request{'' if n == 1 else 's'} ({fmt(d.ms)} ms; {iv}; 6 give 95%)"
     return f"not separable from zero ({fmt(d.ms)} ms; {iv})"
-
-
-def delivery_cell(d: Delivery | None, fmt) -> str:
-    """Delivery in a table cell (judge/definitions.py DELIVERY_CELLS): the figure when resolved, else why not."""
-    if d is None:
-        return "n/a"
-    if d.resolved:
-        return fmt(d.ms)
-    iv = f"({fmt(d.lo_ms)} to {fmt(d.hi_ms)})"
-    return f"n.r. {iv}" if d.lo_ms > 0 or d.hi_ms < 0 else f"n.s. {iv}"

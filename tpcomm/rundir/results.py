@@ -7,14 +7,14 @@ tpcomm/judge/ from these and carried the same way.
 
 What each value means (the definitions the report prints come from tpcomm/judge/definitions.py):
 - `Terms`: one token's engine time split; compute + transfer + wait + host_gap = the per-token time it
-  explains (means over the same decode periods add up exactly; attribute/split.py).
+  explains (means over the same decode periods add up exactly; analysis/split.py).
 - `LevelSplit.engine_ms_per_token`: the mean start-to-start period of consecutive decode steps over the
   level's decode periods (on `clock`: "gpu" where the hook put step boundaries on the GPU timeline,
   "host" otherwise); the headline at the lowest concurrency.
 - `Closure`: per request, the engine's time per token for that request's own decode steps against the
   client's TPOT of the same request; the same statistic (p50 over the same requests) on both sides.
 - `Delivery`: p50 over those requests of client - engine, with the p50's distribution-free interval.
-- `DeliveryTerm`: the fifth term of a token (attribute/delivery.py): per token, the client's receipt minus
+- `DeliveryTerm`: the fifth term of a token (analysis/delivery.py): per token, the client's receipt minus
   the end of the engine step that made it, pooled over a level's requests; with the four engine terms over
   the same requests' decode steps it adds up to the client's per-token time (held tokens included). None
   in a summary written before schema 3 (`tpcomm attribute --reanalyse RUN_DIR` measures it).
@@ -30,7 +30,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpcomm.contract import ATTR_SUMMARY, FileSpec, SchemaError
+from tpcomm.rundir.contract import ATTR_SUMMARY, FileSpec, SchemaError
 
 TERMS = ("compute", "transfer", "wait", "host_gap")
 
@@ -109,7 +109,7 @@ class Delivery:
 
 @dataclass
 class DeliveryTerm:
-    """The fifth term (attribute/delivery.py): client per token = the four engine terms + delivery, over the
+    """The fifth term (analysis/delivery.py): client per token = the four engine terms + delivery, over the
     same requests (pooled by token). `diff_pct` = (sum of the five - client) / client: what the pairing of
     tokens to steps leaves, judged at C=1 on at least 6 requests within `tolerance_pct`."""
 
@@ -194,7 +194,7 @@ class Site:
 
 @dataclass
 class SpecDecode:
-    """Speculative decoding in the level's decode steps (attribute/specdecode.py): the split is per engine step;
+    """Speculative decoding in the level's decode steps (analysis/specdecode.py): the split is per engine step;
     per accepted token it is the figures here (C=1: the client's tokens over each request's own decode steps)."""
 
     drafts_per_seq: float  # draft tokens scheduled per sequence per decode step (the hook's step rows)
@@ -228,7 +228,7 @@ class LevelSplit:
     closure: Closure | None
     delivery: Delivery | None
     top_sites: list[Site]
-    collectives_per_step: dict[str, Any]  # the plan cross-check (attribute/crosscheck.py compare())
+    collectives_per_step: dict[str, Any]  # the plan cross-check (analysis/crosscheck.py compare())
     flags: list[str] = field(default_factory=list)
     # Why the level did not measure what it claims (judge/complete.py), None when it did: no headline from it
     incomplete: str | None = None
@@ -288,10 +288,10 @@ class Attribution:
     notes: list[str]
     levels: list[LevelSplit]
     alignment: dict[str, Any] | None = None
-    # rank -> {host, boot_id, pid} as the hook reported them; rank -> clock offset estimate (attribute/clocks.py)
+    # rank -> {host, boot_id, pid} as the hook reported them; rank -> clock offset estimate (analysis/clocks.py)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     clocks: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # What the hook could not time in this server (attribute/coverage.py): one line each, empty when all was timed
+    # What the hook could not time in this server (analysis/coverage.py): one line each, empty when all was timed
     not_timed: list[str] = field(default_factory=list)
     verdict: Verdict | None = None  # the measured verdict at the headline level (lowest C with a split)
     headline: dict[str, int] | None = None  # {concurrency, repeat} of the level the headline comes from

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tpcomm import contract as C
-from tpcomm.attribute.closure import MIN_CLOSURE_REQUESTS
+from tpcomm.judge.tolerances import MIN_CLOSURE_REQUESTS
+from tpcomm.rundir import contract as C
 
 NOT_PROFILED = "no hook records (plugin off); the torch-profiler traces cover the profiled level only"
 # Columns the trace import adds beside the hook's (the kernel's name, where the bytes came from, its own

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpcomm.attribute.closure import median_interval
+from tpcomm.analysis.closure import median_interval
 
 SAME_HOST_MIN_US = 50.0  # below it, a same-machine rank's estimate is exit jitter, not another clock
 MIN_INSTANCES = 20

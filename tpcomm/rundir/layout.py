@@ -1,7 +1,7 @@
 """The run directory: every command writes into one, the next command reads it.
 
 Every file, its schema (columns and kinds, or required keys), its units and
-the command that writes it are named once, in `tpcomm/contract.py`; `RunDir`
+the command that writes it are named once, in `tpcomm/rundir/contract.py`; `RunDir`
 reads and writes through those specs and checks them both ways (a writer that
 drifts fails at once, a reader gets one line naming file, field and command).
 An absent file means "not measured", never zero. JSON documents carry
@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpcomm import contract, jsonsafe, redact, safefs
-from tpcomm.contract import FileSpec, SchemaError
+from tpcomm import jsonsafe, redact
 from tpcomm.errors import InputError
+from tpcomm.rundir import contract, safefs
+from tpcomm.rundir.contract import FileSpec, SchemaError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -134,7 +135,7 @@ class RunDir:
     def record_command(self, command: str, argv: list[str] | None = None) -> None:
         """Lock the run directory for this process (see lock.py), then append this command to meta.json (created
         with stack versions on first use)."""
-        from tpcomm.rundir_lock import lock
+        from tpcomm.rundir.lock import lock
         from tpcomm.versions import stack_versions
 
         lock(self.path, command)
@@ -183,7 +184,7 @@ def _read(p: Path, spec: FileSpec, limit: int) -> bytes:
 def _spec(name: FileSpec | str, fmt: str) -> FileSpec:
     spec = contract.spec_for(name)
     if spec is None:  # a programming error, not a user's: every file a command writes is in the contract
-        raise ValueError(f"{name} is not a file of the run-directory contract (tpcomm/contract.py)")
+        raise ValueError(f"{name} is not a file of the run-directory contract (tpcomm/rundir/contract.py)")
     if spec.format != fmt:
         raise ValueError(f"{spec.path} is a {spec.format} file in the run-directory contract, not {fmt}")
     return spec

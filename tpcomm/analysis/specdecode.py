@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpcomm.results import SpecDecode, Terms
+from tpcomm.rundir.results import SpecDecode, Terms
 
 DECODE = "decode"
 

@@ -21,8 +21,8 @@ import stat
 import time
 from pathlib import Path
 
-from tpcomm import safefs
 from tpcomm.errors import InputError
+from tpcomm.rundir import safefs
 
 NAME = ".lock"
 ENV = "TPCOMM_RUN_LOCK"

@@ -1,6 +1,6 @@
 """From a run directory's hook records and client timings to
 attribution/steps.parquet, attribution/steps_by_rank.parquet and
-attribution/summary.json (`tpcomm.results.Attribution`: one typed LevelSplit per level, the measured
+attribution/summary.json (`tpcomm.rundir.results.Attribution`: one typed LevelSplit per level, the measured
 Verdict at the headline level). Reads only the run directory (plus the model config for the
 cross-check), so an attribution can be redone later on a laptop: `analyse_run_dir("runs/r1")`, or
 `tpcomm attribute --reanalyse runs/r1`. Definitions: split.py (the terms), pairing.py and closure.py
@@ -14,11 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpcomm import contract as C
-from tpcomm.attribute import clocks, coverage, delivery, pairing, profile_levels, specdecode
-from tpcomm.attribute.align import align, alignment_quality
-from tpcomm.attribute.closure import client_figures, closure, closure_text, find_stalls
-from tpcomm.attribute.crosscheck import (
+from tpcomm.analysis import clocks, coverage, delivery, pairing, profile_levels, specdecode
+from tpcomm.analysis.align import align, alignment_quality
+from tpcomm.analysis.closure import client_figures, closure, closure_text, find_stalls
+from tpcomm.analysis.crosscheck import (
     SERVER,
     compare,
     observed_per_step,
@@ -27,12 +26,12 @@ from tpcomm.attribute.crosscheck import (
     pp_from_records,
     tp_from_records,
 )
-from tpcomm.attribute.server import ENABLE_HINT
-from tpcomm.attribute.split import assign_levels, decode_steps, engine_split, rank_steps, shares_pct, top_sites
-from tpcomm.attribute.timeline import one_step_timeline
-from tpcomm.judge import bottleneck, complete
-from tpcomm.results import Attribution, CpuWait, DeliveryTerm, HostLoad, LevelSplit, RankTerms, Site, Terms
-from tpcomm.rundir import RunDir
+from tpcomm.analysis.split import assign_levels, decode_steps, engine_split, rank_steps, shares_pct, top_sites
+from tpcomm.analysis.timeline import one_step_timeline
+from tpcomm.judge import bottleneck, complete, definitions
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.layout import RunDir
+from tpcomm.rundir.results import Attribution, CpuWait, DeliveryTerm, HostLoad, LevelSplit, RankTerms, Site, Terms
 
 METHOD = (
     "One clock, one window, one statistic per level. Window: the level's steady window (from the moment all C "
@@ -120,11 +119,11 @@ def analyse_run_dir(
     # A timing path the split needs that the hook switched off (failsafe.py): no level's split stands.
     lost = coverage.lost_terms(hook_status)
     if source == "trace":
-        att.plugin_note = ENABLE_HINT.format(model=cond.get("model_root") or "MODEL", tp="N")
+        att.plugin_note = definitions.enable_hint(cond.get("model_root") or "MODEL")
         att.notes.append(profile_levels.source_note(levels))
     if not has_records:
         if not plugin_on:
-            att.plugin_note = ENABLE_HINT.format(model=cond.get("model_root") or "MODEL", tp="N")
+            att.plugin_note = definitions.enable_hint(cond.get("model_root") or "MODEL")
         for lv in levels:
             problem = lv.get("hook_problem") or lv.get("worker_problem")
             why = ("not attributed: " if problem else "not measured: ") + _no_records_reason(lv, plugin_on)

@@ -12,7 +12,7 @@ Versions: every JSON document carries `schema_version` (in each element of a
 list document); every Parquet table carries it in its key-value metadata
 (`tpcomm.schema_version`). A file older than its spec's `min_version` (the
 layout this tpcomm reads; schema 2 changed attribution/summary.json into
-tpcomm.results.Attribution) is refused with one line saying how to redo it
+tpcomm.rundir.results.Attribution) is refused with one line saying how to redo it
 from the run's own records; files whose layout did not change load from any
 version, and newer versions than SCHEMA_VERSION are refused.
 
@@ -270,7 +270,7 @@ ATTR_SUMMARY = FileSpec(
     "attribution/summary.json",
     "json",
     ATTRIBUTE,
-    "tpcomm.results.Attribution: per level split, client side, closure, cross-check; the measured verdict",
+    "tpcomm.rundir.results.Attribution: per level split, client side, closure, cross-check; the measured verdict",
     keys=("levels",),
     min_version=2,
     redo="tpcomm attribute --reanalyse RUN_DIR (redoes the analysis from the run's own records)",

@@ -38,12 +38,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpcomm.attribute.closure import stall_threshold_ms
+from tpcomm.analysis.closure import stall_threshold_ms
+from tpcomm.judge.tolerances import BURST_GAP_FRACTION, MIN_OBSERVED
 
 PREFILL = "prefill"
 DECODE = "decode"
-BURST_GAP_FRACTION = 0.5  # chunks closer than half an engine period arrived in one burst (a backlog flushed)
-MIN_OBSERVED = 0.5  # share of a request's tokens that must lie between k0 and k1
 
 
 SPAN_COLUMNS = [
