@@ -338,3 +338,18 @@ def test_demo_compare_says_why_it_did_not_run(tmp_path):
     stages = json.loads((out / "status.json").read_text())["demo"]["stages"]
     assert stages["tp1"] == stages["compare"] == "skipped"
     assert "tp1 and compare: not run (the TP 2 run has no attribution)" in p.stdout
+
+
+def test_an_incomplete_level_is_named_and_not_compared(synth, tmp_path):
+    """judge/complete.py's incomplete level (here: other traffic in the batch) describes something other than
+    C streams: compare names it and neither compares it nor lets the verdict speak of it."""
+    bad = tmp_path / "bad"
+    shutil.copytree(synth["a2"], bad)
+    rd = RunDir(bad, create=False)
+    doc = rd.read_json(C.ATTR_SUMMARY)
+    doc["levels"][0]["incomplete"] = "the batch held other traffic (the test says so)"
+    rd.write_json(C.ATTR_SUMMARY, doc)
+    cmp = compare_runs(synth["a"], bad)
+    assert cmp.levels == [] and cmp.verdict_level is None, cmp.verdict
+    assert cmp.only_in_b == ["C=1 repeat 0 (incomplete in B: the batch held other traffic (the test says so))"]
+    assert "nothing to compare" in cmp.verdict

@@ -181,3 +181,21 @@ def test_definitions_are_built_from_the_constants():
     assert f"within {T.CLOSURE_TOL_PCT:g}%" in definitions.TERM["closure"]
     assert f"{T.STALL_FACTOR:g} engine periods" in definitions.TERM["stall"]
     assert f"{bottleneck.BOTTLENECK_SHARE:.0%}" in definitions.TERM["bottleneck"]
+
+
+def test_the_level_that_speaks_is_the_lowest_complete_concurrency_its_median_repeat():
+    from tpcomm.judge.speaks import level_that_speaks
+
+    def speaks(levels):
+        return level_that_speaks(
+            levels,
+            concurrency=lambda x: x[0],
+            figure=lambda x: x[1],
+            incomplete=lambda x: x[2],
+        )
+
+    ok = None
+    lv = [(2, 5.0, ok), (1, 9.0, ok), (1, 7.0, ok), (1, 8.0, ok), (1, 1.0, "a request failed"), (1, None, ok)]
+    assert speaks(lv) == (1, 8.0, ok)  # the median of 7, 8, 9; the incomplete 1.0 and the unmeasured left out
+    assert speaks([(1, 3.0, "other traffic"), (4, 2.0, ok), (4, 6.0, ok)]) == (4, 6.0, ok)  # upper of two
+    assert speaks([(1, 3.0, "other traffic"), (2, None, ok)]) is None

@@ -29,6 +29,7 @@ from tpcomm.analysis.crosscheck import (
 from tpcomm.analysis.split import assign_levels, decode_steps, engine_split, rank_steps, shares_pct, top_sites
 from tpcomm.analysis.timeline import one_step_timeline
 from tpcomm.judge import bottleneck, complete, definitions
+from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.rundir import contract as C
 from tpcomm.rundir.layout import RunDir
 from tpcomm.rundir.results import Attribution, CpuWait, DeliveryTerm, HostLoad, LevelSplit, RankTerms, Site, Terms
@@ -352,16 +353,14 @@ def _unattributed(lv: dict, why: str, win: dict | None, cc: dict, source: str = 
 
 
 def _headline(levels: list[LevelSplit]) -> LevelSplit | None:
-    """The level the headline comes from: the lowest concurrency with a split that is complete
-    (judge/complete.py: no failed request, no other client or traffic), its median repeat."""
-    split = [
-        x for x in levels if x.attributed and x.per_token_ms is not None and x.engine_ms_per_token and not x.incomplete
-    ]
-    if not split:
-        return None
-    c = min(x.concurrency for x in split)
-    reps = sorted((x for x in split if x.concurrency == c), key=lambda x: x.engine_ms_per_token)
-    return reps[len(reps) // 2]
+    """The level the headline comes from (judge/speaks.py): the lowest concurrency with a split that is
+    complete (judge/complete.py: no failed request, no other client or traffic), its median repeat."""
+    return level_that_speaks(
+        levels,
+        concurrency=lambda x: x.concurrency,
+        figure=lambda x: x.engine_ms_per_token if x.attributed and x.per_token_ms is not None else None,
+        incomplete=lambda x: x.incomplete,
+    )
 
 
 def _no_records_reason(lv: dict, plugin_on: bool) -> str:

@@ -59,11 +59,14 @@ def compare_runs(
             if not x or not y:
                 (only_a if not y else only_b).append(f"C={c} (measured in {'A' if not y else 'B'} only)")
                 continue
-            xs, ys = [lv for lv in x if lv.attributed], [lv for lv in y if lv.attributed]
+            xs = [lv for lv in x if lv.attributed and not lv.incomplete]
+            ys = [lv for lv in y if lv.attributed and not lv.incomplete]
             for side, all_, split, lst in (("A", x, xs, only_a), ("B", y, ys, only_b)):
                 for lv in all_:
                     if not lv.attributed:
                         lst.append(f"C={c} repeat {lv.repeat} (no split in {side}: {lv.note or 'not attributed'})")
+                    elif lv.incomplete:  # judge/complete.py: its figures describe something other than C streams
+                        lst.append(f"C={c} repeat {lv.repeat} (incomplete in {side}: {lv.incomplete})")
             if not xs or not ys:
                 continue
             key = lambda lv: (lv.concurrency, lv.repeat)  # noqa: E731

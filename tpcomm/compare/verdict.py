@@ -10,12 +10,22 @@ from __future__ import annotations
 from tpcomm.compare.levels import signed
 from tpcomm.compare.results import Gate, LevelDiff
 from tpcomm.errors import InputError
+from tpcomm.judge.speaks import level_that_speaks
 
 
 def verdict_level(levels: list[LevelDiff]) -> LevelDiff | None:
-    with_iv = [lv for lv in levels if lv.problem is None and lv.term("per_token").diff is not None]
-    pool = with_iv or [lv for lv in levels if lv.term("per_token").diff is not None]
-    return min(pool, key=lambda lv: lv.concurrency) if pool else None
+    """judge/speaks.py over the compared levels (built from complete levels only, analysis.py): those with
+    intervals first; without any, the lowest measured, whose verdict then says why nothing is resolved."""
+
+    def speaks(problem):
+        return level_that_speaks(
+            levels,
+            concurrency=lambda lv: lv.concurrency,
+            figure=lambda lv: lv.term("per_token").diff,
+            incomplete=problem,
+        )
+
+    return speaks(lambda lv: lv.problem) or speaks(lambda lv: None)
 
 
 def _ms(x: float) -> str:

@@ -17,6 +17,7 @@ from tpcomm.columns import fmt
 from tpcomm.judge import bottleneck, complete, definitions
 from tpcomm.judge import delivery as deliver
 from tpcomm.judge import levers as L
+from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.report import readers
 from tpcomm.rundir.results import Attribution, LevelSplit, Verdict
 
@@ -196,17 +197,16 @@ def _incomplete_levels(inp: readers.Inputs) -> list[tuple[tuple, str]]:
 def _client_only(inp: readers.Inputs) -> dict | None:
     """No split (plugin off): the headline is the client's TPOT p50 at the lowest complete concurrency level (an
     incomplete one, judge/complete.py, gives none: failed or coalesced streams once made it 80554 tok/s)."""
-    bad = {key for key, _ in _incomplete_levels(inp)}
-    levels = [
-        x
-        for x in readers.levels_list(inp.levels)
-        if x.get("tpot_ms_p50") and (x.get("concurrency"), x.get("repeat")) not in bad
-    ]
-    if not levels:
+    bad = dict(_incomplete_levels(inp))
+    lv = level_that_speaks(
+        readers.levels_list(inp.levels),
+        concurrency=lambda x: x["concurrency"],
+        figure=lambda x: x.get("tpot_ms_p50") or None,
+        incomplete=lambda x: bad.get((x.get("concurrency"), x.get("repeat"))),
+    )
+    if lv is None:
         return None
-    c = min(x["concurrency"] for x in levels)
-    tps = sorted(x["tpot_ms_p50"] for x in levels if x["concurrency"] == c)
-    ms = tps[len(tps) // 2]  # the median repeat
+    c, ms = lv["concurrency"], lv["tpot_ms_p50"]
     cond = readers.short_conditions(readers.levels_conditions(inp.levels))
     return {
         "source": "measured",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpcomm.columns import fmt
+from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.probe.replay_format import conditions_line
 
 
@@ -22,10 +23,14 @@ def _allreduce(e: dict) -> dict | None:
 def serving_c1(breakdown: dict | None) -> dict | None:
     """The hook's C=1 figures from the breakdown section: per-token transfer + wait, and the
     per-call all-reduce time (mean over calls: the attribution keeps per-site sums)."""
-    levels = [lv for lv in (breakdown or {}).get("levels") or [] if lv.concurrency == 1 and lv.per_token_ms]
-    if not levels:
+    lv = level_that_speaks(
+        [lv for lv in (breakdown or {}).get("levels") or [] if lv.concurrency == 1],
+        concurrency=lambda lv: lv.concurrency,
+        figure=lambda lv: (lv.engine_ms_per_token or 0.0) if lv.per_token_ms else None,
+        incomplete=lambda lv: lv.incomplete,
+    )
+    if lv is None:
         return None
-    lv = levels[0]
     out: dict[str, Any] = {"transfer_ms": lv.per_token_ms.transfer, "wait_ms": lv.per_token_ms.wait}
     ars = [s for s in lv.top_sites if s.op == "all_reduce" and s.count_per_step]
     if ars:
