@@ -46,7 +46,7 @@ CONCURRENCY = "1,2,4"
 BUDGET_S = 600  # the demo's promise on 2 cores
 COMPARE_BUDGET_S = 900  # with --compare: a second server start (TP 1) and its attribute
 SERVER_START_S = 300
-# What tpcomm commands write into a run directory (rundir.py), all but the model.
+# What tpcomm commands write into a run directory (rundir/layout.py), all but the model.
 PREVIOUS_OUTPUTS = (
     "meta.json",
     "status.json",

@@ -121,7 +121,7 @@ class VllmServer:
             self.port = free_port()
         if self.nnodes > 1 and not self.master_port:
             raise ValueError("a multi-node server needs the master_port its nodes share")
-        # O_NOFOLLOW: the demo's log lies in a run directory, which may be shared (see safefs.py)
+        # O_NOFOLLOW: the demo's log lies in a run directory, which may be shared (see rundir/safefs.py)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         log = os.fdopen(os.open(self.log_path, flags, 0o666), "ab") if self.log_path else subprocess.DEVNULL
         try:

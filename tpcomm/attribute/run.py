@@ -6,7 +6,7 @@ pull its records, and write everything measured so far. Then align, split and
 cross-check. A server that dies mid-run leaves the run directory with what was
 measured and status.json marking the stage incomplete.
 
-Run-directory files written here (extending rundir.py's layout):
+Run-directory files written here (extending rundir/layout.py's):
     load/requests.parquet, load/tokens.parquet, load/levels.json
     hook/collectives.parquet, hook/steps.parquet, hook/meta.json (+ concurrency, repeat columns)
     attribution/steps.parquet          one row per decode step (terms averaged over ranks)

@@ -1,7 +1,7 @@
 """The run-directory contract: every file a tpcomm command writes, its schema, and who writes it.
 
-Stages talk only through the run directory (DESIGN.md), so this is their API.
-`RunDir` (rundir.py) reads and writes through the specs below and checks them:
+Stages talk only through the run directory (DESIGN.md at the repository root), so this is their API.
+`RunDir` (layout.py) reads and writes through the specs below and checks them:
 a table missing a column (or holding the wrong kind of values in it), a JSON
 document missing a key, or a document of another schema version is refused
 with one line naming the file, the field and the command that writes it
