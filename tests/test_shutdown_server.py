@@ -121,7 +121,7 @@ def test_attribute_asks_for_a_lease_so_a_killed_client_leaves_no_endless_recordi
 def test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death(srv, hook, tmp_path):
     out = tmp_path / "run"
     api = srv.proc
-    p = _attribute(srv, out, "--concurrency", "1,2", "--requests", "24", "--max-rounds", "1")
+    p = _attribute(srv, out, "--concurrency", "2", "--requests", "12", "--max-rounds", "1")
     try:
         _wait_level(hook, p, "-c2-r0")
         time.sleep(0.3)
