@@ -199,3 +199,18 @@ def test_the_level_that_speaks_is_the_lowest_complete_concurrency_its_median_rep
     assert speaks(lv) == (1, 8.0, ok)  # the median of 7, 8, 9; the incomplete 1.0 and the unmeasured left out
     assert speaks([(1, 3.0, "other traffic"), (4, 2.0, ok), (4, 6.0, ok)]) == (4, 6.0, ok)  # upper of two
     assert speaks([(1, 3.0, "other traffic"), (2, None, ok)]) is None
+
+
+def test_the_term_registry_is_the_terms_of_the_typed_split():
+    """tpcomm/terms.py is the one list: the typed `Terms` has exactly its engine terms, in its order, and every
+    output's definition, label and colour of a term comes from it."""
+    import dataclasses
+
+    from tpcomm import terms
+    from tpcomm.compare.levels import LABELS
+    from tpcomm.report.figures import COLORS
+
+    assert tuple(f.name for f in dataclasses.fields(Terms)) == terms.ENGINE_TERMS
+    for t in terms.ENGINE:
+        assert definitions.TERM[t.name] == t.definition and t.definition.startswith(t.label)
+        assert COLORS[t.name] == t.colour and LABELS[t.name] == t.long_label

@@ -16,11 +16,23 @@ ROOT = Path(__file__).resolve().parents[1] / "tpcomm"
 # What the analysis core and judge/ may import: the data model (rundir/, the plan of collectives a layout
 # issues, the model families it is built from) and the top-level helpers that import nothing of tpcomm's
 # command packages.
-DATA_MODEL = {"rundir", "plan", "models", "topo", "errors", "columns", "jsonsafe", "redact", "versions", "table"}
+DATA_MODEL = {
+    "rundir",
+    "plan",
+    "models",
+    "topo",
+    "terms",
+    "errors",
+    "columns",
+    "jsonsafe",
+    "redact",
+    "versions",
+    "table",
+}
 ALLOWED = {
     "judge": DATA_MODEL,
     "analysis": DATA_MODEL | {"judge"},
-    "rundir": {"errors", "jsonsafe", "redact", "versions", "procid"},
+    "rundir": {"terms", "errors", "jsonsafe", "redact", "versions", "procid"},
 }
 
 

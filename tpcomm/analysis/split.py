@@ -44,6 +44,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from tpcomm.terms import ENGINE_TERMS as TERMS
+
 STEP_COLUMNS = [
     "concurrency",
     "repeat",
@@ -60,7 +62,6 @@ STEP_COLUMNS = [
     "t_start_ns",
     "t_end_ns",
 ]
-TERMS = ("compute", "transfer", "wait", "host_gap")
 
 
 GPU_COLUMNS = ("gpu_start_ns", "gpu_end_ns")
@@ -200,20 +201,58 @@ def decode_pairs(rank_rows: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _rank_terms(p: pd.DataFrame, coll_steps: float) -> dict:
-    """One rank's per-token terms (ms) over its decode pairs."""
-    sampled = p[sampled_mask(p)]
-    if coll_steps and sampled.empty:
-        return {"pairs": int(len(p)), "sampled_pairs": 0, "per_token_ms": None}
-    transfer = float(sampled["transfer_us"].mean()) / 1e3 if len(sampled) else 0.0
-    wait = float(sampled["wait_us"].mean()) / 1e3 if len(sampled) else 0.0
-    step = float(p["step_us"].mean()) / 1e3
-    gap = float(p["gap_us"].mean()) / 1e3
+def terms_from_sums(n, n_sampled, step_us, gap_us, period_us, transfer_us, wait_us, collectives: bool) -> dict:
+    """The one split arithmetic: a rank's per-token period and terms (ms) from sums over its decode pairs (n
+    pairs, n_sampled of them with records; transfer and wait summed over the sampled ones). Scalars (one
+    rank, `engine_split`) or arrays (compare's bootstrap: replicates x ranks) alike; "ok" is False where a
+    rank has no term (collectives in the level but no sampled pair: such a rank is left out)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        step, gap, period = np.divide(step_us, n), np.divide(gap_us, n), np.divide(period_us, n)
+        if collectives:  # means over the pairs whose step carries records (sampled CUDA-graph timing)
+            transfer, wait = np.divide(transfer_us, n_sampled), np.divide(wait_us, n_sampled)
+            ok = np.greater(n_sampled, 0)
+        else:
+            transfer = wait = np.zeros_like(step)
+            ok = np.greater(n, 0)
+    return {
+        "period": period / 1e3,
+        "compute": (step - transfer - wait) / 1e3,
+        "transfer": transfer / 1e3,
+        "wait": wait / 1e3,
+        "host_gap": gap / 1e3,
+        "ok": ok,
+    }
+
+
+def carries_collectives(rank_rows: pd.DataFrame) -> bool:
+    """Whether any step of the level carries collectives, timed or not: with none (TP 1) transfer and wait are
+    truly 0; with some, they are means over the sampled pairs (terms_from_sums)."""
+    if rank_rows.empty:
+        return False
+    untimed = rank_rows["untimed_collectives"] if "untimed_collectives" in rank_rows.columns else 0
+    return bool(((rank_rows["n_collectives"] > 0) | (untimed > 0)).any())
+
+
+def _rank_terms(p: pd.DataFrame, collectives: bool) -> dict:
+    """One rank's per-token terms (ms) over its decode pairs (terms_from_sums)."""
+    s = sampled_mask(p).to_numpy()
+    t = terms_from_sums(
+        n=len(p),
+        n_sampled=int(s.sum()),
+        step_us=float(p["step_us"].sum()),
+        gap_us=float(p["gap_us"].sum()),
+        period_us=float(p["period_us"].sum()),
+        transfer_us=float(p["transfer_us"].to_numpy()[s].sum()),
+        wait_us=float(p["wait_us"].to_numpy()[s].sum()),
+        collectives=collectives,
+    )
+    if not t["ok"]:
+        return {"pairs": int(len(p)), "sampled_pairs": int(s.sum()), "per_token_ms": None}
     return {
         "pairs": int(len(p)),
-        "sampled_pairs": int(len(sampled)),
-        "period_ms": float(p["period_us"].mean()) / 1e3,
-        "per_token_ms": {"compute": step - transfer - wait, "transfer": transfer, "wait": wait, "host_gap": gap},
+        "sampled_pairs": int(s.sum()),
+        "period_ms": float(t["period"]),
+        "per_token_ms": {k: float(t[k]) for k in TERMS},
     }
 
 
@@ -249,12 +288,10 @@ def engine_split(rank_rows: pd.DataFrame) -> dict:
             " with their GPU span read" if clock == "gpu" and out["steps_without_gpu_span"] else ""
         )
         return out
-    untimed = rank_rows["untimed_collectives"] if "untimed_collectives" in rank_rows.columns else 0
-    # Steps of this level that carry collectives at all: with none (TP 1) transfer and wait are truly 0.
-    coll_steps = float(((rank_rows["n_collectives"] > 0) | (untimed > 0)).mean())
+    collectives = carries_collectives(rank_rows)
     by_rank = []
     for rank, p in pairs.groupby("rank", sort=True):
-        t = _rank_terms(p, coll_steps)
+        t = _rank_terms(p, collectives)
         if t["per_token_ms"] is not None:
             by_rank.append({"rank": int(rank), **t})
     if not by_rank:

@@ -19,6 +19,7 @@ from tpcomm.compare.intervals import LEVEL, REPLICATES, differences
 from tpcomm.compare.results import LevelDiff, SiteDiff, TermDiff
 from tpcomm.compare.samples import LevelSample
 from tpcomm.rundir.results import TERMS, LevelSplit
+from tpcomm.terms import DELIVERY, ENGINE
 
 # (name, unit, one of the four engine terms), in the order every output prints them.
 ROWS = (
@@ -35,13 +36,10 @@ ROWS = (
 )
 LABELS = {
     "per_token": "per-token time (engine)",
-    "compute": "compute",
-    "transfer": "collective transfer",
-    "wait": "collective wait",
-    "host_gap": "host gap",
+    **{t.name: t.long_label for t in ENGINE},  # tpcomm/terms.py
     "collective": "collectives (transfer + wait)",
     "delivery": "delivery (client - engine, p50)",
-    "delivery_term": "delivery (fifth term, pooled per token)",
+    "delivery_term": DELIVERY.long_label,
     "client_per_token": "per-token time (client: the five terms)",
     "tok_per_s": "tok/s",
 }

@@ -32,10 +32,11 @@ import numpy as np
 import pandas as pd
 
 from tpcomm.analysis.attribution import client_side
-from tpcomm.analysis.split import decode_pairs, sampled_mask
+from tpcomm.analysis.split import carries_collectives, decode_pairs, sampled_mask, terms_from_sums
 from tpcomm.rundir import contract as C
 from tpcomm.rundir.layout import RunDir
 from tpcomm.rundir.results import Attribution, LevelSplit
+from tpcomm.terms import ENGINE_TERMS
 
 # Block sums per (block, rank): the columns of `LevelSample.sums`.
 SUMS = ("n", "n_sampled", "step_us", "gap_us", "period_us", "transfer_us", "wait_us", "seqs")
@@ -130,7 +131,7 @@ def level_sample(
         blocks=len(order),
         ranks=0,
         sums=np.zeros((0, 0, len(SUMS))),
-        collectives=bool((rows["n_collectives"] > 0).any()) if len(rows) else False,
+        collectives=carries_collectives(rows),
         delivery_ms=np.asarray(delivery, dtype=float),
         delivery_joint=joint,
     )
@@ -178,29 +179,15 @@ def estimates(sample: LevelSample, weights: np.ndarray) -> dict[str, np.ndarray]
     how often each block is drawn). Per rank as split.py's _rank_terms, then the mean over ranks."""
     s = np.einsum("bk,krj->brj", weights, sample.sums)  # (replicates, ranks, SUMS)
     get = {k: s[:, :, j] for j, k in enumerate(SUMS)}
+    t = terms_from_sums(**{k: get[k] for k in SUMS if k != "seqs"}, collectives=sample.collectives)
     with np.errstate(invalid="ignore", divide="ignore"):
-        n = get["n"]
-        step, gap, period = get["step_us"] / n, get["gap_us"] / n, get["period_us"] / n
-        if sample.collectives:  # means over the pairs whose step carries records (sampled CUDA-graph timing)
-            transfer, wait = get["transfer_us"] / get["n_sampled"], get["wait_us"] / get["n_sampled"]
-            # A rank with no sampled pair in a draw has no terms (split.py leaves such a rank out).
-            ok = get["n_sampled"] > 0
-        else:
-            transfer = wait = np.zeros_like(step)
-            ok = n > 0
-        seqs = get["seqs"].sum(axis=1) / n.sum(axis=1)
+        seqs = get["seqs"].sum(axis=1) / get["n"].sum(axis=1)
 
-    def mean(x):
-        return np.nanmean(np.where(ok, x, np.nan), axis=1) / 1e3
+    def mean(x):  # over ranks; a rank with no sampled pair in a draw has no terms (split.py leaves it out)
+        return np.nanmean(np.where(t["ok"], x, np.nan), axis=1)
 
-    per_token = mean(period)
-    out = {
-        "per_token": per_token,
-        "compute": mean(step - transfer - wait),
-        "transfer": mean(transfer),
-        "wait": mean(wait),
-        "host_gap": mean(gap),
-    }
+    per_token = mean(t["period"])
+    out = {"per_token": per_token, **{k: mean(t[k]) for k in ENGINE_TERMS}}
     out["collective"] = out["transfer"] + out["wait"]
     out["tok_per_s"] = 1e3 / per_token * seqs
     return out

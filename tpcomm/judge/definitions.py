@@ -18,6 +18,7 @@ from tpcomm.judge.tolerances import (
     STALL_FACTOR,
     STALL_MIN_MS,
 )
+from tpcomm.terms import ENGINE
 
 ENABLE_HINT = (
     "interconnect attribution needs the tpcomm plugin in the server: install tpcomm in the server's "
@@ -34,10 +35,7 @@ def enable_hint(model: str = "MODEL", tp: int | str = "N") -> str:
 
 TERM = {
     "per_token": "per-token time: the mean start-to-start period of consecutive decode steps (one token per stream per step)",
-    "compute": "compute: the step minus its collectives (kernels, weight reads)",
-    "transfer": "transfer: per collective, the shortest time any rank spent in it: all ranks inside together, the link at work",
-    "wait": "wait: each rank's time in a collective beyond that shortest: rank skew, which a faster link does not remove",
-    "host_gap": "host gap: from a decode step's end to the next one's start (scheduling, output processing)",
+    **{t.name: t.definition for t in ENGINE},  # tpcomm/terms.py
     "closure": (
         f"closure: per request, the engine's and the client's time per token over the same tokens, p50 over the "
         f"same requests; judged at C=1 within {CLOSURE_TOL_PCT:g}% (at least {MIN_CLOSURE_REQUESTS} requests)"

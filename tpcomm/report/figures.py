@@ -18,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg", force=False)
 from matplotlib.figure import Figure  # noqa: E402  (pyplot-free: no global state, no GUI)
 
+from tpcomm.terms import BY_NAME, ENGINE, ENGINE_TERMS  # noqa: E402
+
 matplotlib.rcParams.update(
     {
         "pdf.fonttype": 42,
@@ -32,11 +34,8 @@ matplotlib.rcParams.update(
 )
 
 COLORS = {
-    "compute": "#4C72B0",
-    "transfer": "#DD8452",
-    "wait": "#C44E52",
-    "host_overhead": "#8C8C8C",
-    "host_gap": "#8C8C8C",
+    **{t.name: t.colour for t in ENGINE},  # the split's terms (tpcomm/terms.py)
+    "host_overhead": BY_NAME["host_gap"].colour,
     "weights": "#4C72B0",
     "collectives": "#DD8452",
     "overhead": "#8C8C8C",
@@ -129,11 +128,11 @@ def fig_breakdown(breakdown: dict[str, Any]) -> Figure | None:
     ax = fig.add_subplot()
     xs = list(range(len(levels)))
     bottom = [0.0] * len(levels)
-    for key in ("compute", "transfer", "wait", "host_gap"):
+    for key in ENGINE_TERMS:
         raw = [getattr(lv.per_token_ms, key) if lv.per_token_ms else 0.0 for lv in levels]
         # A negative term cannot be stacked: drawn as 0 and marked (a measured split has none: each term is a mean of durations).
         vals = [max(v, 0.0) for v in raw]
-        ax.bar(xs, vals, bottom=bottom, color=COLORS[key], width=0.55, label=key.replace("_", " "))
+        ax.bar(xs, vals, bottom=bottom, color=COLORS[key], width=0.55, label=BY_NAME[key].label)
         for x, v, b in zip(xs, raw, bottom):
             if v < 0:
                 ax.annotate(

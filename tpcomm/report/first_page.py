@@ -20,9 +20,9 @@ from tpcomm.judge import levers as L
 from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.report import readers
 from tpcomm.rundir.results import Attribution, LevelSplit, Verdict
+from tpcomm.terms import BY_NAME
 
 TOP_LEVERS = 5
-TERM_ORDER = ("compute", "transfer", "wait", "host_gap")
 
 
 def page_one(inp: readers.Inputs, cmds: dict[str, str], s):
@@ -111,7 +111,6 @@ def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) ->
         n.update(cpu_pressure_pct=lv.host_load.cpu_pressure_pct, host_loaded=lv.host_load.high)
 
 
-TERM_LABEL = {"compute": "compute", "transfer": "transfer", "wait": "wait", "host_gap": "host gap"}
 FIVE_HEADER = ["as the client saw it", "ms per token", "% of the client's"]
 
 
@@ -129,7 +128,7 @@ def five_terms_table(lv: LevelSplit) -> tuple | None:
         c = dt.client_ms
         t = lv.per_token_ms.as_dict() if lv.per_token_ms else {}
         share = (lambda v: f"{100 * v / c:.1f}%") if c else (lambda v: "n/a")
-        rows = [[TERM_LABEL[k], fmt(v), share(v)] for k, v in t.items()]
+        rows = [[BY_NAME[k].label, fmt(v), share(v)] for k, v in t.items()]
         held = f"; {dt.held_tokens} held token(s) in it" if dt.held_tokens else ""
         rows.append([f"delivery (API server, streaming{held})", fmt(dt.ms), share(dt.ms)])
         if dt.judged:

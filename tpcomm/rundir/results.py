@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpcomm.rundir.contract import ATTR_SUMMARY, FileSpec, SchemaError
+from tpcomm.terms import ENGINE_TERMS
 
-TERMS = ("compute", "transfer", "wait", "host_gap")
+TERMS = ENGINE_TERMS  # tpcomm/terms.py
 
 
 @dataclass

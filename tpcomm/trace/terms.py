@@ -16,8 +16,7 @@ import pandas as pd
 
 from tpcomm.analysis.crosscheck import compare, observed_per_step, planned_per_step
 from tpcomm.analysis.split import engine_split, rank_steps
-
-TERMS = ("compute", "transfer", "wait", "host_gap")
+from tpcomm.terms import ENGINE_TERMS as TERMS
 
 
 def by_rank_steps(aligned: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
