@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpcomm.rundir.results import Delivery
+from tpcomm.terms import ENGINE
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
@@ -77,10 +78,7 @@ SPLIT = [
     Col("C", lambda lv: lv.concurrency, 0.35),
     Col("rep", lambda lv: lv.repeat, 0.35),
     Col("engine ms/token", lambda lv: lv.engine_ms_per_token, 0.7),
-    Col("compute ms", _term("compute"), 0.7),
-    Col("transfer ms", _term("transfer"), 0.7),
-    Col("wait ms", _term("wait"), 0.6),
-    Col("host gap ms", _term("host_gap"), 0.7),
+    *(Col(f"{t.label} {t.unit}", _term(t.name), 0.7) for t in ENGINE),
     Col("clock", lambda lv: lv.clock, 0.5),
     Col("client TPOT p50 ms", lambda lv: lv.client.tpot_ms_p50 if lv.client else None, 0.75),
     Col("closure per request: engine vs client p50", _closure_cell, 1.5),
@@ -93,10 +91,7 @@ BY_RANK = [
     Col("C", lambda x: x[0], 0.4),
     Col("rank", lambda x: x[1].rank, 0.5),
     Col("period ms", lambda x: x[1].period_ms, 0.8),
-    Col("compute ms", lambda x: x[1].per_token_ms.compute, 0.8),
-    Col("transfer ms", lambda x: x[1].per_token_ms.transfer, 0.8),
-    Col("wait ms", lambda x: x[1].per_token_ms.wait, 0.8),
-    Col("host gap ms", lambda x: x[1].per_token_ms.host_gap, 0.8),
+    *(Col(f"{t.label} {t.unit}", lambda x, k=t.name: getattr(x[1].per_token_ms, k), 0.8) for t in ENGINE),
     Col("decode steps", lambda x: x[1].pairs, 0.8),
 ]
 

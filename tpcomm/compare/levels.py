@@ -24,10 +24,7 @@ from tpcomm.terms import DELIVERY, ENGINE
 # (name, unit, one of the four engine terms), in the order every output prints them.
 ROWS = (
     ("per_token", "ms", False),
-    ("compute", "ms", True),
-    ("transfer", "ms", True),
-    ("wait", "ms", True),
-    ("host_gap", "ms", True),
+    *((t.name, t.unit, True) for t in ENGINE),  # tpcomm/terms.py
     ("collective", "ms", False),
     ("delivery", "ms", False),
     ("delivery_term", "ms", False),

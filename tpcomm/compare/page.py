@@ -16,8 +16,9 @@ from tpcomm.compare.tables import sections
 from tpcomm.report import figures as F
 from tpcomm.report import markdown, pdf
 from tpcomm.rundir import safefs
+from tpcomm.terms import ENGINE_TERMS
 
-FIG_TERMS = ("per_token", "compute", "transfer", "wait", "host_gap", "delivery")
+FIG_TERMS = ("per_token", *ENGINE_TERMS, "delivery")
 
 
 def fig_compare_terms(data: dict[str, Any]):
