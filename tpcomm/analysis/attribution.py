@@ -26,13 +26,14 @@ from tpcomm.analysis.crosscheck import (
     pp_from_records,
     tp_from_records,
 )
-from tpcomm.analysis.split import assign_levels, decode_steps, engine_split, rank_steps, shares_pct, top_sites
+from tpcomm.analysis.levelsplit import level_split
+from tpcomm.analysis.split import assign_levels, decode_steps, engine_split, rank_steps, top_sites
 from tpcomm.analysis.timeline import one_step_timeline
 from tpcomm.judge import bottleneck, complete, definitions
 from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.rundir import contract as C
 from tpcomm.rundir.layout import RunDir
-from tpcomm.rundir.results import Attribution, CpuWait, DeliveryTerm, HostLoad, LevelSplit, RankTerms, Site, Terms
+from tpcomm.rundir.results import Attribution, CpuWait, DeliveryTerm, HostLoad, LevelSplit, Site
 
 METHOD = (
     "One clock, one window, one statistic per level. Window: the level's steady window (from the moment all C "
@@ -275,8 +276,6 @@ def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False
     c, rep = lv["concurrency"], lv["repeat"]
     cs = client_side(rows, lreq, tok, c, same_clock)
     whole, sp = cs["whole"], cs["split"]
-    terms = Terms(**sp["per_token_ms"]) if sp["per_token_ms"] else None
-    ms = sp["engine_ms_per_token"]
     flags = []
     if (lv.get("itl_burst_pct") or 0) > 10:
         flags.append(
@@ -288,26 +287,14 @@ def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False
     top = top_sites(al, st)
     for s in top:
         s["plan_sites"] = sites.get((s["group"], s["op"], int(s["bytes"])), [])
-    return LevelSplit(
-        concurrency=c,
-        repeat=rep,
-        attributed=terms is not None,
-        note=sp.get("note"),
-        window=win,
-        source=source,
-        clock=sp.get("clock", "host"),
-        engine_ms_per_token=ms,
-        per_token_ms=terms,
-        shares_pct=shares_pct(terms.as_dict(), ms) if terms and ms else None,
-        by_rank=[
-            RankTerms(r["rank"], r["period_ms"], Terms(**r["per_token_ms"]), r["pairs"], r["sampled_pairs"])
-            for r in sp["by_rank"]
-        ],
-        decode_pairs=int(sp["decode_pairs"]),
-        sampled_pairs_share=sp.get("sampled_pairs_share"),
-        seqs_per_step=sp.get("seqs_per_step"),
+    return level_split(
+        c,
+        rep,
+        source,
+        win,
+        sp,
+        sp.get("note"),
         steps_in_window=whole["steps_in_window"],
-        ceilings_tok_per_s={k: sp.get(k) for k in CEILINGS},
         client=cs["client"],
         stalls=cs["stalls"],
         closure=cs["closure"],
@@ -322,34 +309,8 @@ def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False
     )
 
 
-CEILINGS = ("comm_only_tok_per_s", "comm_and_wait_only_tok_per_s", "compute_only_tok_per_s")
-
-
 def _unattributed(lv: dict, why: str, win: dict | None, cc: dict, source: str = "hook") -> LevelSplit:
-    return LevelSplit(
-        concurrency=lv["concurrency"],
-        repeat=lv["repeat"],
-        attributed=False,
-        note=why,
-        window=win,
-        source=source,
-        clock="host",
-        engine_ms_per_token=None,
-        per_token_ms=None,
-        shares_pct=None,
-        by_rank=[],
-        decode_pairs=0,
-        sampled_pairs_share=None,
-        seqs_per_step=None,
-        steps_in_window={},
-        ceilings_tok_per_s={},
-        client=None,
-        stalls=None,
-        closure=None,
-        delivery=None,
-        top_sites=[],
-        collectives_per_step=cc,
-    )
+    return level_split(lv["concurrency"], lv["repeat"], source, win, None, why, collectives_per_step=cc)
 
 
 def _headline(levels: list[LevelSplit]) -> LevelSplit | None:

@@ -3,10 +3,10 @@ terminal tables for it and for the two instruments side by side."""
 
 from __future__ import annotations
 
-from tpcomm.analysis.split import shares_pct
+from tpcomm.analysis.levelsplit import level_split
 from tpcomm.judge import bottleneck
 from tpcomm.rundir import contract as C
-from tpcomm.rundir.results import Attribution, LevelSplit, RankTerms, Terms
+from tpcomm.rundir.results import Attribution
 
 SUMMARY_FORMAT = 1
 
@@ -41,38 +41,23 @@ def attribution(doc: dict) -> Attribution:
     sp = doc["split"]
     pt = sp.get("per_token_ms")
     split_ok = bool(pt) and pt.get("transfer") is not None and sp.get("unit") == "token"
-    terms = Terms(**{k: pt[k] for k in ("compute", "transfer", "wait", "host_gap")}) if split_ok else None
-    ms = sp.get("engine_ms_per_token") if split_ok else None
     note = None if split_ok else (sp.get("note") or "no per-token split from these traces")
-    lv = LevelSplit(
-        concurrency=max(1, round(sp.get("seqs_per_step") or 1)),
-        repeat=0,
-        attributed=split_ok,
-        note=note,
-        window=None,
-        source="trace",
+    lv = level_split(
+        max(1, round(sp.get("seqs_per_step") or 1)),
+        0,
+        "trace",
+        None,
+        sp if split_ok else None,
+        note,
         clock=sp.get("clock") or ("gpu" if doc["timeline"] == "device" else "host"),
-        engine_ms_per_token=ms,
-        per_token_ms=terms,
-        shares_pct=shares_pct(terms.as_dict(), ms) if terms and ms else None,
-        by_rank=[
-            RankTerms(r["rank"], r["period_ms"], Terms(**r["per_token_ms"]), r["pairs"], r["sampled_pairs"])
-            for r in sp.get("by_rank") or []
-        ]
-        if split_ok
-        else [],
         decode_pairs=int(sp.get("decode_pairs") or 0),
         sampled_pairs_share=sp.get("sampled_pairs_share"),
         seqs_per_step=sp.get("seqs_per_step"),
         steps_in_window=sp.get("steps_in_window") or {},
         ceilings_tok_per_s={},
-        client=None,
-        stalls=None,
-        closure=None,
-        delivery=None,
-        top_sites=[],
         collectives_per_step=doc.get("collectives_per_step") or {},
     )
+    terms = lv.per_token_ms
     cond = {**doc.get("conditions", {}), "source": "torch-profiler traces", "timeline": doc["timeline"]}
     return Attribution(
         source="trace",
