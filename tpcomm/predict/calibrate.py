@@ -36,6 +36,7 @@ from tpcomm.predict.latency_range import LEVELS, LatencyRange, custom_ar_eligibl
 from tpcomm.predict.model import Knobs, step_time
 from tpcomm.predict.ranges import central_knobs, range_inputs
 from tpcomm.rundir import contract as C
+from tpcomm.terms import ENGINE_TERMS
 
 ZERO = LatencySource("zero", "free", lambda op, b, n: 0.0)
 
@@ -64,11 +65,10 @@ def read_attribution(run_dir: str | Path) -> dict:
     return {
         "run_dir": str(run_dir),
         "concurrency": lv.concurrency,
-        "terms_ms": {"compute": t.compute, "transfer": t.transfer, "wait": t.wait, "host": t.host_gap},
+        "terms_ms": t.as_dict(),  # the measured terms under their own names (tpcomm/terms.py)
         "measured_ms_per_token": lv.engine_ms_per_token,
         "measured_from": f"engine_ms_per_token of {where}",
-        "keys_read": [f"{where}.per_token_ms.{k}" for k in ("compute", "transfer", "wait", "host_gap")]
-        + [f"{where}.engine_ms_per_token"],
+        "keys_read": [f"{where}.per_token_ms.{k}" for k in ENGINE_TERMS] + [f"{where}.engine_ms_per_token"],
         "seqs_per_step": lv.seqs_per_step or 1.0,
         "conditions": att.conditions,
     }
@@ -108,7 +108,7 @@ def predict_calibrated(
     eng = resolve_engine(engine)
     # No engine here: the host term is the run's measured host gap, so the model's ratios exclude it.
     kc = central_knobs(range_inputs(hw, k, lat), k)
-    m = att["terms_ms"]
+    m = att["terms_ms"]  # the model's "host" term is the measured host gap below
     base_ms = sum(m.values())
 
     def noncoll(p, b):
@@ -207,7 +207,7 @@ def predict_calibrated(
                     "compute": m["compute"] * scale,
                     "transfer": levels[lv],
                     "wait": m["wait"] * n2 / n_coll if n_coll else 0.0,
-                    "host": m["host"],
+                    "host": m["host_gap"],
                 }
                 for lv in LEVELS
             },
@@ -231,7 +231,7 @@ def predict_calibrated(
                 "compute": m["compute"] * cs,
                 "transfer": m["transfer"] * (coll_ms(plan, b, lat.level(lv)) / c1[lv] if c1[lv] else 1.0),
                 "wait": m["wait"],
-                "host": m["host"],
+                "host": m["host_gap"],
             }
             for lv in LEVELS
         }
@@ -246,7 +246,7 @@ def predict_calibrated(
         **described(plan, hw),
         "engine": {
             **eng.as_dict(),
-            "host_ms": {"low": m["host"], "central": m["host"], "high": m["host"]},
+            "host_ms": {"low": m["host_gap"], "central": m["host_gap"], "high": m["host_gap"]},
             "host_source": f"measured host gap of {run_dir} (replaces the engine's host term {eng.host_ms[0]:g}-"
             f"{eng.host_ms[2]:g} ms)",
         },
@@ -261,7 +261,7 @@ def predict_calibrated(
             "value": "measured terms",
         },
         "ceilings": {
-            "compute_only_tok_per_s": 1e3 / (m["compute"] + m["host"]),
+            "compute_only_tok_per_s": 1e3 / (m["compute"] + m["host_gap"]),
             "comm_only_tok_per_s": 1e3 / m["transfer"] if m["transfer"] > 0 else None,
             "interconnect_share_of_token": (m["transfer"] + m["wait"]) / base_ms,
         },
@@ -288,7 +288,7 @@ def predict_calibrated(
             f"compute ratios from the analytic model at memory efficiency {kc.memory_efficiency:g}, per-kernel overhead "
             f"{kc.kernel_overhead_us:g} us (central values; ratios only)",
             "rank skew (wait) per collective unchanged by a what-if; host term per step unchanged",
-            f"host term = the measured host gap {m['host']:.3f} ms per token (replaces the engine's host term of "
+            f"host term = the measured host gap {m['host_gap']:.3f} ms per token (replaces the engine's host term of "
             f"{eng.name}: {eng.host_ms[0]:g}-{eng.host_ms[2]:g} ms, {eng.host_source})",
         ],
         "what_if": out,
