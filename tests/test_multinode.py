@@ -111,9 +111,9 @@ def test_a_clock_offset_on_node_1_is_estimated_and_taken_off(offset_run):
     o = summ["clocks"]["1"]
     assert o["applied"] and abs(o["offset_us"] - OFFSET_US) <= 50, o
     # After alignment, the timeline's entry skew is the ranks' own (hundreds of us on this shared host: 82-313 us
-    # measured with and without the offset); unaligned it carries the 2 ms in every collective (below).
+    # measured with and without the offset, 713 us once beside three busy processes); unaligned it carries the
+    # 2 ms in every collective: judged below against the same records on each rank's own clock.
     s1 = summ["alignment"]["instance_entry_skew_us_p50"]
-    assert s1 < 0.25 * OFFSET_US, s1
     tl = json.loads((run / "attribution/timeline.json").read_text())
     assert tl["clock_uncertainty_us"] is not None and tl["clock_uncertainty_us"] < 50
     # The split uses durations only: the same records analysed with each rank on its own clock give the same terms
@@ -130,6 +130,8 @@ def test_a_clock_offset_on_node_1_is_estimated_and_taken_off(offset_run):
         assert abs(a["per_token_ms"][k] - b["per_token_ms"][k]) <= 0.1 * a["engine_ms_per_token"], k
     s_own = own["alignment"]["instance_entry_skew_us_p50"]
     assert s_own > 0.5 * OFFSET_US, s_own  # unaligned: the 2 ms in every one
+    # The same collectives, aligned: the offset taken off (the ranks' own skew, whatever the host's load, is in both).
+    assert s1 < s_own - 0.25 * OFFSET_US, (s1, s_own)
     print(
         f"offset {o['offset_us']:.1f} us ({o['lo_us']:.1f} to {o['hi_us']:.1f}, {o['instances']} collectives); "
         f"entry skew p50 {s1:.1f} us aligned, {s_own:.1f} us on each rank's own clock"
