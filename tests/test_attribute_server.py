@@ -683,6 +683,77 @@ def test_chat_api_fixed_lengths(plugin_server, tmp_path):
     assert (tok.groupby("request_id")["t_ns"].apply(lambda t: t.is_monotonic_increasing)).all()
 
 
+_CLOCK_STEP_CLIENT = """
+import asyncio, json, sys, time
+import httpx
+from tpcomm.attribute import load
+from tpcomm.attribute.server import check_server
+
+url, key, step_file = sys.argv[1], sys.argv[2] or None, sys.argv[3]
+info = check_server(url, api_key=key)
+spec = load.LoadSpec(input_len=16, output_len=32)
+prompts = load.build_prompts(info, spec)
+
+
+async def step_later():
+    await asyncio.sleep(0.5)
+    open(step_file, "w").write("+10\\n")  # libfaketime: the wall clock 10 s ahead from now on, monotonic untouched
+
+
+async def main():
+    async with httpx.AsyncClient() as c:
+        # the client stops reading for 2 s after its first token: the step lands inside the request
+        first, _ = await asyncio.gather(load.stream_request(c, info, spec, prompts.make(), pause=(1, 2.0)), step_later())
+        wall = time.time_ns()
+        second = await load.stream_request(c, info, spec, prompts.make())
+    print(json.dumps({"first": first, "second": second, "wall_before_second": wall}))
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.vllm
+def test_a_wall_clock_step_is_measured_and_the_next_request_follows_the_stepped_clock(plugin_server, tmp_path):
+    """The wall clock stepped 10 s forward while a request streams (libfaketime's wall clock, the monotonic one
+    left alone: what NTP does to a freshly booted or resumed machine). CI once saw every request of a level
+    placed about 10 s before the hook's records of it: the client read the wall clock once, at import, and a
+    step afterwards split the two clocks for the rest of the run, so no prefill step matched its request. Now
+    the step is measured in the request it happened in (its own times stay right), and the next request is
+    placed on the stepped clock, where the hook stamps its records."""
+    import libfaketime
+
+    url, key = plugin_server
+    step_file = tmp_path / "faketime"
+    step_file.write_text("+0\n")
+    lib = Path(libfaketime.__file__).parent / "vendor/libfaketime/src/libfaketime.so.1"
+    env = {
+        **os.environ,
+        "LD_PRELOAD": str(lib),
+        "FAKETIME_TIMESTAMP_FILE": str(step_file),
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", _CLOCK_STEP_CLIENT, url, key or "", str(step_file)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    first, second = got["first"], got["second"]
+    assert first["ok"] and second["ok"], (first["error"], second["error"])
+    # the step is measured where it happened, and the request's own times are the monotonic clock's
+    assert first["clock_step_ms"] == pytest.approx(10_000, abs=50), first["clock_step_ms"]
+    assert first["t_end_wall_ns"] - first["t_end_ns"] == pytest.approx(10e9, abs=50e6)
+    assert 2000 <= first["e2e_ms"] < 9000, first["e2e_ms"]
+    # the next request is placed on the stepped clock (the old client put it 10 s behind, for good)
+    assert abs(second["t_start_ns"] - got["wall_before_second"]) < 1e9, (second["t_start_ns"], got)
+    assert second["clock_step_ms"] is None and second["t_end_wall_ns"] == second["t_end_ns"]
+
+
 def test_bad_concurrency_is_a_usage_error():
     res = CliRunner().invoke(attribute, ["--server-url", "http://127.0.0.1:1", "--concurrency", "0,4"])
     assert res.exit_code == 2 and "concurrency levels must be integers >= 1" in res.output

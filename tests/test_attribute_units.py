@@ -376,3 +376,33 @@ def test_speculative_decoding_gives_the_split_per_accepted_token_at_c1():
     assert not cs["closure"].judged
     above = specdecode.spec_decode(rows.assign(concurrency=2), cs["pairs"], req, 2, cs["split"])
     assert above.tokens_per_step is None and above.per_token_ms is None and "not measured above C=1" in above.why_not
+
+
+def test_a_request_across_a_clock_step_is_not_paired_by_client_times_and_the_level_says_so():
+    """Pairing by the client's times (C > 1) puts the client's arrivals against the hook's stamps: a request
+    across a wall-clock step cannot be, and is named; the level's flags name the step."""
+    from tpcomm.analysis import pairing
+    from tpcomm.analysis.synthetic import make_client, make_records
+    from tpcomm.attribute.run import clock_step_flag
+
+    coll, steps, _ = make_records(steps=200, prefill_every=40, seed=3)
+    req, tok = make_client(steps)
+    assert len(req) == 5
+    req = req.assign(clock_step_ms=[np.nan, 10_000.0, np.nan, np.nan, np.nan])
+    spans = pairing.client_spans(req, tok, period_ms=1.0)  # make_records' steps: about 1.1 ms apart
+    assert spans["observed"].all() and spans["clock_step_ms"].notna().tolist() == [False, True, False, False, False]
+    pairs = pairing.by_client_times(steps, spans).set_index("request_id")
+    assert pairs.loc[1, "why"] == "the wall clock was stepped during it" and not pairs.loc[1, "paired"]
+    assert pairs.drop(index=1)["paired"].all(), pairs[["paired", "why"]]
+    # one stream at a time: its prefill segment is still its own (the order holds), but it is compared on neither
+    # side and its delivery delays are not taken (the hook's stamps jumped inside its segment)
+    pairs, problem = pairing.by_prefill(steps, spans, req)
+    assert problem is None and pairs.set_index("request_id").loc[1, "why"] == pairing.STEPPED, pairs
+    cs = client_side(_rows1(coll, steps), req, tok, 1)
+    assert cs["closure"].excluded == {f"not paired ({pairing.STEPPED})": [1]}, cs["closure"]
+    assert cs["compared"] == [0, 2, 3, 4] and cs["split_requests"] == [0, 2, 3, 4], cs["split_requests"]
+    assert cs["delivery_term"].requests == 4 and cs["closure"].judged, cs["delivery_term"]
+    flag = clock_step_flag(req)
+    assert flag and "+10000.0 ms in request 1" in flag, flag
+    assert clock_step_flag(req.drop(columns="clock_step_ms")) is None
+    assert clock_step_flag(req.assign(clock_step_ms=np.nan)) is None

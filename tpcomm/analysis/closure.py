@@ -111,7 +111,9 @@ def closure(
         excluded[STALLED] = sorted(int(r) for r in eligible.loc[out, "request_id"])
     bad = pairs[pairs["observed"] & ~pairs["paired"]]
     for why, g in bad.groupby("why"):
-        excluded[f"not paired ({why})" if why else "not paired"] = sorted(int(r) for r in g["request_id"])
+        excluded[f"not paired ({why})" if why and why != "not paired" else "not paired"] = sorted(
+            int(r) for r in g["request_id"]
+        )
     keep = eligible[~out]
     client, engine = keep["client_ms_per_token"], keep["engine_ms_per_token"]
     windows = sum(len(h) for h in keep["holes"])

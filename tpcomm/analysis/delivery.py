@@ -42,7 +42,7 @@ from tpcomm.rundir.results import DeliveryTerm
 def token_delays(pairs: pd.DataFrame, rank_rows: pd.DataFrame, tokens: pd.DataFrame, requests: pd.DataFrame):
     """Per request paired by prefill segments (pairing.by_prefill rows with `steps`): (request_id, made_ns,
     arrived_ns) arrays of its tokens, and {request_id: why not} for the others."""
-    from tpcomm.analysis.pairing import DECODE, PREFILL, step_ends
+    from tpcomm.analysis.pairing import DECODE, PREFILL, STEPPED, step_ends
 
     s = step_ends(rank_rows).set_index("step")
     n_tok = requests.set_index("request_id")["output_tokens"]
@@ -50,6 +50,9 @@ def token_delays(pairs: pd.DataFrame, rank_rows: pd.DataFrame, tokens: pd.DataFr
     out, why = [], {}
     for _, p in pairs.iterrows():
         rid = int(p["request_id"])
+        if p["why"] == STEPPED:
+            why[rid] = STEPPED
+            continue
         steps = [x for x in p["steps"] if x in s.index]
         kinds = s.loc[steps, "kind"].to_numpy() if steps else np.array([])
         n = n_tok.get(rid)

@@ -30,6 +30,10 @@ Which engine steps are a request's:
   token k0 and of token k1; this needs the client and the server on one wall clock (one host, or clocks
   kept together) and is used where the closure is compared, not judged.
 
+A request during which the wall clock was stepped (NTP; load.RequestClock measures it) is paired with no
+steps either way: its own times are on the clock as it read at its send, the hook's stamps after the step
+on the stepped clock, so its engine span (and its delivery delays) would carry the step.
+
 Units: *_ms milliseconds, t_*_ns wall clock (or the GPU timeline placed on it).
 """
 
@@ -43,6 +47,7 @@ from tpcomm.judge.tolerances import BURST_GAP_FRACTION, MIN_OBSERVED
 
 PREFILL = "prefill"
 DECODE = "decode"
+STEPPED = "the wall clock was stepped during it"  # load.RequestClock measured it: compared on neither side
 
 
 SPAN_COLUMNS = [
@@ -57,6 +62,7 @@ SPAN_COLUMNS = [
     "tokens",
     "client_ms_span",
     "stalled_out",
+    "clock_step_ms",
 ]
 
 
@@ -64,15 +70,18 @@ def client_spans(requests: pd.DataFrame, tokens: pd.DataFrame, period_ms: float 
     """Per request: k0, k1 (token indices), a0_ns, a1_ns (their arrivals), observed, holes (stall windows
     inside k0..k1: [(ka, kb, arrival_a_ns, arrival_b_ns)]), tokens (k1 - k0 less the holes' tokens),
     client_ms_per_token (over those tokens), client_ms_span (over k0..k1, holes included), stalled_out
-    (observed, but the stall windows hold most of its tokens)."""
+    (observed, but the stall windows hold most of its tokens), clock_step_ms (the wall clock's step during the
+    request, NaN: none measured)."""
     rows = []
     gap_ns = BURST_GAP_FRACTION * period_ms * 1e6 if period_ms else 0.0
     stall_ns = stall_threshold_ms(period_ms) * 1e6
     by_req = {rid: g for rid, g in tokens.sort_values(["request_id", "token_idx"]).groupby("request_id")}
     for _, r in requests.iterrows():
         rid, n = int(r["request_id"]), r["output_tokens"]
+        step = pd.to_numeric(r.get("clock_step_ms"), errors="coerce")
+        step = float(step) if pd.notna(step) else np.nan
         g = by_req.get(rid)
-        none = (rid, -1, -1, 0, 0, np.nan, False, [], 0, np.nan, False)
+        none = (rid, -1, -1, 0, 0, np.nan, False, [], 0, np.nan, False, step)
         if g is None or not np.isfinite(n) or n < 2:
             rows.append(none)
             continue
@@ -100,7 +109,9 @@ def client_spans(requests: pd.DataFrame, tokens: pd.DataFrame, period_ms: float 
         span_ms = (bt[-1] - bt[0]) / 1e6 / (k1 - k0) if k1 > k0 else np.nan
         own_ms = ((bt[-1] - bt[0]) - sum(b - a for _, _, a, b in holes)) / 1e6 / m if m > 0 else np.nan
         stalled_out = bool(observed and m < MIN_OBSERVED * (int(n) - 1))
-        rows.append((rid, k0, k1, int(bt[0]), int(bt[-1]), own_ms, bool(observed), holes, m, span_ms, stalled_out))
+        rows.append(
+            (rid, k0, k1, int(bt[0]), int(bt[-1]), own_ms, bool(observed), holes, m, span_ms, stalled_out, step)
+        )
     return pd.DataFrame(rows, columns=SPAN_COLUMNS)
 
 
@@ -169,6 +180,9 @@ def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFr
         # every step number of the segment, the empty ones (left out above) included: the split over the compared
         # requests needs them to keep the decode steps consecutive
         out.at[i, "steps"] = list(range(int(ids[a]), int(ids[b - 1]) + 1))
+        if np.isfinite(out.at[i, "clock_step_ms"]):  # the hook's stamps jumped inside its segment, the client's not
+            out.at[i, "why"] = STEPPED
+            continue
         n_dec = int((kinds[a:b] == DECODE).sum())
         if n_dec != b - a - 1:  # a mixed step (another request's prefill with decodes): not one stream
             out.at[i, "why"] = "a mixed step in its segment"
@@ -198,6 +212,9 @@ def by_client_times(rank_rows: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFram
     for i, r in out.iterrows():
         if r["k1"] <= r["k0"]:
             out.at[i, "why"] = "no token span observed"
+            continue
+        if np.isfinite(r["clock_step_ms"]):
+            out.at[i, "why"] = STEPPED
             continue
         i0 = np.searchsorted(ends, r["a0_ns"], side="right") - 1
         i1 = np.searchsorted(ends, r["a1_ns"], side="right") - 1

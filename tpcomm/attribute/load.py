@@ -9,7 +9,11 @@ tokens of successful requests / wall time of the round.
 
 Units: *_ms milliseconds, t_*_ns / t_ns wall clock (time.time_ns(), the same
 clock the hook stamps its records with, so client and server events line up
-on one host).
+on one host). Each request reads the wall clock at its send and times its
+tokens from there on the monotonic clock (RequestClock): a step of the wall
+clock (NTP correcting a freshly booted machine, an operator) moves the next
+request with the hook's stamps instead of every later one, and a step during
+a request is measured and kept in its row (clock_step_ms).
 """
 
 from __future__ import annotations
@@ -27,12 +31,37 @@ from tpcomm.attribute.server import ServerInfo
 
 ABORT_POLL_S = 0.5  # how often a round asks `abort` whether to end early
 
-# A monotonic clock expressed as wall-clock nanoseconds.
-_WALL0 = time.time_ns() - time.perf_counter_ns()
+CLOCK_STEP_MS = 1.0  # the wall clock moved against the monotonic one by more than this: it was stepped
 
 
-def now_ns() -> int:
-    return _WALL0 + time.perf_counter_ns()
+def wall_anchor_ns() -> tuple[int, int]:
+    """(wall clock minus monotonic clock, its uncertainty), both ns: the tightest of three bracketed reads (a
+    process descheduled between two reads would otherwise put its pause into the anchor)."""
+    best = None
+    for _ in range(3):
+        p0 = time.perf_counter_ns()
+        w = time.time_ns()
+        p1 = time.perf_counter_ns()
+        if best is None or p1 - p0 < best[1] * 2:
+            best = (w - (p0 + p1) // 2, (p1 - p0) // 2)
+    return best
+
+
+class RequestClock:
+    """One request's event times: the monotonic clock (steady whatever the wall clock does) placed on the wall
+    clock as read at the request's send, the clock the hook stamps its records with."""
+
+    def __init__(self):
+        self.anchor_ns, self.uncertainty_ns = wall_anchor_ns()
+
+    def now(self) -> int:
+        return self.anchor_ns + time.perf_counter_ns()
+
+    def step_ms(self) -> float | None:
+        """How far the wall clock was stepped since the send (ms, + forward), None below CLOCK_STEP_MS."""
+        anchor, unc = wall_anchor_ns()
+        step = (anchor - self.anchor_ns) / 1e6
+        return step if abs(step) > CLOCK_STEP_MS + (unc + self.uncertainty_ns) / 1e6 else None
 
 
 _WORDS = (
@@ -177,7 +206,8 @@ async def stream_request(
     row = {"ok": False, "error": "", "prompt_tokens": None, "output_tokens": None}
     tokens: list[int] = []
     counts: list[int] = []
-    t0 = now_ns()
+    clock = RequestClock()
+    t0 = clock.now()
     try:
         async with client.stream(
             "POST", info.url + path, json=payload, headers=info.headers, timeout=spec.timeout_s
@@ -193,7 +223,7 @@ async def stream_request(
                     if data == "[DONE]":
                         break
                     msg = jsonsafe.loads(data, "a stream chunk", "an OpenAI streaming chunk")
-                    t = now_ns()
+                    t = clock.now()
                     if problem := chunk_problem(msg):
                         row["error"] = f"{MALFORMED}: {problem}"
                         break
@@ -230,9 +260,20 @@ async def stream_request(
         row["error"] = f"{type(e).__name__}: {e}"
     except jsonsafe.BadJSON as e:
         row["error"] = f"{MALFORMED}: {e.what} {e.problem}"[:300]
-    t1 = tokens[-1] if tokens else now_ns()
+    t1 = tokens[-1] if tokens else clock.now()
     n_out = row["output_tokens"] or len(tokens)
-    row.update(t_start_ns=t0, t_end_ns=t1, token_ns=tokens, token_counts=counts)
+    # A wall-clock step during the request: its times stay on the send's reading (their differences are right);
+    # its end is also given on the clock the hook stamped with by then, so a level's window ends where the
+    # hook's records do.
+    step = clock.step_ms()
+    row.update(
+        t_start_ns=t0,
+        t_end_ns=t1,
+        t_end_wall_ns=t1 + int(round(step * 1e6)) if step is not None else t1,
+        clock_step_ms=step,
+        token_ns=tokens,
+        token_counts=counts,
+    )
     if tokens:
         ttft = (tokens[0] - t0) / 1e6
         e2e = (t1 - t0) / 1e6

@@ -149,7 +149,9 @@ class RankWatch:
         self._threads: list[threading.Thread] = []
         self.api: tuple[int, int] | None = None  # (pidfd, pid) of the API server, when on this machine
         self._api_dead_ns: int | None = None
-        self._stopped_since: dict[int, tuple[int, str, int]] = {}  # rank -> (pid, state, first seen stopped)
+        # rank -> (pid, state, first seen stopped: wall clock, monotonic clock). How long is the monotonic
+        # clock's: a step of the wall clock (NTP) does not make a worker stopped for a moment look stopped long.
+        self._stopped_since: dict[int, tuple[int, str, int, int]] = {}
         self._shutdown_ns: int | None = None  # when the API server began its own shutdown, if it said so
         self._asking: threading.Thread | None = None
         self._remote = False  # workers not on this machine (watched through the HTTP look alone)
@@ -230,10 +232,10 @@ class RankWatch:
 
     def stopped(self, min_s: float = STOPPED_S) -> RankStopped | None:
         """A worker stopped (state T) for at least `min_s` without a break, as of the latest look."""
-        now = time.time_ns()
+        now = time.monotonic_ns()
         with self._lock:
-            for rank, (pid, st, since) in sorted(self._stopped_since.items()):
-                if now - since >= min_s * 1e9:
+            for rank, (pid, st, since, since_mono) in sorted(self._stopped_since.items()):
+                if now - since_mono >= min_s * 1e9:
                     return RankStopped(rank, pid, st, since, self.concurrency)
         return None
 
@@ -241,7 +243,7 @@ class RankWatch:
         with self._lock:
             for rank, (pid, st) in states.items():
                 if st in _STOPPED_STATES:
-                    self._stopped_since.setdefault(rank, (pid, st, now))
+                    self._stopped_since.setdefault(rank, (pid, st, now, time.monotonic_ns()))
                 else:
                     self._stopped_since.pop(rank, None)
 

@@ -51,7 +51,27 @@ REQUEST_COLUMNS = [
     "e2e_ms",
     "t_start_ns",
     "t_end_ns",
+    "t_end_wall_ns",  # t_end_ns on the wall clock as it read then (differs where the clock was stepped)
+    "clock_step_ms",  # the wall clock's step during the request (NaN: none above load.CLOCK_STEP_MS)
 ]
+
+
+def clock_step_flag(req: pd.DataFrame) -> str | None:
+    """What a wall-clock step during the level's requests did, or None: their times against the hook's stamps
+    are off by the step from it on (the load's RequestClock keeps each request's own differences right)."""
+    if "clock_step_ms" not in req.columns:
+        return None
+    stepped = req[pd.to_numeric(req["clock_step_ms"], errors="coerce").notna()]
+    if stepped.empty:
+        return None
+    steps = ", ".join(
+        f"{float(v):+.1f} ms in request {int(r)}" for r, v in zip(stepped["request_id"], stepped["clock_step_ms"])
+    )
+    return (
+        f"the wall clock was stepped during the level ({steps}; NTP or an operator): each request's own times "
+        "stay right, but the hook's records are placed against them on the clock as it read at each request's "
+        "send; a request that spans a step is not paired by its times"
+    )
 
 
 @dataclass
@@ -416,7 +436,7 @@ class Attribute:
                 "concurrency": c,
                 "repeat": rep,
                 "t_start_ns": int(req["t_start_ns"].min()) if len(req) else t_level,
-                "t_end_ns": int(req["t_end_ns"].max()) if len(req) else time.time_ns(),
+                "t_end_ns": int(req["t_end_wall_ns"].fillna(req["t_end_ns"]).max()) if len(req) else time.time_ns(),
             }
         )
         if self.plugin_on and start_error is None:
@@ -508,6 +528,8 @@ class Attribute:
             )
         if lv["failed"]:
             lv["flags"].append(f"{lv['failed']} of {lv['requests']} requests failed")
+        if flag := clock_step_flag(req):
+            lv["flags"].append(f"C={c}: {flag}")
         return lv
 
     def _add_rows(self, rows: list[dict], level: tuple[int, int], rnd: int, in_stats: bool):

@@ -110,9 +110,10 @@ class Hook:
         self.stopped_ns = 0
         # The recording's lease (issue 32): armed, it ends by itself once no client called for lease_s seconds
         # (a client killed mid-level, a start that took effect after its caller gave up). Checked at each step's
-        # end and at each status: a comparison, never a wait.
+        # end and at each status: a comparison, never a wait. On the monotonic clock: a step of the wall clock
+        # (NTP on a resumed machine) neither ends a recording early nor keeps it past its lease.
         self.lease_s = 0.0
-        self.lease_until_ns = 0
+        self.lease_until_mono_ns = 0
         self.lease_ended_ns = 0
         # The recording session: set by each start (the caller's id, the same on every rank), so a client
         # can tell that someone else started or stopped recording during its run.
@@ -147,11 +148,12 @@ class Hook:
     def renew(self) -> None:
         """A client called: the armed recording's lease starts again."""
         if self.armed:
-            self.lease_until_ns = time.time_ns() + int(self.lease_s * 1e9)
+            self.lease_until_mono_ns = time.monotonic_ns() + int(self.lease_s * 1e9)
 
     def lease_over(self, now_ns: int) -> bool:
-        """Disarm when the lease has run out (True then). No poll and no wait: this runs inside a step."""
-        if not self.armed or now_ns <= self.lease_until_ns:
+        """Disarm when the lease has run out (True then; `now_ns`, the wall clock, stamps its end). No poll and
+        no wait: this runs inside a step."""
+        if not self.armed or time.monotonic_ns() <= self.lease_until_mono_ns:
             return False
         self.armed = False
         self.stopped_ns = self.lease_ended_ns = now_ns
@@ -185,7 +187,7 @@ class Hook:
         self.fault_after = fault_after
         self.started_ns, self.stopped_ns = time.time_ns(), 0
         self.lease_s = float(lease_s or _env_float("TPCOMM_HOOK_LEASE_S", DEFAULT_LEASE_S))
-        self.lease_until_ns, self.lease_ended_ns = self.started_ns + int(self.lease_s * 1e9), 0
+        self.lease_until_mono_ns, self.lease_ended_ns = time.monotonic_ns() + int(self.lease_s * 1e9), 0
         w = thread_cpu_wait_ns(self.step_tid)
         self._cpu0 = (w, self.step) if w is not None else None
         self.armed = True

@@ -212,6 +212,9 @@ LOAD_REQUESTS = FileSpec(
         "concurrency:i repeat:i round:i in_stats:b request_id:i ok:b "
         "output_tokens:f ttft_ms:f tpot_ms:f e2e_ms:f t_start_ns:f t_end_ns:f"
     ),
+    # the end on the wall clock as it read then, and the clock's step during the request (load.RequestClock);
+    # older files lack both: no step was measured
+    optional=_cols("t_end_wall_ns:f clock_step_ms:f"),
 )
 LOAD_TOKENS = FileSpec(
     "load/tokens.parquet",
