@@ -721,19 +721,11 @@ def test_a_wall_clock_step_is_measured_and_the_next_request_follows_the_stepped_
     step afterwards split the two clocks for the rest of the run, so no prefill step matched its request. Now
     the step is measured in the request it happened in (its own times stay right), and the next request is
     placed on the stepped clock, where the hook stamps its records."""
-    import libfaketime
+    from faketime import stepping_env
 
     url, key = plugin_server
     step_file = tmp_path / "faketime"
-    step_file.write_text("+0\n")
-    lib = Path(libfaketime.__file__).parent / "vendor/libfaketime/src/libfaketime.so.1"
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(lib),
-        "FAKETIME_TIMESTAMP_FILE": str(step_file),
-        "FAKETIME_NO_CACHE": "1",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
+    env = stepping_env(step_file)
     r = subprocess.run(
         [sys.executable, "-c", _CLOCK_STEP_CLIENT, url, key or "", str(step_file)],
         capture_output=True,

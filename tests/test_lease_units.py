@@ -3,11 +3,9 @@ words for a server that shut itself down (ranks.RankDeath). The real server's si
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -65,18 +63,10 @@ def test_a_wall_clock_step_neither_ends_a_recording_nor_keeps_it_past_its_lease(
     """A 30 s lease, then the wall clock stepped a minute forward (the old lease, on the wall clock, ended the
     recording at once and blamed a client that had died) or an hour back (it kept recording an hour past the
     lease). libfaketime steps the wall clock of the process for real; the monotonic clock is left alone."""
-    import libfaketime
+    from faketime import stepping_env
 
     step_file = tmp_path / "faketime"
-    step_file.write_text("+0\n")
-    lib = Path(libfaketime.__file__).parent / "vendor/libfaketime/src/libfaketime.so.1"
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(lib),
-        "FAKETIME_TIMESTAMP_FILE": str(step_file),
-        "FAKETIME_NO_CACHE": "1",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
+    env = stepping_env(step_file)
     r = subprocess.run(
         [sys.executable, "-c", _LEASE_ACROSS_A_STEP, str(step_file), step],
         capture_output=True,

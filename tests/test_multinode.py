@@ -14,21 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from faketime import offset_env
 
 from tpcomm.vllm_server import VllmServer, free_port
 
 pytestmark = pytest.mark.vllm
 OFFSET_US = 2000.0
-
-
-def _faketime_env(offset_s: float) -> dict:
-    """node 1's processes on a clock `offset_s` ahead (libfaketime's LD_PRELOAD library, from PyPI's libfaketime).
-    Only the wall clock: faking the monotonic clock too makes this build's sleeps hang."""
-    import libfaketime
-
-    lib = Path(libfaketime.__file__).parent / "vendor/libfaketime/src/libfaketime.so.1"
-    assert lib.is_file(), lib
-    return {"LD_PRELOAD": str(lib), "FAKETIME": f"+{offset_s:g}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 def _two_nodes(model: Path, root: Path, name: str, node1_env: dict | None = None, pp: int = 1):
@@ -81,7 +72,7 @@ def offset_run(tiny_model_dir, tmp_path_factory, request):
     factory = request.getfixturevalue("vllm_server_factory")
     factory.__self__.close()
     root = tmp_path_factory.mktemp("multinode")
-    n0, n1 = _two_nodes(tiny_model_dir, root, "offset", _faketime_env(OFFSET_US / 1e6))
+    n0, n1 = _two_nodes(tiny_model_dir, root, "offset", offset_env(OFFSET_US / 1e6))
     try:
         return _attribute(n0.url, root / "offset"), root / "offset"
     finally:
