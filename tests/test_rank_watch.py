@@ -263,3 +263,28 @@ def test_an_identity_the_api_server_cannot_read_proves_nothing(procs, monkeypatc
     seen = {0: (procs[0].pid, here, identity(procs[0].pid))}
     monkeypatch.setattr(routes, "identity", lambda pid: None)
     assert [w["alive"] for w in routes.worker_liveness(seen, here)] == [True]
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
+def test_a_death_ends_the_round_after_a_grace_even_with_streams_open(procs):
+    """vLLM 0.32's API server, shutting down on SIGTERM, keeps the streams of requests in flight open (uvicorn
+    waits for its connections, the streams for an engine that is gone): the round's abort fires once a worker
+    has been dead for DEATH_ABORT_S, not at the requests' 300 s timeout."""
+    from tpcomm.attribute.run import DEAD_IN_FLIGHT, _abort_for
+
+    hook = _Hook(_seen(procs))
+    watch = RankWatch(hook.info, concurrency=2).start()
+    abort = _abort_for(watch)
+    try:
+        assert abort() is None and not watch.dead_for(0.0)
+        os.kill(procs[1].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not watch.dead_for(0.0):
+            assert time.monotonic() < deadline, "the death was not seen"
+            time.sleep(0.02)
+        assert abort() is None  # not at once: requests that fail by themselves name the death first
+        time.sleep(3.1)  # ranks.DEATH_ABORT_S
+        assert abort() == DEAD_IN_FLIGHT
+    finally:
+        watch.stop()
+        hook.stop()

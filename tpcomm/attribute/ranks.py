@@ -43,6 +43,7 @@ from tpcomm.procid import identity
 POLL_S = 1.0
 GRACE_S = 5.0  # after requests failed: how long stop() waits for a watched worker to be seen dead
 STOPPED_S = 5.0  # a worker stopped (state T) this long has stopped answering: the level ends
+DEATH_ABORT_S = 3.0  # a worker dead this long and requests still in flight: they cannot finish (RankWatch.dead_for)
 # The API server dying at most this long after the first rank (or before it) is a whole-server stop: when one
 # rank fails, vLLM's engine core shuts the rest down and the API server exits only after it noticed (seconds).
 WHOLE_S = 0.25  # measured: a whole-group SIGKILL had the API server end 150 ms before rank 0's exit was seen
@@ -154,6 +155,7 @@ class RankWatch:
         # clock's: a step of the wall clock (NTP) does not make a worker stopped for a moment look stopped long.
         self._stopped_since: dict[int, tuple[int, str, int, int]] = {}
         self._shutdown_ns: int | None = None  # when the API server began its own shutdown, if it said so
+        self._death_mono: float | None = None  # when the first death was seen (monotonic clock)
         self._asking: threading.Thread | None = None
         self._remote = False  # workers not on this machine (watched through the HTTP look alone)
         # One connection for every look: start(), then the HTTP watch thread only (and stop() after joining it).
@@ -241,6 +243,13 @@ class RankWatch:
                 if now - since_mono >= min_s * 1e9:
                     return RankStopped(rank, pid, st, since, self.concurrency)
         return None
+
+    def dead_for(self, min_s: float = DEATH_ABORT_S) -> bool:
+        """A worker was seen dead at least `min_s` ago. Its engine cannot finish the requests in flight, and
+        vLLM 0.32's API server, shutting down, keeps their streams open until the client closes them (uvicorn
+        waits for open connections; the streams wait for an engine that is gone): the round is ended then."""
+        with self._lock:
+            return self._death_mono is not None and time.monotonic() - self._death_mono >= min_s
 
     def _note_states(self, states: dict[int, tuple[int, str | None]], now: int) -> None:
         with self._lock:
@@ -389,6 +398,7 @@ class RankWatch:
                 self.death = RankDeath(
                     rank, pid, now, self.concurrency, sorted(r for r, _ in dead if r != rank), [], seen_by
                 )
+                self._death_mono = time.monotonic()
                 self._seen.set()
                 # at once: after its engine stopped, an API server that shuts down exits within moments
                 self._asking = threading.Thread(target=self._ask_shutdown, name="tpcomm-shutdown-ask", daemon=True)

@@ -56,6 +56,22 @@ REQUEST_COLUMNS = [
 ]
 
 
+DEAD_IN_FLIGHT = "a TP worker died with requests still in flight"
+
+
+def _abort_for(watch: RankWatch) -> Callable[[], str | None]:
+    """What ends a round early: a worker stopped (state T) for STOPPED_S, or dead for DEATH_ABORT_S with requests
+    still in flight (their engine is gone; vLLM 0.32's API server, shutting down on SIGTERM, keeps their streams
+    open until the client closes them, which it would otherwise do only at --timeout, 300 s)."""
+
+    def abort() -> str | None:
+        if s := watch.stopped():
+            return s.message()
+        return DEAD_IN_FLIGHT if watch.dead_for() else None
+
+    return abort
+
+
 def clock_step_flag(req: pd.DataFrame) -> str | None:
     """What a wall-clock step during the level's requests did, or None: their times against the hook's stamps
     are off by the step from it on (the load's RequestClock keeps each request's own differences right)."""
@@ -354,7 +370,7 @@ class Attribute:
         stops. `start_error`: why the hook's recording could not be started (None: it was, or no plugin)."""
         spec = self.cfg.spec
         t_level = time.time_ns()  # the level's requests start now (a death is timed from here)
-        abort = (lambda: s.message() if (s := watch.stopped()) else None) if watch is not None else None
+        abort = _abort_for(watch) if watch is not None else None
         cpu_base: dict | str | None = None  # the workers' CPU wait at the start of the round (see _level_records)
         for rnd in range(spec.max_rounds):
             if rnd and self.plugin_on and start_error is None:
@@ -379,6 +395,8 @@ class Attribute:
                     )
                 )
             except load.Aborted as e:  # a TP worker stopped answering (ranks.py): nothing more to ask it
+                if e.reason == DEAD_IN_FLIGHT:  # or died, and its requests' streams were left open: a death
+                    self._gone(e.args[0], c, rep, rnd, watch, t_level)
                 req, tok = self._add_rows(e.args[0], (c, rep), rnd, True)
                 lv = self._level_doc(c, rep, rnd, req, tok, None, e.reason, [f"incomplete: {e.reason}"])
                 stopped = watch.stopped(0)
@@ -393,18 +411,7 @@ class Attribute:
                 self.levels.append(lv)
                 raise
             except load.ServerGone as e:
-                req, tok = self._add_rows(e.args[0] if e.args else [], (c, rep), rnd, True)
-                death = watch.stop(requests_failed=True) if watch is not None else None
-                why = death.message(t_level) if death else "server stopped answering"
-                if len(req):
-                    flag = (
-                        f"incomplete: {why}" if death else "incomplete: the server stopped answering during this level"
-                    )
-                    lv = self._level_doc(c, rep, rnd, req, tok, None, why, [flag])
-                    if death:
-                        lv.update(worker_problem=why, rank_died=death.to_dict())
-                    self.levels.append(lv)
-                raise (RankDied(death, why) if death else load.ServerGone([])) from None
+                self._gone(e.args[0] if e.args else [], c, rep, rnd, watch, t_level)
             req, tok = self._add_rows(rows, (c, rep), rnd, True)
             steady, note = steadiness(req, tok, c, spec.steady_pct)
             if steady is not False or rnd == spec.max_rounds - 1:
@@ -453,6 +460,20 @@ class Attribute:
             lv["records_problem"] = f"the hook's recording could not be started ({start_error})"
         self._write_load()
         self.progress.level_end(lv)
+
+    def _gone(self, rows: list[dict], c: int, rep: int, rnd: int, watch: RankWatch | None, t_level: int) -> None:
+        """The server went (or a worker died) during the level's requests: keep what was measured, name the
+        death (or the server that stopped answering), and raise."""
+        req, tok = self._add_rows(rows, (c, rep), rnd, True)
+        death = watch.stop(requests_failed=True) if watch is not None else None
+        why = death.message(t_level) if death else "server stopped answering"
+        if len(req):
+            flag = f"incomplete: {why}" if death else "incomplete: the server stopped answering during this level"
+            lv = self._level_doc(c, rep, rnd, req, tok, None, why, [flag])
+            if death:
+                lv.update(worker_problem=why, rank_died=death.to_dict())
+            self.levels.append(lv)
+        raise (RankDied(death, why) if death else load.ServerGone([])) from None
 
     def _level_records(
         self, c: int, rep: int, session: str, lv: dict, watch: RankWatch | None, cpu_base: dict | str | None
