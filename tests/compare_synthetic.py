@@ -100,9 +100,12 @@ def run_dir(
     compute_us: float = 3000.0,
     cpu_wait_ms: float | None = None,
     ranks: tuple[str, ...] = ("0", "1"),
+    delivery_slope_us: float = 0.0,
 ) -> Path:
     """A single-stream run directory (C=1) from make_records/make_client, analysed by attribute's own code;
-    `cpu_wait_ms`: the ranks' CPU wait per engine step the level doc states (as the hook's status gives it)."""
+    `cpu_wait_ms`: the ranks' CPU wait per engine step the level doc states (as the hook's status gives it);
+    `delivery_slope_us`: each token reaches the client that much later than the one before it, beyond the
+    engine's pace (an API server falling behind over a stream: the delivery term)."""
     from tpcomm.analysis.attribution import analyse_run_dir
     from tpcomm.analysis.synthetic import make_client, make_records
     from tpcomm.rundir import contract as C
@@ -112,6 +115,12 @@ def run_dir(
         steps=requests * output_len, prefill_every=output_len, compute_us=compute_us, seed=seed, idle_us=2000.0
     )
     req, tok = make_client(steps)
+    if delivery_slope_us:
+        tok["t_ns"] = tok["t_ns"] + (tok["token_idx"] * delivery_slope_us * 1e3).astype("int64")
+        last = tok.groupby("request_id")["t_ns"].max()
+        req["t_end_ns"] = req["request_id"].map(last).to_numpy()
+        req["e2e_ms"] = (req["t_end_ns"] - req["t_start_ns"]) / 1e6
+        req["tpot_ms"] = (req["e2e_ms"] - req["ttft_ms"]) / (req["output_tokens"] - 1)
     rd = RunDir(path)
     rd.write_table(C.HOOK_COLLECTIVES, coll)
     rd.write_table(C.HOOK_STEPS, steps)

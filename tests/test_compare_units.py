@@ -37,6 +37,7 @@ def synth(tmp_path_factory):
         "a": run_dir(d / "a", seed=1),
         "a2": run_dir(d / "a2", seed=2),
         "slow": run_dir(d / "slow", seed=3, compute_us=3600.0),
+        "late": run_dir(d / "late", seed=4, delivery_slope_us=400.0),
     }
 
 
@@ -87,6 +88,23 @@ def test_synthetic_a_a_resolves_nothing_and_the_terms_add_up(synth):
     assert abs(lv.sum_residual_ms) < 1e-12
     assert "no change in the per-token time that this comparison can resolve" in cmp.verdict
     assert "collectives unchanged" in cmp.verdict and "one repeat each" in cmp.caveat
+
+
+def test_the_delivery_term_gets_an_interval_and_a_slower_delivery_is_resolved(synth):
+    """The fifth term is resampled with its requests (each request's decode steps and its tokens one block):
+    A against A2 (same configuration) resolves neither it nor the client's per-token time; B's tokens each
+    reach the client 0.4 ms later than the one before, beyond the engine's pace (the generator's drift): the
+    delivery term and the client's per-token time rise by 0.4 ms, resolved, and the engine's terms do not."""
+    same = compare_runs(synth["a"], synth["a2"]).levels[0]
+    for name in ("delivery_term", "client_per_token"):
+        t = same.term(name)
+        assert t.lo is not None and t.lo < t.diff < t.hi and not t.resolved, t
+    assert "the delivery term and delivery with it" in same.resampled, same.resampled
+    late = compare_runs(synth["a"], synth["late"]).levels[0]
+    dt, cl = late.term("delivery_term"), late.term("client_per_token")
+    assert dt.resolved and dt.diff == pytest.approx(0.4, abs=0.05) and dt.lo > 0.3, dt
+    assert cl.resolved and cl.diff > 0.3, cl
+    assert not late.term("compute").resolved and not late.term("per_token").resolved
 
 
 def test_synthetic_compute_shift_is_named_in_the_verdict(synth):

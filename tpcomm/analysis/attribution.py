@@ -239,6 +239,7 @@ def client_side(
     cz, dl, compared = closure(pairs, concurrency, how, problem)
     held = sorted(int(r) for r in spans.loc[~spans["observed"], "request_id"])
     split, split_requests = whole, None
+    delivery_rows: dict = {}
     if cz.judged and compared:
         own = {s for ids in pairs.loc[pairs["request_id"].isin(compared), "steps"] for s in ids}
         split, split_requests = engine_split(rows[rows["step"].isin(own)]), sorted(compared)
@@ -254,10 +255,14 @@ def client_side(
         own = {s for ids in pairs.loc[pairs["request_id"].isin(mine), "steps"] for s in ids}
         five = engine_split(rows[rows["step"].isin(own)]) if own else whole
         dt = delivery.delivery_term(per_req, five["engine_ms_per_token"], concurrency, same_clock)
+        if dt.measured:
+            delivery_rows = dict(zip((int(r) for r, _, _ in per_req), delivery.request_sums(per_req)))
         if dt.measured and five["per_token_ms"]:
             split, split_requests = five, (sorted(mine) if own else None)
     return {
         "delivery_term": dt,
+        # request id -> (client ms, delivery ms, tokens - 1) of the delivery term's requests (compare resamples)
+        "delivery_rows": delivery_rows,
         "whole": whole,
         "split": split,
         # the requests whose own steps the split rests on (None: the whole window); compare resamples these

@@ -84,6 +84,16 @@ def token_delays(pairs: pd.DataFrame, rank_rows: pd.DataFrame, tokens: pd.DataFr
     return out, why
 
 
+def request_sums(per_request: list) -> np.ndarray:
+    """Per request of token_delays() output, in its order: (client ms over its tokens, delivery ms over them,
+    tokens - 1). The level's delivery term is column 1's sum over column 2's, its client per-token time column
+    0's: compare resamples these rows."""
+    return np.array(
+        [((a[-1] - a[0]) / 1e6, ((a[-1] - m[-1]) - (a[0] - m[0])) / 1e6, len(m) - 1) for _, m, a in per_request],
+        dtype=float,
+    ).reshape(-1, 3)
+
+
 def delivery_term(
     per_request: list, split_ms: float | None, concurrency: int, one_clock: bool, not_measured: str | None = None
 ) -> DeliveryTerm:
@@ -91,10 +101,10 @@ def delivery_term(
     requests' decode steps (`split_ms`: the sum of the four engine terms)."""
     if not_measured or not per_request:
         return DeliveryTerm.not_measured(not_measured or "no request's tokens could be paired with their steps")
-    n1 = sum(len(m) - 1 for _, m, _ in per_request)
-    client = sum(a[-1] - a[0] for _, _, a in per_request) / 1e6 / n1
+    sums = request_sums(per_request)
+    n1 = sums[:, 2].sum()
+    client, dl = sums[:, 0].sum() / n1, sums[:, 1].sum() / n1
     d = [a - m for _, m, a in per_request]
-    dl = sum(x[-1] - x[0] for x in d) / 1e6 / n1
     engine = client - dl
     allv = np.concatenate(d) / 1e6
     base = float(np.median(allv))  # a constant offset (another host's clock) cancels in d - median

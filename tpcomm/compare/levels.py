@@ -233,7 +233,7 @@ def _why_none(name: str, problem: str | None) -> str:
     if problem:
         return problem
     if name in FIVE_ONLY[1:]:
-        return "pooled over the runs' requests, not resampled"
+        return "not resampled: a run's blocks are not the delivery term's own requests"
     return "fewer than 2 compared requests in a run" if name == "delivery" else "not resampled"
 
 
@@ -248,6 +248,8 @@ def _resampled(sa: list[LevelSample], sb: list[LevelSample], band) -> str:
             with_it = (
                 "delivery with it" if s.delivery_joint else f"delivery over {s.delivery_ms.size} requests on its own"
             )
+            if s.delivery_rows is not None:
+                with_it = "the delivery term and " + with_it
             return f"{s.blocks} requests (each request's decode steps one block, {with_it})"
         return f"{s.blocks} blocks of {s.block_len} consecutive decode steps" + (
             f", delivery over {s.delivery_ms.size} requests" if s.delivery_ms.size else ""

@@ -1,5 +1,6 @@
 """One level of one run as the comparison resamples it: the decode pairs the headline was computed over,
-cut into blocks, each block's sums per rank, and the per-request delivery.
+cut into blocks, each block's sums per rank, the per-request delivery, and (where the blocks are its requests)
+the delivery term's per-request sums.
 
 The pairs are found by attribute's own code on the run's own files (attribution/steps_by_rank.parquet,
 load/*.parquet), so the statistic resampled is exactly the headline's: `client_side` (analysis/attribution.py)
@@ -56,6 +57,9 @@ class LevelSample:
     collectives: bool  # the level's steps carry collectives (TP > 1); else transfer and wait are 0
     delivery_ms: np.ndarray  # per compared request: client - engine time per token
     delivery_joint: bool  # delivery_ms[i] belongs to block i (resampled together)
+    # per block, where the blocks are the delivery term's requests (C=1, the term measured): (client ms,
+    # delivery ms, tokens - 1) over the request's tokens (analysis/delivery.request_sums); else None
+    delivery_rows: np.ndarray | None = None
     problem: str | None = None  # why no interval: the files do not reproduce the summary
     point: dict[str, float] = field(default_factory=dict)
 
@@ -123,6 +127,9 @@ def level_sample(
     # the closure's delivery (its compared requests) goes with the blocks when they are those same requests
     joint = by_request and list(order) == sorted(compared)
     delivery = (d["client_ms_per_token"] - d["engine_ms_per_token"]).reindex(order if joint else compared).to_numpy()
+    # the delivery term's own requests are the blocks (client_side rests the split on them where it is measured)
+    drows = cs["delivery_rows"]
+    term_rows = np.array([drows[r] for r in order]) if by_request and drows and set(drows) == set(order) else None
     sample = LevelSample(
         concurrency=c,
         repeat=lv.repeat,
@@ -134,6 +141,7 @@ def level_sample(
         collectives=carries_collectives(rows),
         delivery_ms=np.asarray(delivery, dtype=float),
         delivery_joint=joint,
+        delivery_rows=term_rows,
     )
     if pairs.empty:
         sample.problem = "no decode pairs in the level's files"
@@ -190,6 +198,10 @@ def estimates(sample: LevelSample, weights: np.ndarray) -> dict[str, np.ndarray]
     out = {"per_token": per_token, **{k: mean(t[k]) for k in ENGINE_TERMS}}
     out["collective"] = out["transfer"] + out["wait"]
     out["tok_per_s"] = 1e3 / per_token * seqs
+    if sample.delivery_rows is not None:  # the fifth term and the client's per-token time, pooled by token
+        d = weights @ sample.delivery_rows  # (replicates, 3)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["delivery_term"], out["client_per_token"] = d[:, 1] / d[:, 2], d[:, 0] / d[:, 2]
     return out
 
 
@@ -216,4 +228,8 @@ def _reproduces(sample: LevelSample, lv: LevelSplit, split: dict) -> str | None:
         return "attribute's split of these files differs from the block sums: no interval"
     if lv.delivery is not None and "delivery" in p and not math.isclose(p["delivery"], lv.delivery.ms, abs_tol=1e-9):
         return f"the run's files give delivery {p['delivery']:.6g} ms, its summary {lv.delivery.ms} ms: no interval"
+    dt = lv.delivery_term
+    for k, v in (("delivery_term", dt.ms if dt else None), ("client_per_token", dt.client_ms if dt else None)):
+        if k in p and (v is None or not math.isclose(p[k], v, rel_tol=REPRODUCE_REL, abs_tol=1e-9)):
+            return f"the run's files give {k.replace('_', ' ')} {p[k]:.6g} ms, its summary {v} ms: no interval"
     return None
