@@ -406,3 +406,22 @@ def test_a_request_across_a_clock_step_is_not_paired_by_client_times_and_the_lev
     assert flag and "+10000.0 ms in request 1" in flag, flag
     assert clock_step_flag(req.drop(columns="clock_step_ms")) is None
     assert clock_step_flag(req.assign(clock_step_ms=np.nan)) is None
+
+
+def test_a_rounds_duration_is_the_monotonic_clocks_across_a_wall_clock_step():
+    """Two requests, the wall clock stepped +10 s between them (each placed on the wall clock at its own send):
+    the round lasted 2 s on the monotonic clock, and tok/s is over that, not over 12 s."""
+    from tpcomm.attribute.levels import round_seconds
+
+    rows = pd.DataFrame(
+        {
+            "ok": [True, True],
+            "output_tokens": [32, 32],
+            "t_start_ns": [0, 11_000_000_000],
+            "t_end_ns": [1_000_000_000, 12_000_000_000],
+            "t_start_mono_ns": [5_000_000_000, 6_000_000_000],
+            "t_end_mono_ns": [6_000_000_000, 7_000_000_000],
+        }
+    )
+    assert round_seconds(rows) == 2.0
+    assert round_seconds(rows.drop(columns=["t_start_mono_ns", "t_end_mono_ns"])) == 12.0  # older files

@@ -45,7 +45,7 @@ def level_figures(rows: pd.DataFrame, tokens: pd.DataFrame) -> dict:
             "e2e_ms_p50": None,
             "duration_s": None,
         }
-    dur_s = (rows["t_end_ns"].max() - rows["t_start_ns"].min()) / 1e9
+    dur_s = round_seconds(rows)
     itl = itls_ms(tokens[tokens["request_id"].isin(ok["request_id"])])
     tpot50 = _pct(ok["tpot_ms"], 50)
     # Tokens arriving in bursts (gaps far below the mean per-token time) mean the server's
@@ -128,3 +128,15 @@ def repeat_spread(levels: list[dict], spread_pct: float) -> None:
                 )
                 if flag not in g["flags"]:
                     g["flags"].append(flag)
+
+
+def round_seconds(rows: pd.DataFrame) -> float:
+    """The round's span from its first send to its last token, on the monotonic clock where the rows carry it
+    (each request is placed on the wall clock as it read at its own send: a step of the wall clock between two
+    requests is not in their difference there), else on the wall clock (older files)."""
+    mono = ("t_start_mono_ns", "t_end_mono_ns")
+    if set(mono) <= set(rows.columns):
+        a, b = (pd.to_numeric(rows[c], errors="coerce") for c in mono)
+        if a.notna().all() and b.notna().all():
+            return float(b.max() - a.min()) / 1e9
+    return float(rows["t_end_ns"].max() - rows["t_start_ns"].min()) / 1e9

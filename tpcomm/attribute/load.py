@@ -271,6 +271,10 @@ async def stream_request(
         t_end_ns=t1,
         t_end_wall_ns=t1 + int(round(step * 1e6)) if step is not None else t1,
         clock_step_ms=step,
+        # the monotonic clock's readings: a round's duration across requests (each placed on the wall clock as
+        # it read at its own send, so two requests' wall times differ by any step between them)
+        t_start_mono_ns=t0 - clock.anchor_ns,
+        t_end_mono_ns=t1 - clock.anchor_ns,
         token_ns=tokens,
         token_counts=counts,
     )

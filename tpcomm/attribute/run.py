@@ -53,6 +53,8 @@ REQUEST_COLUMNS = [
     "t_end_ns",
     "t_end_wall_ns",  # t_end_ns on the wall clock as it read then (differs where the clock was stepped)
     "clock_step_ms",  # the wall clock's step during the request (NaN: none above load.CLOCK_STEP_MS)
+    "t_start_mono_ns",  # the monotonic clock at the send and at the last token (durations across requests)
+    "t_end_mono_ns",
 ]
 
 

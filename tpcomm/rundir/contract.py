@@ -214,7 +214,7 @@ LOAD_REQUESTS = FileSpec(
     ),
     # the end on the wall clock as it read then, and the clock's step during the request (load.RequestClock);
     # older files lack both: no step was measured
-    optional=_cols("t_end_wall_ns:f clock_step_ms:f"),
+    optional=_cols("t_end_wall_ns:f clock_step_ms:f t_start_mono_ns:f t_end_mono_ns:f"),
 )
 LOAD_TOKENS = FileSpec(
     "load/tokens.parquet",
