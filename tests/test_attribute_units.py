@@ -425,3 +425,21 @@ def test_a_rounds_duration_is_the_monotonic_clocks_across_a_wall_clock_step():
     )
     assert round_seconds(rows) == 2.0
     assert round_seconds(rows.drop(columns=["t_start_mono_ns", "t_end_mono_ns"])) == 12.0  # older files
+
+
+def test_one_stream_at_a_time_pairs_requests_in_send_order_whatever_the_wall_clock_did():
+    """A backward step of the wall clock (-60 s) between requests 1 and 2: request 2 reads an earlier send time
+    than request 1. Requests are paired with prefill segments in send order (request id), not by those times:
+    each gets its own segment and the closure compares all five."""
+    from tpcomm.analysis import pairing
+
+    coll, steps, _ = make_records(steps=200, prefill_every=40, seed=3)
+    req, tok = make_client(steps)
+    back = req["request_id"] >= 2
+    req.loc[back, "t_start_ns"] -= 60_000_000_000
+    tok.loc[tok["request_id"] >= 2, "t_ns"] -= 60_000_000_000
+    spans = pairing.client_spans(req, tok, period_ms=1.0)
+    pairs, problem = pairing.by_prefill(steps, spans, req)
+    assert problem is None and pairs["paired"].all(), pairs[["request_id", "why"]]
+    first = {int(r): min(s) for r, s in zip(pairs["request_id"], pairs["steps"])}
+    assert first == {0: 0, 1: 40, 2: 80, 3: 120, 4: 160}, first

@@ -24,8 +24,9 @@ adding 0.3 s per event): it stays in. Both figures are also kept over the whole 
 Which engine steps are a request's:
 - "prefill segments" (one stream at a time, C=1): every request starts with one prefill step; the decode
   steps up to the next prefill step are its own. The k-th prefill step of the level's window is the k-th
-  request by start time; a segment must hold exactly tokens - 1 decode steps, else the request is not
-  paired. No clock is shared with the client.
+  request sent (by request id: one stream at a time, the client sends them in id order, and no clock decides
+  it, so a backward step of the wall clock cannot reorder them); a segment must hold exactly tokens - 1
+  decode steps, else the request is not paired. No clock is shared with the client.
 - "client times" (C > 1, several streams per step): the steps that ended by the client's receipt of
   token k0 and of token k1; this needs the client and the server on one wall clock (one host, or clocks
   kept together) and is used where the closure is compared, not judged.
@@ -159,7 +160,7 @@ def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFr
     out = spans.copy()
     out["engine_ms_per_token"], out["engine_ms_span"], out["paired"], out["why"] = np.nan, np.nan, False, ""
     out["steps"] = [[] for _ in range(len(out))]
-    order = requests.sort_values("t_start_ns")["request_id"].tolist()
+    order = requests.sort_values("request_id")["request_id"].tolist()  # the send order (see the docstring)
     starts = np.flatnonzero(s["kind"].to_numpy() == PREFILL)
     if len(starts) != len(order):
         out["why"] = "not paired"
