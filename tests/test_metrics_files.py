@@ -49,6 +49,19 @@ def _hook(n: int = 6) -> Hook:
     return h
 
 
+def _folder_with(base: Path, names) -> tuple:
+    """(a dead process, this uid's metrics folder holding the files `names(its pid)` names, each "{}")."""
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    folder = base / f"tpcomm-{UID}"
+    folder.mkdir(mode=0o700)
+    for name in names(dead.pid):
+        (folder / name).write_text("{}")
+    return dead, folder
+
+
 def _publish(base: Path) -> publish.Publisher:
     pub = publish.Publisher(_hook(), rank=0, base=base)
     assert pub.publish()
@@ -117,14 +130,8 @@ def test_a_folder_or_link_another_user_put_at_the_folder_name_is_left_alone(base
 
 @needs_other_user
 def test_stale_files_of_dead_workers_are_removed_and_other_users_files_kept(base):
-    import subprocess
-
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    folder = base / f"tpcomm-{UID}"
-    folder.mkdir(mode=0o700)
-    for name in (f"metrics-{dead.pid}.json", f".metrics-{dead.pid}.0a1b.tmp", f"metrics-{os.getppid()}.json"):
-        (folder / name).write_text("{}")
+    dead, folder = _folder_with(base, lambda pid: (f"metrics-{pid}.json", f".metrics-{pid}.0a1b.tmp"))
+    (folder / f"metrics-{os.getppid()}.json").write_text("{}")
     (base / f"tpcomm-metrics-{dead.pid}.json").write_text("{}")  # the older layout, ours: removed
     as_nobody(lambda: Path(base, f"tpcomm-metrics-{dead.pid + 1}.json").write_text("{}"))  # theirs: kept
     pub = _publish(base)
@@ -264,14 +271,8 @@ def test_the_api_servers_shutdown_note_is_read_only_when_it_is_its_own(base, cas
 
 
 def test_a_dead_api_servers_shutdown_note_is_removed_with_the_workers_files(base):
-    import subprocess
-
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    folder = base / f"tpcomm-{UID}"
-    folder.mkdir(mode=0o700)
-    for name in (f"shutdown-{dead.pid}.json", f".shutdown-{dead.pid}.0a1b2c.tmp", f"shutdown-{os.getppid()}.json"):
-        (folder / name).write_text("{}")
+    _, folder = _folder_with(base, lambda pid: (f"shutdown-{pid}.json", f".shutdown-{pid}.0a1b2c.tmp"))
+    (folder / f"shutdown-{os.getppid()}.json").write_text("{}")
     pub = _publish(base)
     assert sorted(p.name for p in folder.iterdir()) == sorted([f"shutdown-{os.getppid()}.json", pub.path.name])
     pub.close()
