@@ -312,9 +312,10 @@ def test_server_without_plugin_still_measures_load(plugin_off_url, tmp_path):
 
 # ---- plugin-on server -------------------------------------------------------
 def assert_split_closes(summ: dict, levels: list[dict], run_dir: Path) -> None:
-    """The four terms add up to the engine's per-token time (level and every rank, within 1%), at C=1 with
-    delivery to the client's own per-token time (within 5%), and at C=1, per request, the engine's time per token and the client's agree within 10% (p50 over the same requests)
-    wherever enough requests were delivered on time to judge it (assert_closure_verdict_is_true)."""
+    """The four terms add up to the engine's per-token time (level and every rank, within 1%), with delivery to
+    the client's own per-token time (within 5%, every level), and, per request, the engine's time per token
+    and the client's agree within 10% (p50 over the same requests) wherever enough requests were delivered on
+    time to judge it (assert_closure_verdict_is_true)."""
     for lv in summ["levels"]:
         c, e, p = lv["concurrency"], lv["engine_ms_per_token"], lv["per_token_ms"]
         assert lv["attributed"] and e and p, lv.get("note")
@@ -329,17 +330,20 @@ def assert_split_closes(summ: dict, levels: list[dict], run_dir: Path) -> None:
         cz = lv["closure"]
         left_out = {r for ids in cz["excluded"].values() for r in ids}
         assert cz["requests"] + len(left_out) == lv["client"]["requests"], cz
-        if c == 1:
-            assert cz["pairing"] == "prefill segments", cz
+        # C=1: paired by prefill segments; above it by the request ids the hook recorded (X-Request-Id)
+        assert cz["pairing"] == ("prefill segments" if c == 1 else "request ids"), cz
+        if c == 1:  # the independent reading of tests/delivery.py is one stream at a time
             assert_closure_verdict_is_true(lv, run_dir)
-        # The five terms (issue 31): at C=1 the four engine terms + delivery add up to the client's own time
-        # per token over every request, held ones included; above C=1 not measured, and why.
+        elif cz["judged"] and not (lv.get("delivery_term") or {}).get("ok"):
+            assert cz["ok"] and abs(cz["diff_pct"]) <= 10, cz
+        # The five terms (issue 31): at every level the four engine terms + delivery add up to the client's own
+        # time per token over every request, held ones included (above C=1 the split is over the union of the
+        # requests' steps: analysis/delivery.py), and no token reached the client before its step ended.
         dt = lv["delivery_term"]
-        if c == 1:
-            assert dt["judged"] and dt["ok"] and dt["requests"] == lv["client"]["requests"], dt
-            assert abs(sum(p.values()) + dt["ms"] - dt["client_ms"]) <= 0.05 * dt["client_ms"], (p, dt)
-        else:
-            assert not dt["measured"] and "C=1" in dt["why_not_measured"], dt
+        assert dt["judged"] and dt["ok"] and dt["requests"] == lv["client"]["requests"], dt
+        assert dt["early_tokens"] == 0 and dt["pairing"] == cz["pairing"], dt
+        five = (dt["split_ms"] if c != 1 else sum(p.values())) + dt["ms"]
+        assert abs(five - dt["client_ms"]) <= 0.05 * dt["client_ms"], (c, p, dt)
         d = lv["delivery"]
         if cz["requests"]:  # delivery: the paired differences' p50, inside its own interval; signed only when resolved
             assert d["requests"] == cz["requests"] and d["lo_ms"] <= d["ms"] <= d["hi_ms"]

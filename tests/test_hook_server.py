@@ -128,7 +128,7 @@ def test_metrics_histograms_agree_with_records(vllm_server, tmp_path):
     assert all(p.search(text) for p in want.values()), text[:2000]
     # Served from the files the workers publish, not by a round trip through the engine loop.
     assert re.search(r'^tpcomm_metrics_age_seconds\{rank="0",source="published"\} ', text, re.M), text[-600:]
-    assert meta["buffer_bytes_per_worker"] == 262_144 * 43 + 65_536 * 53
+    assert meta["buffer_bytes_per_worker"] == 262_144 * 43 + 65_536 * 53 + 131_072 * 20
     assert meta["versions"]["vllm"].startswith("0.32")
     paths = hook.save(tmp_path / "run")
     assert paths["collectives"].name == "collectives.parquet" and paths["steps"].exists()

@@ -59,9 +59,9 @@ def test_buffer_is_bounded_counts_drops_and_never_grows():
 
 def test_default_bound_per_worker_is_stated():
     rec = Recorder()
-    # 262,144 collective rows x 43 B + 65,536 step rows x 53 B (recorder.py docstring)
-    assert rec.nbytes == 262_144 * 43 + 65_536 * 53
-    assert rec.nbytes < 15 * 2**20
+    # 262,144 collective rows x 43 B + 65,536 step rows x 53 B + 131,072 step request rows x 20 B (recorder.py)
+    assert rec.nbytes == 262_144 * 43 + 65_536 * 53 + 131_072 * 20
+    assert rec.nbytes < 16.6 * 2**20
 
 
 def test_columns_roundtrip_through_rpc_packing_routes_and_client(tmp_path):

@@ -87,6 +87,7 @@ def analyse_run_dir(
     tokens = rd.read_table(C.LOAD_TOKENS)
     levels = rd.read_json(C.LOAD_LEVELS, [])
     coll, steps = rd.read_table(C.HOOK_COLLECTIVES), rd.read_table(C.HOOK_STEPS)
+    step_reqs = rd.read_table(C.HOOK_STEP_REQUESTS) if rd.exists(C.HOOK_STEP_REQUESTS) else None
     source = "hook"
     if (steps is None or steps.empty) and (tr := profile_levels.trace_records(rd)) is not None:
         coll, steps, source = *tr, "trace"  # no plugin: the profiled level's torch-profiler traces
@@ -154,7 +155,8 @@ def analyse_run_dir(
     if timeline is not None:
         timeline["clock_uncertainty_us"] = clocks.entry_skew_separable(offsets)
         rd.write_json(C.ATTR_TIMELINE, timeline)
-    by_rank = assign_levels(rank_steps(aligned, steps), windows)
+    every_step = rank_steps(aligned, steps)
+    by_rank = assign_levels(every_step, windows)
     dsteps = decode_steps(by_rank)
     rd.write_table(C.ATTR_STEPS_BY_RANK, by_rank)
     rd.write_table(C.ATTR_STEPS, dsteps)
@@ -200,7 +202,9 @@ def analyse_run_dir(
             continue
         lreq = req[(req["concurrency"] == c) & (req["repeat"] == rep)] if req is not None else pd.DataFrame()
         tok = tokens[(tokens["concurrency"] == c) & (tokens["repeat"] == rep)]
-        doc = _level(lv, win, rows, al, st, lreq, tok, cc, sites, delivery.one_clock(nodes, att.conditions), source)
+        same = delivery.one_clock(nodes, att.conditions)
+        mine = level_step_requests(step_reqs, lreq)
+        doc = _level(lv, win, rows, al, st, lreq, tok, cc, sites, same, source, mine, every_step)
         doc.incomplete = complete.level_incomplete(lv, doc.seqs_per_step)
         att.levels.append(doc)
         if text := closure_text(c, rep, doc.closure, doc.stalls, doc.delivery_term):
@@ -218,21 +222,39 @@ def analyse_run_dir(
 
 
 def client_side(
-    rows: pd.DataFrame, requests: pd.DataFrame, tokens: pd.DataFrame, concurrency: int, same_clock: bool = False
+    rows: pd.DataFrame,
+    requests: pd.DataFrame,
+    tokens: pd.DataFrame,
+    concurrency: int,
+    same_clock: bool = False,
+    step_reqs: pd.DataFrame | None = None,
+    every_step: pd.DataFrame | None = None,
 ) -> dict:
     """One level's client side beside its engine rows (rank_steps rows of the level, all kinds): the engine's
     split over the whole window, stalls, each request paired with its own steps (pairing.py), the closure and
     delivery over the compared requests (closure.py), the delivery term over every request paired with its
     steps (delivery.py), and the split again over the requests the level's figures rest on: at C=1 those of
     the delivery term (the five terms then add up to the client's time over the same requests), else those
-    the closure compared when it is judged. `same_clock`: client and server on one machine."""
+    the closure compared when it is judged. `same_clock`: client and server on one machine. `step_reqs`: which
+    of the level's requests each step served (hook/step_requests.parquet): above C=1 the pairing then rests on
+    them, not on the client's clock, and on the rows of their own steps (from `every_step`, rank_steps rows of
+    the whole run, where given: a level's window leaves out its closed loop's tail, where fewer than C streams
+    ran, yet the requests of the tail made tokens there too)."""
     whole = engine_split(rows)
     stalls = find_stalls(tokens, whole["engine_ms_per_token"])
     ok = requests[requests["ok"]] if "ok" in requests.columns else requests
     spans = pairing.client_spans(ok, tokens, whole["engine_ms_per_token"])
+    by_ids = concurrency != 1 and step_reqs is not None and not step_reqs.empty
     if concurrency == 1:
         pairs, problem = pairing.by_prefill(rows, spans, ok)
         how = "prefill segments"
+    elif by_ids:
+        if every_step is not None:
+            rows_ids = every_step[every_step["step"].isin(step_reqs["step"].unique())]
+        else:
+            rows_ids = rows
+        pairs, problem = pairing.by_request_steps(rows_ids, step_reqs, spans, ok), None
+        how = "request ids"
     else:
         pairs, problem = pairing.by_client_times(rows, spans), None
         how = "client times"
@@ -240,24 +262,26 @@ def client_side(
     held = sorted(int(r) for r in spans.loc[~spans["observed"], "request_id"])
     split, split_requests = whole, None
     delivery_rows: dict = {}
-    if cz.judged and compared:
+    if cz.judged and compared and concurrency == 1:
         own = {s for ids in pairs.loc[pairs["request_id"].isin(compared), "steps"] for s in ids}
         split, split_requests = engine_split(rows[rows["step"].isin(own)]), sorted(compared)
-    if concurrency != 1:
+    if concurrency != 1 and not by_ids:
         dt = DeliveryTerm.not_measured(
-            "which engine step made each token is known only where streams run one at a time (C=1)"
+            "which engine step made each token is known one stream at a time (C=1), or from the request ids the "
+            "hook records (a hook that records them)"
         )
     elif problem:
         dt = DeliveryTerm.not_measured(f"requests could not be paired with the engine's steps: {problem}")
     else:
-        per_req, _ = delivery.token_delays(pairs, rows, tokens, ok)
+        src = rows_ids if by_ids else rows
+        per_req, _ = delivery.token_delays(pairs, src, tokens, ok, token_steps=by_ids)
         mine = {int(r) for r, _, _ in per_req}
         own = {s for ids in pairs.loc[pairs["request_id"].isin(mine), "steps"] for s in ids}
-        five = engine_split(rows[rows["step"].isin(own)]) if own else whole
-        dt = delivery.delivery_term(per_req, five["engine_ms_per_token"], concurrency, same_clock)
+        five = engine_split(src[src["step"].isin(own)]) if own else whole
+        dt = delivery.delivery_term(per_req, five["engine_ms_per_token"], concurrency, same_clock, pairing=how)
         if dt.measured:
             delivery_rows = dict(zip((int(r) for r, _, _ in per_req), delivery.request_sums(per_req)))
-        if dt.measured and five["per_token_ms"]:
+        if dt.measured and five["per_token_ms"] and concurrency == 1:
             split, split_requests = five, (sorted(mine) if own else None)
     return {
         "delivery_term": dt,
@@ -276,10 +300,12 @@ def client_side(
     }
 
 
-def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False, source="hook") -> LevelSplit:
+def _level(
+    lv, win, rows, al, st, lreq, tok, cc, sites, same_clock=False, source="hook", step_reqs=None, every_step=None
+) -> LevelSplit:
     """One level's split, client side and closure (see the module docstring and closure.py)."""
     c, rep = lv["concurrency"], lv["repeat"]
-    cs = client_side(rows, lreq, tok, c, same_clock)
+    cs = client_side(rows, lreq, tok, c, same_clock, step_reqs, every_step)
     whole, sp = cs["whole"], cs["split"]
     flags = []
     if (lv.get("itl_burst_pct") or 0) > 10:
@@ -312,6 +338,13 @@ def _level(lv, win, rows, al, st, lreq, tok, cc, sites, same_clock: bool = False
         host_load=HostLoad(**lv["host_load"]) if lv.get("host_load") else None,
         spec_decode=sd,
     )
+
+
+def level_step_requests(step_reqs: pd.DataFrame | None, requests: pd.DataFrame) -> pd.DataFrame | None:
+    """The rows of hook/step_requests.parquet for one level's requests (None where the hook recorded none)."""
+    if step_reqs is None or step_reqs.empty or requests.empty:
+        return None
+    return step_reqs[step_reqs["request"].isin(requests["request_id"])]
 
 
 def _unattributed(lv: dict, why: str, win: dict | None, cc: dict, source: str = "hook") -> LevelSplit:

@@ -130,8 +130,11 @@ def closure(
     why_not = None
     if pairing_problem:
         why_not = f"requests could not be paired with the engine's steps: {pairing_problem}"
-    elif concurrency != 1:
-        why_not = "judged only where streams run one at a time (C=1): at higher C the pairing needs one clock"
+    elif concurrency != 1 and pairing != "request ids":
+        why_not = (
+            "judged only where streams run one at a time (C=1) or are paired by their request ids: at higher C the "
+            "pairing by times needs one clock"
+        )
     elif n < MIN_CLOSURE_REQUESTS:
         why_not = f"{n} request(s) could be compared (at least {MIN_CLOSURE_REQUESTS} needed)"
     judged = why_not is None and diff is not None

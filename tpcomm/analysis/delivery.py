@@ -24,8 +24,12 @@ where the four engine terms are the split over the SAME requests' decode steps (
 mean period) and the residue is the engine's per-token time from the step ends the tokens were paired
 with, less the split's mean period. That residue is what the closure now checks: the pairing of tokens to
 steps (a request paired with the wrong steps, a step missing), not a remainder of unexplained time.
-Measured where each request's steps are known (one stream at a time, C=1, paired by prefill segments);
-above C=1 a token's step is not known without the client's clock: "not measured".
+Measured where each request's steps are known: one stream at a time (C=1, paired by prefill segments), or at
+any C where the hook recorded which of attribute's requests each step served (paired by request ids: the
+client's X-Request-Id, hook/recorder.py). Above C=1 the split is over the union of those requests' steps, each
+once, while a request's engine time counts every step it was in: the residue then also carries the steps
+where another request's prefill joined the batch (a mixed step is slower), and the check says how far that
+goes. Elsewhere above C=1 (a hook without request ids) a token's step is not known: "not measured".
 
 Units: *_ms milliseconds (per token unless named), t_*_ns wall clock ns.
 """
@@ -35,13 +39,20 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpcomm.judge.tolerances import FIVE_TERM_MIN_REQUESTS, FIVE_TERM_TOL_PCT, HELD_MS
+from tpcomm.judge.tolerances import EARLY_MS, FIVE_TERM_MIN_REQUESTS, FIVE_TERM_TOL_PCT, HELD_MS
 from tpcomm.rundir.results import DeliveryTerm
 
 
-def token_delays(pairs: pd.DataFrame, rank_rows: pd.DataFrame, tokens: pd.DataFrame, requests: pd.DataFrame):
-    """Per request paired by prefill segments (pairing.by_prefill rows with `steps`): (request_id, made_ns,
-    arrived_ns) arrays of its tokens, and {request_id: why not} for the others."""
+def token_delays(
+    pairs: pd.DataFrame,
+    rank_rows: pd.DataFrame,
+    tokens: pd.DataFrame,
+    requests: pd.DataFrame,
+    token_steps: bool = False,
+):
+    """Per request paired by prefill segments (pairing.by_prefill rows with `steps`) or, `token_steps`, by the request
+    ids the hook recorded (pairing.by_request_steps: `steps` are the steps that made its tokens 0..n-1):
+    (request_id, made_ns, arrived_ns) arrays of its tokens, and {request_id: why not} for the others."""
     from tpcomm.analysis.pairing import DECODE, PREFILL, STEPPED, step_ends
 
     s = step_ends(rank_rows).set_index("step")
@@ -60,7 +71,11 @@ def token_delays(pairs: pd.DataFrame, rank_rows: pd.DataFrame, tokens: pd.DataFr
             why[rid] = "not paired with its steps"
             continue
         n = int(n)
-        if kinds[0] != PREFILL or int((kinds == DECODE).sum()) != n - 1 or len(kinds) != n:
+        if token_steps:
+            if len(steps) != n:
+                why[rid] = p["why"] or f"{len(steps)} steps made its {n} tokens"
+                continue
+        elif kinds[0] != PREFILL or int((kinds == DECODE).sum()) != n - 1 or len(kinds) != n:
             why[rid] = p["why"] or "its segment is not one prefill step and one decode step per token"
             continue
         g = by_req.get(rid)
@@ -95,10 +110,16 @@ def request_sums(per_request: list) -> np.ndarray:
 
 
 def delivery_term(
-    per_request: list, split_ms: float | None, concurrency: int, one_clock: bool, not_measured: str | None = None
+    per_request: list,
+    split_ms: float | None,
+    concurrency: int,
+    one_clock: bool,
+    not_measured: str | None = None,
+    pairing: str = "prefill segments",
 ) -> DeliveryTerm:
     """The level's delivery term from token_delays() output, beside the split's per-token time over the same
-    requests' decode steps (`split_ms`: the sum of the four engine terms)."""
+    requests' decode steps (`split_ms`: the sum of the four engine terms). `pairing`: how its tokens were paired
+    with their steps (pairing.py): "prefill segments" (C=1) or "request ids" (the hook's records of them)."""
     if not_measured or not per_request:
         return DeliveryTerm.not_measured(not_measured or "no request's tokens could be paired with their steps")
     sums = request_sums(per_request)
@@ -113,13 +134,16 @@ def delivery_term(
     diff = (total - client) / client * 100 if total is not None and client > 0 else None
     k = len(per_request)
     why_not = None
-    if concurrency != 1:
-        why_not = "judged only where streams run one at a time (C=1)"
+    if concurrency != 1 and pairing != "request ids":
+        why_not = "judged only where streams run one at a time (C=1) or are paired by their request ids"
     elif k < FIVE_TERM_MIN_REQUESTS:
         why_not = f"{k} request(s) measured (at least {FIVE_TERM_MIN_REQUESTS} needed)"
     elif diff is None:
         why_not = "no engine split over these requests' decode steps"
     judged = why_not is None
+    # On one clock a token cannot reach the client before the step that made it ended: any that did were paired
+    # with the wrong step (an off-by-one, another request's steps), whatever the per-token sums say.
+    early = int((allv < -EARLY_MS).sum()) if one_clock else 0
     return DeliveryTerm(
         measured=True,
         ms=dl,
@@ -130,7 +154,7 @@ def delivery_term(
         diff_pct=diff,
         tolerance_pct=FIVE_TERM_TOL_PCT,
         judged=judged,
-        ok=(abs(diff) <= FIVE_TERM_TOL_PCT) if judged else None,
+        ok=(abs(diff) <= FIVE_TERM_TOL_PCT and not early) if judged else None,
         requests=k,
         tokens=int(n1 + k),
         held_tokens=int(held.sum()),
@@ -140,6 +164,8 @@ def delivery_term(
         delay_ms_max=float(allv.max()) if one_clock else None,
         held_delay_ms_max=float((allv - base).max()),
         why_not_judged=why_not,
+        pairing=pairing,
+        early_tokens=early,
     )
 
 

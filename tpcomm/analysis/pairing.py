@@ -27,7 +27,11 @@ Which engine steps are a request's:
   request sent (by request id: one stream at a time, the client sends them in id order, and no clock decides
   it, so a backward step of the wall clock cannot reorder them); a segment must hold exactly tokens - 1
   decode steps, else the request is not paired. No clock is shared with the client.
-- "client times" (C > 1, several streams per step): the steps that ended by the client's receipt of
+- "request ids" (any C, where the hook recorded which of attribute's requests each step served: the client
+  names each request with X-Request-Id and the hook notes it per step, hook/recorder.py): a request's tokens
+  are made by its last `tokens` scheduled steps (its prefill's last chunk, then one decode step per token);
+  earlier steps of it must all be prefill chunks. No clock is shared with the client.
+- "client times" (C > 1, several streams per step, no request ids recorded): the steps that ended by the client's receipt of
   token k0 and of token k1; this needs the client and the server on one wall clock (one host, or clocks
   kept together) and is used where the closure is compared, not judged.
 
@@ -200,6 +204,61 @@ def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFr
         holes = sum(ends[a + kb] - ends[a + ka] for ka, kb, _, _ in out.at[i, "holes"])
         _engine(out, i, span, holes, k1 - k0)
     return out, None
+
+
+def by_request_steps(
+    rank_rows: pd.DataFrame, step_reqs: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFrame
+) -> pd.DataFrame:
+    """Engine time per token of each request from the steps the hook saw serve it (`step_reqs`: rank, step,
+    request, tokens; the lowest rank's rows). Same columns as by_prefill; `steps` holds the steps that made its
+    tokens 0..n-1, in order."""
+    s = step_ends(rank_rows)
+    ends = dict(zip(s["step"].to_numpy().tolist(), s["t_end_ns"].to_numpy(dtype=float)))
+    out = spans.copy()
+    out["engine_ms_per_token"], out["engine_ms_span"], out["paired"], out["why"] = np.nan, np.nan, False, ""
+    out["steps"] = [[] for _ in range(len(out))]
+    if step_reqs is None or step_reqs.empty:
+        out["why"] = "no request ids recorded"
+        return out
+    sr = step_reqs[step_reqs["rank"] == step_reqs["rank"].min()].sort_values("step")
+    by_req = {int(r): g for r, g in sr.groupby("request")}
+    n_tok = requests.set_index("request_id")["output_tokens"]
+    for i, r in out.iterrows():
+        rid = int(r["request_id"])
+        if np.isfinite(r["clock_step_ms"]):
+            out.at[i, "why"] = STEPPED
+            continue
+        g, n = by_req.get(rid), n_tok.get(rid)
+        if g is None:
+            out.at[i, "why"] = "the hook saw no step serve it"
+            continue
+        if n is None or not np.isfinite(n) or int(n) < 1:
+            out.at[i, "why"] = "no output token count"
+            continue
+        n = int(n)
+        steps, toks = g["step"].to_numpy().tolist(), g["tokens"].to_numpy()
+        if len(steps) < n:
+            out.at[i, "why"] = f"{len(steps)} steps served it for {n} tokens"
+            continue
+        if (toks[len(steps) - n + 1 :] != 1).any():
+            out.at[i, "why"] = "a step scheduled several of its tokens after its prefill (speculative decoding)"
+            continue
+        if (toks[: len(steps) - n] <= 1).any():
+            out.at[i, "why"] = "steps that made no token of it besides its prefill chunks (preempted)"
+            continue
+        made = steps[len(steps) - n :]
+        if any(x not in ends for x in made):
+            out.at[i, "why"] = "steps that made its tokens fall outside the level's records"
+            continue
+        out.at[i, "steps"] = made
+        k0, k1 = int(r["k0"]), int(r["k1"])
+        if k1 <= k0:
+            out.at[i, "why"] = "no token span observed"
+            continue
+        e = [ends[x] for x in made]
+        holes = sum(e[kb] - e[ka] for ka, kb, _, _ in r["holes"])
+        _engine(out, i, e[k1] - e[k0], holes, k1 - k0)
+    return out
 
 
 def by_client_times(rank_rows: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:

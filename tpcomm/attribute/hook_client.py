@@ -30,6 +30,7 @@ from tpcomm.rundir import contract
 _DTYPE = {"i": "int64", "f": "float64", "s": "string", "b": "bool"}
 COLLECTIVE_DTYPES = {c.name: _DTYPE[c.kind] for c in contract.HOOK_COLLECTIVES.columns}
 STEP_DTYPES = {c.name: _DTYPE[c.kind] for c in contract.HOOK_STEPS.columns}
+STEP_REQUEST_DTYPES = {c.name: _DTYPE[c.kind] for c in contract.HOOK_STEP_REQUESTS.columns}
 
 
 class HookError(InputError):
@@ -185,7 +186,7 @@ class HookClient:
                     f"records page {page} of {pages} comes from another recording ({', '.join(changed)} changed: "
                     f"session {first.get('session')!r} -> {meta.get('session')!r}); another client restarted it",
                 )
-            for table in ("collectives", "steps"):
+            for table in ("collectives", "steps", "step_requests"):
                 for k, v in (more.get(table) or {}).items():
                     doc[table].setdefault(k, []).extend(v)
         return doc
@@ -196,6 +197,13 @@ class HookClient:
     def frames(self, session: str | None = None) -> tuple[Any, Any, dict]:
         """(collectives DataFrame, steps DataFrame, meta dict) of the records since the last start."""
         return records_to_frames(self.records(session))
+
+    def level_frames(self, session: str | None = None) -> tuple[Any, Any, Any, dict]:
+        """(collectives, steps, step requests, meta): frames() and which of the client's requests each step
+        served (empty from a hook that predates them)."""
+        doc = self.records(session)
+        coll, steps, meta = records_to_frames(doc)
+        return coll, steps, step_requests_frame(doc), meta
 
     def save(self, run_dir: Any) -> dict[str, Path]:
         """Fetch the records and write RUN_DIR/hook/{collectives.parquet, steps.parquet, meta.json}."""
@@ -230,6 +238,20 @@ def records_to_frames(doc: dict) -> tuple[Any, Any, dict]:
     return frame("collectives", COLLECTIVE_DTYPES), frame("steps", STEP_DTYPES), doc.get("meta") or {}
 
 
+def step_requests_frame(doc: dict) -> Any:
+    """The step requests table of a records document (recorder.py); empty where the hook sent none."""
+    import pandas as pd
+
+    cols = doc.get("step_requests") or {}
+    if not isinstance(cols, dict) or len({len(v) for v in cols.values()}) > 1:
+        raise HookError("hook records", "'step_requests' is not a columnar object of equal-length columns")
+    missing = [c for c in STEP_REQUEST_DTYPES if cols and c not in cols]
+    if missing:
+        raise HookError("hook records", f"lack columns {missing} in 'step_requests'", "tpcomm of the same version")
+    df = pd.DataFrame({k: cols.get(k, []) for k in STEP_REQUEST_DTYPES})
+    return df.astype(STEP_REQUEST_DTYPES)
+
+
 def merge(old: Any, new: Any, keys: list[str]) -> Any:
     """Append records, dropping rows already held (a start that does not clear the buffer)."""
     import pandas as pd
@@ -249,6 +271,7 @@ def save_records(doc: dict, run_dir: Any) -> dict[str, Path]:
     return {
         "collectives": rd.write_table(contract.HOOK_COLLECTIVES, coll),
         "steps": rd.write_table(contract.HOOK_STEPS, steps),
+        "step_requests": rd.write_table(contract.HOOK_STEP_REQUESTS, step_requests_frame(doc)),
         "meta": rd.write_json(contract.HOOK_META, meta),
     }
 

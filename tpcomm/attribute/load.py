@@ -198,20 +198,25 @@ def _payload(info: ServerInfo, spec: LoadSpec, prompt) -> tuple[str, dict]:
 
 
 async def stream_request(
-    client: httpx.AsyncClient, info: ServerInfo, spec: LoadSpec, prompt, pause: tuple[int, float] | None = None
+    client: httpx.AsyncClient,
+    info: ServerInfo,
+    spec: LoadSpec,
+    prompt,
+    pause: tuple[int, float] | None = None,
+    name: str | None = None,
 ) -> dict:
     """One streaming request. Returns its row for requests.parquet plus 'token_ns' (arrival of each token chunk)
-    and 'token_counts' (tokens in each chunk, -1 where the server did not say)."""
+    and 'token_counts' (tokens in each chunk, -1 where the server did not say). `name`: its X-Request-Id
+    (request_name()), by which the hook records which engine steps served it."""
     path, payload = _payload(info, spec, prompt)
+    headers = {**(info.headers or {}), "X-Request-Id": name} if name else info.headers
     row = {"ok": False, "error": "", "prompt_tokens": None, "output_tokens": None}
     tokens: list[int] = []
     counts: list[int] = []
     clock = RequestClock()
     t0 = clock.now()
     try:
-        async with client.stream(
-            "POST", info.url + path, json=payload, headers=info.headers, timeout=spec.timeout_s
-        ) as r:
+        async with client.stream("POST", info.url + path, json=payload, headers=headers, timeout=spec.timeout_s) as r:
             if r.status_code != 200:
                 body = (await r.aread())[:65536].decode(errors="replace")
                 row["error"] = f"HTTP {r.status_code}: {error_text(body, r.headers.get('content-type', ''))}"
@@ -363,6 +368,14 @@ class Aborted(RuntimeError):
         self.reason = reason
 
 
+def request_name(token: str, request_id: int) -> str:
+    """The X-Request-Id of attribute's request `request_id`: `tpcomm-<token>-<id>`. vLLM 0.32 takes the header as
+    its request id (serve/engine/serving.py `_base_request_id`: `cmpl-<header>-<index>` plus a random suffix in
+    the engine), and the hook records the steps of a request whose token is part of its recording's session
+    name (hook/core.py `request_number`)."""
+    return f"tpcomm-{token}-{int(request_id)}"
+
+
 async def run_round(
     info: ServerInfo,
     spec: LoadSpec,
@@ -374,11 +387,13 @@ async def run_round(
     id_offset: int = 0,
     sink: list[dict] | None = None,
     abort: Callable[[], str | None] | None = None,
+    request_token: str | None = None,
 ) -> list[dict]:
     """Closed loop: `concurrency` clients share `n_requests` requests. Stops early if the server dies
     (raises ServerGone carrying the rows measured so far) or `abort` (polled every ABORT_POLL_S) gives a
     reason (raises Aborted). `sink`: a list that receives each row as its request ends, so a caller
-    interrupted meanwhile (Ctrl-C) still has them."""
+    interrupted meanwhile (Ctrl-C) still has them. `request_token`: each request is sent with
+    X-Request-Id request_name(request_token, its id), so the hook can record the steps that served it."""
     rows: list[dict] = sink if sink is not None else []
     next_id = iter(range(id_offset, id_offset + n_requests))
     gone = asyncio.Event()
@@ -390,7 +405,12 @@ async def run_round(
                 return
             cp = spec.client_pause
             row = await stream_request(
-                client, info, spec, prompts.make(), pause=(cp[1], cp[2]) if cp and cp[0] == i else None
+                client,
+                info,
+                spec,
+                prompts.make(),
+                pause=(cp[1], cp[2]) if cp and cp[0] == i else None,
+                name=request_name(request_token, i) if request_token else None,
             )
             row["request_id"] = i
             rows.append(row)

@@ -92,4 +92,10 @@ def fetch(
     return _client(info, timeout_s).frames(session)
 
 
+def fetch_level(info: ServerInfo, session: str | None = None, timeout_s: float = 120):
+    """(collectives, steps, step requests, meta): fetch() and which of attribute's own requests each step
+    served (recorder.py)."""
+    return _client(info, timeout_s).level_frames(session)
+
+
 from_columnar = records_to_frames

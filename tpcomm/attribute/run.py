@@ -150,6 +150,7 @@ class Attribute:
         self.windows: list[dict] = []
         self.coll: pd.DataFrame | None = None
         self.steps: pd.DataFrame | None = None
+        self.step_reqs: pd.DataFrame | None = None  # which of our requests each step served (recorder.py)
         self.hook_meta: dict = {}
         self.notes: list[str] = []
         self._next_id = 0
@@ -394,6 +395,7 @@ class Attribute:
                         id_offset=offset,
                         sink=sink,
                         abort=abort,
+                        request_token=self._run_id if self.plugin_on else None,
                     )
                 )
             except load.Aborted as e:  # a TP worker stopped answering (ranks.py): nothing more to ask it
@@ -634,7 +636,7 @@ class Attribute:
         """Fetch this level's records (only while they are still our session's) into the run directory; the
         error, if they could not be fetched."""
         try:
-            coll, steps, meta = records.fetch(self.info, session)
+            coll, steps, sreq, meta = records.fetch_level(self.info, session)
         except records.HookTimeout as e:
             self._stalled(lv, "GET /tpcomm/v1/records", e, watch)
         except records.RecordingTaken as e:
@@ -649,8 +651,10 @@ class Attribute:
         self.hook_meta = meta
         self.coll = records.merge(self.coll, coll, ["rank", "step", "call_idx", "t_start_ns"])
         self.steps = records.merge(self.steps, steps, ["rank", "step", "t_start_ns"])
+        self.step_reqs = records.merge(self.step_reqs, sreq, ["rank", "step", "request"])
         self.rd.write_table(C.HOOK_COLLECTIVES, self.coll)
         self.rd.write_table(C.HOOK_STEPS, self.steps)
+        self.rd.write_table(C.HOOK_STEP_REQUESTS, self.step_reqs)
         self.rd.write_json(C.HOOK_META, meta)
         return None
 

@@ -57,6 +57,8 @@ def five_terms_line(a) -> str | None:
     t = a.per_token_ms
     check = f"{dt.diff_pct:+.1f}%" if dt.diff_pct is not None else "n/a"
     judged = ("ok" if dt.ok else "[red]FAILED[/red]") if dt.judged else f"not judged: {dt.why_not_judged}"
+    if dt.early_tokens:
+        judged += f" ({dt.early_tokens} tokens received before the step they were paired with ended: a wrong pairing)"
     load = (
         f"; LOADED HOST (CPU pressure {fmt(a.host_load.cpu_pressure_pct)}%)" if a.host_load and a.host_load.high else ""
     )

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tpcomm.analysis.attribution import client_side
+from tpcomm.analysis.attribution import client_side, level_step_requests
 from tpcomm.analysis.split import carries_collectives, decode_pairs, sampled_mask, terms_from_sums
 from tpcomm.rundir import contract as C
 from tpcomm.rundir.layout import RunDir
@@ -70,6 +70,7 @@ def load_samples(rd: RunDir, att: Attribution) -> tuple[dict[tuple[int, int], Le
     if rows_all is None:
         return {}, why
     req, tok = rd.read_table(C.LOAD_REQUESTS), rd.read_table(C.LOAD_TOKENS)
+    sreq = rd.read_table(C.HOOK_STEP_REQUESTS) if rd.exists(C.HOOK_STEP_REQUESTS) else None
     if req is None or tok is None:
         return {}, "load/requests.parquet or load/tokens.parquet is missing"
     if "in_stats" in req.columns:  # as analyse_run_dir: only the requests the level's statistics use
@@ -83,7 +84,9 @@ def load_samples(rd: RunDir, att: Attribution) -> tuple[dict[tuple[int, int], Le
         rows = rows_all[(rows_all["concurrency"] == c) & (rows_all["repeat"] == rep)]
         lreq = req[(req["concurrency"] == c) & (req["repeat"] == rep)]
         ltok = tok[(tok["concurrency"] == c) & (tok["repeat"] == rep)]
-        out[(c, rep)] = level_sample(lv, rows, lreq, ltok, att.conditions.get("output_len"))
+        out[(c, rep)] = level_sample(
+            lv, rows, lreq, ltok, att.conditions.get("output_len"), level_step_requests(sreq, lreq)
+        )
     return out, None
 
 
@@ -102,11 +105,17 @@ def _rank_rows(rd: RunDir, att: Attribution) -> tuple[pd.DataFrame | None, str |
 
 
 def level_sample(
-    lv: LevelSplit, rows: pd.DataFrame, req: pd.DataFrame, tok: pd.DataFrame, output_len: int | None
+    lv: LevelSplit,
+    rows: pd.DataFrame,
+    req: pd.DataFrame,
+    tok: pd.DataFrame,
+    output_len: int | None,
+    step_reqs: pd.DataFrame | None = None,
 ) -> LevelSample:
-    """The level's decode pairs in blocks (see the module docstring); `point` = the block sums' estimate."""
+    """The level's decode pairs in blocks (see the module docstring); `point` = the block sums' estimate.
+    `step_reqs`: the level's rows of hook/step_requests.parquet (client_side pairs by them above C=1)."""
     c = lv.concurrency
-    cs = client_side(rows, req, tok, c)
+    cs = client_side(rows, req, tok, c, step_reqs=step_reqs)
     compared = cs["compared"]
     pairs_doc = cs["pairs"]
     by_request = bool(cs["split_requests"])

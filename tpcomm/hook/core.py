@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -118,6 +119,11 @@ class Hook:
         # The recording session: set by each start (the caller's id, the same on every rank), so a client
         # can tell that someone else started or stopped recording during its run.
         self.session: str | None = None
+        # The measuring client's request tokens (session_tokens(session)) and, per vLLM request id seen while
+        # armed, its number under one of them or -1 (request_number): parsed once per request, dropped when the
+        # scheduler says the request finished.
+        self.req_tokens: frozenset[str] = frozenset()
+        self._req_nums: dict[str, int] = {}
         self.depth = 0  # 1 while inside a timed collective: nested collectives are part of the outer one
         self.metrics_file: str | None = None  # where this worker publishes its metrics (publish.py)
         self.clock: StepClock | None = None  # CUDA: the steps on the GPU timeline
@@ -171,6 +177,8 @@ class Hook:
         if self.disabled_reason:
             return
         self.session = session
+        self.req_tokens = session_tokens(session)
+        self._req_nums = {}
         self.graphs.clear()  # replays noted before this start belong to no recording
         self.poll(block=True)
         if self.clock is not None:
@@ -441,6 +449,8 @@ class Hook:
                 spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
                 prefill = sum(1 for rid, n in per_req.items() if rid in new or n > 1 + len(spec.get(rid, ())))
                 kind = 0 if prefill == 0 else (1 if prefill == len(per_req) else 2)
+                if self.req_tokens:
+                    self._note_requests(per_req, scheduler_output)
             else:  # an empty step: PP's batch queue runs one per stage slot with no sequence in it
                 kind = 3
             self._step_meta = (time.time_ns(), len(per_req), tokens, kind)
@@ -448,6 +458,21 @@ class Hook:
                 self.clock.begin()  # before vLLM enqueues anything of this step
         except Exception as e:  # noqa: BLE001
             self.fail("step start", e)
+
+    def _note_requests(self, per_req: dict, scheduler_output: Any) -> None:
+        """Which of the measuring client's requests this step serves (recorder.py, step requests): one dict
+        lookup per scheduled request, its id parsed once."""
+        nums, rec = self._req_nums, self.recorder()
+        for rid, n in per_req.items():
+            num = nums.get(rid)
+            if num is None:
+                if len(nums) >= MAX_REQUEST_IDS:
+                    nums.clear()
+                num = nums[rid] = request_number(rid, self.req_tokens)
+            if num >= 0:
+                rec.add_step_request(self.step, num, n)
+        for rid in getattr(scheduler_output, "finished_req_ids", None) or ():
+            nums.pop(rid, None)
 
     def step_end(self, output: Any) -> None:
         """End of execute_model. `output` None: sample_tokens follows and belongs to this step (its end is the
@@ -482,6 +507,24 @@ class Hook:
         elif self.clock is not None:
             self.clock.discard_open()
         self.in_step = False
+
+
+MAX_REQUEST_IDS = 65_536  # parsed request ids kept (finished ones are dropped; past this the cache restarts)
+_REQUEST_ID = re.compile(r"tpcomm-([0-9a-f]{8,32})-(\d{1,15})(?![0-9])")
+_TOKEN = re.compile(r"[0-9a-f]{8,32}")
+
+
+def session_tokens(session: str | None) -> frozenset[str]:
+    """The request tokens a recording accepts: the session name's dash-separated parts that are 8-32 hex digits
+    (`attribute-<run id>-c2-r0` accepts the run id)."""
+    return frozenset(p for p in (session or "").split("-") if _TOKEN.fullmatch(p))
+
+
+def request_number(request_id: str, tokens: frozenset[str]) -> int:
+    """<n> of a vLLM request id that carries `tpcomm-<token>-<n>` with one of `tokens`, else -1. vLLM 0.32 makes
+    the id `cmpl-<X-Request-Id>-<index>-<8 random characters>` (chatcmpl- for chat)."""
+    m = _REQUEST_ID.search(request_id) if "tpcomm-" in request_id else None
+    return int(m.group(2)) if m and m.group(1) in tokens else -1
 
 
 def group_backend(group: Any, op: str) -> str:

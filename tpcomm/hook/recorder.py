@@ -7,8 +7,16 @@ Strings (group, op, dtype, backend, timing, path) are stored as small integer co
 into per-recorder vocabularies and decoded only when records are read.
 
 Memory bound per worker (defaults): collectives 262,144 rows x 43 B = 10.8 MiB,
-steps 65,536 rows x 53 B = 3.3 MiB, so 14.1 MiB in all (`Recorder.nbytes`). Change the row
-counts with TPCOMM_HOOK_MAX_RECORDS and TPCOMM_HOOK_MAX_STEPS (read at start-up).
+steps 65,536 rows x 53 B = 3.3 MiB, step requests 131,072 rows x 20 B = 2.5 MiB, so 16.6 MiB in
+all (`Recorder.nbytes`). Change the row counts with TPCOMM_HOOK_MAX_RECORDS, TPCOMM_HOOK_MAX_STEPS
+and TPCOMM_HOOK_MAX_STEP_REQUESTS (read at start-up).
+
+Step requests: which of the measuring client's own requests each step served, and how many of
+their tokens it scheduled (one row per step and such request). The client names its requests with
+`X-Request-Id: tpcomm-<token>-<n>` (vLLM 0.32 builds its request id from that header,
+serve/engine/serving.py `_base_request_id`, and the engine appends a random suffix); a request is
+recorded when <token> is one of the dash-separated parts of the recording's session name, so other
+clients' requests are never recorded (hook/core.py `request_number`).
 
 Step rows carry two clocks. `t_start_ns`/`t_end_ns`: the host, when the worker's thread
 entered execute_model and left the step (under async scheduling only the enqueue span).
@@ -36,6 +44,7 @@ GROUP_COORDINATOR = "group_coordinator"
 
 DEFAULT_MAX_RECORDS = 262_144
 DEFAULT_MAX_STEPS = 65_536
+DEFAULT_MAX_STEP_REQUESTS = 131_072
 
 # name -> numpy dtype of each column; the order is the row layout of `add`.
 COLLECTIVE_COLUMNS = {
@@ -61,6 +70,11 @@ STEP_COLUMNS = {
     "gpu_start_ns": np.int64,  # 0: no GPU time (CPU worker, or not read)
     "gpu_end_ns": np.int64,
     "untimed_collectives": np.int32,
+}
+STEP_REQUEST_COLUMNS = {
+    "step": np.int64,
+    "request": np.int64,  # the client's request number (<n> of its X-Request-Id)
+    "tokens": np.int32,  # tokens of that request the step scheduled (1: a decode, more: a prefill chunk)
 }
 STEP_KINDS = ("decode", "prefill", "mixed", "empty")  # empty: no scheduled token (PP batch-queue slots)
 
@@ -90,11 +104,15 @@ class _Vocab:
 class Recorder:
     """Bounded columnar buffer of collective calls and engine steps on one rank."""
 
-    def __init__(self, max_records: int | None = None, max_steps: int | None = None):
+    def __init__(
+        self, max_records: int | None = None, max_steps: int | None = None, max_step_requests: int | None = None
+    ):
         self.capacity = max_records or _env_int("TPCOMM_HOOK_MAX_RECORDS", DEFAULT_MAX_RECORDS)
         self.step_capacity = max_steps or _env_int("TPCOMM_HOOK_MAX_STEPS", DEFAULT_MAX_STEPS)
+        self.req_capacity = max_step_requests or _env_int("TPCOMM_HOOK_MAX_STEP_REQUESTS", DEFAULT_MAX_STEP_REQUESTS)
         self._c = {k: np.zeros(self.capacity, dt) for k, dt in COLLECTIVE_COLUMNS.items()}
         self._s = {k: np.zeros(self.step_capacity, dt) for k, dt in STEP_COLUMNS.items()}
+        self._r = {k: np.zeros(self.req_capacity, dt) for k, dt in STEP_REQUEST_COLUMNS.items()}
         self._arrays = tuple(self._c.values())  # row order of `add`, unpacked in one go on the serving path
         self.dtype_codes: dict = {}  # torch.dtype -> code, filled by the hook
         self.ops, self.dtypes, self.backends, self.timings = _Vocab(), _Vocab(), _Vocab(), _Vocab()
@@ -107,6 +125,8 @@ class Recorder:
         self.n_steps = 0
         self.dropped = 0
         self.dropped_steps = 0
+        self.n_reqs = 0
+        self.dropped_reqs = 0
         self.gpu_clock = False  # a CUDA worker (set by the hook): the steps table gets its GPU columns
         self.hist = Histograms()  # folded by the metrics publisher (publish.py), reset with the buffer
         self.lock = threading.Lock()  # the publisher's fold vs clear(); never taken on the record path
@@ -115,11 +135,11 @@ class Recorder:
     @property
     def nbytes(self) -> int:
         """Bytes held by the preallocated columns (the stated memory bound)."""
-        return sum(a.nbytes for a in self._c.values()) + sum(a.nbytes for a in self._s.values())
+        return sum(a.nbytes for t in (self._c, self._s, self._r) for a in t.values())
 
     def clear(self) -> None:
         with self.lock:
-            self.n = self.n_steps = self.dropped = self.dropped_steps = 0
+            self.n = self.n_steps = self.dropped = self.dropped_steps = self.n_reqs = self.dropped_reqs = 0
             self.hist.clear()
             self.generation += 1
 
@@ -191,6 +211,18 @@ class Recorder:
         s["untimed_collectives"][i] = untimed
         self.n_steps = i + 1
         return i
+
+    def add_step_request(self, step: int, request: int, tokens: int) -> None:
+        """One of the client's requests served by step `step` (counted in dropped_reqs when full)."""
+        i = self.n_reqs
+        if i >= self.req_capacity:
+            self.dropped_reqs += 1
+            return
+        r = self._r
+        r["step"][i] = step
+        r["request"][i] = request
+        r["tokens"][i] = tokens
+        self.n_reqs = i + 1
 
     def extend_step(self, idx: int, t_end_ns: int) -> None:
         if 0 <= idx < self.n_steps:
@@ -273,4 +305,11 @@ class Recorder:
             bad = (g0 <= 0) | (g1 <= 0)
             g0[bad], g1[bad] = np.nan, np.nan
             steps.update(gpu_start_ns=g0, gpu_end_ns=g1, gpu_duration_us=(g1 - g0) / 1e3)
-        return {"collectives": coll, "steps": steps}
+        q, r = max(hi(self.n_reqs) - lo, 0), {k: v[lo:] for k, v in self._r.items()}
+        step_requests = {
+            "rank": np.full(q, rank, np.int32),
+            "step": r["step"][:q].copy(),
+            "request": r["request"][:q].copy(),
+            "tokens": r["tokens"][:q].copy(),
+        }
+        return {"collectives": coll, "steps": steps, "step_requests": step_requests}

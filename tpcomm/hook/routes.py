@@ -321,10 +321,10 @@ def merge_records(per_rank: list[dict]) -> dict:
     """Per-rank columnar answers -> one columnar document, plain JSON types."""
     per_rank = sorted(per_rank, key=lambda r: r["meta"]["rank"])
     doc: dict[str, Any] = {"meta": _summary([r["meta"] for r in per_rank])}
-    for table in ("collectives", "steps"):
+    for table in ("collectives", "steps", "step_requests"):
         cols: dict[str, list] = {}
         for r in per_rank:
-            for k, v in r[table].items():
+            for k, v in (r.get(table) or {}).items():
                 cols.setdefault(k, []).extend(unpack(v).tolist())
         doc[table] = cols
     return doc
@@ -367,7 +367,7 @@ async def records(request: Request) -> Response:
 
 def _paged(doc: dict, page: int | None) -> dict:
     per = doc["meta"]["per_rank"]
-    rows = max([max(r.get("records", 0), r.get("steps", 0)) for r in per] or [0])
+    rows = max([max(r.get("records", 0), r.get("steps", 0), r.get("step_requests", 0)) for r in per] or [0])
     size = max(per[0].get("page_rows") or 1, 1) if per else 1
     doc["meta"]["page"] = page
     doc["meta"]["pages"] = max(1, -(-rows // size)) if page is not None else 1

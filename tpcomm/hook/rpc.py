@@ -24,8 +24,10 @@ from tpcomm.hook.core import HOOK, env_flag
 from tpcomm.hook.recorder import (
     COLLECTIVE_COLUMNS,
     DEFAULT_MAX_RECORDS,
+    DEFAULT_MAX_STEP_REQUESTS,
     DEFAULT_MAX_STEPS,
     STEP_COLUMNS,
+    STEP_REQUEST_COLUMNS,
     Recorder,
     _env_int,
 )
@@ -124,6 +126,8 @@ def tpcomm_status(self: Any) -> dict:
     scap = rec.step_capacity if rec else _env_int("TPCOMM_HOOK_MAX_STEPS", DEFAULT_MAX_STEPS)
     row_b = sum(np.dtype(d).itemsize for d in COLLECTIVE_COLUMNS.values())
     step_b = sum(np.dtype(d).itemsize for d in STEP_COLUMNS.values())
+    rcap = rec.req_capacity if rec else _env_int("TPCOMM_HOOK_MAX_STEP_REQUESTS", DEFAULT_MAX_STEP_REQUESTS)
+    req_b = sum(np.dtype(d).itemsize for d in STEP_REQUEST_COLUMNS.values())
     return {
         "rank": _rank(self),
         "pid": os.getpid(),
@@ -140,7 +144,9 @@ def tpcomm_status(self: Any) -> dict:
         "steps": rec.n_steps if rec else 0,
         "step_capacity": scap,
         "dropped_steps": rec.dropped_steps if rec else 0,
-        "buffer_bytes": cap * row_b + scap * step_b,
+        "step_requests": rec.n_reqs if rec else 0,  # the client's own requests per step (recorder.py)
+        "dropped_step_requests": rec.dropped_reqs if rec else 0,
+        "buffer_bytes": cap * row_b + scap * step_b + rcap * req_b,
         "buffer_allocated": rec is not None,
         "engine_step": HOOK.step,
         "timing": _timing_modes(),
@@ -250,7 +256,7 @@ def tpcomm_records(self: Any, page: int | None = None) -> dict:
     all of them, or page `page` of PAGE_ROWS rows of each table."""
     HOOK.poll(block=True)
     rank = _rank(self)
-    rec = HOOK.rec if HOOK.rec is not None else Recorder(max_records=16, max_steps=16)
+    rec = HOOK.rec if HOOK.rec is not None else Recorder(max_records=16, max_steps=16, max_step_requests=16)
     cols = rec.columns(rank) if page is None else rec.columns(rank, page=page, page_rows=PAGE_ROWS)
     packed = {t: {k: _pack(v) for k, v in c.items()} for t, c in cols.items()}
     meta = tpcomm_status(self)

@@ -16,6 +16,10 @@ STALL_MIN_MS = 100.0  # and at least this long
 # the five terms against the client's per-token time (analysis/delivery.py; issue 31's bar)
 FIVE_TERM_TOL_PCT = 5.0
 FIVE_TERM_MIN_REQUESTS = 6
+# A token received this much before the end of the engine step it was paired with (client and server on one
+# clock): impossible, so the pairing of tokens to steps is wrong. The hook stamps a step's end when the worker
+# leaves it, before the API server can send its token; 1 ms covers reading the clock in two processes.
+EARLY_MS = 1.0
 HELD_MS = STALL_MIN_MS  # a token delivered this much later than the level's median delay was held
 # preemption on CPU ranks (probe's isolated rows, replay's steps): a rank that waited for a CPU longer than
 # PREEMPTED_SHARE of a sample or step was preempted in it; a row warns when more than PREEMPTED_WARN of its

@@ -133,6 +133,8 @@ def five_terms_table(lv: LevelSplit) -> tuple | None:
         rows.append([f"delivery (API server, streaming{held})", fmt(dt.ms), share(dt.ms)])
         if dt.judged:
             check = f"{dt.diff_pct:+.1f}%: pairing of tokens to steps {'holds' if dt.ok else 'FAILS'} (<= {dt.tolerance_pct:g}%)"
+            if dt.early_tokens:
+                check += f"; {dt.early_tokens} tokens received before their step ended"
         else:
             check = (
                 f"{dt.diff_pct:+.1f}%, not judged: {dt.why_not_judged}"

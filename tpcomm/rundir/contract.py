@@ -200,6 +200,14 @@ HOOK_STEPS = FileSpec(
     columns=_cols(_HOOK_STEP),
     optional=_HOOK_STEP_OPTIONAL,
 )
+HOOK_STEP_REQUESTS = FileSpec(
+    "hook/step_requests.parquet",
+    "table",
+    ATTRIBUTE,
+    "one row per engine step per rank and request of attribute's own it served (its X-Request-Id number; tokens "
+    "scheduled): which step made each token above C=1 (hook/recorder.py)",
+    columns=_cols("rank:i step:i request:i tokens:i"),
+)
 HOOK_META = FileSpec("hook/meta.json", "json", ATTRIBUTE, "the server's records meta (versions, ranks, dropped)")
 HOOK_STATUS = FileSpec("hook/status.json", "json", ATTRIBUTE, "GET /tpcomm/v1/status at the start of the run")
 
@@ -311,6 +319,7 @@ ALL: dict[str, FileSpec] = {
         REPLAY_COLLECTIVES,
         HOOK_COLLECTIVES,
         HOOK_STEPS,
+        HOOK_STEP_REQUESTS,
         HOOK_META,
         HOOK_STATUS,
         LOAD_REQUESTS,

@@ -134,6 +134,11 @@ class DeliveryTerm:
     held_delay_ms_max: float | None = None  # the longest delay beyond the median (offset-free)
     why_not_judged: str | None = None
     why_not_measured: str | None = None
+    # how tokens were paired with their steps: "prefill segments" (C=1) or "request ids" (the hook's records)
+    pairing: str = "prefill segments"
+    # on one clock: tokens the client received over EARLY_MS before the end of the step they were paired with
+    # (impossible: the pairing is wrong, and the check fails); 0 where the clocks differ
+    early_tokens: int = 0
 
     @classmethod
     def not_measured(cls, why: str) -> DeliveryTerm:
