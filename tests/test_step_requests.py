@@ -136,7 +136,8 @@ def test_above_c1_tokens_pair_with_their_steps_by_request_id_and_the_five_terms_
         )
         assert cz.pairing == "request ids" and cz.judged and cz.ok, cz
         assert dt.measured and dt.pairing == "request ids" and dt.judged and dt.ok, dt
-        assert dt.requests >= 6 and dt.early_tokens == 0 and abs(dt.diff_pct) <= dt.tolerance_pct
+        # every request paired, the closed loop's tail too (its last steps lie past the level's steady window)
+        assert dt.requests == cz.requests == 12 and dt.early_tokens == 0 and abs(dt.diff_pct) <= dt.tolerance_pct
         assert dt.delay_ms_p50 is not None and dt.delay_ms_p50 > 0  # one host: the delays themselves are given
 
 
@@ -161,3 +162,17 @@ def test_two_requests_swapped_fail_the_check(tmp_path):
     lv = _levels(_analysed(tmp_path, swap))
     dt = lv[2].delivery_term
     assert dt.measured and dt.ok is False and dt.early_tokens > 0, dt
+
+
+def test_compare_reproduces_the_levels_paired_by_request_id(tmp_path):
+    """compare re-reads the same files the same way (client_side with the request ids and every step of the
+    run): each level's files reproduce its summary, so every level keeps its interval (with the level's window
+    alone, the tail's requests would go unpaired and C=2 and C=4 lose theirs)."""
+    from tpcomm.compare.samples import load_samples
+    from tpcomm.rundir.layout import RunDir
+
+    att = _analysed(tmp_path)
+    samples, why = load_samples(RunDir(tmp_path / "run", create=False), att)
+    assert why is None and sorted(c for c, _ in samples) == [1, 2, 4]
+    for (c, _), s in samples.items():
+        assert s.problem is None, (c, s.problem)

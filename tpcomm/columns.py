@@ -67,6 +67,20 @@ def _closure_cell(lv) -> str:
     return f"{fmt(c.engine_ms)} vs {fmt(c.client_ms)} ms ({c.requests} req): {c.diff_pct:+.1f}% {verdict}"
 
 
+def _five_cell(lv) -> str:
+    """The delivery term and the five terms' sum against the client's own per-token time (analysis/delivery.py)."""
+    dt = lv.delivery_term
+    if dt is None or not dt.measured:
+        return "not measured" if dt is None else f"not measured ({dt.why_not_measured})"
+    verdict = {True: "ok", False: "FAILED"}.get(dt.ok, "not judged")
+    check = f"{dt.diff_pct:+.1f}% {verdict}" if dt.diff_pct is not None else verdict
+    early = f"; {dt.early_tokens} tokens before their step ended" if dt.early_tokens else ""
+    return (
+        f"{fmt(dt.ms)}; five terms {fmt(dt.sum_ms)} vs client {fmt(dt.client_ms)} ms ({dt.requests} req, by "
+        f"{dt.pairing}): {check}{early}"
+    )
+
+
 def _plan_cell(lv) -> str:
     cc = lv.collectives_per_step or {}
     seen, planned = cc.get("observed_total"), cc.get("planned_total")
@@ -83,6 +97,7 @@ SPLIT = [
     Col("client TPOT p50 ms", lambda lv: lv.client.tpot_ms_p50 if lv.client else None, 0.75),
     Col("closure per request: engine vs client p50", _closure_cell, 1.5),
     Col("delivery ms", lambda lv: lv.delivery, 0.9, lambda d: delivery_cell(d, fmt)),
+    Col("delivery term ms; five terms vs client per token", _five_cell, 1.5),
     Col("stalls", lambda lv: f"{lv.stalls.count} ({fmt(lv.stalls.total_ms)} ms)" if lv.stalls else "n/a", 0.7),
     Col("collectives/step seen / planned", _plan_cell, 1.0),
 ]

@@ -74,6 +74,22 @@ def windows_from_requests(req: pd.DataFrame) -> list[dict]:
     return out
 
 
+def on_one_clock(coll: pd.DataFrame, steps: pd.DataFrame, hook_status: dict | None, align_clocks: bool = True):
+    """(aligned collectives, steps, nodes, offsets): ranks on other clocks (another machine, or a per-process
+    clock) put onto rank 0's, from the collectives' exit times (clocks.py); the durations, and so the split, do
+    not depend on it."""
+    aligned = align(coll)
+    nodes = clocks.ranks_nodes(hook_status)
+    offsets = clocks.decide(clocks.estimate(aligned), nodes)
+    if not align_clocks:  # each rank on its own clock (a check that the split does not depend on them)
+        offsets = {r: {**o, "applied": False, "why": "clock alignment switched off"} for r, o in offsets.items()}
+    if any(o["applied"] for o in offsets.values()):
+        times = ("t_start_ns", "t_end_ns", "gpu_start_ns", "gpu_end_ns")
+        coll, steps = clocks.apply(coll, offsets, times), clocks.apply(steps, offsets, times)
+        aligned = align(coll)
+    return aligned, steps, nodes, offsets
+
+
 def analyse_run_dir(
     path: str | RunDir,
     model_source: str | dict | None = None,
@@ -136,17 +152,7 @@ def analyse_run_dir(
         rd.write_json(C.ATTR_SUMMARY, att.to_json())
         return att
 
-    aligned = align(coll)
-    # Ranks on other clocks (another machine, or a per-process clock) onto rank 0's, from the collectives'
-    # exit times (clocks.py); the durations, and so the split, do not depend on it.
-    nodes = clocks.ranks_nodes(hook_status)
-    offsets = clocks.decide(clocks.estimate(aligned), nodes)
-    if not align_clocks:  # each rank on its own clock (a check that the split does not depend on them)
-        offsets = {r: {**o, "applied": False, "why": "clock alignment switched off"} for r, o in offsets.items()}
-    if any(o["applied"] for o in offsets.values()):
-        times = ("t_start_ns", "t_end_ns", "gpu_start_ns", "gpu_end_ns")
-        coll, steps = clocks.apply(coll, offsets, times), clocks.apply(steps, offsets, times)
-        aligned = align(coll)
+    aligned, steps, nodes, offsets = on_one_clock(coll, steps, hook_status, align_clocks)
     att.nodes = {str(r): n for r, n in sorted(nodes.items())}
     att.clocks = {str(r): o for r, o in sorted(offsets.items())}
     # Analysis once: the aligned records and the one-step timeline the report draws are written here.

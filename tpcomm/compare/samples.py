@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tpcomm.analysis.attribution import client_side, level_step_requests
+from tpcomm.analysis.attribution import client_side, level_step_requests, on_one_clock
 from tpcomm.analysis.split import carries_collectives, decode_pairs, sampled_mask, terms_from_sums
 from tpcomm.rundir import contract as C
 from tpcomm.rundir.layout import RunDir
@@ -77,6 +77,7 @@ def load_samples(rd: RunDir, att: Attribution) -> tuple[dict[tuple[int, int], Le
         req = req[req["in_stats"]]
         tok = tok[tok["request_id"].isin(req["request_id"])]
     out = {}
+    every = _every_step(rd) if sreq is not None and not sreq.empty else None
     for lv in att.levels:
         if not lv.attributed or lv.engine_ms_per_token is None:
             continue
@@ -84,10 +85,21 @@ def load_samples(rd: RunDir, att: Attribution) -> tuple[dict[tuple[int, int], Le
         rows = rows_all[(rows_all["concurrency"] == c) & (rows_all["repeat"] == rep)]
         lreq = req[(req["concurrency"] == c) & (req["repeat"] == rep)]
         ltok = tok[(tok["concurrency"] == c) & (tok["repeat"] == rep)]
-        out[(c, rep)] = level_sample(
-            lv, rows, lreq, ltok, att.conditions.get("output_len"), level_step_requests(sreq, lreq)
-        )
+        mine = level_step_requests(sreq, lreq)
+        out[(c, rep)] = level_sample(lv, rows, lreq, ltok, att.conditions.get("output_len"), mine, every)
     return out, None
+
+
+def _every_step(rd: RunDir) -> pd.DataFrame | None:
+    """Every step of the run (rank_steps rows, not cut to the levels' windows), on one clock as analyse_run_dir
+    puts them: the steps of requests paired by their ids (client_side)."""
+    coll, steps = rd.read_table(C.HOOK_COLLECTIVES), rd.read_table(C.HOOK_STEPS)
+    if coll is None or steps is None or coll.empty or steps.empty:
+        return None
+    from tpcomm.analysis.split import rank_steps
+
+    aligned, steps, _, _ = on_one_clock(coll, steps, rd.read_json(C.HOOK_STATUS))
+    return rank_steps(aligned, steps)
 
 
 def _rank_rows(rd: RunDir, att: Attribution) -> tuple[pd.DataFrame | None, str | None]:
@@ -111,11 +123,12 @@ def level_sample(
     tok: pd.DataFrame,
     output_len: int | None,
     step_reqs: pd.DataFrame | None = None,
+    every_step: pd.DataFrame | None = None,
 ) -> LevelSample:
     """The level's decode pairs in blocks (see the module docstring); `point` = the block sums' estimate.
     `step_reqs`: the level's rows of hook/step_requests.parquet (client_side pairs by them above C=1)."""
     c = lv.concurrency
-    cs = client_side(rows, req, tok, c, step_reqs=step_reqs)
+    cs = client_side(rows, req, tok, c, step_reqs=step_reqs, every_step=every_step)
     compared = cs["compared"]
     pairs_doc = cs["pairs"]
     by_request = bool(cs["split_requests"])

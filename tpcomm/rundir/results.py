@@ -112,7 +112,8 @@ class Delivery:
 class DeliveryTerm:
     """The fifth term (analysis/delivery.py): client per token = the four engine terms + delivery, over the
     same requests (pooled by token). `diff_pct` = (sum of the five - client) / client: what the pairing of
-    tokens to steps leaves, judged at C=1 on at least 6 requests within `tolerance_pct`."""
+    tokens to steps leaves, judged on at least 6 requests within `tolerance_pct` at C=1 and wherever the
+    tokens were paired with their steps by request id (`pairing`)."""
 
     measured: bool
     ms: float | None  # per token: how much later each token reached the client than the one before it
@@ -148,7 +149,7 @@ class DeliveryTerm:
 @dataclass
 class Closure:
     statistic: str  # what is compared on both sides, e.g. "p50 over 14 requests, paired by prefill"
-    pairing: str  # "prefill segments" | "client times" | "none"
+    pairing: str  # "prefill segments" | "request ids" | "client times" | "none"
     requests: int  # compared (paired, not stalled, not held)
     excluded: dict[str, list[int]]  # why -> request ids left out of both sides
     engine_ms: float | None
