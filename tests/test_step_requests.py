@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from tpcomm.attribute.load import request_name
 from tpcomm.hook.core import Hook, request_number, session_tokens
@@ -176,3 +177,41 @@ def test_compare_reproduces_the_levels_paired_by_request_id(tmp_path):
     assert why is None and sorted(c for c, _ in samples) == [1, 2, 4]
     for (c, _), s in samples.items():
         assert s.problem is None, (c, s.problem)
+
+
+def test_compare_gives_the_delivery_term_an_interval_above_c1(tmp_path):
+    """The term's requests are drawn on their own above C=1 (their steps are shared, so they are not the engine's
+    blocks): an A/A comparison of the run with itself gives each level an interval for the term and for the
+    client's per-token time around zero, and one with every token of B delivered 2 ms later than the one
+    before it gives the term's growth (pooled by token: +2 ms), resolved at C=1 and C=2."""
+    from tpcomm.compare.analysis import compare_runs
+
+    _analysed(tmp_path)
+    b = tmp_path / "slow"
+    shutil.copytree(tmp_path / "run", b)
+    tok = pd.read_parquet(b / "load/tokens.parquet")
+    tok["t_ns"] = tok["t_ns"] + (tok["token_idx"] * 2_000_000).astype("int64")
+    tok.to_parquet(b / "load/tokens.parquet")
+    req = pd.read_parquet(b / "load/requests.parquet")
+    last = tok.groupby("request_id")["t_ns"].max()
+    for col in ("t_end_ns", "t_end_wall_ns"):
+        if col in req.columns:
+            req[col] = req["request_id"].map(last).astype(req[col].dtype)
+    req.to_parquet(b / "load/requests.parquet")
+    from tpcomm.analysis.attribution import analyse_run_dir
+    from tpcomm.rundir.layout import RunDir
+
+    analyse_run_dir(RunDir(b), conditions=json.loads((b / "conditions.json").read_text()))
+    for other, shift in ((tmp_path / "run", 0.0), (b, 2.0)):
+        cmp = compare_runs(tmp_path / "run", other)
+        for lv in cmp.levels:
+            t = {x.name: x for x in lv.terms}
+            dt = t["delivery_term"]
+            assert dt.lo is not None and dt.lo <= dt.diff <= dt.hi, (lv.concurrency, dt)
+            if shift:
+                assert dt.diff == pytest.approx(shift, abs=0.02), (lv.concurrency, dt)
+                # C=4's band is wide: the closure's p50 delivery, a near-constant statistic with rare jumps,
+                # raises the simultaneous band's critical value for every name (13 here, 3.2 at C=1 and C=2)
+                assert dt.resolved or lv.concurrency == 4, (lv.concurrency, dt)
+            else:
+                assert dt.diff == 0 and not dt.resolved, (lv.concurrency, dt)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpcomm.compare.samples import LevelSample, estimates
+from tpcomm.compare.samples import LevelSample, estimates, term_estimates
 
 LEVEL = 0.95
 REPLICATES = 4000
@@ -63,6 +63,13 @@ def replicates(sample: LevelSample, rng: np.random.Generator, n: int = REPLICATE
     idx = rng.integers(0, k, size=(n, k))
     weights = np.bincount((idx + np.arange(n)[:, None] * k).ravel(), minlength=n * k).reshape(n, k).astype(float)
     out = estimates(sample, weights)
+    rows = sample.delivery_rows
+    if rows is not None and not sample.delivery_rows_joint and len(rows) >= 2:
+        # above C=1 the term's requests share steps: drawn on their own, as the closure's compared requests are
+        m = len(rows)
+        ridx = rng.integers(0, m, size=(n, m))
+        rw = np.bincount((ridx + np.arange(n)[:, None] * m).ravel(), minlength=n * m).reshape(n, m).astype(float)
+        out.update(term_estimates(rows, rw))
     d = sample.delivery_ms
     if d.size >= 2 and np.isfinite(d).all():  # one request's p50 has no spread to draw from
         # Jointly with the engine's blocks where each block is a request; else the compared requests on their own.

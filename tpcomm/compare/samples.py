@@ -57,9 +57,12 @@ class LevelSample:
     collectives: bool  # the level's steps carry collectives (TP > 1); else transfer and wait are 0
     delivery_ms: np.ndarray  # per compared request: client - engine time per token
     delivery_joint: bool  # delivery_ms[i] belongs to block i (resampled together)
-    # per block, where the blocks are the delivery term's requests (C=1, the term measured): (client ms,
-    # delivery ms, tokens - 1) over the request's tokens (analysis/delivery.request_sums); else None
+    # per request of the delivery term (the term measured): (client ms, delivery ms, tokens - 1) over the
+    # request's tokens (analysis/delivery.request_sums); else None. Row i is block i (resampled with the engine's
+    # blocks) where the blocks are those requests (C=1); above C=1 (paired by request id, the blocks are runs of
+    # steps that several requests share) the rows are drawn on their own (delivery_rows_joint False).
     delivery_rows: np.ndarray | None = None
+    delivery_rows_joint: bool = True
     problem: str | None = None  # why no interval: the files do not reproduce the summary
     point: dict[str, float] = field(default_factory=dict)
 
@@ -151,7 +154,10 @@ def level_sample(
     delivery = (d["client_ms_per_token"] - d["engine_ms_per_token"]).reindex(order if joint else compared).to_numpy()
     # the delivery term's own requests are the blocks (client_side rests the split on them where it is measured)
     drows = cs["delivery_rows"]
-    term_rows = np.array([drows[r] for r in order]) if by_request and drows and set(drows) == set(order) else None
+    rows_joint = bool(by_request and drows and set(drows) == set(order))
+    term_rows = np.array([drows[r] for r in (order if rows_joint else sorted(drows))]) if drows else None
+    if drows and not rows_joint and by_request:
+        term_rows = None  # C=1 with the split on other requests than the term's: not one sample (not expected)
     sample = LevelSample(
         concurrency=c,
         repeat=lv.repeat,
@@ -164,6 +170,7 @@ def level_sample(
         delivery_ms=np.asarray(delivery, dtype=float),
         delivery_joint=joint,
         delivery_rows=term_rows,
+        delivery_rows_joint=rows_joint,
     )
     if pairs.empty:
         sample.problem = "no decode pairs in the level's files"
@@ -220,15 +227,23 @@ def estimates(sample: LevelSample, weights: np.ndarray) -> dict[str, np.ndarray]
     out = {"per_token": per_token, **{k: mean(t[k]) for k in ENGINE_TERMS}}
     out["collective"] = out["transfer"] + out["wait"]
     out["tok_per_s"] = 1e3 / per_token * seqs
-    if sample.delivery_rows is not None:  # the fifth term and the client's per-token time, pooled by token
-        d = weights @ sample.delivery_rows  # (replicates, 3)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out["delivery_term"], out["client_per_token"] = d[:, 1] / d[:, 2], d[:, 0] / d[:, 2]
+    if sample.delivery_rows is not None and sample.delivery_rows_joint:
+        out.update(term_estimates(sample.delivery_rows, weights))
     return out
+
+
+def term_estimates(rows: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """The fifth term and the client's per-token time, pooled by token, for each row of `weights` (replicates x
+    requests: how often each request's (client ms, delivery ms, tokens - 1) row is drawn)."""
+    d = weights @ rows  # (replicates, 3)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {"delivery_term": d[:, 1] / d[:, 2], "client_per_token": d[:, 0] / d[:, 2]}
 
 
 def point_estimate(sample: LevelSample) -> dict[str, float]:
     est = estimates(sample, np.ones((1, sample.blocks)))
+    if sample.delivery_rows is not None and not sample.delivery_rows_joint:
+        est.update(term_estimates(sample.delivery_rows, np.ones((1, len(sample.delivery_rows)))))
     out = {k: float(v[0]) for k, v in est.items()}
     if sample.delivery_ms.size:
         out["delivery"] = float(np.percentile(sample.delivery_ms[np.isfinite(sample.delivery_ms)], 50))

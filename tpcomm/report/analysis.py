@@ -217,8 +217,11 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s.available = True
     levels = sorted(att.levels, key=lambda x: (x.concurrency, x.repeat))
     s.data["levels"] = levels
+    # closure_text names delivery as the cause where the five terms add up to the client's time; else none
     s.data["closure_failed"] = [
-        t for lv in levels if (t := closure_text(lv.concurrency, lv.repeat, lv.closure, lv.stalls, lv.delivery_term))
+        t + ("" if lv.delivery_term is not None and lv.delivery_term.ok else "; cause not determined")
+        for lv in levels
+        if (t := closure_text(lv.concurrency, lv.repeat, lv.closure, lv.stalls, lv.delivery_term))
     ]
     s.data["notes"] = (
         [f"C={lv.concurrency} repeat {lv.repeat}: {lv.note}" for lv in levels if lv.note]

@@ -329,7 +329,7 @@ def _breakdown(d: dict) -> list[Block]:
     ]
     levels = d.get("levels", [])
     out.append(("table", K.table(K.SPLIT, levels)))
-    out += [("text", f"{x}; cause not determined.") for x in d.get("closure_failed", [])]
+    out += [("text", f"{x}.") for x in d.get("closure_failed", [])]
     out += [("text", x) for x in d.get("notes", [])]
     if d.get("excluded"):
         out.append(("text", "Compared on neither side of the closure: " + "; ".join(d["excluded"]) + "."))
