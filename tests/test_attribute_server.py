@@ -468,10 +468,13 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
     assert abs(sum(pct) - 100) <= 0.05 and sum(ms) == pytest.approx(total, rel=0.02)
     assert total == pytest.approx(c1["engine_ms_per_token"], rel=0.01)
     assert "CLOSURE FAILED" not in page1
-    if c1["closure"]["judged"]:
+    flat = " ".join(page1.split())
+    if c1["closure"]["ok"]:
         assert "Closure: the split accounts for what the client saw" in page1
+    elif c1["closure"]["judged"]:  # a loaded host: the pace between holds is off, the five terms name the cause
+        assert c1["delivery_term"]["ok"] and "the cause is delivery, not the split" in flat, flat
     else:  # a busy host (assert_closure_verdict_is_true checked why): page 1 says so
-        assert "Closure not judged: " in " ".join(page1.split()), page1
+        assert "Closure not judged: " in flat, page1
 
 
 @pytest.mark.vllm
@@ -551,7 +554,16 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_
     # of the closure (named stalled; on a busy host, where the API server holds whole streams, maybe held),
     # which is judged on the others wherever enough came on time.
     ex = lv["closure"]["excluded"]
-    assert 3 in ex.get(STALLED, []) + ex.get(HELD, []), lv["closure"]
+    if 3 not in ex.get(STALLED, []) + ex.get(HELD, []):
+        # A loaded host: the engine, slower than the pause, had not made the rest of request 3 when the client
+        # read again, so the burst after the pause held fewer than most of its tokens and request 3 stayed
+        # compared. The paused tokens must then be a stall window, left out of both sides of its comparison.
+        from tpcomm.analysis.pairing import client_spans
+
+        r3 = pd.read_parquet(out / "load/requests.parquet").query("request_id == 3")
+        t3 = pd.read_parquet(out / "load/tokens.parquet").query("request_id == 3")
+        sp = client_spans(r3, t3, lv["engine_ms_per_token"]).iloc[0]
+        assert any(ka < 10 <= kb for ka, kb, _, _ in sp["holes"]), (lv["closure"], sp.to_dict())
     assert_closure_verdict_is_true(lv, out)
     # The engine's decode pairs during request 3's time span (C=1: only its steps run then).
     req = pd.read_parquet(out / "load/requests.parquet").set_index("request_id")

@@ -280,11 +280,14 @@ def client_side(
         dt = DeliveryTerm.not_measured(f"requests could not be paired with the engine's steps: {problem}")
     else:
         src = rows_ids if by_ids else rows
-        per_req, _ = delivery.token_delays(pairs, src, tokens, ok, token_steps=by_ids)
+        first: dict = {}
+        per_req, _ = delivery.token_delays(pairs, src, tokens, ok, token_steps=by_ids, earliest=first)
         mine = {int(r) for r, _, _ in per_req}
         own = {s for ids in pairs.loc[pairs["request_id"].isin(mine), "steps"] for s in ids}
         five = engine_split(src[src["step"].isin(own)]) if own else whole
-        dt = delivery.delivery_term(per_req, five["engine_ms_per_token"], concurrency, same_clock, pairing=how)
+        dt = delivery.delivery_term(
+            per_req, five["engine_ms_per_token"], concurrency, same_clock, pairing=how, earliest=first
+        )
         if dt.measured:
             delivery_rows = dict(zip((int(r) for r, _, _ in per_req), delivery.request_sums(per_req)))
         if dt.measured and five["per_token_ms"] and concurrency == 1:

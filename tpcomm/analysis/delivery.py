@@ -49,10 +49,13 @@ def token_delays(
     tokens: pd.DataFrame,
     requests: pd.DataFrame,
     token_steps: bool = False,
+    earliest: dict | None = None,
 ):
     """Per request paired by prefill segments (pairing.by_prefill rows with `steps`) or, `token_steps`, by the request
     ids the hook recorded (pairing.by_request_steps: `steps` are the steps that made its tokens 0..n-1):
-    (request_id, made_ns, arrived_ns) arrays of its tokens, and {request_id: why not} for the others."""
+    (request_id, made_ns, arrived_ns) arrays of its tokens, and {request_id: why not} for the others.
+    `earliest`: a dict that receives {request_id: the earliest rank's end of each token's step} (a token cannot
+    reach the client before the first rank that finished its step: a descheduled peer ends later)."""
     from tpcomm.analysis.pairing import DECODE, PREFILL, STEPPED, step_ends
 
     s = step_ends(rank_rows).set_index("step")
@@ -96,6 +99,8 @@ def token_delays(
             continue
         made = s.loc[steps, "t_end_ns"].to_numpy(dtype=np.float64)
         out.append((rid, made, arrived.astype(np.float64)))
+        if earliest is not None:
+            earliest[rid] = s.loc[steps, "t_first_end_ns"].to_numpy(dtype=np.float64)
     return out, why
 
 
@@ -116,6 +121,7 @@ def delivery_term(
     one_clock: bool,
     not_measured: str | None = None,
     pairing: str = "prefill segments",
+    earliest: dict | None = None,
 ) -> DeliveryTerm:
     """The level's delivery term from token_delays() output, beside the split's per-token time over the same
     requests' decode steps (`split_ms`: the sum of the four engine terms). `pairing`: how its tokens were paired
@@ -143,7 +149,11 @@ def delivery_term(
     judged = why_not is None
     # On one clock a token cannot reach the client before the step that made it ended: any that did were paired
     # with the wrong step (an off-by-one, another request's steps), whatever the per-token sums say.
-    early = int((allv < -EARLY_MS).sum()) if one_clock else 0
+    # Against the earliest rank's end of the step (token_delays' `earliest`; else the ranks' mean end): a rank
+    # descheduled after its part of the step ends later than the token, which the first rank already made.
+    first = [earliest.get(rid, m) for rid, m, _ in per_request] if earliest else [m for _, m, _ in per_request]
+    lead = np.concatenate([a - f for (_, _, a), f in zip(per_request, first)]) / 1e6
+    early = int((lead < -EARLY_MS).sum()) if one_clock else 0
     return DeliveryTerm(
         measured=True,
         ms=dl,

@@ -121,10 +121,14 @@ def client_spans(requests: pd.DataFrame, tokens: pd.DataFrame, period_ms: float 
 
 
 def step_ends(rank_rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per step of the level (all kinds): kind and end time averaged over ranks, on the step clock
-    rank_steps put the rows on (the GPU's where the worker recorded it, else the host's)."""
+    """One row per step of the level (all kinds): kind and end time averaged over ranks (t_end_ns) and the
+    earliest rank's end (t_first_end_ns), on the step clock rank_steps put the rows on (the GPU's where the
+    worker recorded it, else the host's)."""
     rows = rank_rows[rank_rows["kind"] != "empty"]  # no token made in an empty step (PP batch-queue slots)
-    return rows.groupby("step", sort=True).agg(kind=("kind", "first"), t_end_ns=("t_end_ns", "mean")).reset_index()
+    g = rows.groupby("step", sort=True)
+    return g.agg(
+        kind=("kind", "first"), t_end_ns=("t_end_ns", "mean"), t_first_end_ns=("t_end_ns", "min")
+    ).reset_index()
 
 
 def _unmatched(s: pd.DataFrame, starts: np.ndarray, requests: pd.DataFrame, most: int = 3) -> str:
