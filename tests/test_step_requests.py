@@ -81,6 +81,9 @@ def test_each_step_notes_the_clients_requests_it_served_and_nothing_else():
     s0 = int(h.rec.columns(0)["steps"]["step"][0])
     assert got == [(s0, 4, 16), (s0 + 1, 4, 1), (s0 + 1, 5, 16), (s0 + 2, 4, 1), (s0 + 2, 5, 1), (s0 + 3, 5, 1)]
     assert a not in h._req_nums and b in h._req_nums  # a finished: its parsed id is dropped
+    h.step_begin(_Sched({}, finished=[b]))  # the step vLLM schedules only to deliver finished ids: no tokens
+    h.step_end(object())
+    assert b not in h._req_nums and h.rec.n_reqs == len(got)
 
 
 def test_a_recording_without_a_run_token_notes_no_requests():

@@ -245,10 +245,13 @@ def by_request_steps(
             out.at[i, "why"] = f"{len(steps)} steps served it for {n} tokens"
             continue
         if (toks[len(steps) - n + 1 :] != 1).any():
-            out.at[i, "why"] = "a step scheduled several of its tokens after its prefill (speculative decoding)"
+            out.at[i, "why"] = (
+                "a step of several of its tokens after its first token (speculative decoding, or a recompute after "
+                "preemption)"
+            )
             continue
         if (toks[: len(steps) - n] <= 1).any():
-            out.at[i, "why"] = "steps that made no token of it besides its prefill chunks (preempted)"
+            out.at[i, "why"] = "a step of one token before its last prefill chunk (a 1-token chunk, or a step dropped)"
             continue
         made = steps[len(steps) - n :]
         if any(x not in ends for x in made):

@@ -450,16 +450,19 @@ class Hook:
                 prefill = sum(1 for rid, n in per_req.items() if rid in new or n > 1 + len(spec.get(rid, ())))
                 kind = 0 if prefill == 0 else (1 if prefill == len(per_req) else 2)
                 if self.req_tokens:
-                    self._note_requests(per_req, scheduler_output)
-            else:  # an empty step: PP's batch queue runs one per stage slot with no sequence in it
+                    self._note_requests(per_req)
+            else:  # an empty step: PP's batch queue slots, or a step that only delivers finished_req_ids
                 kind = 3
+            if self.req_tokens:  # forget the finished requests' parsed ids, on an empty step too
+                for rid in getattr(scheduler_output, "finished_req_ids", None) or ():
+                    self._req_nums.pop(rid, None)
             self._step_meta = (time.time_ns(), len(per_req), tokens, kind)
             if self.clock is not None:
                 self.clock.begin()  # before vLLM enqueues anything of this step
         except Exception as e:  # noqa: BLE001
             self.fail("step start", e)
 
-    def _note_requests(self, per_req: dict, scheduler_output: Any) -> None:
+    def _note_requests(self, per_req: dict) -> None:
         """Which of the measuring client's requests this step serves (recorder.py, step requests): one dict
         lookup per scheduled request, its id parsed once."""
         nums, rec = self._req_nums, self.recorder()
@@ -471,8 +474,6 @@ class Hook:
                 num = nums[rid] = request_number(rid, self.req_tokens)
             if num >= 0:
                 rec.add_step_request(self.step, num, n)
-        for rid in getattr(scheduler_output, "finished_req_ids", None) or ():
-            nums.pop(rid, None)
 
     def step_end(self, output: Any) -> None:
         """End of execute_model. `output` None: sample_tokens follows and belongs to this step (its end is the
@@ -522,7 +523,9 @@ def session_tokens(session: str | None) -> frozenset[str]:
 
 def request_number(request_id: str, tokens: frozenset[str]) -> int:
     """<n> of a vLLM request id that carries `tpcomm-<token>-<n>` with one of `tokens`, else -1. vLLM 0.32 makes
-    the id `cmpl-<X-Request-Id>-<index>-<8 random characters>` (chatcmpl- for chat)."""
+    the id `cmpl-<X-Request-Id>-<prompt index>-<8 hex>` for a completion (completion/serving.py) and
+    `chatcmpl-<X-Request-Id>-<8 hex>` for a chat request (chat_completion/serving.py); the 8 hex characters are
+    input_processor.py's `assign_request_id` (none with VLLM_DISABLE_REQUEST_ID_RANDOMIZATION)."""
     m = _REQUEST_ID.search(request_id) if "tpcomm-" in request_id else None
     return int(m.group(2)) if m and m.group(1) in tokens else -1
 
