@@ -42,6 +42,9 @@ if tl.exists():  # the step the report draws keeps its records too (tests compar
     keep.add(int(json.loads(tl.read_text())["step"]))
 steps[steps["step"].isin(keep)].to_parquet(dst / "hook/steps.parquet", index=False)
 coll[coll["step"].isin(keep)].to_parquet(dst / "hook/collectives.parquet", index=False)
+if (src / "hook/step_requests.parquet").exists():  # which of attribute's requests each kept step served
+    sreq = pd.read_parquet(src / "hook/step_requests.parquet")
+    sreq[sreq["step"].isin(keep)].to_parquet(dst / "hook/step_requests.parquet", index=False)
 if (src / "hook/meta.json").exists():
     shutil.copy2(src / "hook/meta.json", dst / "hook/meta.json")
 print("kept steps", min(keep), max(keep), "of", int(steps["step"].min()), int(steps["step"].max()))

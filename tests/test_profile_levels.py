@@ -95,7 +95,7 @@ def test_no_profiled_level_no_trace_records(tmp_path):
 
 
 def test_the_profiled_window_is_short():
-    assert profiled_requests(200, plugin=False) == 4  # the fewest on which the closure is judged
+    assert profiled_requests(200, plugin=False) == 6  # the fewest on which the closure and the five terms are judged
     assert profiled_requests(3, plugin=False) == 3
     assert profiled_requests(200, plugin=True) == 2
     assert next_repeat([{"repeat": 0}, {"repeat": 2}]) == 3 and next_repeat([]) == 0

@@ -7,15 +7,16 @@ typed Attribution (source "trace") and report as the hook's records would.
 Why a level of its own: the traces cover only the profiled window, so only the requests inside it can be paired
 with engine steps; the other levels keep their client figures and say why they have no split.
 
-The window is kept short (the trace grows with every step): MIN_CLOSURE_REQUESTS requests at C=1, the fewest
-on which the closure is judged (closure.py), or --requests when fewer.
+The window is kept short (the trace grows with every step): PROFILED_REQUESTS requests at C=1, the fewest on
+which both the closure and the five terms are judged (closure.py, delivery.py: on a loaded host the pace closure
+can fail on delivery alone, and only a judged five-term check names that cause), or --requests when fewer.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from tpcomm.judge.tolerances import MIN_CLOSURE_REQUESTS
+from tpcomm.judge.tolerances import FIVE_TERM_MIN_REQUESTS, MIN_CLOSURE_REQUESTS
 from tpcomm.rundir import contract as C
 
 NOT_PROFILED = "no hook records (plugin off); the torch-profiler traces cover the profiled level only"
@@ -35,10 +36,13 @@ _TRACE_ONLY = (
 )
 
 
+PROFILED_REQUESTS = max(MIN_CLOSURE_REQUESTS, FIVE_TERM_MIN_REQUESTS)
+
+
 def profiled_requests(requests: int, plugin: bool) -> int:
     """Requests in the profiled round: 2 beside the hook (a cross-check of its split), else enough for the
-    closure to be judged."""
-    return min(requests, 2 if plugin else MIN_CLOSURE_REQUESTS)
+    closure and the five terms to be judged."""
+    return min(requests, 2 if plugin else PROFILED_REQUESTS)
 
 
 def next_repeat(levels: list[dict]) -> int:
