@@ -104,19 +104,7 @@ def rank_steps(aligned: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     steps = _on_step_clock(steps)
     if "untimed_collectives" not in steps.columns:
         steps = steps.assign(untimed_collectives=0)
-    a = aligned[aligned["step"] >= 0]
-    a = a.assign(_graph=_graph_rows(a))
-    per = (
-        a.groupby(["rank", "step"], sort=False)
-        .agg(
-            coll_us=("duration_us", "sum"),
-            transfer_us=("transfer_us", "sum"),
-            wait_us=("wait_us", "sum"),
-            n_collectives=("duration_us", "size"),
-            n_graph=("_graph", "sum"),
-        )
-        .reset_index()
-    )
+    per = collective_sums(aligned[aligned["step"] >= 0], ["rank", "step"], graph=True)
     out = steps.merge(per, on=["rank", "step"], how="left")
     for c in ("coll_us", "transfer_us", "wait_us"):
         out[c] = out[c].fillna(0.0)
@@ -124,6 +112,22 @@ def rank_steps(aligned: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         out[c] = out[c].fillna(0).astype(np.int64)
     out["compute_us"] = out["duration_us"] - out["coll_us"]
     return out.rename(columns={"duration_us": "step_us"})
+
+
+def collective_sums(aligned: pd.DataFrame, keys: list[str], graph: bool = False) -> pd.DataFrame:
+    """Per `keys` (a rank's step, at least): the aligned collectives' coll_us, transfer_us, wait_us and
+    n_collectives; with `graph`, n_graph (rows read from a sampled CUDA graph replay). Shared by attribute's
+    split (rank_steps) and the replay's (probe/replay_results.step_table)."""
+    aggs = {
+        "coll_us": ("duration_us", "sum"),
+        "transfer_us": ("transfer_us", "sum"),
+        "wait_us": ("wait_us", "sum"),
+        "n_collectives": ("duration_us", "size"),
+    }
+    if graph:
+        aligned = aligned.assign(_graph=_graph_rows(aligned))
+        aggs["n_graph"] = ("_graph", "sum")
+    return aligned.groupby(keys, sort=False).agg(**aggs).reset_index()
 
 
 def _graph_rows(a: pd.DataFrame) -> np.ndarray:

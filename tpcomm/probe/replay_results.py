@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from tpcomm.analysis.align import align
+from tpcomm.analysis.split import collective_sums
 from tpcomm.judge.tolerances import PREEMPTED_SHARE
 
 COLL_COLUMNS = [
@@ -123,14 +124,7 @@ def step_table(coll: pd.DataFrame, rank_steps: pd.DataFrame) -> pd.DataFrame:
     """Per-rank step time split into compute / transfer / wait, then averaged over ranks per step."""
     key = ["backend", "mode", "timing", "rank", "step"]
     per = (
-        coll.groupby(key)
-        .agg(
-            coll_us=("duration_us", "sum"),
-            transfer_us=("transfer_us", "sum"),
-            wait_us=("wait_us", "sum"),
-            n_collectives=("duration_us", "size"),
-        )
-        .reset_index()
+        collective_sums(coll, key)
         if len(coll)
         else pd.DataFrame(columns=key + ["coll_us", "transfer_us", "wait_us", "n_collectives"])
     )
