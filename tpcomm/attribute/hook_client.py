@@ -196,7 +196,8 @@ class HookClient:
 
     def frames(self, session: str | None = None) -> tuple[Any, Any, dict]:
         """(collectives DataFrame, steps DataFrame, meta dict) of the records since the last start."""
-        return records_to_frames(self.records(session))
+        coll, steps, _, meta = self.level_frames(session)
+        return coll, steps, meta
 
     def level_frames(self, session: str | None = None) -> tuple[Any, Any, Any, dict]:
         """(collectives, steps, step requests, meta): frames() and which of the client's requests each step

@@ -371,8 +371,8 @@ class Aborted(RuntimeError):
 def request_name(token: str, request_id: int) -> str:
     """The X-Request-Id of attribute's request `request_id`: `tpcomm-<token>-<id>`. vLLM 0.32 takes the header as
     its request id (serve/engine/serving.py `_base_request_id`: `cmpl-<header>-<prompt index>`, or
-    `chatcmpl-<header>`, plus 8 random hex characters in the engine), and the hook records the steps of a request whose token is part of its recording's session
-    name (hook/core.py `request_number`)."""
+    `chatcmpl-<header>`, plus 8 random hex characters in the engine), and the hook records the steps of a
+    request whose token is part of its recording's session name (hook/core.py `request_number`)."""
     return f"tpcomm-{token}-{int(request_id)}"
 
 

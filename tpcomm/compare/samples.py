@@ -155,9 +155,9 @@ def level_sample(
     # the delivery term's own requests are the blocks (client_side rests the split on them where it is measured)
     drows = cs["delivery_rows"]
     rows_joint = bool(by_request and drows and set(drows) == set(order))
-    term_rows = np.array([drows[r] for r in (order if rows_joint else sorted(drows))]) if drows else None
-    if drows and not rows_joint and by_request:
-        term_rows = None  # C=1 with the split on other requests than the term's: not one sample (not expected)
+    # blocks of requests that are not the term's own (not expected): no sample of the term
+    usable = drows and (rows_joint or not by_request)
+    term_rows = np.array([drows[r] for r in (order if rows_joint else sorted(drows))]) if usable else None
     sample = LevelSample(
         concurrency=c,
         repeat=lv.repeat,
