@@ -146,11 +146,15 @@ def _inputs_line(inp: dict) -> list[str]:
         "moe_layer_us": ("MoE fixed", " us/layer"),
         "launch_us": ("eager launch", " us/kernel"),
     }
-    return [
+    out = [
         f"{label} {_r(inp[key], 'g')}{unit} (central {inp[key]['central']:g})"
         for key, (label, unit) in names.items()
         if inp.get(key)
     ]
+    moe = inp.get("moe_layer_us") or {}
+    if moe.get("covered_by_a_measurement") is False:
+        out.append(f"MoE path '{moe.get('backend')}': no public measurement covers this engine version (range widened)")
+    return out
 
 
 def _what_if_table(rows: list[dict]) -> str:

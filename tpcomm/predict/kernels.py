@@ -77,6 +77,29 @@ MOE_LAYER_US = {
         "tok/s at TP 1 on one A100 80GB with vLLM's gptoss image (vLLM issue 22331, row marked fitted): ~90 us "
         "per MoE layer beyond its bytes and kernels (+-25 us: the A100 fit's own spread)",
     ),
+    "mla-fp8-sglang-early": (
+        240.0,
+        400.0,
+        560.0,
+        "fitted: DeepSeek-V3 (MLA, block FP8) on SGLang 0.4.1.post2 at TP 8 measured 30.29 tok/s at batch 1, input "
+        "128, output 256, CUDA graphs and tuned FP8 GEMMs (sglang PR 2643, 2024-12-29; 8x H200 inferred: the "
+        "maintainers' own DeepSeek-V3 setup then, and the FP8 checkpoint does not fit 8x 80 GB; row marked "
+        "fitted): ~400 us per MoE layer beyond its bytes and kernels. It carries the whole early path, which "
+        "TP-8 batch-1 data cannot split: Triton MLA decode before FlashInfer MLA (a maintainer, sglang issue "
+        "3196, 2025-01-29: 'wait for next version's flashinfer'), the Triton block-FP8 fused MoE and GEMMs. "
+        "+-40%: one row, its GPU inferred (sglang issue 3196 on a stated 8x H200 is consistent: 'order 13' "
+        "words/s with 2 s of TTFT in each 64-token request)",
+    ),
+    "mla-vllm-no-mla-kernel": (
+        0.0,
+        400.0,
+        1500.0,
+        "not covered by any measurement: vLLM before 0.7.1 ran DeepSeek-V3-architecture models without an MLA "
+        "kernel (attention expanded to per-head K/V) and with Triton block-FP8 kernels; no public batch-1 "
+        "figure with its load stated. Widened to span the modern path's cost (0) and the one rough report, "
+        "~10 tok/s on 8x H200 TP 8 with vLLM 0.6.6, load not stated (deepseek-ai/DeepSeek-V3 issue 24; row "
+        "held out, approximate); central the early SGLang fit",
+    ),
     "sglang-gptq-moe": (
         450.0,
         560.0,
@@ -85,6 +108,20 @@ MOE_LAYER_US = {
         "71.65 tok/s for its FP8 checkpoint at TP 4 on 4x H20 (Qwen3 speed benchmark; the publisher notes that "
         "GPTQ-INT4 in SGLang needs improvement; row marked fitted): ~0.56 ms more per MoE layer",
     ),
+}
+
+# The validation rows (tpcomm/predict/data/validation.json ids) that informed each MoE backend's range: fitted
+# on them, or (default) checked by them; an empty list: no public measurement covers the backend's engine version.
+MOE_ROWS = {
+    "default": ["qwen3-30b-a3b-tp1-h20", "qwen3-30b-a3b-tp1-a100", "qwen3-235b-a22b-fp8-tp4-h20"],
+    "nvfp4-sm12": [
+        "qwen3.5-397b-nvfp4-tp4-rtx-pro-6000-server",
+        "qwen3.5-397b-nvfp4-lukealonso-tp4-rtx-pro-6000-server",
+    ],
+    "mxfp4-sm8": ["gpt-oss-120b-tp1-a100"],
+    "mla-fp8-sglang-early": ["deepseek-v3-fp8-tp8-h200-sglang-0.4.1"],
+    "mla-vllm-no-mla-kernel": [],
+    "sglang-gptq-moe": ["qwen3-235b-a22b-gptq4-tp4-h20"],
 }
 
 
@@ -122,6 +159,12 @@ def moe_backend(m: ModelSpec, engine, hw: dict) -> str:
         return "nvfp4-sm12"
     if q.method == "mxfp4" and cc.startswith("8."):
         return "mxfp4-sm8"
+    if m.attention == "mla" and q.method == "fp8" and engine is not None and engine.version:
+        v = tuple(int(x) for x in engine.version.split(".")[:3] if x.isdigit())
+        if engine.family == "sglang" and v < (0, 4, 3):
+            return "mla-fp8-sglang-early"
+        if engine.family == "vllm" and v < (0, 7, 1):
+            return "mla-vllm-no-mla-kernel"
     if q.method == "gptq" and engine.family == "sglang" and (engine.version or "0.4").startswith("0."):
         major_minor = tuple(int(x) for x in (engine.version or "0.4").split(".")[:2] if x.isdigit())
         if major_minor <= (0, 4):

@@ -69,7 +69,7 @@ def constants() -> dict[str, Constant]:
     out["host.sglang-overlap"] = replace(out["host.sglang-overlap"], kind="bound")
     out["host_tp.vllm"] = Constant("host_tp.vllm", "host_tp", (0.0, 6.0), HOST_TP["vllm-v0"][:3])
     out["kv_efficiency"] = Constant("kv_efficiency", "kv_efficiency", (0.05, 1.0), KV_EFFICIENCY[:3])
-    for b in ("nvfp4-sm12", "mxfp4-sm8", "sglang-gptq-moe"):
+    for b in ("nvfp4-sm12", "mxfp4-sm8", "sglang-gptq-moe", "mla-fp8-sglang-early"):
         out[f"moe.{b}"] = Constant(f"moe.{b}", "moe_layer_us", (0.0, 2000.0), MOE_LAYER_US[b][:3])
     out["weight_kernel.awq-gemm"] = Constant(
         "weight_kernel.awq-gemm", "quant_kernel_factor", (0.05, 1.0), WEIGHT_KERNEL["awq-gemm"][:3]
@@ -130,7 +130,7 @@ def prepare(row: dict, qconfigs: dict) -> Prepared:
         uses.append(f"host.{eng.runner}")
     if eng.runner in HOST_TP:
         uses.append("host_tp.vllm")
-    if ri.moe_backend and ri.moe_backend != "default":
+    if f"moe.{ri.moe_backend}" in CONSTS:  # a fitted backend (an uncovered one keeps its stated range)
         uses.append(f"moe.{ri.moe_backend}")
     if ri.quant_kernel_factor is not None:
         uses.append("weight_kernel.awq-gemm")
