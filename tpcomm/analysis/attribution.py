@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpcomm.analysis import clocks, coverage, delivery, pairing, profile_levels, specdecode
+from tpcomm.analysis import clocks, coverage, delivery, levers, pairing, profile_levels, specdecode
 from tpcomm.analysis.align import align, alignment_quality
 from tpcomm.analysis.closure import client_figures, closure, closure_text, find_stalls
 from tpcomm.analysis.crosscheck import (
@@ -149,7 +149,7 @@ def analyse_run_dir(
             why = lost if lost and not problem else why
             att.levels.append(_unattributed(lv, why, None, {}))
             att.levels[-1].incomplete = complete.level_incomplete(lv, None)
-        rd.write_json(C.ATTR_SUMMARY, att.to_json())
+        write_attribution(rd, att)
         return att
 
     aligned, steps, nodes, offsets = on_one_clock(coll, steps, hook_status, align_clocks)
@@ -223,7 +223,7 @@ def analyse_run_dir(
     if head is not None:
         att.headline = {"concurrency": head.concurrency, "repeat": head.repeat}
         att.verdict = bottleneck.measured(head.per_token_ms)
-    rd.write_json(C.ATTR_SUMMARY, att.to_json())
+    write_attribution(rd, att)
     return att
 
 
@@ -397,3 +397,9 @@ def _no_crosscheck_reason(lv: dict, obs: dict) -> str | None:
             + ")"
         )
     return None
+
+
+def write_attribution(rd: RunDir, att: Attribution) -> None:
+    """attribution/summary.json, then levers.json from it and the run directory's other inputs (levers.py)."""
+    rd.write_json(C.ATTR_SUMMARY, att.to_json())
+    levers.store(rd)

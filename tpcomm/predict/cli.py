@@ -312,3 +312,6 @@ def _write(out, doc):
         rd = RunDir(out)
         rd.record_command("predict")
         rd.write_json(C.PREDICT, doc)
+        from tpcomm.analysis import levers
+
+        levers.store(rd)  # the levers follow the newest of their inputs

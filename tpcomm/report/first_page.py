@@ -2,7 +2,7 @@
 
 Nothing is judged here: the split and the measured verdict come from attribution/summary.json
 (`tpcomm.rundir.results.Attribution`, written by attribute), the model-based verdict and the what-ifs from
-predict.json, the levers from tpcomm/judge/levers.py, the definitions from tpcomm/judge/definitions.py.
+predict.json, the levers from levers.json (tpcomm/analysis/levers.py, by judge/levers.py's rule), the definitions from tpcomm/judge/definitions.py.
 One denominator: the headline is the engine's per-token time at the headline level and the split's terms
 sum to it (the bar ends there); the client's TPOT stands beside it, never in it.
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpcomm.analysis import levers as run_levers
 from tpcomm.columns import fmt
 from tpcomm.judge import bottleneck, complete, definitions
 from tpcomm.judge import delivery as deliver
@@ -66,7 +67,7 @@ def page_one(inp: readers.Inputs, cmds: dict[str, str], s):
         return s
     s.available = True
     s.conditions = d["conditions"]
-    d["levers"], d["bounds"], d["levers_note"] = _levers(inp, head, pred, cmds)
+    d["levers"], d["bounds"], d["levers_note"] = _levers(inp, cmds)
     d["definitions"] = _definitions(d)
     return s
 
@@ -266,50 +267,25 @@ def _model(d: dict, pred: dict, inp: readers.Inputs) -> None:
 
 
 def machine(inp: readers.Inputs, head: LevelSplit | None) -> L.Machine:
-    """What the levers depend on: the measured machine (topo.json, meta.json) when this run measured one,
-    else the hardware predict.json modelled (a model-based run says nothing of the machine it ran on)."""
-    hw = (inp.predict or {}).get("hardware") or {}
-    link = hw.get("link") if isinstance(hw.get("link"), dict) else {}
-    tp = ((inp.plan or inp.predict or {}).get("layout") or {}).get("tp")
-    if head is None:
-        kind = link.get("type")
-        return L.Machine(platform="cpu" if kind == "shm" else "cuda", link=kind, p2p=link.get("p2p"), tp=tp)
-    topo = inp.topo or {}
-    gpu, vllm = topo.get("gpu") or {}, topo.get("vllm") or {}
-    p2p = gpu.get("p2p_read")
-    cpu = vllm.get("platform") == "cpu" or ((inp.meta or {}).get("versions") or {}).get("vllm_build") == "cpu"
-    return L.Machine(
-        platform="cpu" if cpu else "cuda",
-        link="shm" if cpu else link.get("type"),
-        p2p=all(all(r) for r in p2p) if p2p else link.get("p2p"),
-        tp=inp.attribution.conditions.get("tp") or tp,
-        gpus=len(gpu.get("gpus") or []) or None,
-        allreduce_paths=list(vllm.get("allreduce_paths") or []),
-    )
+    """The machine the levers were judged for (tpcomm/analysis/levers.py), from the report's inputs."""
+    return run_levers.machine(_run_inputs(inp), head)
 
 
-def _levers(inp: readers.Inputs, head: LevelSplit | None, pred: dict | None, cmds: dict[str, str]):
-    m = machine(inp, head)
-    cal = (pred or {}).get("calibration") or {}
-    anchored = bool(cal) and head is not None
-    note = None
-    if head is not None and anchored:
-        whatifs, basis = pred.get("what_if") or [], "predict anchored on this run's measured split"
-    elif head is not None:
-        t = head.per_token_ms.as_dict()
-        whatifs, basis = L.measured_whatifs(t), "the measured split (one term removed)"
-        note = f"More levers, sized on this run's split: {cmds['predict_attribution']}"
-    elif pred:
-        whatifs, basis = pred.get("what_if") or [], "model-based (tpcomm predict), range over its stated inputs"
-    else:
-        return [], [], None
-    got, _ = L.levers(whatifs, m, basis)
-    if head is not None and (dl := deliver.lever(head.delivery_term, head.host_load, m.platform)):
-        got = [dl] + got  # delivery caps what the client gets: the engine's levers come after it
-    levers = [x for x in got if x.kind == "lever"][:TOP_LEVERS]
-    # A model's bounds are stated by its verdict (over the whole range); a measured split's as a line.
-    bounds = [x for x in got if x.kind == "bound"] if head is not None else []
-    return levers, bounds, note  # what is not offered (and why) stays in the what-if section
+def _run_inputs(inp: readers.Inputs) -> run_levers.RunInputs:
+    return run_levers.RunInputs(inp.attribution, inp.predict, inp.topo, inp.meta, inp.plan)
+
+
+def _levers(inp: readers.Inputs, cmds: dict[str, str]):
+    """The levers as the analysis stored them (levers.json); computed now by the same function only where the
+    file is absent or older than its inputs, and then said so."""
+    got, why = run_levers.current(inp.rd)
+    notes = []
+    if got.more_with_predict:
+        notes.append(f"More levers, sized on this run's split: {cmds['predict_attribution']}")
+    if why:
+        notes.append(f"Levers computed by the report: {why}.")
+    # what is not offered (and why) stays in the what-if section
+    return got.levers[:TOP_LEVERS], got.bounds, " ".join(notes) or None
 
 
 def _definitions(d: dict) -> list[str]:

@@ -287,6 +287,16 @@ ATTR_SUMMARY = FileSpec(
     redo="tpcomm attribute --reanalyse RUN_DIR (redoes the analysis from the run's own records)",
 )
 
+LEVERS = FileSpec(
+    "levers.json",
+    "json",
+    "tpcomm attribute / tpcomm trace / tpcomm predict --out RUN_DIR (each after its own file)",
+    "tpcomm.analysis.levers.RunLevers: what to set, ranked by effect, the basis of the figures, the inputs' SHA-256",
+    keys=("basis", "levers", "bounds", "inputs"),
+    fields=_fields("levers:l levers[]:o bounds:l bounds[]:o not_offered:l? inputs:o"),
+    redo="tpcomm report RUN_DIR computes them again when they are absent or older than their inputs",
+)
+
 PROFILE_SUMMARY = FileSpec("profile/summary.json", "json", ATTRIBUTE + " --profile", "trace vs hook comparison")
 PROFILE_HOOK = FileSpec(
     "profile/hook_collectives.parquet", "table", ATTRIBUTE + " --profile", "hook records of the profiled requests"
@@ -310,6 +320,7 @@ ALL: dict[str, FileSpec] = {
         TOPO,
         PLAN,
         PREDICT,
+        LEVERS,
         PROBE_RESULTS,
         PROBE_RESULTS_JSON,
         PROBE_FIT,

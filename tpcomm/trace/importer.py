@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpcomm.analysis.attribution import write_attribution
 from tpcomm.errors import InputError
 from tpcomm.rundir import contract as C
 from tpcomm.rundir.layout import RunDir
@@ -133,7 +134,7 @@ def import_traces(
     # The report's split: the traces', unless the hook already attributed this run directory (then both are
     # kept, and attribute --profile's trace/compare.json sets them side by side).
     if not rd.exists(C.ATTR_SUMMARY):
-        rd.write_json(C.ATTR_SUMMARY, attribution(doc).to_json())
+        write_attribution(rd, attribution(doc))
     else:
         doc["notes"].append("attribution/summary.json (the hook's) kept: the trace's split is in trace/summary.json")
     rd.mark("trace", "complete", ranks=imp.traces.ranks)

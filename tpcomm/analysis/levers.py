@@ -1,0 +1,179 @@
+"""The levers of one run directory, computed where their inputs are written and stored as levers.json; the
+report only lays them out (issue 30 item 3).
+
+Inputs, all from the run directory: attribution/summary.json (the measured split at the level that speaks and
+its delivery term), predict.json (what-ifs; anchored on this run when predict ran with --attribution), topo.json
+and meta.json (the machine: platform, link, P2P, GPUs, vLLM's all-reduce paths), plan.json (TP). The rule of
+which what-if is a lever on which machine is judge/levers.py; this module only gathers the inputs and applies it.
+
+Writers: the analysis of `tpcomm attribute` (and of `tpcomm trace`) and `tpcomm predict --out RUN_DIR` each call
+store() after writing their own file, so levers.json follows the last of them. It records the SHA-256 of each
+input it read: a reader whose inputs changed since (topo.json written after them, a file edited, a run directory
+of an older tpcomm) finds it stale, and current() computes the levers again by the same function, saying so.
+(`tpcomm topo` does not write it: topo is the data model the analysis reads, and imports none of it.)
+
+Units: tok/s (one stream), percent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tpcomm.judge import delivery as deliver
+from tpcomm.judge import levers as L
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.contract import SchemaError
+from tpcomm.rundir.layout import RunDir
+from tpcomm.rundir.results import Attribution, LevelSplit, Lever
+
+log = logging.getLogger(__name__)
+
+INPUTS = (C.ATTR_SUMMARY, C.PREDICT, C.TOPO, C.META, C.PLAN)
+
+
+@dataclass
+class RunLevers:
+    """levers.json: what to set, ranked by effect on single-stream tok/s, with the basis of the figures."""
+
+    basis: str | None  # where the figures come from; None: nothing to size levers on
+    levers: list[Lever] = field(default_factory=list)  # kind "lever", best first
+    bounds: list[Lever] = field(default_factory=list)  # kind "bound" (a measured split states them as a line)
+    not_offered: list[dict[str, str]] = field(default_factory=list)  # {name, why}
+    more_with_predict: bool = False  # sized on the measured split alone: predict --attribution sizes more
+    inputs: dict[str, str | None] = field(default_factory=dict)  # file -> SHA-256 of what was read (None: absent)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunLevers:
+        return cls(
+            basis=d.get("basis"),
+            levers=[Lever(**x) for x in d.get("levers") or []],
+            bounds=[Lever(**x) for x in d.get("bounds") or []],
+            not_offered=list(d.get("not_offered") or []),
+            more_with_predict=bool(d.get("more_with_predict")),
+            inputs=dict(d.get("inputs") or {}),
+        )
+
+
+@dataclass
+class RunInputs:
+    """What the levers are computed from (None: absent, or refused by the contract)."""
+
+    attribution: Attribution | None = None
+    predict: dict | None = None
+    topo: dict | None = None
+    meta: dict | None = None
+    plan: dict | None = None
+
+
+def read_inputs(rd: RunDir) -> RunInputs:
+    inp = RunInputs()
+    for spec, attr in zip(INPUTS, ("attribution", "predict", "topo", "meta", "plan")):
+        try:
+            doc = rd.read_json(spec)
+            setattr(inp, attr, Attribution.from_json(doc) if attr == "attribution" and doc is not None else doc)
+        except SchemaError:
+            pass  # the report names the file's error; the levers go without it
+    return inp
+
+
+def digests(rd: RunDir) -> dict[str, str | None]:
+    return {s.path: _sha(rd / s) for s in INPUTS}
+
+
+def _sha(p) -> str | None:
+    try:
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def machine(inp: RunInputs, head: LevelSplit | None) -> L.Machine:
+    """What the levers depend on: the measured machine (topo.json, meta.json) when this run measured one,
+    else the hardware predict.json modelled (a model-based run says nothing of the machine it ran on)."""
+    hw = (inp.predict or {}).get("hardware") or {}
+    link = hw.get("link") if isinstance(hw.get("link"), dict) else {}
+    tp = ((inp.plan or inp.predict or {}).get("layout") or {}).get("tp")
+    if head is None:
+        kind = link.get("type")
+        return L.Machine(platform="cpu" if kind == "shm" else "cuda", link=kind, p2p=link.get("p2p"), tp=tp)
+    topo = inp.topo or {}
+    gpu, vllm = topo.get("gpu") or {}, topo.get("vllm") or {}
+    p2p = gpu.get("p2p_read")
+    cpu = vllm.get("platform") == "cpu" or ((inp.meta or {}).get("versions") or {}).get("vllm_build") == "cpu"
+    return L.Machine(
+        platform="cpu" if cpu else "cuda",
+        link="shm" if cpu else link.get("type"),
+        p2p=all(all(r) for r in p2p) if p2p else link.get("p2p"),
+        tp=(inp.attribution.conditions.get("tp") if inp.attribution else None) or tp,
+        gpus=len(gpu.get("gpus") or []) or None,
+        allreduce_paths=list(vllm.get("allreduce_paths") or []),
+    )
+
+
+def compute(inp: RunInputs) -> RunLevers:
+    """The levers for these inputs: predict's what-ifs where predict was anchored on this run's split (or where
+    nothing was measured), else what the measured split alone sizes; the delivery lever first where the API
+    server's delivery caps what the client gets."""
+    head = inp.attribution.headline_level() if inp.attribution else None
+    pred = inp.predict if (inp.predict or {}).get("single_stream", {}).get("tok_per_s") else None
+    m = machine(inp, head)
+    more = False
+    if head is not None and (pred or {}).get("calibration"):
+        whatifs, basis = pred.get("what_if") or [], "predict anchored on this run's measured split"
+    elif head is not None:
+        whatifs, basis = L.measured_whatifs(head.per_token_ms.as_dict()), "the measured split (one term removed)"
+        more = True
+    elif pred:
+        whatifs, basis = pred.get("what_if") or [], "model-based (tpcomm predict), range over its stated inputs"
+    else:
+        return RunLevers(basis=None)
+    got, skipped = L.levers(whatifs, m, basis)
+    if head is not None and (dl := deliver.lever(head.delivery_term, head.host_load, m.platform)):
+        got = [dl] + got  # delivery caps what the client gets: the engine's levers come after it
+    return RunLevers(
+        basis=basis,
+        levers=[x for x in got if x.kind == "lever"],
+        # A model's bounds are stated by its verdict (over the whole range); a measured split's as a line.
+        bounds=[x for x in got if x.kind == "bound"] if head is not None else [],
+        not_offered=skipped,
+        more_with_predict=more,
+    )
+
+
+def store(rd: RunDir) -> RunLevers | None:
+    """Compute the levers from what `rd` holds now and write levers.json. Called by each writer of an input
+    after its own file is safe on disk: a failure here is logged and leaves the measured files as they are."""
+    try:
+        before = digests(rd)
+        got = compute(read_inputs(rd))
+        got.inputs = before
+        rd.write_json(C.LEVERS, got.to_json())
+        return got
+    except Exception as e:  # noqa: BLE001 - the command's own result is written; the report recomputes
+        log.warning("levers.json not written (%s: %s); `tpcomm report` computes the levers itself", type(e).__name__, e)
+        return None
+
+
+def current(rd: RunDir) -> tuple[RunLevers, str | None]:
+    """(the levers, why they were computed now rather than read): levers.json when its inputs are unchanged."""
+    why = "levers.json absent (written by an older tpcomm, or its writer failed)"
+    try:
+        doc = rd.read_json(C.LEVERS)
+    except SchemaError as e:
+        doc, why = None, f"levers.json refused ({e})"
+    if doc is not None:
+        stored = RunLevers.from_json(doc)
+        now = digests(rd)
+        if stored.inputs == now:
+            return stored, None
+        changed = sorted(k for k in now if now.get(k) != stored.inputs.get(k))
+        why = f"levers.json is older than {', '.join(changed)}"
+    got = compute(read_inputs(rd))
+    got.inputs = digests(rd)
+    return got, why
