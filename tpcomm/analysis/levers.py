@@ -25,6 +25,7 @@ from typing import Any
 from tpcomm.judge import delivery as deliver
 from tpcomm.judge import levers as L
 from tpcomm.rundir import contract as C
+from tpcomm.rundir import safefs
 from tpcomm.rundir.contract import SchemaError
 from tpcomm.rundir.layout import RunDir
 from tpcomm.rundir.results import Attribution, LevelSplit, Lever
@@ -87,10 +88,14 @@ def digests(rd: RunDir) -> dict[str, str | None]:
 
 
 def _sha(p) -> str | None:
+    """SHA-256 of a regular file read within the JSON bound (safefs: a FIFO, a device or a link to /dev/zero
+    is never read); None where it is absent, "unreadable" where it is not a file tpcomm would read."""
     try:
-        return hashlib.sha256(p.read_bytes()).hexdigest()
-    except OSError:
+        return hashlib.sha256(safefs.read_bounded(p, safefs.MAX_JSON_BYTES)).hexdigest()
+    except FileNotFoundError:
         return None
+    except (safefs.UnsafePath, OSError):
+        return "unreadable"
 
 
 def machine(inp: RunInputs, head: LevelSplit | None) -> L.Machine:
