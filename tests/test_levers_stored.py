@@ -103,3 +103,53 @@ def test_predict_out_rewrites_the_levers_on_its_own_basis(tmp_path):
     v = analyze(run).verdict
     assert [lv.setting for lv in v["levers"]] == [lv["setting"] for lv in doc["levers"]][:5]
     assert "computed by the report" not in (v.get("levers_note") or "")
+
+
+@pytest.mark.parametrize(
+    "lever",
+    [
+        {"foo": 1},
+        {
+            "name": "x",
+            "setting": "y",
+            "tok_per_s": "abc",
+            "tok_per_s_range": None,
+            "change_pct": 1.0,
+            "basis": "b",
+            "kind": "lever",
+        },
+        "not an object",
+    ],
+)
+def test_a_hand_edited_levers_json_is_refused_named_and_recomputed(measured, tmp_path, lever):
+    from tpcomm.report.markdown import render_markdown
+
+    run = _copy(measured, tmp_path / "run")
+    doc = json.loads((run / "levers.json").read_text())
+    doc["levers"] = [lever]
+    (run / "levers.json").write_text(json.dumps(doc))
+    got, why = levers.current(RunDir(run, create=False))
+    assert why and why.startswith("levers.json refused"), why
+    rep = analyze(run)
+    assert "levers.json refused" in (rep.verdict.get("levers_note") or "")
+    assert rep.verdict["levers"]  # the recomputed ones, and page one is whole
+    render_markdown(rep, tmp_path / "report.md")  # lays out without a traceback
+
+
+def test_a_command_recorded_in_meta_json_leaves_the_levers_current(measured, tmp_path):
+    run = _copy(measured, tmp_path / "run")
+    rd = RunDir(run, create=False)
+    rd.record_command("attribute")  # the recorded run's meta.json predates versions: this one adds them
+    levers.store(rd)
+    rd.record_command("probe --replay")  # every command writing into the run directory appends itself
+    got, why = levers.current(rd)
+    assert why is None, why
+
+
+def test_levers_of_another_tpcomm_version_are_recomputed(measured, tmp_path):
+    run = _copy(measured, tmp_path / "run")
+    doc = json.loads((run / "levers.json").read_text())
+    doc["tpcomm"] = "0.0.1"
+    (run / "levers.json").write_text(json.dumps(doc))
+    got, why = levers.current(RunDir(run, create=False))
+    assert why and "computed by tpcomm 0.0.1" in why, why

@@ -40,7 +40,25 @@ def test_the_moe_path_follows_the_engine_version_and_names_its_rows(engine, back
     assert moe["backend"] == backend
     assert moe["covered_by_a_measurement"] is covered
     assert set(moe["informed_by"]) <= ROWS  # every row it names is in the table
-    assert bool(moe["informed_by"]) is covered
+    fitted = {r["id"]: r for r in json.loads(TABLE)["rows"] if r.get("fitted")}
+    for rid in moe["informed_by"]:  # a fitted backend's rows are the rows fitted for it
+        if backend != "default":
+            assert backend in (fitted[rid].get("fitted_for") or ""), rid
+
+
+@pytest.mark.parametrize(
+    "engine, backend",
+    [("vllm-0.7.2+cu118", "default"), ("sglang-0.4.10rc1", "default"), ("sglang-0.4.1.post2", "mla-fp8-sglang-early")],
+)
+def test_version_suffixes_do_not_move_an_engine_across_a_boundary(engine, backend):
+    assert _predict(engine)["range"]["inputs"]["moe_layer_us"]["backend"] == backend
+
+
+def test_a_given_moe_cost_is_not_called_uncovered():
+    args = ["predict", "-m", "deepseek-v3", "--tp", "8", "--gpu", "h200", "--engine", "vllm-0.6.6"]
+    r = CliRunner().invoke(cli, [*args, "--moe-layer-us", "300"])
+    assert r.exit_code == 0, r.output
+    assert "no public measurement covers" not in r.output
 
 
 def test_every_moe_backend_names_rows_of_the_table():

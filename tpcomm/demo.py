@@ -53,6 +53,7 @@ PREVIOUS_OUTPUTS = (
     "topo.json",
     "plan.json",
     "predict.json",
+    "levers.json",
     "probe",
     "hook",
     "load",

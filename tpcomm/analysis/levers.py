@@ -22,13 +22,14 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import tpcomm
 from tpcomm.judge import delivery as deliver
 from tpcomm.judge import levers as L
 from tpcomm.rundir import contract as C
 from tpcomm.rundir import safefs
 from tpcomm.rundir.contract import SchemaError
 from tpcomm.rundir.layout import RunDir
-from tpcomm.rundir.results import Attribution, LevelSplit, Lever
+from tpcomm.rundir.results import Attribution, LevelSplit, Lever, from_json
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +46,15 @@ class RunLevers:
     not_offered: list[dict[str, str]] = field(default_factory=list)  # {name, why}
     more_with_predict: bool = False  # sized on the measured split alone: predict --attribution sizes more
     inputs: dict[str, str | None] = field(default_factory=dict)  # file -> SHA-256 of what was read (None: absent)
+    tpcomm: str = tpcomm.__version__  # the version whose rule (judge/levers.py) computed them: another one recomputes
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> RunLevers:
-        return cls(
-            basis=d.get("basis"),
-            levers=[Lever(**x) for x in d.get("levers") or []],
-            bounds=[Lever(**x) for x in d.get("bounds") or []],
-            not_offered=list(d.get("not_offered") or []),
-            more_with_predict=bool(d.get("more_with_predict")),
-            inputs=dict(d.get("inputs") or {}),
-        )
+    def from_json(cls, d: Any) -> RunLevers:
+        """Every field type-checked (results.from_json): a hand-edited file is a SchemaError, not a crash."""
+        return from_json(cls, d, C.LEVERS)
 
 
 @dataclass
@@ -84,7 +80,17 @@ def read_inputs(rd: RunDir) -> RunInputs:
 
 
 def digests(rd: RunDir) -> dict[str, str | None]:
-    return {s.path: _sha(rd / s) for s in INPUTS}
+    """SHA-256 per input. meta.json by the one value the levers read (its vLLM build): every command that writes
+    into the run directory appends itself to meta.json, which changes nothing the levers depend on."""
+    out = {s.path: _sha(rd / s) for s in INPUTS if s is not C.META}
+    try:
+        meta = rd.read_json(C.META)
+    except SchemaError:
+        out[C.META.path] = "unreadable"
+    else:
+        build = ((meta or {}).get("versions") or {}).get("vllm_build") if isinstance(meta, dict) else None
+        out[C.META.path] = hashlib.sha256(repr(build).encode()).hexdigest()  # absent: no build, as without one
+    return out
 
 
 def _sha(p) -> str | None:
@@ -172,13 +178,22 @@ def current(rd: RunDir) -> tuple[RunLevers, str | None]:
         doc = rd.read_json(C.LEVERS)
     except SchemaError as e:
         doc, why = None, f"levers.json refused ({e})"
+    stored = None
     if doc is not None:
-        stored = RunLevers.from_json(doc)
+        try:
+            stored = RunLevers.from_json(doc)
+        except SchemaError as e:
+            why = f"levers.json refused ({e})"
+    if stored is not None:
         now = digests(rd)
-        if stored.inputs == now:
-            return stored, None
         changed = sorted(k for k in now if now.get(k) != stored.inputs.get(k))
-        why = f"levers.json is older than {', '.join(changed)}"
+        if not changed and stored.tpcomm == tpcomm.__version__:
+            return stored, None
+        why = (
+            f"levers.json is older than {', '.join(changed)}"
+            if changed
+            else f"levers.json was computed by tpcomm {stored.tpcomm}, this is {tpcomm.__version__}"
+        )
     got = compute(read_inputs(rd))
     got.inputs = digests(rd)
     return got, why

@@ -18,6 +18,8 @@ Units: *_us microseconds, bytes, GB/s = 1e9 B/s.
 
 from __future__ import annotations
 
+import re
+
 from tpcomm.models.spec import ModelSpec
 
 RAMP_US = (
@@ -140,11 +142,17 @@ WEIGHT_KERNEL = {
 }
 
 
+def release(version: str) -> tuple[int, ...]:
+    """The release numbers of a version string: '0.7.2+cu118' -> (0, 7, 2), '0.4.10rc1' -> (0, 4, 10),
+    '0.4.1.post2' -> (0, 4, 1), '0.7' -> (0, 7)."""
+    m = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(x) for x in m.group().split(".")[:3]) if m else ()
+
+
 def weight_kernel(m: ModelSpec, engine) -> str:
     """The WEIGHT_KERNEL key for this checkpoint on this engine ('' = the quantized GEMMs stream like the rest)."""
     if m.quant.method == "awq" and engine is not None and engine.family == "vllm" and engine.version:
-        parts = tuple(int(x) for x in engine.version.split(".")[:3] if x.isdigit())
-        if parts < (0, 5, 3):
+        if release(engine.version) < (0, 5, 3):
             return "awq-gemm"
     return ""
 
@@ -160,7 +168,7 @@ def moe_backend(m: ModelSpec, engine, hw: dict) -> str:
     if q.method == "mxfp4" and cc.startswith("8."):
         return "mxfp4-sm8"
     if m.attention == "mla" and q.method == "fp8" and engine is not None and engine.version:
-        v = tuple(int(x) for x in engine.version.split(".")[:3] if x.isdigit())
+        v = release(engine.version)
         if engine.family == "sglang" and v < (0, 4, 3):
             return "mla-fp8-sglang-early"
         if engine.family == "vllm" and v < (0, 7, 1):

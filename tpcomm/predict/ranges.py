@@ -92,9 +92,10 @@ class RangeInputs:
         out["collective_latency"] = {"kind": self.latency.kind, **self.latency.descriptions}
         if self.moe_backend:
             out["moe_layer_us"]["backend"] = self.moe_backend
-            rows = kernels.MOE_ROWS.get(self.moe_backend, [])
-            out["moe_layer_us"]["informed_by"] = rows
-            out["moe_layer_us"]["covered_by_a_measurement"] = bool(rows)
+            if self.moe_layer_us is not None and not self.moe_layer_us.source.startswith("given"):
+                rows = kernels.MOE_ROWS.get(self.moe_backend, [])
+                out["moe_layer_us"]["informed_by"] = rows
+                out["moe_layer_us"]["covered_by_a_measurement"] = bool(rows)
         return out
 
 

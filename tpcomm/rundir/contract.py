@@ -293,7 +293,11 @@ LEVERS = FileSpec(
     "tpcomm attribute / tpcomm trace / tpcomm predict --out RUN_DIR (each after its own file)",
     "tpcomm.analysis.levers.RunLevers: what to set, ranked by effect, the basis of the figures, the inputs' SHA-256",
     keys=("basis", "levers", "bounds", "inputs"),
-    fields=_fields("levers:l levers[]:o bounds:l bounds[]:o not_offered:l? inputs:o"),
+    fields=_fields(
+        "basis:s? levers:l levers[]:o levers[].name:s levers[].setting:s levers[].tok_per_s:n? "
+        "levers[].change_pct:n? levers[].tok_per_s_range:o? levers[].basis:s levers[].kind:s bounds:l bounds[]:o "
+        "bounds[].setting:s bounds[].tok_per_s:n? not_offered:l? more_with_predict:b? inputs:o tpcomm:s?"
+    ),
     redo="tpcomm report RUN_DIR computes them again when they are absent or older than their inputs",
 )
 
