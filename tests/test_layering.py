@@ -28,6 +28,7 @@ DATA_MODEL = {
     "redact",
     "versions",
     "table",
+    "backends",
 }
 ALLOWED = {
     "judge": DATA_MODEL,

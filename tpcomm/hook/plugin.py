@@ -70,22 +70,9 @@ _TIMED: dict[str, tuple[str, int | None, str | None]] = {
 # public method -> tpcomm op used while dynamo traces it
 _REROUTED = ("all_reduce", "all_gather", "reduce_scatter")
 
-SYMM_TAG = "nccl_symm_mem"  # NCCL symmetric-memory all-reduce (PyNccl on symmetric buffers)
-# (module, class, methods, backend name) for the paths behind CudaCommunicator
-_CUDA_BACKENDS = [
-    ("custom_all_reduce", "CustomAllreduce", ("custom_all_reduce",), "custom_ar"),
-    (
-        "pynccl",
-        "PyNcclCommunicator",
-        ("all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "reduce_scatterv", "send", "recv", "broadcast"),
-        "pynccl",
-    ),
-    ("symm_mem", "SymmMemCommunicator", ("all_reduce",), "symm_mem"),
-    ("quick_all_reduce", "QuickAllReduce", ("quick_all_reduce",), "quick_ar"),
-    ("flashinfer_all_reduce", "FlashInferAllReduce", ("all_reduce",), "flashinfer"),
-    ("flashinfer_pcie_ipc_all_reduce", "FlashInferPcieIpcAllReduce", ("all_reduce",), "flashinfer_pcie_ipc"),
-    ("aiter_custom_all_reduce", "AiterCustomAllreduce", ("custom_all_reduce",), "aiter_ar"),
-]
+# NCCL symmetric-memory all-reduce (PyNccl on symmetric buffers); the classes that name the other paths behind
+# CudaCommunicator are data: tpcomm/backends/*.json ("hook_targets"), read where the hook installs.
+SYMM_TAG = "nccl_symm_mem"
 
 _installed = False
 
@@ -272,7 +259,9 @@ def _publish_part(call, self, *args, **kwargs):
 def _tag_cuda_backends() -> None:
     import importlib
 
-    for mod, cls_name, methods, tag in _CUDA_BACKENDS:
+    from tpcomm import backends
+
+    for mod, cls_name, methods, tag in backends.hook_targets():
         try:
             cls = getattr(importlib.import_module(f"vllm.distributed.device_communicators.{mod}"), cls_name)
         except Exception:  # noqa: BLE001 - a backend this build lacks

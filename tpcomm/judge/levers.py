@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tpcomm import backends
 from tpcomm.rundir.results import Lever
 
 # vLLM all-reduce paths that are one-shot kernels (predict's "one-shot-allreduce" what-if; topo's path names).
-ONE_SHOT_PATHS = ("nccl-symm-mem", "flashinfer-pcie-ipc", "custom-ar", "torch-symm-mem", "quick-ar")
+ONE_SHOT_PATHS = backends.one_shot_paths()  # tpcomm/backends/*.json: "one_shot"
 BOUNDS = ("no-interconnect-cost",)
 NOT_SETTABLE = ("nvlink", "p2p-disabled")  # another link, a risk: what-ifs, not levers
 

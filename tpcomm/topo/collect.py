@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from tpcomm import backends
 from tpcomm.topo.cpu import cpu_topology
 from tpcomm.topo.nvml import read_gpus
 from tpcomm.topo.rules import cpu_paths, gpu_paths, vllm_tables
@@ -28,20 +29,16 @@ NCCL_ENV = (
     "NCCL_SOCKET_IFNAME",
     "NCCL_DEBUG",
 )
+# Besides each all-reduce backend's own switches (tpcomm/backends/*.json "switches").
 VLLM_ENV = (
     "CUDA_VISIBLE_DEVICES",
     "VLLM_SKIP_P2P_CHECK",
-    "VLLM_ALLREDUCE_USE_SYMM_MEM",
-    "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC",
-    "VLLM_ALLREDUCE_USE_FLASHINFER",
-    "VLLM_FLASHINFER_ALLREDUCE_BACKEND",
     "VLLM_BATCH_INVARIANT",
     "VLLM_HAS_FLASHINFER_CUBIN",
-    "VLLM_USE_NCCL_SYMM_MEM",
     "VLLM_CPU_OMP_THREADS_BIND",
     "VLLM_CPU_KVCACHE_SPACE",
     "OMP_NUM_THREADS",
-)
+) + backends.switches()
 
 
 from tpcomm.topo.network import format_network, network  # noqa: E402

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from tpcomm import backends
 from tpcomm.topo.fusion import allreduce_fusion, flashinfer_usable, sm_int
 from tpcomm.topo.vllm_tables import TABLES, VLLM_VERSION
 
@@ -86,7 +87,9 @@ def custom_ar_max_bytes(t: dict, cc: str | None, tp: int, symm_mem: bool) -> int
     return min(cap, t["custom_ar_max_bytes"]) if cap is not None else t["custom_ar_max_bytes"]
 
 
-def _env_on(name: str, default: str) -> bool:
+def _env_on(backend: str, name: str) -> bool:
+    """A backend's switch (tpcomm/backends/<backend>.json "switches"), vLLM's default where unset."""
+    default = dict(backends.registry()[backend].switches)[name]
     return os.environ.get(name, default) not in ("0", "", "false", "False")
 
 
@@ -108,7 +111,7 @@ def flashinfer_ar_max_bytes(t: dict, cc: str | None, tp: int, nodes: int = 1) ->
 def flashinfer_ar(cc: str | None, tp: int, installed: bool, t: dict, batch_invariant: bool) -> tuple:
     """(eligible, why, lever, max_bytes) of vLLM's standalone FlashInfer all-reduce (FlashInferAllReduce)."""
     lever = None
-    if not _env_on("VLLM_ALLREDUCE_USE_FLASHINFER", "1"):
+    if not _env_on("flashinfer-ar", "VLLM_ALLREDUCE_USE_FLASHINFER"):
         return False, "switched off by VLLM_ALLREDUCE_USE_FLASHINFER=0", None, None
     if batch_invariant:
         return False, "VLLM_BATCH_INVARIANT is set: no fixed reduction order", None, None
@@ -198,7 +201,7 @@ def gpu_paths(
         )
     # torch symmetric memory: judged first because it also caps custom all-reduce's size
     sizes = t["symm_mem_max_sizes"].get(cc or "", {})
-    if not _env_on("VLLM_ALLREDUCE_USE_SYMM_MEM", "1"):
+    if not _env_on("torch-symm-mem", "VLLM_ALLREDUCE_USE_SYMM_MEM"):
         symm = (False, "switched off by VLLM_ALLREDUCE_USE_SYMM_MEM=0")
     elif not sizes:
         symm = (False, f"compute capability {cc} not in {sorted(t['symm_mem_max_sizes'])}")
@@ -212,14 +215,14 @@ def gpu_paths(
         symm = (True, f"eligible if NVSwitch multicast works (NVML cannot confirm), up to {sizes[tp] // MiB} MiB")
     declined = " (only tensors FlashInfer's all-reduce declines)" if fi_ar[0] else ""
     # NCCL symmetric memory (opt-in)
-    if not _env_on("VLLM_USE_NCCL_SYMM_MEM", "0"):
+    if not _env_on("nccl-symm-mem", "VLLM_USE_NCCL_SYMM_MEM"):
         add("nccl-symm-mem", False, "opt-in, off", "VLLM_USE_NCCL_SYMM_MEM=1")
     else:
         ok = tp >= t["nccl_symm_min_world"]
         add("nccl-symm-mem", ok, f"on; world size {tp} {'>=' if ok else '<'} {t['nccl_symm_min_world']}{declined}")
     # FlashInfer PCIe IPC (opt-in)
     fi_ok = tp in t["flashinfer_pcie_world_sizes"]
-    if not _env_on("VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "0"):
+    if not _env_on("flashinfer-pcie-ipc", "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC"):
         add(
             "flashinfer-pcie-ipc",
             False,
