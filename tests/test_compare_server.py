@@ -6,7 +6,7 @@
   collective transfer and wait appear (resolved, positive), and the plan difference names the collectives;
 - the comparison's PDF of the A/B, read back.
 
-Three server starts (about 1-2.5 min each on 2 cores) and four short attribute runs: hold the heavy lock.
+Two server starts here (the TP-1 one and the TP-2 restart, which test_hook_server then uses) and four short attribute runs: hold the heavy lock.
 The figures are printed (pytest -s shows them) for docs/compare.md.
 """
 
@@ -45,8 +45,6 @@ def runs(vllm_server_factory, tiny_model_dir, tmp_path_factory):
     d = tmp_path_factory.mktemp("compare")
     pool = vllm_server_factory.__self__
     _attribute(vllm_server_factory().url, d / "a1", AA)  # the pooled TP-2 server (a fresh start or a running one)
-    pool.close()  # the same configuration, restarted
-    _attribute(vllm_server_factory().url, d / "a2", AA)
     pool.close()  # one TP-2 server or the TP-1 one at a time: two would fight over the 2 cores
     srv = VllmServer(
         model=str(tiny_model_dir),
@@ -57,6 +55,9 @@ def runs(vllm_server_factory, tiny_model_dir, tmp_path_factory):
     )
     with srv:
         _attribute(srv.url, d / "tp1", TP1)
+    # The same configuration as a1, restarted (the pool starts it anew); left running for the next module
+    # (test_hook_server's), which would otherwise start it again after the TP-1 server.
+    _attribute(vllm_server_factory().url, d / "a2", AA)
     return d
 
 

@@ -45,9 +45,9 @@ def _tokens(url: str) -> list[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def reference(vllm_server_factory) -> list[list[str]]:
+def reference(plugin_off_server) -> list[list[str]]:
     """Greedy tokens without the plugin (the variant test_hook_server.py ends with: reused when it runs)."""
-    return _tokens(vllm_server_factory(plugin=False, extra_env={"VLLM_SERVER_DEV_MODE": "1"}).url)
+    return _tokens(plugin_off_server.url)
 
 
 @pytest.fixture(scope="module")

@@ -299,8 +299,8 @@ def test_a_failing_hook_disables_itself_and_serving_goes_on(keyed):
 
 
 # ---- plugin off -----------------------------------------------------------------
-def test_plugin_off_patches_nothing(vllm_server_factory):
-    srv = vllm_server_factory(plugin=False, extra_env={"VLLM_SERVER_DEV_MODE": "1"})
+def test_plugin_off_patches_nothing(plugin_off_server):
+    srv = plugin_off_server.server
     assert httpx.get(srv.url + "/tpcomm/v1/status", timeout=60).status_code == 404
     assert not HookClient(srv.url).available()
     with pytest.raises(HookUnavailable, match="TPCOMM_HOOK=1"):

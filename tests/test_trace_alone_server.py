@@ -3,7 +3,7 @@
 C=1), the same per-request closure against the client as the hook's records would, a typed Attribution with
 source "trace", and `tpcomm report` renders it.
 
-One server start (TP 2, the tiny DeepSeek-V3-architecture model); the pool is stopped while it runs.
+The session's plugin-off server (TP 2, the tiny DeepSeek-V3-architecture model, vLLM's profiler configured).
 Heavy: run under `flock /tmp/tpcomm-vllm.lock`.
 """
 
@@ -15,7 +15,6 @@ import subprocess
 import sys
 
 import pytest
-from profiled_server import profiled_server as start_profiled_server
 
 from tpcomm.analysis.profile_levels import PROFILED_REQUESTS
 from tpcomm.judge.tolerances import CLOSURE_TOL_PCT, MIN_CLOSURE_REQUESTS
@@ -24,10 +23,12 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def bare_profiled_server(request, tmp_path_factory):
-    srv = start_profiled_server(request, tmp_path_factory, plugin=False)
-    yield srv
-    srv.stop()
+def bare_profiled_server(plugin_off_server):
+    """The session's plugin-off server (conftest.py), whose torch profiler writes to `.profile_dir`: the tests
+    without the plugin share its start (this one runs right after test_hook_server's plugin-off test)."""
+    srv = plugin_off_server.server
+    srv.profile_dir = plugin_off_server.profile_dir
+    return srv
 
 
 def _cli(*args, timeout=900):
