@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 
-from tpcomm import backends
-
 OPS = ("all_reduce", "all_gather", "gather", "reduce_scatter", "all_to_all", "send_recv")
-CPU_BACKENDS = backends.probe_backends("cpu")  # ("gloo", "shm"): tpcomm/backends/*.json "probe"
-GPU_BACKENDS = backends.probe_backends("cuda")  # ("nccl", "pynccl", "custom-ar")
+# The probes this folder implements (backends.py), plain fallback first; each is a backend's "probe" in
+# tpcomm/backends/*.json (tests/test_backends.py holds the two to each other: this folder imports only torch).
+CPU_BACKENDS = ("gloo", "shm")
+GPU_BACKENDS = ("nccl", "pynccl", "custom-ar")
 BACKENDS = CPU_BACKENDS + GPU_BACKENDS
 MODES = ("eager", "graph")
 # Ops a backend never has, whatever the machine: not asked of it where every op must run (tpcomm selfcheck).

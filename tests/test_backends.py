@@ -93,11 +93,13 @@ def test_topo_names_only_registered_paths_and_the_hook_tags_match_the_fused_rows
     assert fused_families == {fused.BACKEND_PREFIX + w for w in ("trtllm", "mnnvl")}
 
 
-def test_probe_lists_come_from_the_registry():
+def test_the_probes_implemented_are_the_registrys_and_the_one_shot_set_is_read_from_it():
+    """probes/ imports only torch (a node runs it by hand), so it keeps its own list of what it implements:
+    the registry names exactly those, in the same order (plain fallback first)."""
     from probes import spec
 
-    assert spec.CPU_BACKENDS == ("gloo", "shm")
-    assert spec.GPU_BACKENDS == ("nccl", "pynccl", "custom-ar")
+    assert spec.CPU_BACKENDS == backends.probe_backends("cpu")
+    assert spec.GPU_BACKENDS == backends.probe_backends("cuda")
     from tpcomm.judge.levers import ONE_SHOT_PATHS
 
     assert set(ONE_SHOT_PATHS) == {"nccl-symm-mem", "flashinfer-pcie-ipc", "custom-ar", "torch-symm-mem", "quick-ar"}
@@ -152,6 +154,9 @@ def test_a_new_backend_is_one_file(tmp_path):
         ({"trace": [{"family": "x", "timeline": "gpu", "regex": "a", "example": "a", "source": "s"}]}, "timeline"),
         ({"trace": [{"family": "x", "timeline": "device", "regex": "(", "example": "a", "source": "s"}]}, "regex"),
         ({"colour": "red"}, "unknown keys ['colour']"),
+        ({"trace_wrappers": ["_my_ar::"]}, "anchored at the start"),
+        ({"trace_wrappers": ["(?i)^_my_ar::"]}, "anchored at the start"),
+        ({"trace_wrappers": ["^(?i)_my_ar::"]}, "no inline flags"),
         ({"name": "other"}, "must be the file's name"),
     ],
 )
@@ -187,3 +192,21 @@ def test_each_switch_default_is_vllms():
     from tpcomm.topo.collect import VLLM_ENV
 
     assert {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "VLLM_USE_NCCL_SYMM_MEM"} <= set(VLLM_ENV)
+
+
+def test_a_broken_registry_inside_vllm_loses_the_backend_tags_with_a_log_line_and_nothing_else(tmp_path):
+    """In a worker the registry is read where the hook tags CUDA backends: an empty or broken folder switches
+    that site off (failsafe), the call returns, and the rest of the install goes on."""
+    import subprocess
+    import sys
+
+    code = f"""
+import tpcomm.backends as b
+b.FOLDER = b.Path({str(tmp_path)!r})
+from tpcomm.hook import failsafe, plugin
+plugin._tag_cuda_backends()
+print("OFF", failsafe.disabled())
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "OFF {'backend_tag': 'BackendError:" in r.stdout and "no backend files" in r.stdout, r.stdout

@@ -32,7 +32,8 @@ def tls(verify: Any = True) -> Any:
     """httpx's `verify` as one SSL context per setting for the whole process. httpx builds a fresh context for
     every client it makes, loading the CA bundle each time: 0.3 s of CPU here, 10 times in one `attribute`
     run (3.9 of its 14.2 s, http:// included). True (system CAs, SSL_CERT_FILE) and False are built once; a
-    context given (--ca-cert) is used as it is."""
+    context given (--ca-cert) is used as it is. SSL_CERT_FILE / SSL_CERT_DIR are read when the first context is
+    built, as httpx reads them per client: set them before the first request of the process."""
     return _context(verify) if isinstance(verify, bool) else verify
 
 

@@ -140,7 +140,9 @@ def parse(d: object, where: str) -> Backend:
     _need(all(isinstance(v, str) for v in d["switches"].values()), where, "switches: {variable: default string}")
     rules = tuple(_rule(r, f"{where} trace[{i}]") for i, r in enumerate(d["trace"]))
     for i, w in enumerate(d["trace_wrappers"]):
-        _need(isinstance(w, str) and w != "", f"{where} trace_wrappers[{i}]", "expected a non-empty regex")
+        w_at = f"{where} trace_wrappers[{i}]"
+        _need(isinstance(w, str) and w.startswith("^"), w_at, "expected a regex anchored at the start (^...)")
+        _need("(?" not in w.replace("(?:", ""), w_at, "no inline flags or lookarounds: it is joined with the others")
         try:
             re.compile(w)
         except re.error as e:
@@ -172,6 +174,7 @@ def load(folder: Path = FOLDER) -> dict[str, Backend]:
         b = parse(d, str(f))
         _need(b.name == f.stem, str(f), f"name {b.name!r} must be the file's name {f.stem!r}")
         out[b.name] = b
+    _need(bool(out), str(folder), "no backend files (*.json): the package is incomplete")
     for b in out.values():
         _need(b.fallback is None or b.fallback in out, b.name, f"fallback {b.fallback!r} is no backend")
     for field in ("hook_tag", "probe"):
@@ -186,15 +189,15 @@ def load(folder: Path = FOLDER) -> dict[str, Backend]:
 
 @functools.cache
 def registry() -> dict[str, Backend]:
-    return load()
+    return load(FOLDER)
 
 
 def by_hook_tag(tag: str, reg: dict[str, Backend] | None = None) -> Backend | None:
-    return next((b for b in (reg or registry()).values() if b.hook_tag == tag), None)
+    return next((b for b in (registry() if reg is None else reg).values() if b.hook_tag == tag), None)
 
 
 def one_shot_paths(reg: dict[str, Backend] | None = None) -> tuple[str, ...]:
-    return tuple(b.name for b in (reg or registry()).values() if b.one_shot)
+    return tuple(b.name for b in (registry() if reg is None else reg).values() if b.one_shot)
 
 
 def _depth(b: Backend, reg: dict[str, Backend]) -> int:
@@ -207,7 +210,7 @@ def _depth(b: Backend, reg: dict[str, Backend]) -> int:
 
 def probe_backends(platform: str, reg: dict[str, Backend] | None = None) -> tuple[str, ...]:
     """`tpcomm probe` backend names on a platform ("cpu" or "cuda"), from the plain fallback up."""
-    reg = reg or registry()
+    reg = registry() if reg is None else reg
     bs = sorted((b for b in reg.values() if b.platform == platform and b.probe), key=lambda b: (_depth(b, reg), b.name))
     return tuple(b.probe for b in bs if b.probe)
 
@@ -216,7 +219,7 @@ def hook_targets(reg: dict[str, Backend] | None = None) -> list[tuple[str, str, 
     """(module, class, methods, tag) for every class the hook wraps to tag a call's backend."""
     return [
         (t.module, t.cls, t.methods, b.hook_tag)
-        for b in (reg or registry()).values()
+        for b in (registry() if reg is None else reg).values()
         for t in b.hook_targets
         if b.hook_tag
     ]
@@ -224,12 +227,12 @@ def hook_targets(reg: dict[str, Backend] | None = None) -> list[tuple[str, str, 
 
 def switches(reg: dict[str, Backend] | None = None) -> tuple[str, ...]:
     """Every backend's environment switches, each once, in registry order."""
-    return tuple(dict.fromkeys(k for b in (reg or registry()).values() for k, _ in b.switches))
+    return tuple(dict.fromkeys(k for b in (registry() if reg is None else reg).values() for k, _ in b.switches))
 
 
 def trace_wrappers(reg: dict[str, Backend] | None = None) -> tuple[str, ...]:
-    return tuple(w for b in (reg or registry()).values() for w in b.trace_wrappers)
+    return tuple(w for b in (registry() if reg is None else reg).values() for w in b.trace_wrappers)
 
 
 def trace_rules(reg: dict[str, Backend] | None = None) -> tuple[TraceRule, ...]:
-    return tuple(r for b in (reg or registry()).values() for r in b.trace)
+    return tuple(r for b in (registry() if reg is None else reg).values() for r in b.trace)

@@ -260,8 +260,14 @@ def _tag_cuda_backends() -> None:
     import importlib
 
     from tpcomm import backends
+    from tpcomm.hook import failsafe
 
-    for mod, cls_name, methods, tag in backends.hook_targets():
+    try:
+        targets = backends.hook_targets()
+    except Exception as e:  # noqa: BLE001 - a broken registry loses the backend tags, nothing else
+        failsafe.disable("backend_tag", f"{type(e).__name__}: {e}")
+        targets = []
+    for mod, cls_name, methods, tag in targets:
         try:
             cls = getattr(importlib.import_module(f"vllm.distributed.device_communicators.{mod}"), cls_name)
         except Exception:  # noqa: BLE001 - a backend this build lacks
