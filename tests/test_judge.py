@@ -139,6 +139,9 @@ def test_a_one_shot_all_reduce_is_offered_only_where_the_machine_allows_it():
             ),
             "already in use",
         ),
+        # What the run measured, without topo: the hook's tag, or a trace's kernel family (backends registry).
+        (L.Machine(platform="cuda", link="pcie", p2p=True, tp=2, measured_allreduce=["custom_ar"]), "custom-ar"),
+        (L.Machine(platform="cuda", link="pcie", p2p=True, tp=4, measured_allreduce=["nccl_symm"]), "nccl-symm-mem"),
     ):
         got, skipped = L.levers(w, m, "b")
         assert got == [] and why in skipped[0]["why"], (m, skipped)
@@ -151,6 +154,9 @@ def test_a_one_shot_all_reduce_is_offered_only_where_the_machine_allows_it():
         allreduce_paths=[{"path": "flashinfer-pcie-ipc", "eligible": False, "lever": "SET_ME=1"}],
     )
     assert L.levers(w, m, "b")[0][0].setting == "SET_ME=1"
+    # A run whose all-reduces went through NCCL (hook: pynccl; trace: nccl) still gets the one-shot lever.
+    for ran in ("pynccl", "nccl"):
+        assert L.levers(w, L.Machine(platform="cuda", link="pcie", p2p=True, tp=4, measured_allreduce=[ran]), "b")[0]
 
 
 def test_tp_levers_need_memory_and_gpus_and_a_gain_everywhere():

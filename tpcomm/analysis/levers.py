@@ -124,6 +124,7 @@ def machine(inp: RunInputs, head: LevelSplit | None) -> L.Machine:
         tp=(inp.attribution.conditions.get("tp") if inp.attribution else None) or tp,
         gpus=len(gpu.get("gpus") or []) or None,
         allreduce_paths=list(vllm.get("allreduce_paths") or []),
+        measured_allreduce=sorted({s.backend for s in head.top_sites if s.op == "all_reduce"}),
     )
 
 

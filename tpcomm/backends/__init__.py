@@ -196,6 +196,13 @@ def by_hook_tag(tag: str, reg: dict[str, Backend] | None = None) -> Backend | No
     return next((b for b in (registry() if reg is None else reg).values() if b.hook_tag == tag), None)
 
 
+def by_record_backend(name: str, reg: dict[str, Backend] | None = None) -> Backend | None:
+    """The backend a record's `backend` value names: the hook's tag, or a trace rule's family (a trace calls
+    PyNccl's kernels nccl, NCCL symmetric memory's nccl_symm)."""
+    reg = registry() if reg is None else reg
+    return by_hook_tag(name, reg) or next((b for b in reg.values() if any(r.family == name for r in b.trace)), None)
+
+
 def one_shot_paths(reg: dict[str, Backend] | None = None) -> tuple[str, ...]:
     return tuple(b.name for b in (registry() if reg is None else reg).values() if b.one_shot)
 

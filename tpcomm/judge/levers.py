@@ -40,6 +40,8 @@ class Machine:
     tp: int | None = None
     gpus: int | None = None  # GPUs visible on the node
     allreduce_paths: list[dict] = field(default_factory=list)  # topo.json vllm.allreduce_paths
+    # The `backend` of the all-reduces this run measured (hook tags or trace families: the headline level's sites)
+    measured_allreduce: list[str] = field(default_factory=list)
 
 
 def measured_whatifs(terms: dict[str, float]) -> list[dict]:
@@ -84,6 +86,9 @@ def _one_shot(m: Machine) -> tuple[str | None, str | None]:
         return None, "CPU shared memory: no one-shot GPU kernel"
     if m.p2p is False:
         return None, "needs GPU P2P between every pair, which this machine does not have (tpcomm topo)"
+    ran = [b for b in map(backends.by_record_backend, m.measured_allreduce) if b is not None and b.one_shot]
+    if ran:
+        return None, f"already in use: this run's all-reduces ran on {ran[0].name} ({ran[0].label}; measured)"
     in_use = next((p["path"] for p in m.allreduce_paths if p.get("path") in ONE_SHOT_PATHS and p.get("eligible")), None)
     if in_use:
         return None, f"already in use: vLLM picks {in_use} here (tpcomm topo)"
