@@ -55,7 +55,7 @@ def _wait_level(hook: HookClient, p: subprocess.Popen, suffix: str) -> None:
     deadline = time.monotonic() + 300
     while not ((st := hook.status())["armed"] and str(st.get("session", "")).endswith(suffix)):
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-        time.sleep(0.5)  # each status is a collective RPC to every worker: at 10 a second a loaded host stalled
+        time.sleep(0.1)
 
 
 def test_a_recording_nobody_renews_ends_by_itself(hook):

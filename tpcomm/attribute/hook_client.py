@@ -70,9 +70,7 @@ class HookClient:
         if keep_alive:
             import httpx
 
-            from tpcomm import netread
-
-            self._http = httpx.Client(timeout=timeout_s, verify=netread.tls(verify))
+            self._http = httpx.Client(timeout=timeout_s, verify=verify)
 
     def close(self) -> None:
         if self._http is not None:
