@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hookwait import wait_armed
 from other_user import as_nobody, skip_reason
 from stream_proxy import StreamProxy, self_signed
 
@@ -81,17 +82,6 @@ def _last_error(stderr: str) -> str:
     lines = [ln for ln in stderr.strip().splitlines() if ln.startswith("Error")]
     assert lines, stderr[-2000:]
     return lines[-1]
-
-
-def _wait_session(hook: HookClient, suffix: str, p: subprocess.Popen | None = None, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        st = hook.status()
-        if st.get("armed") and str(st.get("session") or "").endswith(suffix):
-            return
-        assert p is None or p.poll() is None, p.communicate()
-        assert time.monotonic() < deadline, st.get("session")
-        time.sleep(0.1)
 
 
 # ---- the server -----------------------------------------------------------------------------------
@@ -328,7 +318,7 @@ def test_a_worker_stopped_mid_level_ends_the_run_incomplete_and_the_hook_is_disa
     out = tmp_path / "run"
     p = _popen(srv.url, out, "--concurrency", "1", "--requests", "12", "--output-len", "48", "--timeout", "60", *FAST)
     try:
-        _wait_session(hook, "-c1-r0", p)
+        wait_armed(hook, "-c1-r0", p, out)
         time.sleep(1.0)  # a few requests done
         os.kill(pid1, signal.SIGSTOP)
         t0 = time.monotonic()
@@ -427,7 +417,7 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
     out = tmp_path / "run"
     p = _popen(srv.url, out, "--concurrency", "1", "--requests", "4", "--output-len", "32", *FAST)
     try:
-        _wait_session(hook, "-c1-r0", p)
+        wait_armed(hook, "-c1-r0", p, out)
         time.sleep(6)
     finally:
         stop.set()
@@ -451,7 +441,7 @@ def test_ctrl_c_disarms_attributes_the_finished_level_and_marks_the_run(srv, hoo
     out = tmp_path / "run"
     p = _popen(srv.url, out, "--concurrency", "1,2", "--requests", "6", "--output-len", "48", *FAST)
     try:
-        _wait_session(hook, "-c2-r0", p)
+        wait_armed(hook, "-c2-r0", p, out)
         time.sleep(0.5)
         os.killpg(p.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole foreground group
         t0 = time.monotonic()
@@ -571,7 +561,7 @@ def test_a_whole_server_kill_is_not_blamed_on_a_rank(srv, hook, tmp_path):
     # run saw the level end first and the kill hit the records pull ("server stopped answering").
     p = _popen(srv.url, out, "--concurrency", "1,2", "--requests", "24", "--output-len", "48", *FAST)
     try:
-        _wait_session(hook, "-c2-r0", p)
+        wait_armed(hook, "-c2-r0", p, out)
         time.sleep(0.3)
         os.killpg(os.getpgid(srv.proc.pid), signal.SIGKILL)  # the process group: API server, engine, workers
         stdout, stderr = p.communicate(timeout=120)

@@ -343,3 +343,17 @@ def test_a_negative_time_per_token_in_a_summary_is_refused_not_a_percentage(tmp_
     r, _, _ = tpcomm("compare", str(a), str(b))
     line = one_line_exit_2(r, "summary.json", "engine_ms_per_token", "-5 ms")
     assert "%" not in line and "199" not in r.stdout
+
+
+def test_one_tls_context_per_setting_serves_every_client():
+    """httpx loads the CA bundle for every client it makes (0.3 s of CPU each here); tpcomm builds one per
+    setting and hands a --ca-cert context through as it is."""
+    import ssl
+
+    from tpcomm.netread import tls
+
+    assert tls(True) is tls(True) and tls(False) is tls(False) and tls(True) is not tls(False)
+    assert tls(True).verify_mode == ssl.CERT_REQUIRED and tls(True).check_hostname
+    assert tls(False).verify_mode == ssl.CERT_NONE
+    own = ssl.create_default_context()
+    assert tls(own) is own

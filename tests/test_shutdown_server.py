@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hookwait import wait_armed
 
 from tpcomm.attribute.hook_client import HookClient, HookTimeout
 
@@ -48,14 +49,6 @@ def _attribute(srv, out: Path, *args: str) -> subprocess.Popen:
         text=True,
         start_new_session=True,  # its own process group: killed whole below
     )
-
-
-def _wait_level(hook: HookClient, p: subprocess.Popen, suffix: str) -> None:
-    """Until attribute's own recording of that level is armed (polled, not guessed)."""
-    deadline = time.monotonic() + 300
-    while not ((st := hook.status())["armed"] and str(st.get("session", "")).endswith(suffix)):
-        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-        time.sleep(0.1)
 
 
 def test_a_recording_nobody_renews_ends_by_itself(hook):
@@ -97,9 +90,10 @@ def test_a_start_that_timed_out_is_undone_when_the_stopped_worker_runs_again(hoo
 
 
 def test_attribute_asks_for_a_lease_so_a_killed_client_leaves_no_endless_recording(srv, hook, tmp_path):
-    p = _attribute(srv, tmp_path / "run", "--concurrency", "1", "--requests", "40", "--timeout", "20")
+    out = tmp_path / "run"
+    p = _attribute(srv, out, "--concurrency", "1", "--requests", "40", "--timeout", "20")
     try:
-        _wait_level(hook, p, "-c1-r0")
+        wait_armed(hook, "-c1-r0", p, out)
         os.killpg(p.pid, signal.SIGKILL)  # kill -9 mid-level: no stop is ever sent
         p.wait()
         st = hook.status()
@@ -119,7 +113,7 @@ def test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death
     api = srv.proc
     p = _attribute(srv, out, "--concurrency", "2", "--requests", "12", "--max-rounds", "1")
     try:
-        _wait_level(hook, p, "-c2-r0")
+        wait_armed(hook, "-c2-r0", p, out)
         time.sleep(0.3)
         os.kill(api.pid, signal.SIGTERM)  # the API server alone, as an orchestrator's restart does
         stdout, stderr = p.communicate(timeout=180)

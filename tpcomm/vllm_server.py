@@ -148,6 +148,8 @@ class VllmServer:
     def wait_ready(self, timeout_s: float) -> None:
         import httpx
 
+        from tpcomm.netread import tls
+
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -156,7 +158,7 @@ class VllmServer:
                     + (f"; see {self.log_path}" if self.log_path else "")
                 )
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=2, verify=tls()).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -70,7 +70,9 @@ class HookClient:
         if keep_alive:
             import httpx
 
-            self._http = httpx.Client(timeout=timeout_s, verify=verify)
+            from tpcomm import netread
+
+            self._http = httpx.Client(timeout=timeout_s, verify=netread.tls(verify))
 
     def close(self) -> None:
         if self._http is not None:

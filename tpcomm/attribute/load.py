@@ -433,7 +433,7 @@ async def run_round(
                 return
             await asyncio.sleep(ABORT_POLL_S)
 
-    async with httpx.AsyncClient(limits=limits, timeout=spec.timeout_s, verify=info.verify) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=spec.timeout_s, verify=netread.tls(info.verify)) as client:
         clients = asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
         watcher = asyncio.ensure_future(watch(clients)) if abort else None
         try:

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import pandas as pd
 
+from tpcomm import netread
 from tpcomm.attribute import load, records
 from tpcomm.attribute.server import ServerInfo
 from tpcomm.errors import InputError
@@ -79,7 +80,7 @@ def profile_run(
             json={"profile_prefix": prefix},
             headers=info.headers,
             timeout=120,
-            verify=info.verify,
+            verify=netread.tls(info.verify),
         )
     except httpx.HTTPError as e:
         return {"captured": False, "note": f"/start_profile failed ({type(e).__name__}: {e})"}
@@ -96,7 +97,9 @@ def profile_run(
     t1 = time.time_ns()
     if sink is not None:
         sink.extend(rows)
-    httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=600, verify=info.verify).raise_for_status()
+    httpx.post(
+        info.url + "/stop_profile", headers=info.headers, timeout=600, verify=netread.tls(info.verify)
+    ).raise_for_status()
     doc = {
         "captured": True,
         "prefix": prefix,
