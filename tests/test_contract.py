@@ -48,7 +48,7 @@ def _one_line_error(stderr: str) -> str:
 def test_every_written_document_and_table_carries_the_schema_version(tmp_path):
     rd = RunDir(tmp_path / "r")
     rd.write_json(C.LOAD_LEVELS, [{"concurrency": 1, "repeat": 0}])
-    rd.write_json(C.PLAN, {"model": {}, "layout": {}})
+    rd.write_json(C.PLAN, {"model": {"name": "m"}, "layout": {"tp": 2}})
     rd.write_table(
         C.LOAD_TOKENS,
         pd.DataFrame({"request_id": [1], "concurrency": [1], "repeat": [0], "token_idx": [0], "t_ns": [5]}),

@@ -16,9 +16,21 @@ import pandas as pd
 import pytest
 
 from tpcomm.attribute.load import error_text
-from tpcomm.judge.complete import level_incomplete
+from tpcomm.judge import complete
+from tpcomm.rundir import contract as C
+from tpcomm.rundir.documents import LoadLevel
+from tpcomm.rundir.results import from_json
 
 REAL = Path(__file__).parent / "data" / "attribute_tiny_tp2"
+
+
+def level_incomplete(level: dict, seqs_per_step):
+    """judge/complete.py's rule on a level as load/levels.json holds it (read through its dataclass)."""
+    return complete.level_incomplete(load_level(level), seqs_per_step)
+
+
+def load_level(doc: dict) -> LoadLevel:
+    return from_json(LoadLevel, doc, C.LOAD_LEVELS)
 
 
 def test_a_level_is_complete_only_when_nothing_took_from_it():

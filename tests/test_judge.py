@@ -10,6 +10,7 @@ from rich.console import Console
 
 from tpcomm.judge import bottleneck, definitions
 from tpcomm.judge import levers as L
+from tpcomm.rundir.documents import what_if
 from tpcomm.rundir.results import Terms
 
 COMMANDS = {"probe": "tpcomm probe ...", "attribute": "tpcomm attribute ..."}
@@ -116,13 +117,16 @@ PCIE_TP8 = L.Machine(platform="cuda", link="pcie", p2p=True, tp=8, gpus=8)
 
 
 def _w(name, delta, low=None, **kw):
-    return {
-        "name": name,
-        "tok_per_s": 100.0 * (1 + delta / 100),
-        "delta_pct": delta,
-        "delta_pct_range": {"low": delta if low is None else low, "high": delta},
-        **kw,
-    }
+    """A what-if as predict.json holds it, read through its dataclass."""
+    return what_if(
+        {
+            "name": name,
+            "tok_per_s": 100.0 * (1 + delta / 100),
+            "delta_pct": delta,
+            "delta_pct_range": {"low": delta if low is None else low, "high": delta},
+            **kw,
+        }
+    )
 
 
 def test_a_one_shot_all_reduce_is_offered_only_where_the_machine_allows_it():
@@ -172,9 +176,9 @@ def test_tp_levers_need_memory_and_gpus_and_a_gain_everywhere():
 
 def test_collectives_free_is_a_bound_not_a_lever_and_the_measured_bounds_come_from_the_split():
     t = {"compute": 6.0, "transfer": 1.0, "wait": 2.0, "host_gap": 1.0}
-    w = L.measured_whatifs(t)
-    by = {x["name"]: x for x in w}
-    assert by["no-interconnect-cost"]["ms_per_token"] == 7.0 and by["no-rank-skew"]["ms_per_token"] == 8.0
+    w = [what_if(x) for x in L.measured_whatifs(t)]
+    by = {x.name: x for x in w}
+    assert by["no-interconnect-cost"].ms_per_token == 7.0 and by["no-rank-skew"].ms_per_token == 8.0
     got, _ = L.levers(w, L.Machine(platform="cpu", link="shm", tp=2), "measured")
     kinds = {x.name: x.kind for x in got}
     assert kinds == {"no-rank-skew": "lever", "no-interconnect-cost": "bound"}

@@ -212,7 +212,7 @@ CASES = {
     "status.json state is a number": (
         "status.json",
         _typed(lambda d: {**d, "attribute": {"state": 5}}),
-        "[attribute.state]: holds int where text was expected",
+        "[attribute.state]: holds a number where text was expected",
     ),
     "summary.json level concurrency is text": (
         "attribution/summary.json",
@@ -222,7 +222,7 @@ CASES = {
     "levels.json flags is a number": (
         "load/levels.json",
         _typed(lambda d: [{**d[0], "flags": 3}] + d[1:]),
-        "[flags]: holds int where a list was expected",
+        "[[0].flags]: holds a number where a list was expected",
     ),
     "plan.json collectives is text": (
         "plan.json",
@@ -232,7 +232,7 @@ CASES = {
     "meta.json commands hold numbers": (
         "meta.json",
         _typed(lambda d: {**d, "commands": [1, 2]}),
-        "[commands[0]]: holds int where an object was expected",
+        "[commands[0]]: holds a number where an object was expected",
     ),
 }
 

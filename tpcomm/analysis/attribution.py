@@ -32,6 +32,7 @@ from tpcomm.analysis.timeline import one_step_timeline
 from tpcomm.judge import bottleneck, complete, definitions
 from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.rundir import contract as C
+from tpcomm.rundir.documents import LoadLevel
 from tpcomm.rundir.layout import RunDir
 from tpcomm.rundir.results import Attribution, CpuWait, DeliveryTerm, HostLoad, LevelSplit, Site
 
@@ -101,7 +102,7 @@ def analyse_run_dir(
     rd = path if isinstance(path, RunDir) else RunDir(path, create=False)
     req = rd.read_table(C.LOAD_REQUESTS)
     tokens = rd.read_table(C.LOAD_TOKENS)
-    levels = rd.read_json(C.LOAD_LEVELS, [])
+    levels: list[LoadLevel] = rd.read(C.LOAD_LEVELS) or []
     coll, steps = rd.read_table(C.HOOK_COLLECTIVES), rd.read_table(C.HOOK_STEPS)
     step_reqs = rd.read_table(C.HOOK_STEP_REQUESTS) if rd.exists(C.HOOK_STEP_REQUESTS) else None
     source = "hook"
@@ -122,7 +123,7 @@ def analyse_run_dir(
     plugin_on = bool(hook_status and hook_status.get("enabled", True))
     # Step records are what the split needs; TP 1 issues no collectives (transfer and wait are then 0).
     has_records = coll is not None and steps is not None and not steps.empty
-    cond = dict(conditions or (levels[0].get("conditions", {}) if levels else {}))
+    cond = dict(conditions or (levels[0].conditions or {} if levels else {}))
     att = Attribution(
         source=source,
         plugin=(has_records and source == "hook") or plugin_on,
@@ -144,7 +145,7 @@ def analyse_run_dir(
         if not plugin_on:
             att.plugin_note = definitions.enable_hint(cond.get("model_root") or "MODEL")
         for lv in levels:
-            problem = lv.get("hook_problem") or lv.get("worker_problem")
+            problem = lv.hook_problem or lv.worker_problem
             why = ("not attributed: " if problem else "not measured: ") + _no_records_reason(lv, plugin_on)
             why = lost if lost and not problem else why
             att.levels.append(_unattributed(lv, why, None, {}))
@@ -177,7 +178,7 @@ def analyse_run_dir(
     aligned_lv = assign_levels(aligned, windows)
     plans: dict = {}
     for lv in levels:
-        c, rep = lv["concurrency"], lv["repeat"]
+        c, rep = lv.concurrency, lv.repeat
         st = dsteps[(dsteps["concurrency"] == c) & (dsteps["repeat"] == rep)]
         al = aligned_lv[(aligned_lv["concurrency"] == c) & (aligned_lv["repeat"] == rep)]
         rows = by_rank[(by_rank["concurrency"] == c) & (by_rank["repeat"] == rep)]
@@ -185,7 +186,7 @@ def analyse_run_dir(
         if obs["batch"] not in plans:
             plans[obs["batch"]] = planned_per_step(plan_src, tp, obs["batch"], plan_label, pp=pp)
         planned, plan_note, sites = plans[obs["batch"]]
-        unprofiled = source == "trace" and not lv.get("profiled")
+        unprofiled = source == "trace" and not lv.profiled
         if skip := (profile_levels.NOT_PROFILED if unprofiled else _no_crosscheck_reason(lv, obs)):
             # No verdict from records that do not cover the level: "observed 0/step" is not a MISMATCH.
             cc = compare(obs, None, skip)
@@ -193,11 +194,11 @@ def analyse_run_dir(
             cc = compare(obs, planned, plan_note)
         cc["plan_config"] = plan_prov["source"]
         win = next((w for w in windows if (w["concurrency"], w["repeat"]) == (c, rep)), None)
-        if lost and not (lv.get("hook_problem") or lv.get("worker_problem")):
+        if lost and not (lv.hook_problem or lv.worker_problem):
             att.levels.append(_unattributed(lv, lost, win, cc, source))
             att.levels[-1].incomplete = complete.level_incomplete(lv, None)
             continue
-        if lv.get("hook_problem") or lv.get("worker_problem") or not obs["steps"]:
+        if lv.hook_problem or lv.worker_problem or not obs["steps"]:
             # Another client started or stopped recording mid-level, a TP worker died or stopped, or the run
             # ended before the level's records were pulled: the records do not cover the window, and nothing
             # of a split stays.
@@ -313,13 +314,13 @@ def _level(
     lv, win, rows, al, st, lreq, tok, cc, sites, same_clock=False, source="hook", step_reqs=None, every_step=None
 ) -> LevelSplit:
     """One level's split, client side and closure (see the module docstring and closure.py)."""
-    c, rep = lv["concurrency"], lv["repeat"]
+    c, rep = lv.concurrency, lv.repeat
     cs = client_side(rows, lreq, tok, c, same_clock, step_reqs, every_step)
     whole, sp = cs["whole"], cs["split"]
     flags = []
-    if (lv.get("itl_burst_pct") or 0) > 10:
+    if (lv.itl_burst_pct or 0) > 10:
         flags.append(
-            f"the client received {lv['itl_burst_pct']:.0f}% of tokens in bursts: its ITL p50 is not a per-token time"
+            f"the client received {lv.itl_burst_pct:.0f}% of tokens in bursts: its ITL p50 is not a per-token time"
         )
     sd = specdecode.spec_decode(rows, cs["pairs"], lreq, c, sp)
     if sd is not None:
@@ -342,9 +343,9 @@ def _level(
         top_sites=[Site(**s) for s in top],
         collectives_per_step=cc,
         flags=flags,
-        cpu_wait=CpuWait(**lv["cpu_wait"]) if lv.get("cpu_wait") else None,
+        cpu_wait=CpuWait(**lv.cpu_wait) if lv.cpu_wait else None,
         delivery_term=cs["delivery_term"],
-        host_load=HostLoad(**lv["host_load"]) if lv.get("host_load") else None,
+        host_load=HostLoad(**lv.host_load) if lv.host_load else None,
         spec_decode=sd,
     )
 
@@ -356,8 +357,8 @@ def level_step_requests(step_reqs: pd.DataFrame | None, requests: pd.DataFrame) 
     return step_reqs[step_reqs["request"].isin(requests["request_id"])]
 
 
-def _unattributed(lv: dict, why: str, win: dict | None, cc: dict, source: str = "hook") -> LevelSplit:
-    return level_split(lv["concurrency"], lv["repeat"], source, win, None, why, collectives_per_step=cc)
+def _unattributed(lv: LoadLevel, why: str, win: dict | None, cc: dict, source: str = "hook") -> LevelSplit:
+    return level_split(lv.concurrency, lv.repeat, source, win, None, why, collectives_per_step=cc)
 
 
 def _headline(levels: list[LevelSplit]) -> LevelSplit | None:
@@ -371,29 +372,25 @@ def _headline(levels: list[LevelSplit]) -> LevelSplit | None:
     )
 
 
-def _no_records_reason(lv: dict, plugin_on: bool) -> str:
-    if lv.get("worker_problem"):
-        return lv["worker_problem"]
-    if lv.get("hook_problem"):
-        return lv["hook_problem"]
-    if lv.get("records_problem"):
-        return lv["records_problem"]
+def _no_records_reason(lv: LoadLevel, plugin_on: bool) -> str:
+    if problem := lv.worker_problem or lv.hook_problem or lv.records_problem:
+        return problem
     if plugin_on:
         return "no hook records for this level (the run ended before they were pulled)"
     return "no hook records (plugin off)"
 
 
-def _no_crosscheck_reason(lv: dict, obs: dict) -> str | None:
+def _no_crosscheck_reason(lv: LoadLevel, obs: dict) -> str | None:
     """Why this level's collectives are not compared with the plan, or None to compare them."""
-    if lv.get("rank_died") or lv.get("worker_problem"):
-        why = lv.get("worker_problem") or lv.get("hook_problem") or "a TP rank died during this level"
+    if lv.rank_died or lv.worker_problem:
+        why = lv.worker_problem or lv.hook_problem or "a TP rank died during this level"
         return f"{why}: this level's records are incomplete"
-    if lv.get("hook_problem"):  # another client restarted or stopped the recording mid-level
-        return f"{lv['hook_problem']}: this level's records do not cover it"
+    if lv.hook_problem:  # another client restarted or stopped the recording mid-level
+        return f"{lv.hook_problem}: this level's records do not cover it"
     if not obs["steps"]:
         return (
             "no hook records of decode steps for this level ("
-            + (lv.get("records_problem") or "the run ended before they were pulled")
+            + (lv.records_problem or "the run ended before they were pulled")
             + ")"
         )
     return None

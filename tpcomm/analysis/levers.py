@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import tpcomm
 from tpcomm.judge import delivery as deliver
@@ -28,8 +27,9 @@ from tpcomm.judge import levers as L
 from tpcomm.rundir import contract as C
 from tpcomm.rundir import safefs
 from tpcomm.rundir.contract import SchemaError
+from tpcomm.rundir.documents import Meta, Plan, Prediction, Topo, what_if
 from tpcomm.rundir.layout import RunDir
-from tpcomm.rundir.results import Attribution, LevelSplit, Lever, from_json
+from tpcomm.rundir.results import Attribution, LevelSplit, RunLevers
 
 log = logging.getLogger(__name__)
 
@@ -37,43 +37,21 @@ INPUTS = (C.ATTR_SUMMARY, C.PREDICT, C.TOPO, C.META, C.PLAN)
 
 
 @dataclass
-class RunLevers:
-    """levers.json: what to set, ranked by effect on single-stream tok/s, with the basis of the figures."""
-
-    basis: str | None  # where the figures come from; None: nothing to size levers on
-    levers: list[Lever] = field(default_factory=list)  # kind "lever", best first
-    bounds: list[Lever] = field(default_factory=list)  # kind "bound" (a measured split states them as a line)
-    not_offered: list[dict[str, str]] = field(default_factory=list)  # {name, why}
-    more_with_predict: bool = False  # sized on the measured split alone: predict --attribution sizes more
-    inputs: dict[str, str | None] = field(default_factory=dict)  # file -> SHA-256 of what was read (None: absent)
-    tpcomm: str = tpcomm.__version__  # the version whose rule (judge/levers.py) computed them: another one recomputes
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: Any) -> RunLevers:
-        """Every field type-checked (results.from_json): a hand-edited file is a SchemaError, not a crash."""
-        return from_json(cls, d, C.LEVERS)
-
-
-@dataclass
 class RunInputs:
     """What the levers are computed from (None: absent, or refused by the contract)."""
 
     attribution: Attribution | None = None
-    predict: dict | None = None
-    topo: dict | None = None
-    meta: dict | None = None
-    plan: dict | None = None
+    predict: Prediction | None = None
+    topo: Topo | None = None
+    meta: Meta | None = None
+    plan: Plan | None = None
 
 
 def read_inputs(rd: RunDir) -> RunInputs:
     inp = RunInputs()
     for spec, attr in zip(INPUTS, ("attribution", "predict", "topo", "meta", "plan")):
         try:
-            doc = rd.read_json(spec)
-            setattr(inp, attr, Attribution.from_json(doc) if attr == "attribution" and doc is not None else doc)
+            setattr(inp, attr, rd.read(spec))
         except SchemaError:
             pass  # the report names the file's error; the levers go without it
     return inp
@@ -84,11 +62,11 @@ def digests(rd: RunDir) -> dict[str, str | None]:
     into the run directory appends itself to meta.json, which changes nothing the levers depend on."""
     out = {s.path: _sha(rd / s) for s in INPUTS if s is not C.META}
     try:
-        meta = rd.read_json(C.META)
+        meta = rd.read(C.META)
     except SchemaError:
         out[C.META.path] = "unreadable"
     else:
-        build = ((meta or {}).get("versions") or {}).get("vllm_build") if isinstance(meta, dict) else None
+        build = meta.versions.get("vllm_build") if meta else None
         out[C.META.path] = hashlib.sha256(repr(build).encode()).hexdigest()  # absent: no build, as without one
     return out
 
@@ -107,16 +85,16 @@ def _sha(p) -> str | None:
 def machine(inp: RunInputs, head: LevelSplit | None) -> L.Machine:
     """What the levers depend on: the measured machine (topo.json, meta.json) when this run measured one,
     else the hardware predict.json modelled (a model-based run says nothing of the machine it ran on)."""
-    hw = (inp.predict or {}).get("hardware") or {}
-    link = hw.get("link") if isinstance(hw.get("link"), dict) else {}
-    tp = ((inp.plan or inp.predict or {}).get("layout") or {}).get("tp")
+    link = (inp.predict.hardware.link if inp.predict else None) or {}
+    doc = inp.plan or inp.predict
+    tp = doc.layout.tp if doc else None
     if head is None:
         kind = link.get("type")
         return L.Machine(platform="cpu" if kind == "shm" else "cuda", link=kind, p2p=link.get("p2p"), tp=tp)
-    topo = inp.topo or {}
-    gpu, vllm = topo.get("gpu") or {}, topo.get("vllm") or {}
+    gpu = (inp.topo.gpu if inp.topo else None) or {}
+    vllm = (inp.topo.vllm if inp.topo else None) or {}
     p2p = gpu.get("p2p_read")
-    cpu = vllm.get("platform") == "cpu" or ((inp.meta or {}).get("versions") or {}).get("vllm_build") == "cpu"
+    cpu = vllm.get("platform") == "cpu" or (inp.meta is not None and inp.meta.vllm_build == "cpu")
     return L.Machine(
         platform="cpu" if cpu else "cuda",
         link="shm" if cpu else link.get("type"),
@@ -133,16 +111,17 @@ def compute(inp: RunInputs) -> RunLevers:
     nothing was measured), else what the measured split alone sizes; the delivery lever first where the API
     server's delivery caps what the client gets."""
     head = inp.attribution.headline_level() if inp.attribution else None
-    pred = inp.predict if (inp.predict or {}).get("single_stream", {}).get("tok_per_s") else None
+    pred = inp.predict if inp.predict and inp.predict.tok_per_s else None
     m = machine(inp, head)
     more = False
-    if head is not None and (pred or {}).get("calibration"):
-        whatifs, basis = pred.get("what_if") or [], "predict anchored on this run's measured split"
+    if head is not None and pred and pred.calibration:
+        whatifs, basis = pred.what_if, "predict anchored on this run's measured split"
     elif head is not None:
-        whatifs, basis = L.measured_whatifs(head.per_token_ms.as_dict()), "the measured split (one term removed)"
+        measured = L.measured_whatifs(head.per_token_ms.as_dict())
+        whatifs, basis = [what_if(w) for w in measured], "the measured split (one term removed)"
         more = True
     elif pred:
-        whatifs, basis = pred.get("what_if") or [], "model-based (tpcomm predict), range over its stated inputs"
+        whatifs, basis = pred.what_if, "model-based (tpcomm predict), range over its stated inputs"
     else:
         return RunLevers(basis=None)
     got, skipped = L.levers(whatifs, m, basis)
@@ -176,15 +155,9 @@ def current(rd: RunDir) -> tuple[RunLevers, str | None]:
     """(the levers, why they were computed now rather than read): levers.json when its inputs are unchanged."""
     why = "levers.json absent (written by an older tpcomm, or its writer failed)"
     try:
-        doc = rd.read_json(C.LEVERS)
+        stored = rd.read(C.LEVERS)
     except SchemaError as e:
-        doc, why = None, f"levers.json refused ({e})"
-    stored = None
-    if doc is not None:
-        try:
-            stored = RunLevers.from_json(doc)
-        except SchemaError as e:
-            why = f"levers.json refused ({e})"
+        stored, why = None, f"levers.json refused ({e})"
     if stored is not None:
         now = digests(rd)
         changed = sorted(k for k in now if now.get(k) != stored.inputs.get(k))

@@ -18,6 +18,7 @@ import pandas as pd
 
 from tpcomm.judge.tolerances import FIVE_TERM_MIN_REQUESTS, MIN_CLOSURE_REQUESTS
 from tpcomm.rundir import contract as C
+from tpcomm.rundir.documents import LoadLevel
 
 NOT_PROFILED = "no hook records (plugin off); the torch-profiler traces cover the profiled level only"
 # Columns the trace import adds beside the hook's (the kernel's name, where the bytes came from, its own
@@ -49,14 +50,14 @@ def next_repeat(levels: list[dict]) -> int:
     return max((int(lv["repeat"]) for lv in levels), default=-1) + 1
 
 
-def profiled_level(levels: list[dict]) -> dict | None:
-    return next((lv for lv in levels if lv.get("profiled")), None)
+def profiled_level(levels: list[LoadLevel]) -> LoadLevel | None:
+    return next((lv for lv in levels if lv.profiled), None)
 
 
 def trace_records(rd) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """The traces' collectives and steps as the attribution reads the hook's, when a level was profiled without
     the plugin and the traces were imported; None otherwise."""
-    if profiled_level(rd.read_json(C.LOAD_LEVELS, []) or []) is None:
+    if profiled_level(rd.read(C.LOAD_LEVELS) or []) is None:
         return None
     coll, steps = rd.read_table(C.TRACE_COLLECTIVES), rd.read_table(C.TRACE_STEPS)
     if coll is None or steps is None or steps.empty:
@@ -66,11 +67,12 @@ def trace_records(rd) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     return coll, steps
 
 
-def source_note(levels: list[dict]) -> str:
-    lv = profiled_level(levels) or {}
+def source_note(levels: list[LoadLevel]) -> str:
+    lv = profiled_level(levels)
+    what = f"C={lv.concurrency}, repeat {lv.repeat}, {lv.requests} requests" if lv else "none marked profiled"
     return (
-        f"records: vLLM's torch-profiler traces of the profiled level (C={lv.get('concurrency', 1)}, repeat "
-        f"{lv.get('repeat')}, {lv.get('requests')} requests), read by tpcomm trace; no plugin in the server. Both "
+        f"records: vLLM's torch-profiler traces of the profiled level ({what}), read by tpcomm trace; no plugin "
+        "in the server. Both "
         "the engine's steps and the client's timings of that level ran under the profiler (its overhead is on "
         "both sides of the closure)"
     )

@@ -761,14 +761,15 @@ def reanalyse_run_dir(run_dir: str, model_config: str | None = None, argv: list[
         raise InputError(
             f"--reanalyse {run_dir}", "has no load/levels.json", "a run directory written by tpcomm attribute"
         )
-    status = rd.read_json(C.STATUS) or {}
+    status = rd.read(C.STATUS)
+    stage = status.stages.get("attribute") if status else None
     rd.record_command("attribute --reanalyse", argv)
     att = analyse_run_dir(rd, model_source=model_config, notes=[f"re-analysed from the run's records ({rd.path})"])
-    state = (status.get("attribute") or {}).get("state", "complete")
+    state = stage.state if stage else "complete"
     bad = att.incomplete()  # judged again with this tpcomm (judge/complete.py)
     return {
         "complete": state == "complete" and not bad,
-        "incomplete_reason": (status.get("attribute") or {}).get("reason") or ("; ".join(bad) if bad else None),
+        "incomplete_reason": (stage.reason if stage else None) or ("; ".join(bad) if bad else None),
         "interrupted": False,
         "run_dir": str(rd.path),
         "plugin": att.plugin,

@@ -44,10 +44,10 @@ def model_identity(run) -> dict[str, Any] | None:
         out["architecture"] = arch[0] if isinstance(arch, list) and arch else arch
         for k in list(IDENTITY)[1:]:
             out[k] = cfg.get(k)
-    model = (run.plan or {}).get("model") or (run.predict or {}).get("model") or {}
+    model = run.plan.model if run.plan else (run.predict.model if run.predict else None)
     for k, pk in IDENTITY.items():
-        if out.get(k) is None and model.get(pk) is not None:
-            out[k] = model.get(pk)
+        if out.get(k) is None and getattr(model, pk, None) is not None:
+            out[k] = getattr(model, pk)
     # An expert count of None and 0 both mean "dense".
     for k in ("n_routed_experts", "num_experts_per_tok"):
         if not out.get(k):
@@ -64,13 +64,10 @@ def quantization(run) -> str | None:
         if isinstance(qc, dict):
             return str(qc.get("quant_method") or qc.get("format") or "quantized (method not named)")
         return "none"
-    q = ((run.plan or {}).get("model") or {}).get("quantization")
-    if isinstance(q, dict):
-        return q.get("description") or q.get("method")
+    q = run.plan.model.quantization if run.plan else None
     if q:
-        return str(q)
-    pq = ((run.predict or {}).get("model") or {}).get("quantization")
-    return str(pq) if pq else None
+        return q.get("description") or q.get("method")
+    return run.predict.model.quantization if run.predict else None
 
 
 def _dtype(run) -> str | None:
@@ -78,7 +75,7 @@ def _dtype(run) -> str | None:
     d = cfg.get("dtype") or cfg.get("torch_dtype")
     if d:
         return str(d)
-    return ((run.plan or {}).get("model") or {}).get("dtype")
+    return run.plan.model.dtype if run.plan else None
 
 
 def facts(run) -> list[tuple[str, str, Any, str]]:
@@ -94,16 +91,15 @@ def facts(run) -> list[tuple[str, str, Any, str]]:
     add(
         "model",
         "checkpoint path",
-        cond.get("model_root") or ((run.plan or {}).get("model") or {}).get("source"),
+        cond.get("model_root") or (run.plan.model.source if run.plan else None),
         "attribution conditions / plan.json",
     )
     add("model", "quantization", quantization(run), "hook/status.json model config, else plan.json or predict.json")
     add("model", "dtype", _dtype(run), "hook/status.json model config, else plan.json")
-    layout = (run.plan or {}).get("layout") or (run.predict or {}).get("layout") or {}
-    add("layout", "tp", cond.get("tp") or layout.get("tp"), "attribution conditions / plan.json")
-    for k in ("ep", "dp", "pp", "dcp"):
-        if k in layout:
-            add("layout", k, layout.get(k), "plan.json / predict.json")
+    layout = run.plan.layout if run.plan else (run.predict.layout if run.predict else None)
+    add("layout", "tp", cond.get("tp") or (layout.tp if layout else None), "attribution conditions / plan.json")
+    for k in ("ep", "dp", "pp", "dcp") if layout else ():
+        add("layout", k, getattr(layout, k), "plan.json / predict.json")
     add("backends", "backends seen by the hook", cond.get("backends"), "attribution conditions")
     add("backends", "timing", cond.get("timing"), "attribution conditions")
     add("backends", "clock", sorted({lv.clock for lv in att.levels if lv.attributed}) if att else None, "summary")
@@ -115,7 +111,7 @@ def facts(run) -> list[tuple[str, str, Any, str]]:
             add("settings", f"hook: {k}", fusion.get(k), "hook/status.json")
     if "graph_sample_every" in per:
         add("settings", "hook: graph_sample_every", per.get("graph_sample_every"), "hook/status.json")
-    env = (run.topo or {}).get("env") or {}
+    env = (run.topo.env if run.topo else None) or {}
     for k in sorted(env):
         if k.startswith(ENV_PREFIXES):
             add("settings", k, env[k], "topo.json (where `tpcomm topo` ran)")
@@ -126,18 +122,17 @@ def facts(run) -> list[tuple[str, str, Any, str]]:
                 add("versions", f"{side.split('_')[0]} {k}", v[k], "attribution conditions")
     if not cond and run.meta:
         for k in VERSION_KEYS:
-            add("versions", k, (run.meta.get("versions") or {}).get(k), "meta.json")
-    topo = run.topo or {}
-    add("hardware", "summary", topo.get("summary"), "topo.json")
+            add("versions", k, run.meta.versions.get(k), "meta.json")
+    add("hardware", "summary", run.topo.summary if run.topo else None, "topo.json")
     sv = cond.get("server_versions") or {}
     add("hardware", "server cpu_count", sv.get("cpu_count"), "attribution conditions")
-    hw = (run.predict or {}).get("hardware") or {}
-    if hw:
-        add("hardware", "predict profile", hw.get("name") or hw.get("profile"), "predict.json")
+    if run.predict:
+        hw = run.predict.hardware
+        add("hardware", "predict profile", hw.name or hw.profile, "predict.json")
     plan_by_level = _plan_rows(att)
     for k, v in plan_by_level.items():
         add("plan", k, v, "summary (the plan cross-check per level)")
-    totals = (run.plan or {}).get("totals") or {}
+    totals = (run.plan.totals if run.plan else None) or {}
     for batch, ops in sorted(totals.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
         per = "; ".join(f"{t.get('count')} x {op}, {t.get('bytes')} bytes" for op, t in sorted((ops or {}).items()))
         add("plan", f"plan.json per step at batch {batch}", per or "none", "plan.json")

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from tpcomm.compare.levels import signed
 from tpcomm.compare.results import ModelDiff, ModelTerm
+from tpcomm.rundir.documents import Prediction, SingleStream
 
 
-def _corners(p: dict) -> list[tuple[dict, dict]]:
+def _corners(p: Prediction) -> list[tuple[dict, dict]]:
     """(input levels, ms per term) of every corner of a prediction's range."""
     return [
         (c.get("inputs") or {}, {"ms_per_token": c.get("ms_per_token"), **(c.get("breakdown_ms") or {})})
-        for c in (p.get("range") or {}).get("corners") or []
+        for c in (p.range or {}).get("corners") or []
     ]
 
 
@@ -35,18 +36,18 @@ def _pairs(ca: list, cb: list) -> list[tuple[dict, dict]]:
     return out
 
 
-def _own_range(p: dict, name: str) -> list[float] | None:
-    ss = (p.get("range") or {}).get("single_stream") or {}
+def _own_range(p: Prediction, name: str) -> list[float] | None:
+    ss = (p.range or {}).get("single_stream") or {}
     r = ss.get("ms_per_token") if name == "ms_per_token" else (ss.get("breakdown_ms") or {}).get(name)
     return [r["low"], r["high"]] if isinstance(r, dict) and "low" in r else None
 
 
-def model_diff(pa: dict, pb: dict) -> ModelDiff:
-    sa, sb = pa.get("single_stream") or {}, pb.get("single_stream") or {}
-    ba, bb = sa.get("breakdown_ms") or {}, sb.get("breakdown_ms") or {}
+def model_diff(pa: Prediction, pb: Prediction) -> ModelDiff:
+    sa, sb = pa.single_stream or SingleStream(), pb.single_stream or SingleStream()
+    ba, bb = sa.breakdown_ms, sb.breakdown_ms
     names = ["ms_per_token"] + list(ba) + [k for k in bb if k not in ba]
     shared = _pairs(_corners(pa), _corners(pb))
-    central = {"ms_per_token": (sa.get("ms_per_token"), sb.get("ms_per_token"))}
+    central = {"ms_per_token": (sa.ms_per_token, sb.ms_per_token)}
     central.update({k: (ba.get(k, 0.0), bb.get(k, 0.0)) for k in names[1:]})
     terms = []
     for k in names:
@@ -71,9 +72,9 @@ def model_diff(pa: dict, pb: dict) -> ModelDiff:
         if k not in ba or k not in bb:
             notes.append(f"{k}: a term of {'B' if k not in ba else 'A'}'s model only (0 ms in the other)")
     for side, p in (("A", pa), ("B", pb)):
-        for f in p.get("fitted") or []:
-            notes.append(f"{side}: {f.get('text') or f.get('term')} (fitted to measured figures, not predicted)")
-        if sa.get("value") == "measured terms" and p is pa or sb.get("value") == "measured terms" and p is pb:
+        for f in p.fitted:
+            notes.append(f"{side}: {f.text or f.term} (fitted to measured figures, not predicted)")
+        if sa.value == "measured terms" and p is pa or sb.value == "measured terms" and p is pb:
             notes.append(f"{side}: predict.json is anchored on the run's measured split (its terms are measured)")
     label = (
         f"model-based (predict.json): central inputs, and B - A over the {len(shared)} pairs of input corners at the same levels (an input one side holds fixed pairs with both of the other's)"
@@ -85,8 +86,8 @@ def model_diff(pa: dict, pb: dict) -> ModelDiff:
         label=label,
         corners=len(shared),
         terms=terms,
-        tok_per_s=[sa.get("tok_per_s"), sb.get("tok_per_s")],
-        statement=_statement(terms, len(shared), {f.get("term") for p in (pa, pb) for f in p.get("fitted") or []}),
+        tok_per_s=[sa.tok_per_s, sb.tok_per_s],
+        statement=_statement(terms, len(shared), {f.term for p in (pa, pb) for f in p.fitted}),
         notes=notes,
     )
 

@@ -10,6 +10,7 @@ from typing import Any
 from tpcomm.compare.conditions import model_identity
 from tpcomm.errors import InputError
 from tpcomm.rundir import contract as C
+from tpcomm.rundir.documents import Meta, Plan, Prediction, Topo
 from tpcomm.rundir.layout import RunDir
 from tpcomm.rundir.results import Attribution
 
@@ -20,10 +21,10 @@ class Run:
     path: Path
     rd: RunDir
     attribution: Attribution | None
-    predict: dict | None
-    plan: dict | None
-    topo: dict | None
-    meta: dict | None
+    predict: Prediction | None
+    plan: Plan | None
+    topo: Topo | None
+    meta: Meta | None
     hook_status: dict | None
     _samples: Any = field(default=None, repr=False)
 
@@ -38,9 +39,8 @@ class Run:
 
 def load_run(path: str | Path, label: str) -> Run:
     rd = RunDir(path, create=False)
-    doc = rd.read_json(C.ATTR_SUMMARY)  # another schema version: refused here, one line
-    att = Attribution.from_json(doc) if doc is not None else None
-    predict = rd.read_json(C.PREDICT)
+    att = rd.read(C.ATTR_SUMMARY)  # another schema version: refused here, one line
+    predict = rd.read(C.PREDICT)
     if att is None and predict is None:
         raise InputError(
             f"{label} {path}",
@@ -54,9 +54,9 @@ def load_run(path: str | Path, label: str) -> Run:
         rd=rd,
         attribution=att,
         predict=predict,
-        plan=rd.read_json(C.PLAN),
-        topo=rd.read_json(C.TOPO),
-        meta=rd.read_json(C.META),
+        plan=rd.read(C.PLAN),
+        topo=rd.read(C.TOPO),
+        meta=rd.read(C.META),
         hook_status=status,
     )
 

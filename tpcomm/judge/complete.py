@@ -17,25 +17,27 @@ An incomplete level keeps its measured figures, but no headline comes from it, a
 
 from __future__ import annotations
 
+from tpcomm.rundir.documents import LoadLevel
+
 # A mean of integers that exceeds C by float noise alone is not other traffic.
 SEQS_EPS = 1e-6
 
 
-def level_incomplete(level: dict, seqs_per_step: float | None) -> str | None:
+def level_incomplete(level: LoadLevel, seqs_per_step: float | None) -> str | None:
     """Why the level (an entry of load/levels.json) is incomplete, or None when it is not."""
-    c = level.get("concurrency")
+    c = level.concurrency
     why = []
-    if level.get("interrupted"):
-        why.append(str(level["interrupted"]))
-    if level.get("worker_problem"):
-        why.append(str(level["worker_problem"]))
-    if level.get("hook_problem"):
-        why.append(str(level["hook_problem"]))
-    elif level.get("records_problem"):
-        why.append(str(level["records_problem"]))
-    if level.get("failed"):
-        why.append(f"{level['failed']} of {level.get('requests')} requests failed")
-    if seqs_per_step is not None and isinstance(c, int) and seqs_per_step > c + SEQS_EPS:
+    if level.interrupted:
+        why.append(level.interrupted)
+    if level.worker_problem:
+        why.append(level.worker_problem)
+    if level.hook_problem:
+        why.append(level.hook_problem)
+    elif level.records_problem:
+        why.append(level.records_problem)
+    if level.failed:
+        why.append(f"{level.failed} of {level.requests} requests failed")
+    if seqs_per_step is not None and seqs_per_step > c + SEQS_EPS:
         why.append(
             f"the batch held other traffic: {seqs_per_step:.2f} sequences per decode step on average where this "
             f"level runs {c} stream{'' if c == 1 else 's'}"

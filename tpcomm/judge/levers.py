@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpcomm import backends
+from tpcomm.rundir.documents import WhatIf
 from tpcomm.rundir.results import Lever
 
 # vLLM all-reduce paths that are one-shot kernels (predict's "one-shot-allreduce" what-if; topo's path names).
@@ -120,9 +121,9 @@ def _rank_skew(m: Machine) -> tuple[str | None, str | None]:
     )
 
 
-def _tp(name: str, w: dict, m: Machine) -> tuple[str | None, str | None]:
+def _tp(name: str, w: WhatIf, m: Machine) -> tuple[str | None, str | None]:
     n = int(name[2:])
-    if w.get("fits_memory") is False:
+    if w.fits_memory is False:
         return None, f"TP {n} does not fit the weights in GPU memory"
     if m.gpus is not None and n > m.gpus:
         return None, f"TP {n} needs {n} GPUs; {m.gpus} visible on this node"
@@ -136,12 +137,12 @@ ENGINE_SETTINGS = {
 }
 
 
-def setting(name: str, w: dict, m: Machine) -> tuple[str | None, str | None]:
+def setting(name: str, w: WhatIf, m: Machine) -> tuple[str | None, str | None]:
     """What to set for the what-if `name` on machine `m`, or why it is not a lever here. predict's own
     `lever: false` (with its note: no NVLink on this card, a risk, a bound, no fit) is final."""
-    if w.get("lever") is False:
-        return None, w.get("lever_note") or "predict marks it as no lever on this hardware"
-    if name in ENGINE_SETTINGS and w.get("lever"):
+    if w.lever is False:
+        return None, w.lever_note or "predict marks it as no lever on this hardware"
+    if name in ENGINE_SETTINGS and w.lever:
         return ENGINE_SETTINGS[name], None
     if name == "one-shot-allreduce":
         return _one_shot(m)
@@ -154,22 +155,22 @@ def setting(name: str, w: dict, m: Machine) -> tuple[str | None, str | None]:
     return None, "no setting known for this what-if"
 
 
-def levers(what_ifs: list[dict], m: Machine, basis: str) -> tuple[list[Lever], list[dict]]:
+def levers(what_ifs: list[WhatIf], m: Machine, basis: str) -> tuple[list[Lever], list[dict]]:
     """(levers and bounds ranked by effect, what-ifs not offered with why). `basis`: where the figures come
     from (e.g. "predict anchored on this run's measured split")."""
     out: list[Lever] = []
     skipped: list[dict] = []
     for w in what_ifs:
-        name = w.get("name") or ""
-        if w.get("tok_per_s") is None or w.get("aggregate"):
+        name = w.name
+        if w.tok_per_s is None or w.aggregate:
             continue  # not sized, or a batch (all streams): not a single-stream lever
-        rng = w.get("tok_per_s_range")
-        dr = w.get("delta_pct_range") or {}
+        rng = w.tok_per_s_range
+        dr = w.delta_pct_range or {}
         lever = dict(
             name=name,
-            tok_per_s=float(w["tok_per_s"]),
-            tok_per_s_range={k: float(v) for k, v in rng.items() if isinstance(v, (int, float))} if rng else None,
-            change_pct=w.get("delta_pct"),
+            tok_per_s=w.tok_per_s,
+            tok_per_s_range=dict(rng) if rng else None,
+            change_pct=w.delta_pct,
             basis=basis,
         )
         if name in BOUNDS:
@@ -179,7 +180,7 @@ def levers(what_ifs: list[dict], m: Machine, basis: str) -> tuple[list[Lever], l
         if what is None:
             skipped.append({"name": name, "why": why})
             continue
-        low = dr.get("low", w.get("delta_pct"))
+        low = dr.get("low", w.delta_pct)
         if low is None or low <= 0:
             skipped.append({"name": name, "why": "no gain over the whole range of its inputs"})
             continue

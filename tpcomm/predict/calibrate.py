@@ -43,16 +43,14 @@ ZERO = LatencySource("zero", "free", lambda op, b, n: 0.0)
 
 def read_attribution(run_dir: str | Path) -> dict:
     from tpcomm.rundir.layout import RunDir
-    from tpcomm.rundir.results import Attribution
 
-    doc = RunDir(run_dir, create=False).read_json(C.ATTR_SUMMARY)
-    if not doc or not doc.get("levels"):
+    att = RunDir(run_dir, create=False).read(C.ATTR_SUMMARY)
+    if att is None or not att.levels:
         raise InputError(
             f"--attribution {run_dir}",
             "has no attribution/summary.json with levels",
             "a run directory written by `tpcomm attribute --out`",
         )
-    att = Attribution.from_json(doc)
     lv = att.headline_level()
     if lv is None:
         raise InputError(

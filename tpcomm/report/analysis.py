@@ -14,6 +14,7 @@ Units: *_ms milliseconds, *_us microseconds, bytes, tok/s tokens per second.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from tpcomm.analysis.closure import closure_text
 from tpcomm.judge import definitions
 from tpcomm.report import readers
 from tpcomm.report.first_page import page_one
+from tpcomm.rundir.documents import SingleStream
 from tpcomm.rundir.layout import RunDir
 
 # key -> title, in the order of the PDF.
@@ -135,7 +137,7 @@ def _new(key: str) -> Section:
 def _system(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s = _new("system")
     rows: list[tuple[str, str]] = []
-    versions = (inp.meta or {}).get("versions") or {}
+    versions = inp.meta.versions if inp.meta else {}
     for k in ("tpcomm", "vllm", "vllm_build", "torch", "cuda", "nccl", "python", "os", "machine", "cpu_count"):
         if versions.get(k) is not None:
             rows.append((k, str(versions[k])))
@@ -152,7 +154,7 @@ def _system(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     if not serving:
         s.missing("serving configuration (from a load run)", cmds["attribute"])
     # The demo renders the report before it marks itself done: its own state would always read "running".
-    s.data["stages"] = {k: v.get("state") for k, v in (inp.status or {}).items() if k != "demo" and isinstance(v, dict)}
+    s.data["stages"] = {k: v.state for k, v in (inp.status.stages if inp.status else {}).items() if k != "demo"}
     s.available = bool(rows or inp.topo or serving)
     s.conditions = "read from meta.json, topo.json, load/levels.json and attribution/summary.json"
     return s
@@ -165,29 +167,29 @@ def _plan(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         s.missing("the model's collective plan", cmds["plan"])
         return s
     s.available = True
-    model, layout = plan.get("model") or {}, plan.get("layout") or {}
+    model = plan.model
     s.data["model"] = model
     s.data["served_name"] = readers.served_model_name(inp)
-    s.data["layout"] = layout
+    s.data["layout"] = plan.layout
     s.data["rows"] = [
         {
-            "op": c.get("op"),
-            "group": c.get("group"),
-            "bytes": c.get("bytes"),
-            "count": c.get("count"),
-            "batch": c.get("batch"),
-            "dtype": c.get("dtype"),
-            "site": c.get("site"),
+            "op": c.op,
+            "group": c.group,
+            "bytes": c.bytes,
+            "count": c.count,
+            "batch": c.batch,
+            "dtype": c.dtype,
+            "site": c.site,
         }
-        for c in plan.get("collectives") or []
+        for c in plan.collectives
     ]
-    s.data["totals"] = plan.get("totals") or {}
+    s.data["totals"] = plan.totals or {}
     s.data["per_token"] = readers.plan_per_step(plan, batch=1)
     s.data["weights"] = readers.plan_weights(plan, batch=1)
     s.conditions = (
-        f"model {s.data['served_name'] or model.get('name', '?')} ({model.get('architecture', '?')}), layout "
-        + readers.layout_text(layout)
-        + f"; followed vLLM {plan.get('vllm_version_followed', '?')}; derived from config.json, not measured"
+        f"model {s.data['served_name'] or model.name} ({model.architecture or '?'}), layout "
+        + readers.layout_text(plan.layout)
+        + f"; followed vLLM {plan.vllm_version_followed or '?'}; derived from config.json, not measured"
     )
     return s
 
@@ -273,14 +275,14 @@ def _timeline(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         )
         return s
     s.available = True
-    s.data.update(tl)
-    s.conditions = tl["conditions"]
+    s.data.update(dataclasses.asdict(tl))
+    s.conditions = tl.conditions or "conditions not recorded"
     return s
 
 
 def _ladder(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s = _new("ladder")
-    levels = readers.levels_list(inp.levels)
+    levels = inp.levels
     if not levels:
         s.missing("throughput and latency vs concurrency", cmds["attribute"])
         return s
@@ -302,8 +304,7 @@ def _ladder(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         "flags",
     )
     s.data["rows"] = [
-        {k: lv.get(k) for k in keys}
-        for lv in sorted(levels, key=lambda x: (x.get("concurrency", 0), x.get("repeat", 0)))
+        {k: getattr(lv, k) for k in keys} for lv in sorted(levels, key=lambda x: (x.concurrency, x.repeat))
     ]
     s.data["flagged"] = [r for r in s.data["rows"] if r.get("flags") or r.get("steady") is False]
     s.conditions = readers.conditions_text(readers.levels_conditions(inp.levels))
@@ -313,37 +314,35 @@ def _ladder(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
 def _what_if(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s = _new("what_if")
     pred = inp.predict
-    if not pred or not pred.get("what_if"):
+    if not pred or not pred.what_if:
         s.missing("model-based what-ifs", cmds["predict"])
         return s
     s.available = True
-    ss = pred.get("single_stream") or {}
-    s.data["model_name"] = (pred.get("model") or {}).get("name")
-    s.data["tp"] = (pred.get("layout") or {}).get("tp")
-    s.data["baseline_tok_per_s"] = ss.get("tok_per_s")
-    s.data["baseline_ms_per_token"] = ss.get("ms_per_token")
+    ss = pred.single_stream or SingleStream()
+    s.data["model_name"] = pred.model.name
+    s.data["tp"] = pred.layout.tp
+    s.data["baseline_tok_per_s"] = ss.tok_per_s
+    s.data["baseline_ms_per_token"] = ss.ms_per_token
     s.data["rows"] = [
         {
-            "name": w.get("name"),
-            "description": w.get("description", ""),
-            "tok_per_s": w.get("tok_per_s"),
-            "ms_per_token": w.get("ms_per_token"),
-            "change_pct": w["delta_pct"]
-            if w.get("delta_pct") is not None
-            else readers.pct_change(w.get("tok_per_s"), ss.get("tok_per_s")),
-            "tok_per_s_range": w.get("tok_per_s_range"),
-            "change_pct_range": w.get("delta_pct_range"),
+            "name": w.name,
+            "description": w.description,
+            "tok_per_s": w.tok_per_s,
+            "ms_per_token": w.ms_per_token,
+            "change_pct": w.delta_pct if w.delta_pct is not None else readers.pct_change(w.tok_per_s, ss.tok_per_s),
+            "tok_per_s_range": w.tok_per_s_range,
+            "change_pct_range": w.delta_pct_range,
         }
-        for w in pred["what_if"]
+        for w in pred.what_if
     ]
     # Each model-based number's range over the stated inputs, and what was fitted (predict's range, fitted, calibration).
-    s.data["range"] = pred.get("range")
-    s.data["fitted"] = pred.get("fitted") or []
-    s.data["calibration"] = pred.get("calibration")
-    s.data["batches"] = pred.get("batches") or []
-    s.data["breakdown_ms"] = ss.get("breakdown_ms") or {}
-    s.data["ceilings"] = pred.get("ceilings") or {}
-    s.data["compare"] = pred.get("compare")
+    s.data["range"] = pred.range
+    s.data["fitted"] = [f.text for f in pred.fitted]
+    s.data["calibration"] = pred.calibration
+    s.data["batches"] = pred.batches
+    s.data["breakdown_ms"] = ss.breakdown_ms
+    s.data["ceilings"] = pred.ceilings
+    s.data["compare"] = pred.compare
     s.conditions = readers.predict_conditions(pred)
     return s
 
@@ -371,7 +370,7 @@ def _methods(inp: readers.Inputs, sections: dict[str, Section]) -> Section:
             {
                 "what": "collective plan",
                 "how": "derived from the model's config.json and vLLM "
-                f"{inp.plan.get('vllm_version_followed', '?')}'s layer code by `tpcomm plan`; counts and bytes per rank per call",
+                f"{inp.plan.vllm_version_followed or '?'}'s layer code by `tpcomm plan`; counts and bytes per rank per call",
             }
         )
     if sections["probe"].available:
@@ -408,16 +407,16 @@ def _methods(inp: readers.Inputs, sections: dict[str, Section]) -> Section:
             {
                 "what": "predicted tok/s and what-ifs",
                 "how": "`tpcomm predict`: weights / memory bandwidth + collectives x latency "
-                "+ overhead; collective latency from: " + str(inp.predict.get("collective_latency_source", "?")),
+                "+ overhead; collective latency from: " + (inp.predict.collective_latency_source or "?"),
             }
         )
-        for a in inp.predict.get("assumptions") or []:
+        for a in inp.predict.assumptions:
             items.append({"what": "assumption", "how": str(a)})
     s.data["items"] = items
     s.data["files"] = inp.files_present
     s.data["commands"] = [
-        {"utc": c.get("utc", ""), "command": c.get("command", ""), "argv": " ".join(redact.argv(c.get("argv") or []))}
-        for c in (inp.meta or {}).get("commands", [])
+        {"utc": c.utc or "", "command": c.command, "argv": " ".join(redact.argv(c.argv))}
+        for c in (inp.meta.commands if inp.meta else [])
     ]
     s.available = bool(items)
     s.conditions = "every figure in this report is traceable to the files listed here"

@@ -20,6 +20,7 @@ from tpcomm.judge import delivery as deliver
 from tpcomm.judge import levers as L
 from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.report import readers
+from tpcomm.rundir.documents import Prediction
 from tpcomm.rundir.results import Attribution, LevelSplit, Verdict
 from tpcomm.terms import BY_NAME
 
@@ -31,7 +32,7 @@ def page_one(inp: readers.Inputs, cmds: dict[str, str], s):
     s.data = d
     att: Attribution | None = inp.attribution
     head = att.headline_level() if att else None
-    pred = inp.predict if (inp.predict or {}).get("single_stream", {}).get("tok_per_s") else None
+    pred = inp.predict if inp.predict and inp.predict.tok_per_s else None
     warn = []
     if stopped := readers.incomplete_stages(inp):
         warn.append(f"INCOMPLETE run: {', '.join(stopped)} (status.json); below is what was measured before that.")
@@ -188,8 +189,8 @@ def _incomplete_levels(inp: readers.Inputs) -> list[tuple[tuple, str]]:
     att = inp.attribution
     judged = {(lv.concurrency, lv.repeat): lv.incomplete for lv in (att.levels if att else [])}
     out = []
-    for x in readers.levels_list(inp.levels):
-        key = (x.get("concurrency"), x.get("repeat"))
+    for x in inp.levels or []:
+        key = (x.concurrency, x.repeat)
         why = judged[key] if key in judged else complete.level_incomplete(x, None)
         if why:
             out.append((key, why))
@@ -201,14 +202,14 @@ def _client_only(inp: readers.Inputs) -> dict | None:
     incomplete one, judge/complete.py, gives none: failed or coalesced streams once made it 80554 tok/s)."""
     bad = dict(_incomplete_levels(inp))
     lv = level_that_speaks(
-        readers.levels_list(inp.levels),
-        concurrency=lambda x: x["concurrency"],
-        figure=lambda x: x.get("tpot_ms_p50") or None,
-        incomplete=lambda x: bad.get((x.get("concurrency"), x.get("repeat"))),
+        inp.levels or [],
+        concurrency=lambda x: x.concurrency,
+        figure=lambda x: x.tpot_ms_p50 or None,
+        incomplete=lambda x: bad.get((x.concurrency, x.repeat)),
     )
     if lv is None:
         return None
-    c, ms = lv["concurrency"], lv["tpot_ms_p50"]
+    c, ms = lv.concurrency, lv.tpot_ms_p50
     cond = readers.short_conditions(readers.levels_conditions(inp.levels))
     return {
         "source": "measured",
@@ -218,11 +219,11 @@ def _client_only(inp: readers.Inputs) -> dict | None:
     }
 
 
-def _model(d: dict, pred: dict, inp: readers.Inputs) -> None:
-    ss = pred["single_stream"]
-    rg = pred.get("range") or {}
+def _model(d: dict, pred: Prediction, inp: readers.Inputs) -> None:
+    ss = pred.single_stream
+    rg = pred.range or {}
     tr = (rg.get("single_stream") or {}).get("tok_per_s")
-    br = {k: v for k, v in (ss.get("breakdown_ms") or {}).items() if isinstance(v, (int, float))}
+    br = dict(ss.breakdown_ms)
     total = sum(br.values())
     v = bottleneck.from_range(rg["verdict"]) if rg.get("verdict") else None
     if v is None:  # a model with every input fixed: one breakdown, one verdict
@@ -240,24 +241,20 @@ def _model(d: dict, pred: dict, inp: readers.Inputs) -> None:
         )
     d.update(source="model-based", verdict=v, split={"terms": br, "total_ms": total, "source": "model-based"})
     fitted = next(
-        (
-            b.get("fitted_to_tok_per_s")
-            for b in pred.get("batches") or []
-            if b.get("batch") == 1 and b.get("fitted_to_tok_per_s")
-        ),
+        (b.get("fitted_to_tok_per_s") for b in pred.batches if b.get("batch") == 1 and b.get("fitted_to_tok_per_s")),
         None,
     )
     rng = f", {fmt(tr['low'])}-{fmt(tr['high'])} over the model's stated input ranges" if tr else ""
     d["headline"] = (
-        f"Single stream (MODEL-BASED, not measured): {fmt(ss['tok_per_s'])} tok/s central{rng} ({fmt(ss.get('ms_per_token') or 1e3 / ss['tok_per_s'])} ms per token)"
+        f"Single stream (MODEL-BASED, not measured): {fmt(ss.tok_per_s)} tok/s central{rng} ({fmt(ss.ms_per_token or 1e3 / ss.tok_per_s)} ms per token)"
     )
     if fitted:
         d["headline"] += (
             f"; extra terms fitted to the measured {fmt(fitted)} tok/s: this reproduces that fit, it does not predict it"
         )
     d["numbers"].update(
-        tok_per_s=ss["tok_per_s"],
-        ms_per_token=ss.get("ms_per_token"),
+        tok_per_s=ss.tok_per_s,
+        ms_per_token=ss.ms_per_token,
         **({"tok_per_s_low": tr["low"], "tok_per_s_high": tr["high"]} if tr else {}),
     )
     d["conditions"] = "model-based: " + readers.short_predict_conditions(pred)

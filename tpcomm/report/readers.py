@@ -16,25 +16,28 @@ from typing import Any
 
 from tpcomm.rundir import contract as C
 from tpcomm.rundir.contract import SchemaError
+from tpcomm.rundir.documents import Layout, LoadLevel, Meta, Plan, Prediction, ProbeFit, Status, Timeline, Topo
 from tpcomm.rundir.layout import RunDir
 from tpcomm.rundir.results import Attribution
 
 
 @dataclass
 class Inputs:
+    """The run directory's documents as their dataclasses (tpcomm/rundir/documents.py); None: absent or refused."""
+
     rd: RunDir
-    meta: dict | None = None
-    status: dict | None = None
-    topo: dict | None = None
-    plan: dict | None = None
-    predict: dict | None = None
+    meta: Meta | None = None
+    status: Status | None = None
+    topo: Topo | None = None
+    plan: Plan | None = None
+    predict: Prediction | None = None
     probe: Any = None  # DataFrame from probe/results.parquet (or the JSON twin)
-    probe_fit: dict | None = None
-    timeline: dict | None = None  # attribution/timeline.json: `attribute` aligned the records, the report draws
-    replay: dict | None = None  # probe/replay.json
+    probe_fit: ProbeFit | None = None
+    timeline: Timeline | None = None  # attribution/timeline.json: `attribute` aligned the records, the report draws
+    replay: dict | None = None  # probe/replay.json (no dataclass yet: report/replay.py reads it)
     trace_compare: dict | None = None  # trace/compare.json: the hook and the traces on one window
-    levels: Any = None  # load/levels.json as written
-    attribution: Attribution | None = None  # attribution/summary.json, typed (tpcomm/rundir/results.py)
+    levels: list[LoadLevel] | None = None  # load/levels.json
+    attribution: Attribution | None = None  # attribution/summary.json
     attribution_steps: Any = None
     files_present: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # file -> one-line contract error
@@ -65,11 +68,8 @@ def load_inputs(rd: RunDir) -> Inputs:
     inp = Inputs(rd=rd)
     for attr, spec in READ.items():
         try:
-            setattr(inp, attr, rd.read_table(spec) if spec.format == "table" else rd.read_json(spec))
-            if attr == "attribution" and inp.attribution is not None:
-                inp.attribution = Attribution.from_json(inp.attribution)
+            setattr(inp, attr, rd.read_table(spec) if spec.format == "table" else rd.read(spec))
         except SchemaError as e:
-            inp.attribution = None if attr == "attribution" else inp.attribution
             inp.errors[spec.path] = str(e)
     if inp.probe is None and rd.exists(C.PROBE_RESULTS_JSON) and C.PROBE_RESULTS.path not in inp.errors:
         import pandas as pd
@@ -96,7 +96,7 @@ STAGE_FILES = {"attribute": (C.LOAD_REQUESTS, C.LOAD_LEVELS, C.ATTR_SUMMARY), "p
 
 def _require_stage_files(inp: Inputs) -> None:
     for stage, specs in STAGE_FILES.items():
-        if (inp.status.get(stage) or {}).get("state") != "complete":
+        if inp.status.state(stage) != "complete":
             continue
         for spec in specs:
             try:
@@ -108,21 +108,21 @@ def _require_stage_files(inp: Inputs) -> None:
 def incomplete_stages(inp: Inputs) -> list[str]:
     """'attribute (server stopped answering)' for every stage status.json marks incomplete or failed."""
     out = []
-    for stage, st in (inp.status or {}).items():
-        if not isinstance(st, dict) or stage == "demo":
+    for stage, st in (inp.status.stages if inp.status else {}).items():
+        if stage == "demo":
             continue
-        if st.get("state") in ("incomplete", "failed"):
-            out.append(f"{stage} ({st.get('reason') or st.get('state')})")
-        elif isinstance(st.get("rerun"), dict):
+        if st.state in ("incomplete", "failed"):
+            out.append(f"{stage} ({st.reason or st.state})")
+        elif st.rerun is not None:
             # a re-run over a finished stage (rundir.mark): still writing, or it died half-way
             from tpcomm.rundir.lock import holder
 
-            since = st["rerun"].get("utc", "?")
+            since = st.rerun.utc or "?"
             out.append(
                 f"{stage} (a re-run started {since} is still writing this directory)"
                 if holder(inp.rd.path)
                 else f"{stage} (a re-run started {since} stopped before it ended: files may mix it with the "
-                f"earlier {st.get('state')} run)"
+                f"earlier {st.state} run)"
             )
     return out
 
@@ -152,13 +152,13 @@ def plan_config_text(att: Attribution | None) -> str | None:
 def commands_for(inp: Inputs) -> dict[str, str]:
     """The command that fills each missing piece, with this run's model and layout filled in."""
     out = str(inp.rd.path)
-    m = (inp.plan or inp.predict or {}).get("model") or {}
+    doc = inp.plan or inp.predict
     # A model read from a folder is named by its path; a preset by its name.
-    src = str(m.get("source") or "")
-    model = src if src.startswith("/") or src.endswith(".json") else (m.get("name") or "MODEL")
-    tp = ((inp.plan or inp.predict or {}).get("layout") or {}).get("tp") or "N"
-    cpu = ((inp.meta or {}).get("versions") or {}).get("vllm_build") == "cpu"
-    hw = ((inp.predict or {}).get("hardware") or {}).get("profile") or ("cpu" if cpu else "GPU")
+    src = str(doc.model.source or "") if doc else ""
+    model = src if src.startswith("/") or src.endswith(".json") else ((doc.model.name if doc else None) or "MODEL")
+    tp = (doc.layout.tp if doc else None) or "N"
+    cpu = inp.meta is not None and inp.meta.vllm_build == "cpu"
+    hw = (inp.predict.hardware.profile if inp.predict else None) or ("cpu" if cpu else "GPU")
     return {
         "plan": f"tpcomm plan --model {model} --tp {tp} --out {out}",
         "topo": f"tpcomm topo --out {out}",
@@ -181,17 +181,17 @@ def total_count(cps: dict, key: str) -> float | None:
     return v
 
 
-def plan_per_step(plan: dict | None, batch: int = 1) -> dict[str, Any]:
+def plan_per_step(plan: Plan | None, batch: int = 1) -> dict[str, Any]:
     """Collectives per decode step at `batch`: count and bytes per op (per rank)."""
     if not plan:
         return {}
     per_op: dict[str, dict[str, float]] = {}
-    for c in plan.get("collectives") or []:
-        if c.get("batch", batch) != batch:
+    for c in plan.collectives:
+        if c.batch != batch:
             continue
-        d = per_op.setdefault(c.get("op", "?"), {"count": 0, "bytes": 0})
-        d["count"] += c.get("count") or 0
-        d["bytes"] += (c.get("count") or 0) * (c.get("bytes") or 0)
+        d = per_op.setdefault(c.op, {"count": 0, "bytes": 0})
+        d["count"] += c.count
+        d["bytes"] += c.count * c.bytes
     return {
         "per_op": per_op,
         "count": sum(d["count"] for d in per_op.values()),
@@ -200,17 +200,17 @@ def plan_per_step(plan: dict | None, batch: int = 1) -> dict[str, Any]:
     }
 
 
-def layout_text(layout: dict) -> str:
-    parts = [f"TP {layout.get('tp', '?')}"]
-    parts += [f"{k.upper()} {layout[k]}" for k in ("dp", "pp", "dcp") if (layout.get(k) or 1) > 1]
-    if layout.get("ep"):
-        parts.append(f"EP {layout.get('ep_size', 'on')}")
+def layout_text(layout: Layout) -> str:
+    parts = [f"TP {layout.tp}"]
+    parts += [f"{k.upper()} {getattr(layout, k)}" for k in ("dp", "pp", "dcp") if getattr(layout, k) > 1]
+    if layout.ep:
+        parts.append(f"EP {layout.ep_size}")
     return ", ".join(parts)
 
 
-def plan_weights(plan: dict, batch: int = 1) -> dict[str, Any]:
+def plan_weights(plan: Plan, batch: int = 1) -> dict[str, Any]:
     """Weight bytes each GPU reads per decode step at `batch`: total and per component."""
-    w = plan.get("weights") or {}
+    w = plan.weights or {}
     w = (
         w.get(str(batch))
         or w.get(batch)
@@ -225,15 +225,15 @@ def plan_weights(plan: dict, batch: int = 1) -> dict[str, Any]:
     }
 
 
-def plan_sizes(plan: dict | None) -> list[dict[str, Any]]:
+def plan_sizes(plan: Plan | None) -> list[dict[str, Any]]:
     """Distinct (op, bytes) message sizes of the plan, to mark on the probe figure."""
     if not plan:
         return []
     seen: dict[tuple, dict] = {}
-    for c in plan.get("collectives") or []:
-        key = (c.get("op"), c.get("bytes"))
+    for c in plan.collectives:
+        key = (c.op, c.bytes)
         if key[1] and key not in seen:
-            seen[key] = {"op": key[0], "bytes": key[1], "batch": c.get("batch"), "site": c.get("site")}
+            seen[key] = {"op": c.op, "bytes": c.bytes, "batch": c.batch, "site": c.site}
     return sorted(seen.values(), key=lambda d: d["bytes"])
 
 
@@ -272,19 +272,19 @@ def probe_table(df) -> dict[str, Any] | None:
     return {"curves": curves, "rows": rows, "conditions": "; ".join(cond) or "see probe/results.parquet"}
 
 
-def fit_rows(fit: dict | None) -> list[dict[str, Any]]:
+def fit_rows(fit: ProbeFit | None) -> list[dict[str, Any]]:
     """probe/fit.json as rows: one per (backend, op, mode, timing, size segment) with alpha_us, beta_GBps."""
     if not fit:
         return []
     rows: list[dict[str, Any]] = []
-    for m in fit.get("models") or []:
-        for seg in m.get("segments") or [{}]:
+    for m in fit.models:
+        for seg in m.segments or [{}]:
             rows.append(
                 {
-                    "backend": m.get("backend"),
-                    "op": m.get("op"),
-                    "mode": m.get("mode"),
-                    "timing": m.get("timing"),
+                    "backend": m.backend,
+                    "op": m.op,
+                    "mode": m.mode,
+                    "timing": m.timing,
                     "bytes": f"{seg.get('min_bytes', 0)}-{seg.get('max_bytes') or 'max'}",
                     "alpha_us": seg.get("alpha_us"),
                     "beta_GBps": seg.get("beta_GBps"),
@@ -295,24 +295,14 @@ def fit_rows(fit: dict | None) -> list[dict[str, Any]]:
     return rows
 
 
-def fit_formula(fit: dict | None) -> str | None:
-    return (fit or {}).get("formula")
+def fit_formula(fit: ProbeFit | None) -> str | None:
+    return fit.formula if fit else None
 
 
 # ---- load / attribution --------------------------------------------------
-def levels_list(levels: Any) -> list[dict]:
-    if isinstance(levels, dict):
-        return list(levels.get("levels") or [])
-    return list(levels or [])
-
-
-def levels_conditions(levels: Any) -> dict | None:
-    if isinstance(levels, dict):
-        return levels.get("conditions")
-    for lv in levels or []:
-        if isinstance(lv, dict) and lv.get("conditions"):
-            return lv["conditions"]
-    return None
+def levels_conditions(levels: list[LoadLevel] | None) -> dict | None:
+    """The load's conditions (every level of a run carries the same)."""
+    return next((lv.conditions for lv in levels or [] if lv.conditions), None)
 
 
 COND_KEYS = (
@@ -359,13 +349,12 @@ def short_conditions(cond: dict | None) -> str:
     return "; ".join(parts)
 
 
-def short_predict_conditions(pred: dict) -> str:
-    hw, lay, model = pred.get("hardware") or {}, pred.get("layout") or {}, pred.get("model") or {}
+def short_predict_conditions(pred: Prediction) -> str:
+    hw, model = pred.hardware, pred.model
     bits = [
-        f"{model.get('name', '?')}"
-        + (f" ({model['quantization'].split(',')[0]})" if model.get("quantization") else ""),
-        layout_text(lay),
-        f"{hw.get('name', hw.get('profile', '?'))}" + (f", link {link_text(hw['link'])}" if hw.get("link") else ""),
+        model.name + (f" ({model.quantization.split(',')[0]})" if model.quantization else ""),
+        layout_text(pred.layout),
+        (hw.name or hw.profile or "?") + (f", link {link_text(hw.link)}" if hw.link else ""),
     ]
     return "; ".join(bits) + "; every input and its source in the what-if section"
 
@@ -405,28 +394,25 @@ def link_text(link: Any) -> str:
     return ", ".join(bits)
 
 
-def predict_conditions(pred: dict) -> str:
-    hw = pred.get("hardware") or {}
-    lay = pred.get("layout") or {}
-    model = pred.get("model") or {}
-    cal = pred.get("calibration") or {}
+def predict_conditions(pred: Prediction) -> str:
+    hw, model = pred.hardware, pred.model
+    cal = pred.calibration or {}
     what = (
         f"measured terms of {cal.get('run_dir')} at concurrency {cal.get('concurrency')}, what-ifs model-based"
         if cal
         else "model-based (not measured)"
     )
     bits = [
-        f"{what}: {model.get('name', '?')}" + (f" ({model['quantization']})" if model.get("quantization") else ""),
-        layout_text(lay),
-        f"hardware {hw.get('name', hw.get('profile', '?'))}",
+        f"{what}: {model.name}" + (f" ({model.quantization})" if model.quantization else ""),
+        layout_text(pred.layout),
+        f"hardware {hw.name or hw.profile or '?'}",
     ]
-    bw = hw.get("memory_bandwidth_GBps") or hw.get("mem_bw_GBps")
-    if bw:
-        bits.append(f"{bw:g} GB/s memory")
-    if hw.get("link"):
-        bits.append(f"link {link_text(hw['link'])}")
-    bits.append(f"collective latency: {pred.get('collective_latency_source', '?')}")
-    inp = (pred.get("range") or {}).get("inputs") or {}
+    if hw.memory_bandwidth_GBps:
+        bits.append(f"{hw.memory_bandwidth_GBps:g} GB/s memory")
+    if hw.link:
+        bits.append(f"link {link_text(hw.link)}")
+    bits.append(f"collective latency: {pred.collective_latency_source or '?'}")
+    inp = (pred.range or {}).get("inputs") or {}
     if inp:  # the uncertain inputs the model's ranges span (central values above)
         ko, me, cl = (
             inp.get("kernel_overhead_us") or {},
@@ -435,16 +421,15 @@ def predict_conditions(pred: dict) -> str:
         )
         lat = (
             "collective latency fixed (measured or given: no range)"
-            if cl.get("low") == cl.get("high") == pred.get("collective_latency_source")
-            or "no range" in str(cl.get("low", ""))
+            if cl.get("low") == cl.get("high") == pred.collective_latency_source or "no range" in str(cl.get("low", ""))
             else f"collective latency low = {cl.get('low', '?')}, high = {cl.get('high', '?')}"
         )
         bits.append(
             f"ranges over per-kernel overhead {ko.get('low', '?'):g}-{ko.get('high', '?'):g} us, memory efficiency "
             f"{me.get('low', '?'):g}-{me.get('high', '?'):g}, {lat}"
         )
-    if pred.get("fitted"):
-        bits.append("; ".join(f["text"] for f in pred["fitted"]))
+    if pred.fitted:
+        bits.append("; ".join(f.text for f in pred.fitted))
     return "; ".join(b for b in bits if b)
 
 

@@ -18,8 +18,8 @@ Block = tuple
 def title(report) -> str:
     plan = report["plan"].data
     pred = report.sections["what_if"].data if report.sections["what_if"].available else {}
-    model = plan.get("served_name") or (plan.get("model") or {}).get("name") or pred.get("model_name")
-    tp = (plan.get("layout") or {}).get("tp") or pred.get("tp")
+    model = plan.get("served_name") or (plan["model"].name if plan.get("model") else None) or pred.get("model_name")
+    tp = (plan["layout"].tp if plan.get("layout") else None) or pred.get("tp")
     src = report.verdict.get("source")
     return (
         "tpcomm report" + (f": {model}" if model else "") + (f", TP {tp}" if tp else "") + (f" ({src})" if src else "")
@@ -177,12 +177,12 @@ def _system(d: dict) -> list[Block]:
 
 
 def _plan(d: dict) -> list[Block]:
-    m, pt = d.get("model") or {}, d.get("per_token") or {}
+    m, pt = d["model"], d.get("per_token") or {}
     out: list[Block] = [
         (
             "text",
-            f"Model {d.get('served_name') or m.get('name', '?')}: {m.get('architecture', '?')}, hidden {m.get('hidden_size', '?')}, "
-            f"{m.get('num_layers', '?')} layers. Per decode step at batch 1: {fmt(pt.get('count'))} collectives per rank, "
+            f"Model {d.get('served_name') or m.name}: {m.architecture or '?'}, hidden {m.hidden_size or '?'}, "
+            f"{m.num_layers or '?'} layers. Per decode step at batch 1: {fmt(pt.get('count'))} collectives per rank, "
             f"{_b(pt.get('bytes'))} sent per rank in total.",
         )
     ]
@@ -457,8 +457,8 @@ def _what_if(d: dict) -> list[Block]:
                     f"{fmt(x['low'])}-{fmt(x['high'])}{unit}, central {fmt(x['central'])}{unit}: {x['source']}",
                 ]
             )
-        for f in d.get("fitted") or []:
-            rows.append(["fitted term", f["text"]])
+        for text in d.get("fitted") or []:
+            rows.append(["fitted term", text])
         out.append(("table", (["uncertain input", "range and source"], rows, [1.3, 5])))
     for key in ("verdict", "bounds"):
         if (rg.get(key) or {}).get("statement"):

@@ -9,14 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from tpcomm.judge.levers import ONE_SHOT_PATHS
+from tpcomm.rundir.documents import Topo
 
 
-def topo_summary(topo: dict | None) -> dict[str, Any]:
+def topo_summary(topo: Topo | None) -> dict[str, Any]:
     """topo.json (tpcomm topo) as tables and findings: GPUs, P2P, NCCL/vLLM settings, vLLM's all-reduce paths."""
     if not topo:
         return {}
-    gpu = topo.get("gpu") or {}
-    cpu = topo.get("cpu") or {}
+    gpu = topo.gpu or {}
+    cpu = topo.cpu or {}
     gpus, findings = [], []
     for g in gpu.get("gpus") or []:
         p = g.get("pcie") or {}
@@ -47,7 +48,7 @@ def topo_summary(topo: dict | None) -> dict[str, Any]:
                     "what_if": "p2p-disabled",
                 }
             )
-    paths = (topo.get("vllm") or {}).get("allreduce_paths") or []
+    paths = (topo.vllm or {}).get("allreduce_paths") or []
     for pth in paths:
         if pth.get("lever") and not pth.get("eligible"):
             findings.append(
@@ -58,12 +59,10 @@ def topo_summary(topo: dict | None) -> dict[str, Any]:
                     "what_if": "one-shot-allreduce" if pth["path"] in ONE_SHOT_PATHS else None,
                 }
             )
-    for f in topo.get("findings") or []:  # a future topo may list its own
-        findings.append(f if isinstance(f, dict) else {"text": str(f)})
-    env = {k: v for k, v in (topo.get("env") or {}).items() if v is not None}
-    scalars = {"summary": topo.get("summary")}
-    if topo.get("gpu_absent_reason"):
-        scalars["GPUs"] = topo["gpu_absent_reason"]
+    env = {k: v for k, v in (topo.env or {}).items() if v is not None}
+    scalars = {"summary": topo.summary}
+    if topo.gpu_absent_reason:
+        scalars["GPUs"] = topo.gpu_absent_reason
     if cpu:
         scalars["CPU"] = (
             f"{cpu.get('model')}, {cpu.get('logical_cpus')} logical CPUs, {len(cpu.get('numa_nodes') or [])} NUMA node(s)"
@@ -78,5 +77,5 @@ def topo_summary(topo: dict | None) -> dict[str, Any]:
         "p2p_read": p2p,
         "nccl_env": env,
         "scalars": {k: v for k, v in scalars.items() if v},
-        "platform": (topo.get("vllm") or {}).get("platform"),
+        "platform": (topo.vllm or {}).get("platform"),
     }

@@ -3,7 +3,8 @@
 Stages talk only through the run directory (DESIGN.md at the repository root), so this is their API.
 `RunDir` (layout.py) reads and writes through the specs below and checks them:
 a table missing a column (or holding the wrong kind of values in it), a JSON
-document missing a key, or a document of another schema version is refused
+document missing a key or holding a value of the wrong type (its dataclass in documents.py or results.py
+says which), or a document of another schema version is refused
 with one line naming the file, the field and the command that writes it
 (`SchemaError`, an `InputError`: exit 2 at the CLI). Absent files are not
 errors: an absent file means "not measured".
@@ -47,8 +48,6 @@ class FileSpec:
     columns: tuple[Col, ...] = ()  # tables: required columns
     optional: tuple[Col, ...] = ()  # tables: columns added later; checked when present, absent in older files
     keys: tuple[str, ...] = ()  # JSON documents: required top-level keys (of each element, for a list)
-    # JSON documents: the type of each value a reader uses, where present ("path:kind", see _field_errors)
-    fields: tuple[str, ...] = ()
     list_doc: bool = False  # JSON document that is a list of objects
     min_version: int = 1  # the oldest schema_version whose layout of this file this tpcomm reads
     redo: str = ""  # how to write it anew from what the run directory holds, when that is possible
@@ -67,10 +66,6 @@ class SchemaError(InputError):
         super().__init__(where, problem, expected or f"the file as `{writer}` writes it; rerun that command")
 
 
-def _fields(spec: str) -> tuple[str, ...]:
-    return tuple(spec.split())
-
-
 def _cols(spec: str) -> tuple[Col, ...]:
     """'name:kind name:kind ...' -> Col tuple (compact, so a schema reads as one block)."""
     return tuple(Col(*c.split(":")) for c in spec.split())
@@ -85,21 +80,18 @@ META = FileSpec(
     "any tpcomm command with --out",
     "tpcomm + stack versions, command lines",
     keys=("created_utc", "versions", "commands"),
-    fields=_fields("created_utc:s versions:o commands:l commands[]:o commands[].command:s commands[].argv:l"),
 )
 STATUS = FileSpec(
     "status.json",
     "json",
     "any tpcomm command with --out",
     "per stage: {state: running|complete|incomplete|failed, utc, ...}",
-    fields=_fields("*:o *.state:s *.utc:s? *.reason:s?"),
 )
 TOPO = FileSpec(
     "topo.json",
     "json",
     "tpcomm topo --out RUN_DIR",
     "GPUs, links, P2P, NUMA, NCCL env",
-    fields=_fields("gpu:o? gpu.gpus:l? vllm:o? vllm.allreduce_paths:l?"),
 )
 PLAN = FileSpec(
     "plan.json",
@@ -107,10 +99,6 @@ PLAN = FileSpec(
     "tpcomm plan --model MODEL --tp N --out RUN_DIR",
     "`tpcomm plan --json`",
     keys=("model", "layout"),
-    fields=_fields(
-        "model:o layout:o layout.tp:i? collectives:l? collectives[]:o collectives[].op:s? collectives[].bytes:n? "
-        "collectives[].count:n? collectives[].batch:i? weights:o?"
-    ),
 )
 PREDICT = FileSpec(
     "predict.json",
@@ -118,11 +106,6 @@ PREDICT = FileSpec(
     "tpcomm predict --model MODEL --tp N --out RUN_DIR",
     "`tpcomm predict --json`",
     keys=("model", "layout", "hardware"),
-    fields=_fields(
-        "model:o layout:o hardware:o single_stream:o? single_stream.tok_per_s:n? single_stream.ms_per_token:n? "
-        "single_stream.breakdown_ms:o? range:o? what_if:l? what_if[]:o batches:l? batches[]:o calibration:o? "
-        "assumptions:l? fitted:l? fitted[]:o"
-    ),
 )
 
 PROBE_RESULTS = FileSpec(
@@ -140,7 +123,6 @@ PROBE_FIT = FileSpec(
     "json",
     PROBE,
     "fitted latency model per backend and op",
-    fields=_fields("models:l? models[]:o models[].segments:l? models[].segments[]:o formula:s?"),
 )
 PROBE_JSONL = FileSpec("probe/results.jsonl", "aux", PROBE, "rank 0's raw record stream")
 REPLAY = FileSpec(
@@ -242,10 +224,6 @@ LOAD_LEVELS = FileSpec(
     "per concurrency level: throughput, percentiles, flags",
     keys=("concurrency", "repeat"),
     list_doc=True,
-    fields=_fields(
-        "concurrency:i repeat:i requests:i? failed:i? tpot_ms_p50:n? itl_burst_pct:n? flags:l? flags[]:s "
-        "conditions:o? hook_problem:s? records_problem:s? worker_problem:s? interrupted:s?"
-    ),
 )
 
 ATTR_STEPS = FileSpec(
@@ -275,7 +253,6 @@ ATTR_TIMELINE = FileSpec(
     ATTRIBUTE,
     "one decode step per rank from the aligned records (what the report draws)",
     keys=("step", "ranks"),
-    fields=_fields("ranks:l ranks[]:o"),
 )
 ATTR_SUMMARY = FileSpec(
     "attribution/summary.json",
@@ -293,11 +270,6 @@ LEVERS = FileSpec(
     "tpcomm attribute / tpcomm trace / tpcomm predict --out RUN_DIR (each after its own file)",
     "tpcomm.analysis.levers.RunLevers: what to set, ranked by effect, the basis of the figures, the inputs' SHA-256",
     keys=("basis", "levers", "bounds", "inputs"),
-    fields=_fields(
-        "basis:s? levers:l levers[]:o levers[].name:s levers[].setting:s levers[].tok_per_s:n? "
-        "levers[].change_pct:n? levers[].tok_per_s_range:o? levers[].basis:s levers[].kind:s bounds:l bounds[]:o "
-        "bounds[].setting:s bounds[].tok_per_s:n? not_offered:l? more_with_predict:b? inputs:o tpcomm:s?"
-    ),
     redo="tpcomm report RUN_DIR computes them again when they are absent or older than their inputs",
 )
 
@@ -463,52 +435,10 @@ def check_json(spec: FileSpec, doc) -> None:
         for k in spec.keys:
             if k not in item:
                 raise SchemaError(spec, "lacks a required key", k)
-        for f in spec.fields:
-            path, kind = f.rsplit(":", 1)
-            _check_field(spec, item, path, kind)
+    # The type of every value a reader uses: the document's dataclass (documents.py), one definition.
+    from tpcomm.rundir.documents import parse
 
-
-# Field kinds of JSON documents: o object, l list, s text, n number, i integer, b true/false; "?" also null.
-_FIELD_KINDS = {"o": "an object", "l": "a list", "s": "text", "n": "a number", "i": "an integer", "b": "true/false"}
-
-
-def _field_ok(v, kind: str) -> bool:
-    if kind.endswith("?"):
-        if v is None:
-            return True
-        kind = kind[:-1]
-    if kind == "o":
-        return isinstance(v, dict)
-    if kind == "l":
-        return isinstance(v, list)
-    if kind == "s":
-        return isinstance(v, str)
-    if kind == "b":
-        return isinstance(v, bool)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    return kind == "n" or isinstance(v, int) or float(v).is_integer()
-
-
-def _check_field(spec: FileSpec, doc, path: str, kind: str) -> None:
-    """Every value at `path` ("a.b", "*" every value of an object, "[]" every element of a list) is of `kind`;
-    an absent value is not checked (required keys are `keys`)."""
-    values = [("", doc)]
-    for part in path.replace("[]", ".[]").split("."):
-        nxt = []
-        for where, v in values:
-            if part == "[]":
-                nxt += [(f"{where}[{i}]", x) for i, x in enumerate(v)] if isinstance(v, list) else []
-            elif part == "*":
-                items = v.items() if isinstance(v, dict) else ()
-                nxt += [(f"{where}.{k}".lstrip("."), x) for k, x in items if k != "schema_version"]
-            elif isinstance(v, dict) and part in v:
-                nxt.append((f"{where}.{part}".lstrip("."), v[part]))
-        values = nxt
-    for where, v in values:
-        if not _field_ok(v, kind):
-            got = "null" if v is None else type(v).__name__.replace("dict", "object").replace("str", "text")
-            raise SchemaError(spec, f"holds {got} where {_FIELD_KINDS[kind.rstrip('?')]} was expected", where)
+    parse(spec, doc)
 
 
 def check_table(spec: FileSpec, df, version=None) -> None:

@@ -89,6 +89,14 @@ class RunDir:
         contract.check_json(spec, doc)
         return doc
 
+    def read(self, name: FileSpec | str) -> Any:
+        """The document as its dataclass (tpcomm/rundir/documents.py; a list for load/levels.json), None where
+        the file is absent; a file that breaks the contract is a SchemaError naming the field."""
+        from tpcomm.rundir.documents import parse
+
+        doc = self.read_json(name)
+        return None if doc is None else parse(_spec(name, "json"), doc)
+
     # ---- tables ---------------------------------------------------------
     def write_table(self, name: FileSpec | str, df: pd.DataFrame) -> Path:
         import io
@@ -160,7 +168,8 @@ class RunDir:
         self.write_json(contract.STATUS, status)
 
     def stage_state(self, stage: str) -> str | None:
-        return (self.read_json(contract.STATUS) or {}).get(stage, {}).get("state")
+        status = self.read(contract.STATUS)
+        return status.state(stage) if status else None
 
 
 def _open(p: Path, spec: FileSpec, limit: int):

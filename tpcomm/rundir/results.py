@@ -30,7 +30,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpcomm.rundir.contract import ATTR_SUMMARY, FileSpec, SchemaError
+import tpcomm
+from tpcomm.rundir.contract import ATTR_SUMMARY, LEVERS, FileSpec, SchemaError
 from tpcomm.terms import ENGINE_TERMS
 
 TERMS = ENGINE_TERMS  # tpcomm/terms.py
@@ -338,6 +339,28 @@ class Attribution:
         return att
 
 
+@dataclass
+class RunLevers:
+    """levers.json (tpcomm/analysis/levers.py computes it): what to set, ranked by effect on single-stream
+    tok/s, with the basis of the figures."""
+
+    basis: str | None  # where the figures come from; None: nothing to size levers on
+    levers: list[Lever] = field(default_factory=list)  # kind "lever", best first
+    bounds: list[Lever] = field(default_factory=list)  # kind "bound" (a measured split states them as a line)
+    not_offered: list[dict[str, str]] = field(default_factory=list)  # {name, why}
+    more_with_predict: bool = False  # sized on the measured split alone: predict --attribution sizes more
+    inputs: dict[str, str | None] = field(default_factory=dict)  # file -> SHA-256 of what was read (None: absent)
+    tpcomm: str = tpcomm.__version__  # the version whose rule (judge/levers.py) computed them: another one recomputes
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> RunLevers:
+        """Every field type-checked: a hand-edited file is a SchemaError, not a crash."""
+        return from_json(cls, d, LEVERS)
+
+
 # ---- (de)serialisation with type checks ---------------------------------------
 def to_json(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
@@ -380,7 +403,7 @@ def _load(tp: Any, v: Any, spec, where: str) -> Any:
         ka, va = typing.get_args(tp) or (str, Any)
         if not isinstance(v, dict):
             raise _bad(spec, where, v, "an object")
-        return {k: _load(va, x, spec, f"{where}.{k}") for k, x in v.items()}
+        return {k: _load(va, x, spec, f"{where}.{k}" if where else str(k)) for k, x in v.items()}
     if tp is Any:
         return v
     if dataclasses.is_dataclass(tp):
