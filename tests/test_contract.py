@@ -133,3 +133,17 @@ def test_truncated_table_is_an_error_not_a_traceback(run, tmp_path):
     r, _ = _report(run, tmp_path)
     assert r.returncode == 2
     assert "attribution/steps.parquet: cannot be read as Parquet" in _one_line_error(r.stderr)
+
+
+def test_a_summary_is_written_as_measured_and_judged_by_its_readers(tmp_path):
+    """Types are checked where a document is written; a summary's figures are judged where it is read: a
+    negative time per token is written by the command that measured it and refused by report and compare."""
+    doc = json.loads((Path(__file__).parent / "data/demo_run/attribution/summary.json").read_text())
+    doc["levels"][0]["engine_ms_per_token"] = -5.0
+    rd = RunDir(tmp_path / "r")
+    rd.write_json(C.ATTR_SUMMARY, doc)
+    with pytest.raises(SchemaError, match=r"levels\[0\]\.engine_ms_per_token"):
+        rd.read(C.ATTR_SUMMARY)
+    doc["levels"][0]["engine_ms_per_token"] = "5 ms"
+    with pytest.raises(SchemaError, match=r"levels\[0\]\.engine_ms_per_token.*text where a number"):
+        rd.write_json(C.ATTR_SUMMARY, doc)

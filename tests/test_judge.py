@@ -163,6 +163,15 @@ def test_a_one_shot_all_reduce_is_offered_only_where_the_machine_allows_it():
         assert L.levers(w, L.Machine(platform="cuda", link="pcie", p2p=True, tp=4, measured_allreduce=[ran]), "b")[0]
 
 
+def test_another_link_is_a_what_if_not_a_lever_whether_or_not_predict_says_so():
+    """predict --attribution writes the nvlink what-if without `lever` (calibrate.py); predict alone with
+    lever false. Either way it is not offered as a setting (it once crashed the levers on a typed what-if)."""
+    for said in ({}, {"lever": False, "lever_note": "no NVLink on this card"}):
+        got, skipped = L.levers([_w("nvlink", 30.0, **said), _w("p2p-disabled", 5.0, **said)], PCIE_TP8, "b")
+        assert got == [] and [s["name"] for s in skipped] == ["nvlink", "p2p-disabled"], skipped
+        assert all(("not a setting" in s["why"]) == (not said) for s in skipped), skipped
+
+
 def test_tp_levers_need_memory_and_gpus_and_a_gain_everywhere():
     got, skipped = L.levers(
         [_w("tp4", 10.0, fits_memory=False), _w("tp16", 10.0), _w("tp2", 15.0, low=-2.0), _w("tp8", 5.0)],

@@ -106,3 +106,20 @@ def test_tgi_is_an_engine_with_nccl_and_a_host_term_stated_as_an_assumption():
     assert not resolve_engine("tgi-2.4-eager").cuda_graphs
     with pytest.raises(InputError, match="tgi"):
         resolve_engine("tgx-2")
+
+
+def test_a_user_profile_named_with_a_number_is_written_to_the_run_directory(tmp_path):
+    """predict.json is checked against its dataclass where it is written (rundir/documents.py): a user's
+    profile may name the card with a number and leave its sources out; the run directory takes it."""
+    from tpcomm.rundir import contract as C
+    from tpcomm.rundir.layout import RunDir
+
+    builtin = load_profile("h20")
+    user = {k: builtin[k] for k in ("memory_GB", "memory_bandwidth_GBps", "bf16_tflops", "link")}
+    f = tmp_path / "5090.json"
+    f.write_text(json.dumps({**user, "name": 5090, "sources": None}))
+    out = tmp_path / "run"
+    rc = main(["predict", "--model", "qwen3-32b", "--tp", "2", "--gpu", str(f), "--out", str(out), "--json"])
+    assert rc in (None, 0)
+    pred = RunDir(out, create=False).read(C.PREDICT)
+    assert pred.hardware.name == "5090" and pred.tok_per_s > 0

@@ -150,7 +150,7 @@ def setting(name: str, w: WhatIf, m: Machine) -> tuple[str | None, str | None]:
         return _rank_skew(m)
     if name.startswith("tp") and name[2:].isdigit():
         return _tp(name, w, m)
-    if name in NOT_SETTABLE and not w.get("lever"):
+    if name in NOT_SETTABLE and not w.lever:
         return None, "not a setting: another link or a risk (see the what-ifs)"
     return None, "no setting known for this what-if"
 

@@ -57,14 +57,15 @@ def described(plan: Plan, hw: dict) -> dict:
         },
         "layout": plan.layout.to_dict(),
         "hardware": {
-            "profile": hw["profile"],
-            "name": hw["name"],
+            # a user's profile file may name them with numbers ("name": 5090): text here, as the report prints them
+            "profile": None if hw["profile"] is None else str(hw["profile"]),
+            "name": None if hw["name"] is None else str(hw["name"]),
             "memory_bandwidth_GBps": hw["memory_bandwidth_GBps"],
             "memory_GB": hw["memory_GB"],
             "bf16_tflops": hw["bf16_tflops"],
             "link": hw["link"],
             "collective_tables": None if hw.get("interconnect_override") else hw.get("collective_tables"),
-            "sources": hw.get("sources", {}),
+            "sources": hw.get("sources") or {},
             "notes": hw.get("notes", []),
         },
     }

@@ -424,7 +424,7 @@ def check_version(spec: FileSpec | str, version) -> None:
         )
 
 
-def check_json(spec: FileSpec, doc) -> None:
+def check_json(spec: FileSpec, doc, writing: bool = False) -> None:
     items = doc if spec.list_doc else [doc]
     if spec.list_doc and not isinstance(doc, list):
         raise SchemaError(spec, f"is a JSON {type(doc).__name__}, not a list of objects")
@@ -438,7 +438,7 @@ def check_json(spec: FileSpec, doc) -> None:
     # The type of every value a reader uses: the document's dataclass (documents.py), one definition.
     from tpcomm.rundir.documents import parse
 
-    parse(spec, doc)
+    parse(spec, doc, writing)
 
 
 def check_table(spec: FileSpec, df, version=None) -> None:

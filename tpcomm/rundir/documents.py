@@ -150,7 +150,7 @@ class Hardware:
     memory_bandwidth_GBps: float | None = None
     memory_GB: float | None = None
     link: dict[str, Any] | None = None
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, Any] = field(default_factory=dict)  # input -> where its value comes from
 
 
 @dataclass
@@ -324,9 +324,12 @@ TYPES: dict[str, type] = {
 }
 
 
-def parse(spec: FileSpec, doc: Any) -> Any:
+def parse(spec: FileSpec, doc: Any, writing: bool = False) -> Any:
     """The document as its dataclass (a list of them for a list document; `Status` for status.json), every
-    value a reader uses checked against its annotation; a document without a dataclass as it is."""
+    value a reader uses checked against its annotation; a document without a dataclass as it is. `writing`:
+    types only. A summary's figures are judged by its readers (Attribution.from_json refuses a negative time
+    per token), never by the command that measured them: `attribute` writes what it measured and
+    `report` / `compare` say what is wrong with it."""
     if spec is C.STATUS or spec.path == C.STATUS.path:
         if not isinstance(doc, dict):
             raise SchemaError(spec, f"holds a JSON {type(doc).__name__} where an object was expected")
@@ -335,7 +338,7 @@ def parse(spec: FileSpec, doc: Any) -> Any:
     tp = TYPES.get(spec.path)
     if tp is None:
         return doc
-    if tp is Attribution:
+    if tp is Attribution and not writing:
         return Attribution.from_json(doc)
     if spec.list_doc:
         return [from_json(tp, item, spec, f"[{i}]") for i, item in enumerate(doc)]

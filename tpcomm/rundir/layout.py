@@ -73,7 +73,9 @@ class RunDir:
         for item in obj if spec.list_doc and isinstance(obj, list) else [obj]:
             if isinstance(item, dict):
                 item["schema_version"] = contract.SCHEMA_VERSION
-        contract.check_json(spec, obj)  # a writer that drifts from the contract fails here, not in a reader
+        contract.check_json(
+            spec, obj, writing=True
+        )  # a writer that drifts from the contract fails here, not in a reader
         return safefs.write_atomic(self.path, str(name), (json.dumps(obj, indent=2) + "\n").encode())
 
     def read_json(self, name: FileSpec | str, default: Any = None) -> Any:
