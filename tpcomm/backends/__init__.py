@@ -36,6 +36,9 @@ from pathlib import Path
 FOLDER = Path(__file__).resolve().parent
 PLATFORMS = ("cuda", "rocm", "cpu")
 TIMELINES = ("device", "host")
+# The hook's `path` column: the vLLM code path that issued a call (GroupCoordinator, or the fused FlashInfer
+# all-reduce + RMSNorm kernel that bypasses it; hook/fused.py).
+GC_PATH, FUSED_PATH = "group_coordinator", "flashinfer_fused_ar_rmsnorm"
 
 
 class BackendError(ValueError):
@@ -55,6 +58,11 @@ class TraceRule:
     @functools.cached_property
     def pattern(self) -> re.Pattern:
         return re.compile(self.regex)
+
+    @property
+    def path(self) -> str:
+        """What the hook's `path` column says for the same call."""
+        return FUSED_PATH if self.fused else GC_PATH
 
 
 @dataclass(frozen=True)

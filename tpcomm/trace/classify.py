@@ -19,34 +19,15 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
 
 from tpcomm import backends
+from tpcomm.backends import TraceRule as Rule  # family, timeline, pattern, example, source, path, op
 
-DEVICE, HOST = "device", "host"
-GC, FUSED = "group_coordinator", "flashinfer_fused_ar_rmsnorm"
+DEVICE, HOST = backends.TIMELINES
+GC, FUSED = backends.GC_PATH, backends.FUSED_PATH
 
-
-@dataclass(frozen=True)
-class Rule:
-    family: str
-    timeline: str  # DEVICE: kernel names; HOST: CPU op / annotation names
-    pattern: re.Pattern
-    example: str  # a real kernel or op name this rule matches
-    source: str  # where that name comes from: repository, file, commit
-    path: str = GC
-    op: str | None = None  # fixed op; None: read from the name or the metadata
-
-
-def _rules() -> tuple[Rule, ...]:
-    """The trace rules of every backend (tpcomm/backends/*.json "trace"), in the registry's order."""
-    return tuple(
-        Rule(r.family, r.timeline, r.pattern, r.example, r.source, FUSED if r.fused else GC, r.op)
-        for r in backends.trace_rules()
-    )
-
-
-RULES: tuple[Rule, ...] = _rules()
+# The trace rules of every backend (tpcomm/backends/*.json "trace"), in the registry's order.
+RULES: tuple[Rule, ...] = tuple(backends.trace_rules())
 
 # CPU-side containers of a transfer counted elsewhere (the kernel, or the shm op inside): known, not counted.
 # Whatever the backend: tpcomm's and torch's own ranges, vLLM's custom ops; then each backend's (its JSON file).
