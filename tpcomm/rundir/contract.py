@@ -23,6 +23,7 @@ Units are in column names (`*_us`, `*_ms`, `*_ns`, `bytes`, `*_GBps` = 1e9 B/s).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tpcomm.errors import InputError
 
@@ -424,7 +425,8 @@ def check_version(spec: FileSpec | str, version) -> None:
         )
 
 
-def check_json(spec: FileSpec, doc, writing: bool = False) -> None:
+def check_json(spec: FileSpec, doc, writing: bool = False) -> Any:
+    """Checks `doc` against `spec` and returns it as its dataclass (documents.parse)."""
     items = doc if spec.list_doc else [doc]
     if spec.list_doc and not isinstance(doc, list):
         raise SchemaError(spec, f"is a JSON {type(doc).__name__}, not a list of objects")
@@ -438,7 +440,7 @@ def check_json(spec: FileSpec, doc, writing: bool = False) -> None:
     # The type of every value a reader uses: the document's dataclass (documents.py), one definition.
     from tpcomm.rundir.documents import parse
 
-    parse(spec, doc, writing)
+    return parse(spec, doc, writing)
 
 
 def check_table(spec: FileSpec, df, version=None) -> None:

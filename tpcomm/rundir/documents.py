@@ -106,8 +106,8 @@ class PlanModel:
 @dataclass
 class PlanCollective:
     op: str
-    bytes: float
-    count: float
+    bytes: int  # per rank per call
+    count: int  # calls per decode step
     batch: int = 1
     group: str | None = None
     group_size: int | None = None

@@ -73,31 +73,32 @@ class RunDir:
         for item in obj if spec.list_doc and isinstance(obj, list) else [obj]:
             if isinstance(item, dict):
                 item["schema_version"] = contract.SCHEMA_VERSION
-        contract.check_json(
-            spec, obj, writing=True
-        )  # a writer that drifts from the contract fails here, not in a reader
+        contract.check_json(spec, obj, writing=True)  # a writer that drifts from the contract fails here
         return safefs.write_atomic(self.path, str(name), (json.dumps(obj, indent=2) + "\n").encode())
 
     def read_json(self, name: FileSpec | str, default: Any = None) -> Any:
+        """The document as written (checked against its dataclass); `default` where the file is absent."""
+        got = self._load_json(name)
+        return default if got is None else got[0]
+
+    def read(self, name: FileSpec | str) -> Any:
+        """The document as its dataclass (tpcomm/rundir/documents.py; a list for load/levels.json), None where
+        the file is absent; a file that breaks the contract is a SchemaError naming the field."""
+        got = self._load_json(name)
+        return None if got is None else got[1]
+
+    def _load_json(self, name: FileSpec | str) -> tuple[Any, Any] | None:
+        """(the document as written, as its dataclass), parsed once; None where the file is absent."""
         spec = _spec(name, "json")
         p = self.path / str(name)
         if not p.exists():
-            return default
+            return None
         try:  # bounded: depth, NaN/infinities, huge integers (jsonsafe.py); size by _read
             doc = jsonsafe.loads(_read(p, spec, safefs.MAX_JSON_BYTES), spec.path)
         except jsonsafe.BadJSON as e:
             hint = "; it may be truncated" if e.problem.startswith("is not valid JSON") else ""
             raise SchemaError(spec, e.problem + hint) from None
-        contract.check_json(spec, doc)
-        return doc
-
-    def read(self, name: FileSpec | str) -> Any:
-        """The document as its dataclass (tpcomm/rundir/documents.py; a list for load/levels.json), None where
-        the file is absent; a file that breaks the contract is a SchemaError naming the field."""
-        from tpcomm.rundir.documents import parse
-
-        doc = self.read_json(name)
-        return None if doc is None else parse(_spec(name, "json"), doc)
+        return doc, contract.check_json(spec, doc)
 
     # ---- tables ---------------------------------------------------------
     def write_table(self, name: FileSpec | str, df: pd.DataFrame) -> Path:
