@@ -147,3 +147,10 @@ def test_a_summary_is_written_as_measured_and_judged_by_its_readers(tmp_path):
     doc["levels"][0]["engine_ms_per_token"] = "5 ms"
     with pytest.raises(SchemaError, match=r"levels\[0\]\.engine_ms_per_token.*text where a number"):
         rd.write_json(C.ATTR_SUMMARY, doc)
+
+
+def test_the_plan_reads_back_with_whole_counts_and_bytes():
+    """plan.json's counts and bytes are integers (the report once printed "61.0" calls per step)."""
+    plan = RunDir(Path(__file__).parents[1] / "reports/runs/kimi-k2.5-int4-tp8-rtx-pro-6000", create=False).read(C.PLAN)
+    o_proj = next(c for c in plan.collectives if c.site == "model.layers.*.self_attn.o_proj" and c.batch == 1)
+    assert (o_proj.count, o_proj.bytes) == (61, 14336) and type(o_proj.count) is int and type(o_proj.bytes) is int
