@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 from conftest import tp_backend
+from hookwait import wait_armed
 
 from tpcomm.analysis.closure import HELD, STALLED
 from tpcomm.attribute.cli import attribute
@@ -276,8 +277,7 @@ def test_server_killed_mid_run_leaves_incomplete_run_dir(keyed_server, tmp_path)
         from tpcomm.attribute.hook_client import HookClient
 
         hook = HookClient(keyed_server.url, api_key=KEY, timeout_s=10)
-        while not str(hook.status().get("session") or "").endswith("-c2-r0") and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_armed(hook, "-c2-r0", p, out, timeout=max(1.0, deadline - time.monotonic()))  # once a second
         time.sleep(0.5)  # a few C=2 requests under way
         os.killpg(os.getpgid(keyed_server.proc.pid), signal.SIGKILL)
         stdout, stderr = p.communicate(timeout=300)

@@ -24,13 +24,26 @@ from tpcomm.procid import identity  # noqa: E402
 class _Hook:
     """The hook's router on a real HTTP server, with `workers` as the API server last saw them."""
 
-    def __init__(self, workers: dict[int, tuple]):
+    def __init__(self, workers: dict[int, tuple], late_s: list[float] | None = None):
+        """`late_s`: how late the first answers come (one per answer, in order; then on time)."""
+        import asyncio
+
         from fastapi import FastAPI
 
         from tpcomm.hook.routes import router
 
         app = FastAPI()
         app.include_router(router)
+        self.asked = 0
+        late = list(late_s or [])
+
+        @app.middleware("http")
+        async def _late(request, call_next):
+            self.asked += 1
+            if late:
+                await asyncio.sleep(late.pop(0))
+            return await call_next(request)
+
         app.state.tpcomm_engine = "not used by /workers"
         app.state.tpcomm_workers = workers
         with socket.socket() as s:
@@ -285,6 +298,40 @@ def test_a_death_ends_the_round_after_a_grace_even_with_streams_open(procs):
         assert abort() is None  # not at once: requests that fail by themselves name the death first
         time.sleep(3.1)  # ranks.DEATH_ABORT_S
         assert abort() == DEAD_IN_FLIGHT
+    finally:
+        watch.stop()
+        hook.stop()
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
+def test_a_late_first_look_is_asked_again_not_left_unwatched(procs, monkeypatch):
+    """The level's first look at the workers times out once (a loaded host): the watch asks again and then
+    names a death, instead of leaving the level unwatched (CI, stop 38: a kill told as "server stopped
+    answering")."""
+    import tpcomm.attribute.ranks as ranks
+
+    monkeypatch.setattr(ranks, "LOOK_TIMEOUT_S", 0.5)
+    hook = _Hook(_seen(procs), late_s=[2.0])
+    watch = RankWatch(hook.info, concurrency=2, poll_s=5).start()
+    try:
+        assert watch.note is None and sorted(watch.local) == [0, 1, 2], watch.note
+        os.kill(procs[1].pid, signal.SIGKILL)
+        death = watch.stop(requests_failed=True)
+    finally:
+        hook.stop()
+    assert hook.asked >= 2
+    assert death is not None and (death.rank, death.seen_by) == (1, "pidfd")
+
+
+def test_a_look_late_every_time_leaves_the_level_unwatched_and_says_so(procs, monkeypatch):
+    import tpcomm.attribute.ranks as ranks
+
+    monkeypatch.setattr(ranks, "LOOK_TIMEOUT_S", 0.3)
+    hook = _Hook(_seen(procs), late_s=[1.0] * ranks.START_TRIES)
+    watch = RankWatch(hook.info, concurrency=2).start()
+    try:
+        assert watch.local == {} and watch.note.startswith("TP ranks not watched: ")
+        assert f"({ranks.START_TRIES} looks)" in watch.note, watch.note
     finally:
         watch.stop()
         hook.stop()

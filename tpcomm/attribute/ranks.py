@@ -47,6 +47,11 @@ DEATH_ABORT_S = 3.0  # a worker dead this long and requests still in flight: the
 # The API server dying at most this long after the first rank (or before it) is a whole-server stop: when one
 # rank fails, vLLM's engine core shuts the rest down and the API server exits only after it noticed (seconds).
 WHOLE_S = 0.25  # measured: a whole-group SIGKILL had the API server end 150 ms before rank 0's exit was seen
+# The level's first look at the workers: one late answer (a loaded host: 2 cores, TP workers spinning) is asked
+# again, LOOK_TIMEOUT_S each, before the level goes unwatched. CI failed once so (stop 38): the look timed out, a
+# worker killed in that level was then told as "server stopped answering".
+START_TRIES = 3
+LOOK_TIMEOUT_S = 5.0
 _STOPPED_STATES = ("T", "t")
 
 
@@ -159,20 +164,15 @@ class RankWatch:
         self._asking: threading.Thread | None = None
         self._remote = False  # workers not on this machine (watched through the HTTP look alone)
         # One connection for every look: start(), then the HTTP watch thread only (and stop() after joining it).
-        self._hook = HookClient(info.url, api_key=info.api_key, timeout_s=5, keep_alive=True, verify=info.verify)
+        self._hook = HookClient(
+            info.url, api_key=info.api_key, timeout_s=LOOK_TIMEOUT_S, keep_alive=True, verify=info.verify
+        )
 
     def start(self) -> RankWatch:
-        try:
-            doc = self._hook.workers_doc()
-            ws = list(doc.get("workers") or [])
-        except records.HookError as e:
-            # An older hook without the route answers 404: say that, not the plugin's enable hint.
-            self.note = "TP ranks not watched: " + (
-                "the server's tpcomm hook has no /tpcomm/v1/workers route (an older tpcomm)"
-                if isinstance(e, HookUnavailable)
-                else str(e)
-            )
+        doc = self._first_look()
+        if doc is None:
             return self
+        ws = list(doc.get("workers") or [])
         if not ws:
             self.note = "the hook listed no workers: TP ranks not watched"
             return self
@@ -194,6 +194,26 @@ class RankWatch:
         for t in self._threads:
             t.start()
         return self
+
+    def _first_look(self) -> dict | None:
+        """The workers' pids and identities; None (and `note` says why) when they cannot be had."""
+        for attempt in range(START_TRIES):
+            try:
+                return self._hook.workers_doc()
+            except HookTimeout as e:  # late, not absent: look again
+                if attempt < START_TRIES - 1:
+                    continue
+                why = f"{e} ({START_TRIES} looks)"
+            except records.HookError as e:
+                # An older hook without the route answers 404: say that, not the plugin's enable hint.
+                why = (
+                    "the server's tpcomm hook has no /tpcomm/v1/workers route (an older tpcomm)"
+                    if isinstance(e, HookUnavailable)
+                    else str(e)
+                )
+            self.note = "TP ranks not watched: " + why
+            return None
+        return None
 
     def stop(self, requests_failed: bool = False) -> RankDeath | None:
         """Stop watching; one last look first, so a death just before the end is not missed.
