@@ -443,3 +443,34 @@ def test_one_stream_at_a_time_pairs_requests_in_send_order_whatever_the_wall_clo
     assert problem is None and pairs["paired"].all(), pairs[["request_id", "why"]]
     first = {int(r): min(s) for r, s in zip(pairs["request_id"], pairs["steps"])}
     assert first == {0: 0, 1: 40, 2: 80, 3: 120, 4: 160}, first
+
+
+def test_a_peer_that_stamps_its_step_end_late_does_not_move_the_token():
+    """Rank 1 stamps the end of each request's last decode step 15 ms late (descheduled after its step's work on
+    a busy host; the multinode run of 2026-12-05 saw 1.7 s and a closure of +11.4%). vLLM takes the step's
+    output from rank 0 alone (its output rank), so the token left on time: paired by rank 0's step ends the
+    closure holds; by the mean over ranks it fails (this is what the test guards)."""
+    from tpcomm.analysis import pairing
+
+    coll, steps, _ = make_records(steps=660, prefill_every=33, seed=5)
+    rows = _rows1(coll, steps)
+    req, tok = make_client(steps)
+    last = rows[rows["kind"] == "decode"].groupby(rows["step"] // 33)["step"].max()  # each request's last step
+    late = (rows["rank"] == 1) & rows["step"].isin(last)
+    rows.loc[late, "t_end_ns"] += 15_000_000
+    assert pairing.output_rank([0, 1], 2) == 0
+    mean = client_side(rows, req, tok, 1)["closure"]
+    own = client_side(rows, req, tok, 1, out_rank=0)["closure"]
+    assert mean.judged and mean.ok is False and mean.diff_pct > 10, mean
+    assert own.judged and own.ok and abs(own.diff_pct) < 0.5, own
+
+
+def test_the_output_rank_is_the_first_tp_rank_of_the_last_stage():
+    """vLLM 0.32 MultiprocExecutor._get_output_rank: world size - TP (PCP 1)."""
+    from tpcomm.analysis.pairing import output_rank
+
+    assert output_rank([0, 1], 2) == 0
+    assert output_rank([0, 1, 2, 3], 2) == 2  # TP 2 x PP 2
+    assert output_rank([0, 1], 1) == 1  # PP 2, one rank per stage
+    assert output_rank([0, 1], None) is None and output_rank([], 2) is None
+    assert output_rank([1], 2) is None  # rank 0 not recorded: the mean over ranks, not a guess

@@ -174,6 +174,7 @@ def analyse_run_dir(
         backends=sorted(coll["backend"].unique().tolist()),
         timing=sorted(coll["timing"].unique().tolist()),
     )
+    out_rank = pairing.output_rank(att.conditions["ranks"], tp)
     att.alignment = alignment_quality(aligned)
     aligned_lv = assign_levels(aligned, windows)
     plans: dict = {}
@@ -211,7 +212,7 @@ def analyse_run_dir(
         tok = tokens[(tokens["concurrency"] == c) & (tokens["repeat"] == rep)]
         same = delivery.one_clock(nodes, att.conditions)
         mine = level_step_requests(step_reqs, lreq)
-        doc = _level(lv, win, rows, al, st, lreq, tok, cc, sites, same, source, mine, every_step)
+        doc = _level(lv, win, rows, al, st, lreq, tok, cc, sites, same, source, mine, every_step, out_rank)
         doc.incomplete = complete.level_incomplete(lv, doc.seqs_per_step)
         att.levels.append(doc)
         if text := closure_text(c, rep, doc.closure, doc.stalls, doc.delivery_term):
@@ -236,6 +237,7 @@ def client_side(
     same_clock: bool = False,
     step_reqs: pd.DataFrame | None = None,
     every_step: pd.DataFrame | None = None,
+    out_rank: int | None = None,
 ) -> dict:
     """One level's client side beside its engine rows (rank_steps rows of the level, all kinds): the engine's
     split over the whole window, stalls, each request paired with its own steps (pairing.py), the closure and
@@ -246,24 +248,25 @@ def client_side(
     of the level's requests each step served (hook/step_requests.parquet): above C=1 the pairing then rests on
     them, not on the client's clock, and on the rows of their own steps (from `every_step`, rank_steps rows of
     the whole run, where given: a level's window leaves out its closed loop's tail, where fewer than C streams
-    ran, yet the requests of the tail made tokens there too)."""
+    ran, yet the requests of the tail made tokens there too). `out_rank`: the rank whose step end makes a token
+    (pairing.output_rank; None: the mean over ranks)."""
     whole = engine_split(rows)
     stalls = find_stalls(tokens, whole["engine_ms_per_token"])
     ok = requests[requests["ok"]] if "ok" in requests.columns else requests
     spans = pairing.client_spans(ok, tokens, whole["engine_ms_per_token"])
     by_ids = concurrency != 1 and step_reqs is not None and not step_reqs.empty
     if concurrency == 1:
-        pairs, problem = pairing.by_prefill(rows, spans, ok)
+        pairs, problem = pairing.by_prefill(rows, spans, ok, out_rank)
         how = "prefill segments"
     elif by_ids:
         if every_step is not None:
             rows_ids = every_step[every_step["step"].isin(step_reqs["step"].unique())]
         else:
             rows_ids = rows
-        pairs, problem = pairing.by_request_steps(rows_ids, step_reqs, spans, ok), None
+        pairs, problem = pairing.by_request_steps(rows_ids, step_reqs, spans, ok, out_rank), None
         how = "request ids"
     else:
-        pairs, problem = pairing.by_client_times(rows, spans), None
+        pairs, problem = pairing.by_client_times(rows, spans, out_rank), None
         how = "client times"
     cz, dl, compared = closure(pairs, concurrency, how, problem)
     held = sorted(int(r) for r in spans.loc[~spans["observed"], "request_id"])
@@ -282,7 +285,9 @@ def client_side(
     else:
         src = rows_ids if by_ids else rows
         first: dict = {}
-        per_req, _ = delivery.token_delays(pairs, src, tokens, ok, token_steps=by_ids, earliest=first)
+        per_req, _ = delivery.token_delays(
+            pairs, src, tokens, ok, token_steps=by_ids, earliest=first, out_rank=out_rank
+        )
         mine = {int(r) for r, _, _ in per_req}
         own = {s for ids in pairs.loc[pairs["request_id"].isin(mine), "steps"] for s in ids}
         five = engine_split(src[src["step"].isin(own)]) if own else whole
@@ -311,11 +316,24 @@ def client_side(
 
 
 def _level(
-    lv, win, rows, al, st, lreq, tok, cc, sites, same_clock=False, source="hook", step_reqs=None, every_step=None
+    lv,
+    win,
+    rows,
+    al,
+    st,
+    lreq,
+    tok,
+    cc,
+    sites,
+    same_clock=False,
+    source="hook",
+    step_reqs=None,
+    every_step=None,
+    out_rank=None,
 ) -> LevelSplit:
     """One level's split, client side and closure (see the module docstring and closure.py)."""
     c, rep = lv.concurrency, lv.repeat
-    cs = client_side(rows, lreq, tok, c, same_clock, step_reqs, every_step)
+    cs = client_side(rows, lreq, tok, c, same_clock, step_reqs, every_step, out_rank)
     whole, sp = cs["whole"], cs["split"]
     flags = []
     if (lv.itl_burst_pct or 0) > 10:

@@ -50,15 +50,17 @@ def token_delays(
     requests: pd.DataFrame,
     token_steps: bool = False,
     earliest: dict | None = None,
+    out_rank: int | None = None,
 ):
     """Per request paired by prefill segments (pairing.by_prefill rows with `steps`) or, `token_steps`, by the request
     ids the hook recorded (pairing.by_request_steps: `steps` are the steps that made its tokens 0..n-1):
     (request_id, made_ns, arrived_ns) arrays of its tokens, and {request_id: why not} for the others.
     `earliest`: a dict that receives {request_id: the earliest rank's end of each token's step} (a token cannot
-    reach the client before the first rank that finished its step: a descheduled peer ends later)."""
+    reach the client before the first rank that finished its step: a descheduled peer ends later). A token is
+    made when `out_rank`'s step ends (pairing.step_ends: the rank vLLM takes the output from)."""
     from tpcomm.analysis.pairing import DECODE, PREFILL, STEPPED, step_ends
 
-    s = step_ends(rank_rows).set_index("step")
+    s = step_ends(rank_rows, out_rank).set_index("step")
     n_tok = requests.set_index("request_id")["output_tokens"]
     by_req = {int(r): g.sort_values("token_idx") for r, g in tokens.groupby("request_id")}
     out, why = [], {}

@@ -6,6 +6,9 @@ token k at the end of its k-th decode step. Over tokens k0..k1 of one request:
     client_ms_per_token = (arrival of token k1 - arrival of token k0) / (k1 - k0)
     engine_ms_per_token = (end of the step that made k1 - end of the step that made k0) / (k1 - k0)
 
+"The end of the step" is the end on the rank vLLM takes the step's output from (its output rank: rank 0 with
+TP alone), not a mean over ranks: a peer descheduled after its step's work stamps its end late without
+delaying the token (step_ends).
 A fixed delay between engine and client (API server, network) cancels in each difference. Which tokens:
 the client's first and last burst. An API server that falls behind delivers several tokens at once (in one
 chunk, or in chunks back to back); such a burst arrives when its LAST token was made, so a burst counts
@@ -120,15 +123,34 @@ def client_spans(requests: pd.DataFrame, tokens: pd.DataFrame, period_ms: float 
     return pd.DataFrame(rows, columns=SPAN_COLUMNS)
 
 
-def step_ends(rank_rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per step of the level (all kinds): kind and end time averaged over ranks (t_end_ns) and the
-    earliest rank's end (t_first_end_ns), on the step clock rank_steps put the rows on (the GPU's where the
-    worker recorded it, else the host's)."""
+def output_rank(ranks: list[int] | None, tp: int | None) -> int | None:
+    """The rank whose step output vLLM's executor takes (MultiprocExecutor._get_output_rank, vLLM 0.32: the
+    first TP rank of the last PP stage, world size - TP x PCP; PCP 1 assumed); None where TP or the ranks are
+    not known, or that rank is not among them."""
+    if not ranks or not isinstance(tp, int) or tp < 1:
+        return None
+    r = max(ranks) + 1 - tp
+    return r if r in ranks else None
+
+
+def step_ends(rank_rows: pd.DataFrame, out_rank: int | None = None) -> pd.DataFrame:
+    """One row per step of the level (all kinds): kind, when its token was made (t_end_ns) and the earliest
+    rank's end (t_first_end_ns), on the step clock rank_steps put the rows on (the GPU's where the worker
+    recorded it, else the host's).
+
+    t_end_ns is the end of `out_rank`'s step (output_rank()) where that rank recorded every step here: vLLM
+    takes the step's output from that rank alone, so a peer descheduled after its step's work (its end stamped
+    late on a busy host, seen: 1.7 s) does not delay the token, and must not move the step's end (a mean over
+    ranks did: that closure read +11.4%). Without it, the mean over ranks."""
     rows = rank_rows[rank_rows["kind"] != "empty"]  # no token made in an empty step (PP batch-queue slots)
     g = rows.groupby("step", sort=True)
-    return g.agg(
-        kind=("kind", "first"), t_end_ns=("t_end_ns", "mean"), t_first_end_ns=("t_end_ns", "min")
-    ).reset_index()
+    out = g.agg(kind=("kind", "first"), t_end_ns=("t_end_ns", "mean"), t_first_end_ns=("t_end_ns", "min")).reset_index()
+    if out_rank is not None:
+        own = rows[rows["rank"] == out_rank].groupby("step")["t_end_ns"].first()
+        made = out["step"].map(own)
+        if len(out) and made.notna().all():
+            out["t_end_ns"] = made.astype(float)
+    return out
 
 
 def _unmatched(s: pd.DataFrame, starts: np.ndarray, requests: pd.DataFrame, most: int = 3) -> str:
@@ -160,11 +182,13 @@ def _unmatched(s: pd.DataFrame, starts: np.ndarray, requests: pd.DataFrame, most
     return f"; prefill steps ending between a request's send and its first token: {shown}" if odd else ""
 
 
-def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+def by_prefill(
+    rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFrame, out_rank: int | None = None
+) -> tuple[pd.DataFrame, str | None]:
     """Engine time per token of each request (one stream at a time) over the client's k0..k1. Returns
     (spans + engine_ms_per_token, steps (its segment's step ids), paired, why), and a level-wide reason when
-    the requests and the prefill steps do not match one to one."""
-    s = step_ends(rank_rows)
+    the requests and the prefill steps do not match one to one. `out_rank`: see step_ends."""
+    s = step_ends(rank_rows, out_rank)
     out = spans.copy()
     out["engine_ms_per_token"], out["engine_ms_span"], out["paired"], out["why"] = np.nan, np.nan, False, ""
     out["steps"] = [[] for _ in range(len(out))]
@@ -211,12 +235,16 @@ def by_prefill(rank_rows: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFr
 
 
 def by_request_steps(
-    rank_rows: pd.DataFrame, step_reqs: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFrame
+    rank_rows: pd.DataFrame,
+    step_reqs: pd.DataFrame,
+    spans: pd.DataFrame,
+    requests: pd.DataFrame,
+    out_rank: int | None = None,
 ) -> pd.DataFrame:
     """Engine time per token of each request from the steps the hook saw serve it (`step_reqs`: rank, step,
     request, tokens; the lowest rank's rows). Same columns as by_prefill; `steps` holds the steps that made its
     tokens 0..n-1, in order."""
-    s = step_ends(rank_rows)
+    s = step_ends(rank_rows, out_rank)
     ends = dict(zip(s["step"].to_numpy().tolist(), s["t_end_ns"].to_numpy(dtype=float)))
     out = spans.copy()
     out["engine_ms_per_token"], out["engine_ms_span"], out["paired"], out["why"] = np.nan, np.nan, False, ""
@@ -268,10 +296,10 @@ def by_request_steps(
     return out
 
 
-def by_client_times(rank_rows: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
+def by_client_times(rank_rows: pd.DataFrame, spans: pd.DataFrame, out_rank: int | None = None) -> pd.DataFrame:
     """Engine time per token of each request (several streams per step): the steps that ended by the client's
     receipt of tokens k0 and k1 (one wall clock assumed). Same columns as by_prefill."""
-    s = step_ends(rank_rows)
+    s = step_ends(rank_rows, out_rank)
     ends, ids = s["t_end_ns"].to_numpy(dtype=float), s["step"].to_numpy()
     out = spans.copy()
     out["engine_ms_per_token"], out["engine_ms_span"], out["paired"], out["why"] = np.nan, np.nan, False, ""

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from tpcomm.analysis.attribution import client_side, level_step_requests, on_one_clock
+from tpcomm.analysis.pairing import output_rank
 from tpcomm.analysis.split import carries_collectives, decode_pairs, sampled_mask, terms_from_sums
 from tpcomm.rundir import contract as C
 from tpcomm.rundir.layout import RunDir
@@ -81,6 +82,7 @@ def load_samples(rd: RunDir, att: Attribution) -> tuple[dict[tuple[int, int], Le
         tok = tok[tok["request_id"].isin(req["request_id"])]
     out = {}
     every = _every_step(rd) if sreq is not None and not sreq.empty else None
+    out_rank = output_rank(att.conditions.get("ranks"), att.conditions.get("tp"))  # as analyse_run_dir
     for lv in att.levels:
         if not lv.attributed or lv.engine_ms_per_token is None:
             continue
@@ -89,7 +91,7 @@ def load_samples(rd: RunDir, att: Attribution) -> tuple[dict[tuple[int, int], Le
         lreq = req[(req["concurrency"] == c) & (req["repeat"] == rep)]
         ltok = tok[(tok["concurrency"] == c) & (tok["repeat"] == rep)]
         mine = level_step_requests(sreq, lreq)
-        out[(c, rep)] = level_sample(lv, rows, lreq, ltok, att.conditions.get("output_len"), mine, every)
+        out[(c, rep)] = level_sample(lv, rows, lreq, ltok, att.conditions.get("output_len"), mine, every, out_rank)
     return out, None
 
 
@@ -127,11 +129,12 @@ def level_sample(
     output_len: int | None,
     step_reqs: pd.DataFrame | None = None,
     every_step: pd.DataFrame | None = None,
+    out_rank: int | None = None,
 ) -> LevelSample:
     """The level's decode pairs in blocks (see the module docstring); `point` = the block sums' estimate.
     `step_reqs`: the level's rows of hook/step_requests.parquet (client_side pairs by them above C=1)."""
     c = lv.concurrency
-    cs = client_side(rows, req, tok, c, step_reqs=step_reqs, every_step=every_step)
+    cs = client_side(rows, req, tok, c, step_reqs=step_reqs, every_step=every_step, out_rank=out_rank)
     compared = cs["compared"]
     pairs_doc = cs["pairs"]
     by_request = bool(cs["split_requests"])
