@@ -91,6 +91,13 @@ def test_topo_names_only_registered_paths_and_the_hook_tags_match_the_fused_rows
     assert plugin.SYMM_TAG == REG["nccl-symm-mem"].hook_tag
     fused_families = {r.family for r in REG["flashinfer-fused-ar-rmsnorm"].trace}
     assert fused_families == {fused.BACKEND_PREFIX + w for w in ("trtllm", "mnnvl")}
+    # The code path's name: the hook (standard library only inside vLLM), topo and the plan spell the registry's
+    from tpcomm.hook.recorder import GROUP_COORDINATOR
+    from tpcomm.plan.collectives import Collective
+    from tpcomm.topo import fusion
+
+    assert fused.PATH == fusion.PATH == backends.FUSED_PATH
+    assert GROUP_COORDINATOR == Collective.__dataclass_fields__["path"].default == backends.GC_PATH
 
 
 def test_the_probes_implemented_are_the_registrys_and_the_one_shot_set_is_read_from_it():
