@@ -31,7 +31,7 @@ from tpcomm.predict.ranges import MEMORY_EFFICIENCY_RANGE, Input, central_knobs,
 from tpcomm.predict.validation import Result, load_rows, model_of
 
 GPU_GROUPS = {
-    "a100": ("a100-sxm", "a100-pcie"),
+    "a100": ("a100-sxm", "a100-pcie", "a100-sxm-40gb"),
     "h20": ("h20",),
     "rtx-pro-6000": ("rtx-pro-6000", "rtx-pro-6000-server"),
 }
