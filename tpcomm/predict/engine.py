@@ -1,6 +1,7 @@
 """The serving engine's own cost per decode step: the host term, eager launch cost, and which all-reduce kernel
 it runs. `--engine` names it (`vllm-0.32`, `vllm-0.6.3`, `vllm-0.32-no-async`, `vllm-0.32-eager`,
-`sglang-0.4.6`, `transformers`); the default is the installed vLLM, else the version tpcomm's plan follows.
+`sglang-0.4.6`, `tgi-1.0.3-eager`, `gpt-fast`, `transformers`); the default is the installed vLLM, else the
+version tpcomm's plan follows.
 
 Host term (ms per decode step on the critical path at batch 1: scheduling, input preparation, sampling, output
 processing that the GPU waits for). A range per engine and version, each figure with its public source below
@@ -70,6 +71,17 @@ HOST = {
         "gRPC and waits for their reply, with no overlap of the next step's scheduling (assumption: no public TP-1 "
         "row of TGI is in the validation table; range as SGLang before its overlap scheduler)",
     ),
+    "gpt-fast": (
+        0.0,
+        0.1,
+        0.5,
+        "gpt-fast (meta-pytorch/gpt-fast, PyTorch-native, `generate.py --compile`): decode_one_token is compiled with "
+        "torch.compile(mode='reduce-overhead', fullgraph=True), so each step, sampling included, replays as one CUDA "
+        "graph, and the decode loop (decode_n_tokens) keeps the tokens on the GPU with no host sync per token "
+        "(multinomial_sample_one_no_sync; the benchmark's callback is the identity): the CPU queues the next step while "
+        "the GPU runs, so ~0 ms of host is on the critical path (low end); high end 0.5 ms: the graph replay's Python "
+        "per step, were it exposed (assumption); every rank runs the same loop under torchrun, no driver broadcast",
+    ),
     "eager": (
         0.3,
         1.0,
@@ -121,9 +133,9 @@ V1_DEFAULT = (0, 8)  # vLLM 0.8.0 made V1 the default engine
 ASYNC_DEFAULT = (0, 14)  # vLLM 0.14 turned async scheduling on by default (vLLM PR 27614, v0.14 release notes)
 CUSTOM_AR_DEFAULT = (0, 4, 1)  # vLLM's custom all-reduce on by default (vLLM PR 4040)
 SGLANG_OVERLAP = (0, 4)  # SGLang 0.4 introduced the overlap ("zero-overhead") scheduler
-FAMILIES = ("vllm", "sglang", "tgi", "transformers")
+FAMILIES = ("vllm", "sglang", "tgi", "gpt-fast", "transformers")
 FORMS = (
-    "vllm[-VERSION][-eager][-no-async][-v0], sglang[-VERSION][-eager], tgi[-VERSION][-eager], transformers "
+    "vllm[-VERSION][-eager][-no-async][-v0], sglang[-VERSION][-eager], tgi[-VERSION][-eager], gpt-fast, transformers "
     "(e.g. vllm-0.32, vllm-0.6.3-eager, vllm-0.32-no-async, sglang-0.4.6, tgi-2.4)"
 )
 
@@ -131,7 +143,7 @@ FORMS = (
 @dataclass(frozen=True)
 class Engine:
     name: str
-    family: str  # vllm | sglang | tgi | transformers
+    family: str  # vllm | sglang | tgi | gpt-fast | transformers
     version: str | None
     runner: str  # a key of HOST
     cuda_graphs: bool
@@ -164,11 +176,13 @@ class Engine:
         """vLLM (>= 0.4.1) and SGLang run their own one-shot/two-shot all-reduce where eligible; transformers
         (accelerate device_map) does not all-reduce at all, but its TP mode uses torch.distributed (NCCL).
         vLLM's custom all-reduce came with PR 2192 (January 2024), was turned off by default by PR 2808 (February
-        2024) and back on by PR 4040 (April 2024, vLLM 0.4.1): earlier vLLM runs NCCL."""
+        2024) and back on by PR 4040 (April 2024, vLLM 0.4.1): earlier vLLM runs NCCL. gpt-fast's README runs TP
+        with ENABLE_INTRA_NODE_COMM=1: PyTorch's intra-node all-reduce (one-shot/two-shot over NVLink P2P, c10d
+        IntraNodeComm) for the small decode all-reduces, the same kind of kernel as vLLM's."""
         if self.family == "vllm" and self.version:
             parts = tuple(int(x) for x in re.findall(r"\d+", self.version)[:3])
             return parts >= CUSTOM_AR_DEFAULT
-        return self.family in ("vllm", "sglang")
+        return self.family in ("vllm", "sglang", "gpt-fast")
 
     def describe(self) -> str:
         h = self.host_ms
@@ -219,7 +233,8 @@ def resolve_engine(spec: str | None = None) -> Engine:
         return Engine(**{**eng.__dict__, "notes": (*eng.notes, f"default engine: the vLLM {why}")})
     s = spec.strip().lower()
     m = re.fullmatch(
-        r"(vllm|sglang|tgi|transformers|hf)(?:-(\d+(?:\.\d+){0,2}[\w.+]*?))?((?:-(?:eager|no-async|sync|v0))*)", s
+        r"(vllm|sglang|tgi|gpt-fast|transformers|hf)(?:-(\d+(?:\.\d+){0,2}[\w.+]*?))?((?:-(?:eager|no-async|sync|v0))*)",
+        s,
     )
     if not m:
         raise InputError(f"--engine {spec}", "is not an engine name", FORMS)
@@ -245,6 +260,8 @@ def resolve_engine(spec: str | None = None) -> Engine:
         runner = "sglang-overlap" if v is None or v >= SGLANG_OVERLAP else "sglang"
     elif family == "tgi":
         runner = "tgi"  # NCCL all-reduce through torch.distributed: no custom all-reduce (custom_allreduce)
+    elif family == "gpt-fast":
+        runner = "gpt-fast"  # torch.compile reduce-overhead: CUDA graphs unless -eager (generate.py without --compile)
     else:
         if "v0" in flags or (v is not None and v < V1_DEFAULT):
             runner = "vllm-v0"
@@ -255,7 +272,11 @@ def resolve_engine(spec: str | None = None) -> Engine:
     h = HOST[runner]
     tp = HOST_TP.get(runner, HOST_TP_NONE)
     launch = LAUNCH_US["vllm"] if eager else None
-    notes = () if version else (f"{family} version not given: the newest behaviour ({runner}) assumed",)
+    notes = (
+        ()
+        if version or family == "gpt-fast"
+        else (f"{family} version not given: the newest behaviour ({runner}) assumed",)
+    )
     return Engine(
         spec,
         family,
