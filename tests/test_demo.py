@@ -97,27 +97,27 @@ def test_demo_end_to_end(tmp_path, no_pooled_server):
 
         rep = analyze(out)
         v = rep.verdict
-        assert v["source"] == "measured" and v["split"]["source"] == "measured"
+        assert v.source == "measured" and v.split.source == "measured"
         assert rep["ladder"].available and rep["breakdown"].available and rep["timeline"].available
         # The replay ran too, and its section sits beside the hook's in-serving figures.
         assert stages["replay"] == "ok" and rep["replay"].available
         # The headline is the split's total, and the closure check's outcome is stated, whichever it is.
-        lv = v["level"]
-        assert sum(v["split"]["terms"].values()) == pytest.approx(v["numbers"]["ms_per_token"], rel=0.01)
+        lv = v.level
+        assert sum(v.split.terms.values()) == pytest.approx(v.numbers["ms_per_token"], rel=0.01)
         assert lv.closure.judged, lv.closure
         # A failed pace closure that the five terms (delivery included, issue 31) account for is named as
         # delivery, not as a failed closure; otherwise page one says CLOSURE FAILED exactly when it failed.
-        said = " ".join(v["sentences"])
+        said = " ".join(v.sentences)
         explained = lv.delivery_term is not None and lv.delivery_term.ok
         assert ("CLOSURE FAILED" in said) == (lv.closure.ok is False and not explained), said
         assert ("the cause is delivery" in said) == (lv.closure.ok is False and explained), said
         # predict ran anchored on the measured split, so page one's levers are sized on this run (on a loaded
         # host the delivery rule's lever, sized on the five-term split itself, may come first: issue 31).
-        assert stages["predict"] == "ok" and v["levers"], stages
-        anchored = [lv_ for lv_ in v["levers"] if "anchored on this run" in lv_.basis]
+        assert stages["predict"] == "ok" and v.levers, stages
+        anchored = [lv_ for lv_ in v.levers if "anchored on this run" in lv_.basis]
         assert anchored and all(
-            "anchored on this run" in x.basis or x.name == "api-server-delivery" for x in v["levers"]
-        ), [(x.name, x.basis) for x in v["levers"]]
+            "anchored on this run" in x.basis or x.name == "api-server-delivery" for x in v.levers
+        ), [(x.name, x.basis) for x in v.levers]
     assert not _wait_gone(str(out / "model")), "the vLLM server outlived the demo"
     print(f"demo took {took:.0f} s; stages {stages}")
 

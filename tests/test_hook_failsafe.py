@@ -325,7 +325,7 @@ def test_lost_terms_are_not_measured_in_the_split_and_named_on_page_one(tmp_path
         "compute, transfer and wait not measured" in lv.note and "graph timing off" in lv.note for lv in att.levels
     )
     assert att.headline is None
-    warning = analyze(run).verdict["warning"]
+    warning = analyze(run).verdict.warning
     assert "graph timing off: capture failed: RuntimeError: capture failed here" in warning
     summary = json.loads((run / "attribution/summary.json").read_text())
     assert any("graph timing off" in x for x in summary["not_timed"])

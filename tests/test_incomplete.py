@@ -75,7 +75,7 @@ def test_the_summary_carries_the_judgement_and_no_headline_comes_from_an_incompl
     assert summ["headline"] is None and summ["verdict"] is None
     assert summ["levels"][0]["attributed"]  # what was measured stays
     page = analyze(run).verdict
-    assert any(s.startswith("No headline: every measured level is incomplete") for s in page["sentences"]), page
+    assert any(s.startswith("No headline: every measured level is incomplete") for s in page.sentences), page
 
 
 def test_error_pages_are_one_line():

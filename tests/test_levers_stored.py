@@ -59,8 +59,8 @@ def test_the_report_lays_out_the_stored_levers(measured, tmp_path):
     doc.pop("schema_version", None)
     rd.write_json(C.LEVERS, doc)  # inputs unchanged: the digests still match
     v = analyze(run).verdict
-    assert [lv.setting for lv in v["levers"]] == ["STORED-LEVER-MARKER=1"]
-    assert "computed by the report" not in (v.get("levers_note") or "")
+    assert [lv.setting for lv in v.levers] == ["STORED-LEVER-MARKER=1"]
+    assert "computed by the report" not in (v.levers_note or "")
 
 
 def test_an_input_written_after_the_levers_makes_the_report_compute_them_and_say_why(measured, tmp_path):
@@ -73,17 +73,17 @@ def test_an_input_written_after_the_levers_makes_the_report_compute_them_and_say
     topo = {"gpu": {"gpus": []}, "vllm": {"platform": "cpu", "allreduce_paths": []}}
     rd.write_json(C.TOPO, topo)  # `tpcomm topo --out` after attribute: an input newer than the levers
     v = analyze(run).verdict
-    assert "STALE-MARKER=1" not in [lv.setting for lv in v["levers"]]
-    assert "Levers computed by the report: levers.json is older than topo.json" in (v.get("levers_note") or "")
+    assert "STALE-MARKER=1" not in [lv.setting for lv in v.levers]
+    assert "Levers computed by the report: levers.json is older than topo.json" in (v.levers_note or "")
 
 
 def test_a_run_directory_without_levers_json_gets_them_computed_and_says_so(measured, tmp_path):
     run = _copy(measured, tmp_path / "run")
     (run / "levers.json").unlink()
     v = analyze(run).verdict
-    assert "levers.json absent" in (v.get("levers_note") or "")
+    assert "levers.json absent" in (v.levers_note or "")
     stored = levers.RunLevers.from_json(RunDir(measured, create=False).read_json(C.LEVERS))
-    assert [lv.setting for lv in v["levers"]] == [lv.setting for lv in stored.levers][:5]
+    assert [lv.setting for lv in v.levers] == [lv.setting for lv in stored.levers][:5]
 
 
 def test_predict_out_rewrites_the_levers_on_its_own_basis(tmp_path):
@@ -101,8 +101,8 @@ def test_predict_out_rewrites_the_levers_on_its_own_basis(tmp_path):
     # PCIe TP 8: the one-shot all-reduce is offered, by its environment variable (judge/levers.py's rule)
     assert any("FLASHINFER_PCIE_IPC" in lv["setting"] for lv in doc["levers"]), doc["levers"]
     v = analyze(run).verdict
-    assert [lv.setting for lv in v["levers"]] == [lv["setting"] for lv in doc["levers"]][:5]
-    assert "computed by the report" not in (v.get("levers_note") or "")
+    assert [lv.setting for lv in v.levers] == [lv["setting"] for lv in doc["levers"]][:5]
+    assert "computed by the report" not in (v.levers_note or "")
 
 
 @pytest.mark.parametrize(
@@ -131,8 +131,8 @@ def test_a_hand_edited_levers_json_is_refused_named_and_recomputed(measured, tmp
     got, why = levers.current(RunDir(run, create=False))
     assert why and why.startswith("levers.json refused"), why
     rep = analyze(run)
-    assert "levers.json refused" in (rep.verdict.get("levers_note") or "")
-    assert rep.verdict["levers"]  # the recomputed ones, and page one is whole
+    assert "levers.json refused" in (rep.verdict.levers_note or "")
+    assert rep.verdict.levers  # the recomputed ones, and page one is whole
     render_markdown(rep, tmp_path / "report.md")  # lays out without a traceback
 
 

@@ -55,14 +55,14 @@ def test_int4_report_states_the_range_and_does_not_decide(reports):
     page1, text = _pdf_text(run / "report.pdf")
     t = doc["range"]["single_stream"]["tok_per_s"]
     v = analyze(run).verdict
-    assert v["verdict"].statement == doc["range"]["verdict"]["statement"]
-    assert v["verdict"].interconnect_is_bottleneck is None and v["verdict"].decided is False
+    assert v.verdict.statement == doc["range"]["verdict"]["statement"]
+    assert v.verdict.interconnect_is_bottleneck is None and v.verdict.decided is False
     assert "The model cannot decide whether the interconnect is the bottleneck" in page1
     assert f"{t['low']:.1f}-{t['high']:.1f} tok/s single stream" in page1  # the bounds sentence
     assert "tpcomm attribute --server-url URL" in page1
     assert "range over its stated inputs" in page1  # levers carry their range
     # Every lever on page 1 helps at every corner of the range, and names what to set.
-    for lv in v["levers"]:
+    for lv in v.levers:
         w = next(x for x in doc["what_if"] if x["name"] == lv.name)
         assert w["delta_pct_range"]["low"] > 0 and lv.setting.split()[0] in page1
     assert "whiskers = range over the stated inputs" in text and "ms per token (model-based): total" in text

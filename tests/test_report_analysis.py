@@ -45,18 +45,18 @@ def test_model_based_page_one_comes_from_predict(case_study):
     path, doc = case_study
     v = analyze(path).verdict
     ss = doc["single_stream"]
-    assert v["source"] == "model-based" and "MODEL-BASED" in v["headline"]
-    assert v["numbers"]["tok_per_s"] == ss["tok_per_s"] and fmt(ss["tok_per_s"]) in v["headline"]
+    assert v.source == "model-based" and "MODEL-BASED" in v.headline
+    assert v.numbers["tok_per_s"] == ss["tok_per_s"] and fmt(ss["tok_per_s"]) in v.headline
     # The verdict is predict's own range verdict, read unchanged: a yes/no only where the whole range agrees.
-    assert v["verdict"].statement == doc["range"]["verdict"]["statement"]
-    assert v["verdict"].interconnect_is_bottleneck == doc["range"]["verdict"]["interconnect_is_bottleneck"]
-    assert v["split"]["total_ms"] == pytest.approx(sum(ss["breakdown_ms"].values()))
+    assert v.verdict.statement == doc["range"]["verdict"]["statement"]
+    assert v.verdict.interconnect_is_bottleneck == doc["range"]["verdict"]["interconnect_is_bottleneck"]
+    assert v.split.total_ms == pytest.approx(sum(ss["breakdown_ms"].values()))
 
 
 def test_levers_name_what_to_set_and_only_what_the_machine_allows(case_study):
     path, doc = case_study
     v = analyze(path).verdict
-    by = {lv.name: lv for lv in v["levers"]}
+    by = {lv.name: lv for lv in v.levers}
     # PCIe TP 8: the one-shot all-reduce is FlashInfer's PCIe IPC, named by its environment variable.
     assert "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1" in by["one-shot-allreduce"].setting
     w = {x["name"]: x for x in doc["what_if"]}
@@ -64,8 +64,8 @@ def test_levers_name_what_to_set_and_only_what_the_machine_allows(case_study):
     # NVLink is another machine, P2P off a risk, TP 4 does not fit: what-ifs, never levers.
     assert not {"nvlink", "p2p-disabled", "tp4", "tp2", "tp1"} & set(by)
     # "Collectives cost nothing" is a bound, not a lever row: the model's verdict states it over its range.
-    assert "no-interconnect-cost" not in by and v["bounds"] == [] and "free interconnect" in " ".join(v["sentences"])
-    changes = [lv.change_pct for lv in v["levers"]]
+    assert "no-interconnect-cost" not in by and v.bounds == [] and "free interconnect" in " ".join(v.sentences)
+    changes = [lv.change_pct for lv in v.levers]
     assert changes == sorted(changes, reverse=True) and all(c > 0 for c in changes)
 
 
@@ -97,7 +97,7 @@ def test_model_based_page_one_read_back(case_study, tmp_path):
     rep = analyze(path)
     text, prose, boxes, figure_fonts = _page_one(render_pdf(rep, tmp_path / "case.pdf"))
     v = rep.verdict
-    assert fmt(v["numbers"]["tok_per_s"]) in text and "MODEL-BASED" in text
+    assert fmt(v.numbers["tok_per_s"]) in text and "MODEL-BASED" in text
     assert figure_fonts and "ms per token (model-based" in text  # the bar, vector with searchable labels
     assert boxes and "what to set" in text and "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1" in text
     assert len(prose) <= PROSE_MAX_WORDS, " ".join(w["text"] for w in prose)
@@ -106,7 +106,7 @@ def test_model_based_page_one_read_back(case_study, tmp_path):
 def test_missing_everything_is_not_an_error(tmp_path):
     rep = analyze(RunDir(tmp_path).path)
     assert not any(s.available for k, s in rep.sections.items() if k != "methods")
-    assert rep.verdict["numbers"] == {} and rep["verdict"].not_measured
+    assert rep.verdict.numbers == {} and rep["verdict"].not_measured
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +123,12 @@ def test_measured_headline_is_the_split_total_and_page_one_reads_back(measured, 
     lv = att.headline_level()
     t = lv.per_token_ms
     # One denominator: the headline is the engine's per-token time and the four terms add up to it.
-    assert v["source"] == "measured" and v["numbers"]["ms_per_token"] == lv.engine_ms_per_token
+    assert v.source == "measured" and v.numbers["ms_per_token"] == lv.engine_ms_per_token
     assert t.total == pytest.approx(lv.engine_ms_per_token, rel=1e-9)
     assert sum(lv.shares_pct.values()) == pytest.approx(100.0, abs=1e-9)
     # The one bottleneck rule, the same in attribute's summary and on the page.
-    assert v["verdict"] == bottleneck.measured(t) == att.verdict
-    assert len(v["sentences"]) <= 3
+    assert v.verdict == bottleneck.measured(t) == att.verdict
+    assert len(v.sentences) <= 3
     text, prose, boxes, fonts = _page_one(render_pdf(rep, tmp_path / "m.pdf"))
     assert (
         f"{fmt(1e3 / lv.engine_ms_per_token)} tok/s" in text and f"{fmt(lv.engine_ms_per_token)} ms per token" in text
@@ -198,7 +198,7 @@ def test_a_killed_server_run_says_incomplete_and_blames_no_plugin(tmp_path):
     summ["headline"], summ["verdict"] = None, None
     (run / "attribution/summary.json").write_text(json.dumps(summ))
     d = analyze(run).verdict
-    text = d["warning"] + " " + " ".join(d["sentences"])
+    text = d.warning + " " + " ".join(d.sentences)
     assert "INCOMPLETE run: attribute (server stopped answering)" in text
     assert "without the tpcomm plugin" not in text
 
@@ -222,5 +222,5 @@ def test_what_the_hook_could_not_time_is_on_page_one(measured, tmp_path):
     (run / "hook/status.json").write_text(json.dumps(st))
     att = analyse_run_dir(run, model_source=str(run / "model_config.json"))
     assert len(att.not_timed) == 2 and "TPCOMM_GRAPH_TIMING=1" in att.not_timed[0] and "GEMM" in att.not_timed[1]
-    warning = analyze(run).verdict["warning"]
+    warning = analyze(run).verdict.warning
     assert "Not timed by the hook" in warning and "GEMM + TP all-reduce" in warning and "Lamport" not in warning

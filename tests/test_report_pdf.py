@@ -135,12 +135,12 @@ def test_measured_report_numbers_match_analysis(tmp_path):
     shutil.copytree(DEMO_RUN, run)
     rep = analyze(run)
     v = rep.verdict
-    assert v["source"] == "measured"
+    assert v.source == "measured"
     out = render_pdf(rep, run / "report.pdf")
     pages = pdf_pages_text(out)
     page1 = " ".join(pages[0].split())
-    assert v["headline"] in page1
-    for sentence in v["sentences"]:
+    assert v.headline in page1
+    for sentence in v.sentences:
         assert sentence.split(",")[0] in page1
     text = "\n".join(pages)
     for key, title in SECTION_TITLES.items():
@@ -168,8 +168,8 @@ def test_no_probe_no_plugin_run_renders(tmp_path):
     shutil.copy2(DEMO_RUN / "plan.json", run / "plan.json")
     rep = analyze(run)
     v = rep.verdict
-    assert v["source"] == "measured" and v.get("split") is None
-    assert "transfer_pct" not in v["numbers"]  # no split is not a 0% split
+    assert v.source == "measured" and v.split is None
+    assert "transfer_pct" not in v.numbers  # no split is not a 0% split
     assert rep["ladder"].available and not rep["breakdown"].available and not rep["timeline"].available
     out = render_pdf(rep, run / "report.pdf")
     text = " ".join(" ".join(pdf_pages_text(out)).split())
@@ -195,9 +195,9 @@ def test_verdict_shares_read_back_from_the_pdf_sum_to_100(tmp_path):
     total, ms, pct = got
     assert abs(sum(pct) - 100) <= 0.05, pct  # largest-remainder rounding: exactly 100.0
     assert sum(ms) == pytest.approx(total, rel=0.02)  # printed to ~3 digits each
-    n = rep.verdict["numbers"]
+    n = rep.verdict.numbers
     assert total == float(fmt(n["ms_per_token"])) and f"{fmt(n['tok_per_s'])} tok/s" in page1
-    lv = rep.verdict["level"]
+    lv = rep.verdict.level
     assert ("CLOSURE FAILED" in page1) == (lv.closure.ok is False)
     assert "Closure" in page1 and (lv.closure.client_ms is None or fmt(n["client_ms_per_token_p50"]) in page1)
     # The stacked bar's axis names the headline it ends at.

@@ -96,9 +96,7 @@ def test_a_trace_import_is_a_run_directory_the_report_renders_as_its_split(tmp_p
         lv.per_token_ms.transfer / lv.engine_ms_per_token
     )
     v = analyze(run).verdict
-    assert v["source"] == "measured" and "torch-profiler traces" in v["conditions"]
-    assert (
-        v["numbers"]["ms_per_token"] == lv.engine_ms_per_token and "no client timings in traces" in v["sentences"][-1]
-    )
+    assert v.source == "measured" and "torch-profiler traces" in v.conditions
+    assert v.numbers["ms_per_token"] == lv.engine_ms_per_token and "no client timings in traces" in v.sentences[-1]
     r = CliRunner().invoke(cli, ["report", str(run)])
     assert r.exit_code == 0, r.output

@@ -24,6 +24,7 @@ from tpcomm.analysis.closure import closure_text
 from tpcomm.judge import definitions
 from tpcomm.report import readers
 from tpcomm.report.first_page import page_one
+from tpcomm.report.sections import PageOne
 from tpcomm.rundir.documents import SingleStream
 from tpcomm.rundir.layout import RunDir
 
@@ -83,7 +84,7 @@ class Report:
         return self.sections[key]
 
     @property
-    def verdict(self) -> dict[str, Any]:
+    def verdict(self) -> PageOne:
         return self.sections["verdict"].data
 
 
@@ -105,9 +106,7 @@ def analyze(run_dir: str | Path) -> Report:
         )
     }
     sections["replay"] = _guarded("replay", inp, shape, _replay, inp, sections["breakdown"], cmds)
-    sections["verdict"] = _guarded(
-        "verdict", inp, shape, page_one, inp, cmds, Section("verdict", SECTION_TITLES["verdict"], False)
-    )
+    sections["verdict"] = _guarded("verdict", inp, shape, page_one, inp, cmds, _new("verdict"))
     sections["methods"] = _guarded("methods", inp, shape, _methods, inp, sections)
     for key, sec in sections.items():
         sec.unreadable = [inp.errors[f] for f in SECTION_FILES.get(key, ()) if f in inp.errors]
@@ -131,7 +130,7 @@ def _guarded(key: str, inp: readers.Inputs, shape: dict[str, str], build, *args)
 
 
 def _new(key: str) -> Section:
-    return Section(key, SECTION_TITLES[key], False)
+    return Section(key, SECTION_TITLES[key], False, PageOne() if key == "verdict" else {})
 
 
 def _system(inp: readers.Inputs, cmds: dict[str, str]) -> Section:

@@ -65,7 +65,7 @@ def report(run_dir: str, out: str | None, no_markdown: bool, as_json: bool) -> N
                     # Numbers as numbers (tpcomm.rundir.results' types as JSON), the sentences as printed.
                     "page_one": to_json(
                         {
-                            k: rep.verdict.get(k)
+                            k: getattr(rep.verdict, k)
                             for k in ("source", "headline", "numbers", "sentences", "verdict", "levers", "bounds")
                         }
                     ),
@@ -80,7 +80,7 @@ def report(run_dir: str, out: str | None, no_markdown: bool, as_json: bool) -> N
             )
         )
     else:
-        for line in rep.verdict.get("sentences", []):
+        for line in rep.verdict.sentences:
             click.echo(line)
         missing = [k for k, s in rep.sections.items() if not s.available]
         click.echo(

@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg", force=False)
 from matplotlib.figure import Figure  # noqa: E402  (pyplot-free: no global state, no GUI)
 
+from tpcomm.report.sections import PageOne  # noqa: E402
 from tpcomm.terms import BY_NAME, ENGINE, ENGINE_TERMS  # noqa: E402
 
 matplotlib.rcParams.update(
@@ -56,14 +57,14 @@ def to_svg_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def fig_token_split(page: dict[str, Any]) -> Figure | None:
+def fig_token_split(page: PageOne) -> Figure | None:
     """One horizontal bar: where the milliseconds of one token go; it ends at the headline's per-token time."""
-    split = page.get("split")
+    split = page.split
     if not split:
         return None
-    total = split["total_ms"]
-    terms = {k: v for k, v in split["terms"].items() if isinstance(v, (int, float)) and v > 0}
-    shares = split.get("shares_pct") or {k: 100.0 * v / total for k, v in terms.items()}
+    total = split.total_ms
+    terms = {k: v for k, v in split.terms.items() if isinstance(v, (int, float)) and v > 0}
+    shares = split.shares_pct or {k: 100.0 * v / total for k, v in terms.items()}
     fig = Figure(figsize=(WIDTH_IN, 1.2))
     ax = fig.add_subplot()
     left = 0.0
@@ -71,12 +72,12 @@ def fig_token_split(page: dict[str, Any]) -> Figure | None:
         label = f"{k.replace('_', ' ')} {v:.3g} ms ({shares.get(k, 0):.1f}%)"
         ax.barh([0], [v], left=left, color=COLORS.get(k, None), label=label)
         left += v
-    tpot = page.get("client_ms") if split.get("source") == "measured" else None
+    tpot = page.client_ms if split.source == "measured" else None
     if tpot:
         ax.plot([tpot], [0], "k^", ms=5, mfc="white", label=f"client {tpot:.3g} ms per token (p50; not in the split)")
     ax.set_xlim(0, max(left, tpot or 0) * 1.05 or 1)
     ax.set_yticks([])
-    ax.set_xlabel(f"ms per token ({split.get('source')}; the bar ends at the headline's {total:.3g} ms)")
+    ax.set_xlabel(f"ms per token ({split.source}; the bar ends at the headline's {total:.3g} ms)")
     ax.legend(ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.grid(False, axis="y")
     return fig

@@ -11,8 +11,6 @@ Units: *_ms milliseconds per token, tok/s per stream, *_pct percent.
 
 from __future__ import annotations
 
-from typing import Any
-
 from tpcomm.analysis import levers as run_levers
 from tpcomm.columns import fmt
 from tpcomm.judge import bottleneck, complete, definitions
@@ -20,6 +18,7 @@ from tpcomm.judge import delivery as deliver
 from tpcomm.judge import levers as L
 from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.report import readers
+from tpcomm.report.sections import PageOne, TokenSplit
 from tpcomm.rundir.documents import Prediction
 from tpcomm.rundir.results import Attribution, LevelSplit, Verdict
 from tpcomm.terms import BY_NAME
@@ -28,7 +27,7 @@ TOP_LEVERS = 5
 
 
 def page_one(inp: readers.Inputs, cmds: dict[str, str], s):
-    d: dict[str, Any] = {"source": None, "sentences": [], "levers": [], "bounds": [], "definitions": [], "numbers": {}}
+    d = PageOne()
     s.data = d
     att: Attribution | None = inp.attribution
     head = att.headline_level() if att else None
@@ -41,12 +40,11 @@ def page_one(inp: readers.Inputs, cmds: dict[str, str], s):
             "Not timed by the hook (in no term; their time counts as compute): " + "; ".join(att.not_timed) + "."
         )
     if warn:
-        d["warning"] = " ".join(warn)
+        d.warning = " ".join(warn)
     if head is not None:
         _measured(d, att, head, inp)
-    elif client := _client_only(inp):
-        d.update(client)
-        d["sentences"].append(
+    elif _client_only(d, inp):
+        d.sentences.append(
             f"Where each token goes: not measured ({readers.no_split_reason(inp)}). Measure it with: "
             f"{cmds['attribute_plugin']}"
         )
@@ -54,7 +52,7 @@ def page_one(inp: readers.Inputs, cmds: dict[str, str], s):
     elif pred:
         _model(d, pred, inp)
     elif bad := _incomplete_levels(inp):
-        d["sentences"].append(
+        d.sentences.append(
             "No headline: every measured level is incomplete ("
             + "; ".join(f"C={c} repeat {r}: {why}" for (c, r), why in bad[:4])
             + f"). Measure again with: {cmds['attribute']}"
@@ -62,31 +60,27 @@ def page_one(inp: readers.Inputs, cmds: dict[str, str], s):
         s.missing("single-stream tok/s from a complete level", cmds["attribute"])
         return s
     else:
-        d["sentences"].append("No measurement and no prediction in this run directory: nothing to conclude yet.")
+        d.sentences.append("No measurement and no prediction in this run directory: nothing to conclude yet.")
         s.missing("single-stream tok/s and its split (measured)", cmds["attribute"])
         s.missing("single-stream tok/s (model-based)", cmds["predict"])
         return s
     s.available = True
-    s.conditions = d["conditions"]
-    d["levers"], d["bounds"], d["levers_note"] = _levers(inp, cmds)
-    d["definitions"] = _definitions(d)
+    s.conditions = d.conditions
+    d.levers, d.bounds, d.levers_note = _levers(inp, cmds)
+    d.definitions = _definitions(d)
     return s
 
 
-def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) -> None:
+def _measured(d: PageOne, att: Attribution, lv: LevelSplit, inp: readers.Inputs) -> None:
     t, ms = lv.per_token_ms, lv.engine_ms_per_token
     cond = att.conditions
-    d.update(
-        source="measured",
-        level=lv,
-        verdict=att.verdict,
-        split={"terms": t.as_dict(), "total_ms": ms, "shares_pct": lv.shares_pct, "source": "measured"},
-    )
-    n = d["numbers"]
+    d.source, d.level, d.verdict = "measured", lv, att.verdict
+    d.split = TokenSplit(t.as_dict(), ms, "measured", lv.shares_pct)
+    n = d.numbers
     n.update(tok_per_s=1e3 / ms, ms_per_token=ms, concurrency=lv.concurrency, clock=lv.clock)
     n.update({f"{k}_ms": v for k, v in t.as_dict().items()})
     n.update({f"{k}_pct": v for k, v in (lv.shares_pct or {}).items()})
-    d["headline"] = (
+    d.headline = (
         f"Single stream: {fmt(1e3 / ms)} tok/s ({fmt(ms)} ms per token, engine, {lv.clock} clock, C={lv.concurrency})"
     )
     # The client beside it: what the closure compares (per request, over the tokens it could time), never the
@@ -94,18 +88,18 @@ def _measured(d: dict, att: Attribution, lv: LevelSplit, inp: readers.Inputs) ->
     cz = lv.closure
     if cz is not None and cz.client_ms:
         n["client_ms_per_token_p50"] = cz.client_ms
-        d["client_ms"] = cz.client_ms
-        d["headline"] += f"; the client {fmt(cz.client_ms)} ms per token (p50 of {cz.requests} requests it could time)"
+        d.client_ms = cz.client_ms
+        d.headline += f"; the client {fmt(cz.client_ms)} ms per token (p50 of {cz.requests} requests it could time)"
     if lv.client and lv.client.tpot_ms_p50:
         n["client_tpot_ms_p50"] = lv.client.tpot_ms_p50
     src = "measured from torch-profiler traces" if att.source == "trace" else "measured (tpcomm hook)"
-    d["conditions"] = f"{src}: " + readers.short_conditions(cond)
-    d["sentences"].append(att.verdict.statement)
+    d.conditions = f"{src}: " + readers.short_conditions(cond)
+    d.sentences.append(att.verdict.statement)
     plat = machine(inp, lv).platform
     if capped := deliver.statement(lv.delivery_term, lv.host_load, plat):
-        d["sentences"].append(capped)
-    d["sentences"].append(_closure_sentence(lv))
-    d["five"] = five_terms_table(lv)
+        d.sentences.append(capped)
+    d.sentences.append(_closure_sentence(lv))
+    d.five = five_terms_table(lv)
     dt = lv.delivery_term
     if dt is not None and dt.measured:
         n.update(delivery_ms=dt.ms, client_ms_per_token=dt.client_ms, five_term_sum_ms=dt.sum_ms)
@@ -197,9 +191,10 @@ def _incomplete_levels(inp: readers.Inputs) -> list[tuple[tuple, str]]:
     return out
 
 
-def _client_only(inp: readers.Inputs) -> dict | None:
+def _client_only(d: PageOne, inp: readers.Inputs) -> bool:
     """No split (plugin off): the headline is the client's TPOT p50 at the lowest complete concurrency level (an
-    incomplete one, judge/complete.py, gives none: failed or coalesced streams once made it 80554 tok/s)."""
+    incomplete one, judge/complete.py, gives none: failed or coalesced streams once made it 80554 tok/s). False
+    (and `d` untouched) where no level gives one."""
     bad = dict(_incomplete_levels(inp))
     lv = level_that_speaks(
         inp.levels or [],
@@ -208,18 +203,17 @@ def _client_only(inp: readers.Inputs) -> dict | None:
         incomplete=lambda x: bad.get((x.concurrency, x.repeat)),
     )
     if lv is None:
-        return None
+        return False
     c, ms = lv.concurrency, lv.tpot_ms_p50
     cond = readers.short_conditions(readers.levels_conditions(inp.levels))
-    return {
-        "source": "measured",
-        "headline": f"Single stream: {fmt(1e3 / ms)} tok/s (client TPOT p50 {fmt(ms)} ms, C={c}); no per-token split",
-        "numbers": {"tok_per_s": 1e3 / ms, "ms_per_token": ms, "concurrency": c, "client_tpot_ms_p50": ms},
-        "conditions": "measured (client only): " + cond,  # no split: the load's own conditions
-    }
+    d.source = "measured"
+    d.headline = f"Single stream: {fmt(1e3 / ms)} tok/s (client TPOT p50 {fmt(ms)} ms, C={c}); no per-token split"
+    d.numbers = {"tok_per_s": 1e3 / ms, "ms_per_token": ms, "concurrency": c, "client_tpot_ms_p50": ms}
+    d.conditions = "measured (client only): " + cond  # no split: the load's own conditions
+    return True
 
 
-def _model(d: dict, pred: Prediction, inp: readers.Inputs) -> None:
+def _model(d: PageOne, pred: Prediction, inp: readers.Inputs) -> None:
     ss = pred.single_stream
     rg = pred.range or {}
     tr = (rg.get("single_stream") or {}).get("tok_per_s")
@@ -239,28 +233,24 @@ def _model(d: dict, pred: Prediction, inp: readers.Inputs) -> None:
             f"The interconnect is {'' if c['bottleneck'] else 'not '}the bottleneck in the model: "
             f"{bottleneck.pct(c['share'])}% of each token.",
         )
-    d.update(source="model-based", verdict=v, split={"terms": br, "total_ms": total, "source": "model-based"})
+    d.source, d.verdict, d.split = "model-based", v, TokenSplit(br, total, "model-based")
     fitted = next(
         (b.get("fitted_to_tok_per_s") for b in pred.batches if b.get("batch") == 1 and b.get("fitted_to_tok_per_s")),
         None,
     )
     rng = f", {fmt(tr['low'])}-{fmt(tr['high'])} over the model's stated input ranges" if tr else ""
-    d["headline"] = (
-        f"Single stream (MODEL-BASED, not measured): {fmt(ss.tok_per_s)} tok/s central{rng} ({fmt(ss.ms_per_token or 1e3 / ss.tok_per_s)} ms per token)"
-    )
+    d.headline = f"Single stream (MODEL-BASED, not measured): {fmt(ss.tok_per_s)} tok/s central{rng} ({fmt(ss.ms_per_token or 1e3 / ss.tok_per_s)} ms per token)"
     if fitted:
-        d["headline"] += (
-            f"; extra terms fitted to the measured {fmt(fitted)} tok/s: this reproduces that fit, it does not predict it"
-        )
-    d["numbers"].update(
+        d.headline += f"; extra terms fitted to the measured {fmt(fitted)} tok/s: this reproduces that fit, it does not predict it"
+    d.numbers.update(
         tok_per_s=ss.tok_per_s,
         ms_per_token=ss.ms_per_token,
         **({"tok_per_s_low": tr["low"], "tok_per_s_high": tr["high"]} if tr else {}),
     )
-    d["conditions"] = "model-based: " + readers.short_predict_conditions(pred)
-    d["sentences"].append(v.statement)
+    d.conditions = "model-based: " + readers.short_predict_conditions(pred)
+    d.sentences.append(v.statement)
     if (rg.get("bounds") or {}).get("statement"):
-        d["sentences"].append(rg["bounds"]["statement"])
+        d.sentences.append(rg["bounds"]["statement"])
 
 
 def machine(inp: readers.Inputs, head: LevelSplit | None) -> L.Machine:
@@ -285,8 +275,8 @@ def _levers(inp: readers.Inputs, cmds: dict[str, str]):
     return got.levers[:TOP_LEVERS], got.bounds, " ".join(notes) or None
 
 
-def _definitions(d: dict) -> list[str]:
+def _definitions(d: PageOne) -> list[str]:
     t = definitions.TERM
-    if d.get("source") == "measured" and d.get("split"):
+    if d.source == "measured" and d.split:
         return [t["transfer"], t["wait"], t["host_gap"], t["delivery_term"], t["closure"]]
     return []

@@ -9,6 +9,7 @@ from typing import Any
 
 from tpcomm import columns as K
 from tpcomm.columns import fmt
+from tpcomm.report.sections import PageOne
 
 # ("text", str) | ("small", str) | ("headline", str) | ("warning", str) | ("table", (header, rows, widths))
 # | ("figure", key, caption)
@@ -20,41 +21,41 @@ def title(report) -> str:
     pred = report.sections["what_if"].data if report.sections["what_if"].available else {}
     model = plan.get("served_name") or (plan["model"].name if plan.get("model") else None) or pred.get("model_name")
     tp = (plan["layout"].tp if plan.get("layout") else None) or pred.get("tp")
-    src = report.verdict.get("source")
+    src = report.verdict.source
     return (
         "tpcomm report" + (f": {model}" if model else "") + (f", TP {tp}" if tp else "") + (f" ({src})" if src else "")
     )
 
 
-def page_one_blocks(d: dict) -> list[Block]:
+def page_one_blocks(d: PageOne) -> list[Block]:
     """Page one: the headline, the bar of where each token goes, the verdict (at most three sentences), the
     levers with what to set, and one line defining each term used (first_page.py holds the data)."""
     out: list[Block] = []
-    if d.get("warning"):
-        out.append(("warning", d["warning"]))
-    if d.get("headline"):
-        out.append(("headline", d["headline"]))
-    if d.get("conditions"):
-        out.append(("small", "Conditions: " + d["conditions"]))
-    if d.get("split"):
+    if d.warning:
+        out.append(("warning", d.warning))
+    if d.headline:
+        out.append(("headline", d.headline))
+    if d.conditions:
+        out.append(("small", "Conditions: " + d.conditions))
+    if d.split:
         out.append(("figure", "token_split", ""))
-    if d.get("definitions"):  # one line per term the page uses, right under the bar that uses them
-        rows = [x.split(": ", 1) for x in d["definitions"]]
+    if d.definitions:  # one line per term the page uses, right under the bar that uses them
+        rows = [x.split(": ", 1) for x in d.definitions]
         out.append(("table", (["term", "what it is"], rows, [0.8, 6])))
-    if d.get("five"):  # the token as the client saw it: the four terms + delivery (first_page.five_terms_table)
-        out.append(("table", d["five"]))
-    out += [("text", x) for x in d.get("sentences", [])[:3]]
-    if d.get("levers"):
-        out.append(("table", K.table(K.LEVERS, d["levers"])))
-    for b in d.get("bounds") or []:
+    if d.five:  # the token as the client saw it: the four terms + delivery (first_page.five_terms_table)
+        out.append(("table", d.five))
+    out += [("text", x) for x in d.sentences[:3]]
+    if d.levers:
+        out.append(("table", K.table(K.LEVERS, d.levers)))
+    for b in d.bounds:
         out.append(
             (
                 "small",
                 f"Bound: at most {fmt(b.tok_per_s)} tok/s ({K.signed_pct(b.change_pct)}) if collectives cost nothing.",
             )
         )
-    if d.get("levers_note"):
-        out.append(("small", d["levers_note"]))
+    if d.levers_note:
+        out.append(("small", d.levers_note))
     return out
 
 
