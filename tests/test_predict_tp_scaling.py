@@ -33,6 +33,42 @@ SWEEPS = [
         False,
     ),
     ("vLLM issue 22331, TP 2 -> 4", "gpt-oss-120b-tp2-a100", "gpt-oss-120b-tp4-a100", False),
+    (
+        "gpt-fast README, Llama-2-7B bf16, A100 80GB, batch 1, TP 1 -> 8",
+        "llama2-7b-bf16-tp1-a100-gpt-fast",
+        "llama2-7b-bf16-tp8-a100-gpt-fast",
+        False,
+    ),
+    (
+        "gpt-fast README, Llama-2-70B bf16, TP 2 -> 8",
+        "llama2-70b-bf16-tp2-a100-gpt-fast",
+        "llama2-70b-bf16-tp8-a100-gpt-fast",
+        False,
+    ),
+    (
+        "gpt-fast README, Llama-3.1-8B bf16, TP 1 -> 8",
+        "llama3.1-8b-bf16-tp1-a100-gpt-fast",
+        "llama3.1-8b-bf16-tp8-a100-gpt-fast",
+        False,
+    ),
+    (
+        "gpt-fast README, Llama-3.1-70B bf16, TP 4 -> 8 (TP 2 -> 8: the xfail below)",
+        "llama3.1-70b-bf16-tp4-a100-gpt-fast",
+        "llama3.1-70b-bf16-tp8-a100-gpt-fast",
+        False,
+    ),
+    (
+        "gpt-fast README, Mixtral-8x7B bf16 (MoE), TP 2 -> 8",
+        "mixtral-8x7b-bf16-tp2-a100-gpt-fast",
+        "mixtral-8x7b-bf16-tp8-a100-gpt-fast",
+        False,
+    ),
+    (
+        "HF SageMaker benchmark, Llama-2-7B fp16, 8x A10G, TGI 1.0.3, batch 1, TP 4 -> 8 (TP 1 -> 8: the xfail below)",
+        "llama2-7b-fp16-tp4-a10g-tgi-1.0.3",
+        "llama2-7b-fp16-tp8-a10g-tgi-1.0.3",
+        False,
+    ),
 ]
 
 
@@ -60,6 +96,43 @@ def test_tp_speedup_within_20pct_of_the_public_sweep(name, lo_id, hi_id, fitted)
 )
 def test_tp_speedup_at_batch_16_known_miss():
     measured, predicted = _speedups("qwq-32b-bf16-tp2-a100-b16-v0.7", "qwq-32b-bf16-tp8-a100-b16-v0.7")
+    assert abs(predicted / measured - 1) <= 0.20
+
+
+KNOWN_MISSES = [
+    (
+        "gpt-fast README, Llama-3.1-70B bf16, TP 2 -> 8",
+        "llama3.1-70b-bf16-tp2-a100-gpt-fast",
+        "llama3.1-70b-bf16-tp8-a100-gpt-fast",
+        "the published TP 2 figure (16.03 tok/s, 1130.81 GB/s achieved) is below the table's own trend (Llama-2-70B, "
+        "the same shape but for its vocabulary, runs 21.32 tok/s at 1481.87 GB/s at TP 2): measured 3.67x, predicted "
+        "2.84x (-23%); from TP 4 the sweep is within 3%",
+    ),
+    (
+        "HF SageMaker benchmark, Llama-2-7B fp16, A10G, TGI 1.0.3, TP 1 -> 8",
+        "llama2-7b-fp16-tp1-a10g-tgi-1.0.3",
+        "llama2-7b-fp16-tp8-a10g-tgi-1.0.3",
+        "TGI 1.0.3 (eager, no CUDA graphs) stops gaining beyond TP 4 on 8x A10G (TP 8 is 6% slower than TP 4), and "
+        "predict says +11%: its TGI host term (a range assumed from no TGI data, growing with TP as vLLM V0's) is "
+        "smaller than what this engine spends per step at TP 8: measured 1.73x, predicted 2.46x (+43%)",
+    ),
+    (
+        "HF SageMaker benchmark, Llama-2-13B fp16, A10G, TGI 1.0.3, TP 4 -> 8",
+        "llama2-13b-fp16-tp4-a10g-tgi-1.0.3",
+        "llama2-13b-fp16-tp8-a10g-tgi-1.0.3",
+        "as for Llama-2-7B: TGI 1.0.3 at TP 8 on 8x A10G is no faster than at TP 4 (0.97x), predict says 1.28x (+31%)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "name,lo_id,hi_id,reason",
+    [pytest.param(*m, marks=pytest.mark.xfail(strict=True, reason="known miss: " + m[3])) for m in KNOWN_MISSES],
+    ids=[m[0] for m in KNOWN_MISSES],
+)
+def test_tp_speedup_known_misses(name, lo_id, hi_id, reason):
+    measured, predicted = _speedups(lo_id, hi_id)
+    print(f"{name}: measured {measured:.2f}x, predicted {predicted:.2f}x ({100 * (predicted / measured - 1):+.0f}%)")
     assert abs(predicted / measured - 1) <= 0.20
 
 

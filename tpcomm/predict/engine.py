@@ -68,8 +68,10 @@ HOST = {
         1.5,
         3.0,
         "Hugging Face text-generation-inference: the Rust router sends every decode step to the Python shards over "
-        "gRPC and waits for their reply, with no overlap of the next step's scheduling (assumption: no public TP-1 "
-        "row of TGI is in the validation table; range as SGLang before its overlap scheduler)",
+        "gRPC and waits for their reply, with no overlap of the next step's scheduling (assumption, range as SGLang "
+        "before its overlap scheduler; not fitted: the table's TGI 1.0.3 rows (Hugging Face's SageMaker benchmark) "
+        "are held out: its TP-1 row lies within 1% of the central, its TP-8 rows take 3-12 ms per step more than "
+        "the model gives them)",
     ),
     "gpt-fast": (
         0.0,
@@ -105,7 +107,8 @@ HOST_TP = {
         1.52,
         1.75,
         "as vLLM V0's (assumption: TGI's router sends each decode step to every shard and waits for all of them, "
-        "between GPU steps; no public TGI TP sweep with its figures is in the validation table); " + _V0_TP_SOURCE,
+        "between GPU steps; not fitted: TGI 1.0.3's public sweep on 8x A10G, held out, gains less from TP 4 to 8 "
+        "than this gives); " + _V0_TP_SOURCE,
     ),
     "vllm-v1": (
         1.1,
