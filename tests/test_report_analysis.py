@@ -175,13 +175,13 @@ def test_timeline_skew_matches_hook_records():
 
     tl = analyze(DEMO_RUN)["timeline"].data
     coll = pd.read_parquet(DEMO_RUN / "hook/collectives.parquet")
-    step = coll[coll["step"] == tl["step"]]
+    step = coll[coll["step"] == tl.step]
     starts = step.groupby("call_idx")["t_start_ns"].agg(["min", "max"])
     expected = ((starts["max"] - starts["min"]) / 1e3).tolist()
-    assert tl["entry_skew_us"] == pytest.approx(expected)
-    assert tl["max_entry_skew_us"] == pytest.approx(max(expected))
+    assert tl.entry_skew_us == pytest.approx(expected)
+    assert tl.max_entry_skew_us == pytest.approx(max(expected))
     steps = pd.read_parquet(DEMO_RUN / "hook/steps.parquet")
-    assert set(steps[steps["step"] == tl["step"]]["kind"]) == {"decode"}
+    assert set(steps[steps["step"] == tl.step]["kind"]) == {"decode"}
 
 
 def test_a_killed_server_run_says_incomplete_and_blames_no_plugin(tmp_path):

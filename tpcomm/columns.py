@@ -136,19 +136,19 @@ NODES = [
     Col("clock offset from rank 0", lambda r: _offset(r[2]), 3.5),
 ]
 
-# ---- the load ladder (load/levels.json rows) --------------------------------------------------------------
+# ---- the load ladder (load/levels.json rows as documents.LoadLevel) --------------------------------------------------------------
 LOAD = [
-    Col("C", lambda r: r["concurrency"], 0.4),
-    Col("rep", lambda r: r["repeat"], 0.4),
-    Col("req/failed", lambda r: f"{r['requests']}/{r['failed']}", 0.7),
-    Col("out tok/s", lambda r: r.get("output_tok_per_s"), 0.7),
-    Col("TTFT p50 ms", lambda r: r.get("ttft_ms_p50"), 0.7),
-    Col("TPOT p50 ms", lambda r: r.get("tpot_ms_p50"), 0.7),
-    Col("ITL p50 ms", lambda r: r.get("itl_ms_p50"), 0.7),
-    Col("ITL p99 ms", lambda r: r.get("itl_ms_p99"), 0.7),
-    Col("E2E p50 ms", lambda r: r.get("e2e_ms_p50"), 0.7),
-    Col("steady", lambda r: {True: "yes", False: "NO"}.get(r.get("steady"), "n/a"), 0.5),
-    Col("repeat spread %", lambda r: r.get("repeat_spread_pct"), 0.7),
+    Col("C", lambda r: r.concurrency, 0.4),
+    Col("rep", lambda r: r.repeat, 0.4),
+    Col("req/failed", lambda r: f"{r.requests}/{r.failed}", 0.7),
+    Col("out tok/s", lambda r: r.output_tok_per_s, 0.7),
+    Col("TTFT p50 ms", lambda r: r.ttft_ms_p50, 0.7),
+    Col("TPOT p50 ms", lambda r: r.tpot_ms_p50, 0.7),
+    Col("ITL p50 ms", lambda r: r.itl_ms_p50, 0.7),
+    Col("ITL p99 ms", lambda r: r.itl_ms_p99, 0.7),
+    Col("E2E p50 ms", lambda r: r.e2e_ms_p50, 0.7),
+    Col("steady", lambda r: {True: "yes", False: "NO"}.get(r.steady, "n/a"), 0.5),
+    Col("repeat spread %", lambda r: r.repeat_spread_pct, 0.7),
 ]
 
 

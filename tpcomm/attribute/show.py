@@ -13,6 +13,8 @@ from tpcomm.analysis.closure import closure_text
 from tpcomm.attribute.run import Progress as ProgressHooks
 from tpcomm.columns import LOAD, SPLIT, fmt, table
 from tpcomm.judge import definitions
+from tpcomm.rundir import contract as C
+from tpcomm.rundir import documents
 from tpcomm.rundir.results import Attribution
 
 
@@ -88,7 +90,7 @@ def render(res: dict, console: Console | None = None) -> None:
         f"[bold]Load[/bold] on {cond.get('server_url')} model {cond.get('model')} ({cond.get('api')}, "
         f"input {cond.get('input_len')} / output {cond.get('output_len')} tokens, client clock)"
     )
-    con.print(_rich_table(*table(LOAD, levels)[:2]))
+    con.print(_rich_table(*table(LOAD, documents.parse(C.LOAD_LEVELS, levels, writing=True))[:2]))
     for lv in levels:
         for flag in lv.get("flags") or []:
             con.print(f"[yellow]! {flag}")

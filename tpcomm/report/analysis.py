@@ -14,7 +14,6 @@ Units: *_ms milliseconds, *_us microseconds, bytes, tok/s tokens per second.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from tpcomm import redact
 from tpcomm.analysis.closure import closure_text
 from tpcomm.judge import definitions
 from tpcomm.report import readers
+from tpcomm.report import sections as S
 from tpcomm.report.first_page import page_one
 from tpcomm.report.sections import PageOne
 from tpcomm.rundir.documents import SingleStream
@@ -48,7 +48,7 @@ class Section:
     key: str
     title: str
     available: bool
-    data: dict[str, Any] = field(default_factory=dict)
+    data: Any = None  # report/sections.py's dataclass of this section (analysis.EMPTY)
     not_measured: list[dict[str, str]] = field(default_factory=list)  # {"what", "command"}
     conditions: str = ""
 
@@ -129,32 +129,47 @@ def _guarded(key: str, inp: readers.Inputs, shape: dict[str, str], build, *args)
         return _new(key)
 
 
+# Each section's data, empty (report/sections.py); the timeline's is the Timeline document itself, the replay's
+# replay.replay_data's dict.
+EMPTY = {
+    "verdict": PageOne,
+    "system": S.SystemSection,
+    "plan": S.PlanSection,
+    "probe": S.ProbeSection,
+    "breakdown": S.BreakdownSection,
+    "replay": dict,
+    "timeline": lambda: None,
+    "ladder": S.LadderSection,
+    "what_if": S.WhatIfSection,
+    "methods": S.MethodsSection,
+}
+
+
 def _new(key: str) -> Section:
-    return Section(key, SECTION_TITLES[key], False, PageOne() if key == "verdict" else {})
+    return Section(key, SECTION_TITLES[key], False, EMPTY[key]())
 
 
 def _system(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     s = _new("system")
+    d: S.SystemSection = s.data
     rows: list[tuple[str, str]] = []
     versions = inp.meta.versions if inp.meta else {}
     for k in ("tpcomm", "vllm", "vllm_build", "torch", "cuda", "nccl", "python", "os", "machine", "cpu_count"):
         if versions.get(k) is not None:
             rows.append((k, str(versions[k])))
-    s.data["versions"] = rows
-    topo = readers.topo_summary(inp.topo)
-    s.data["topo"] = topo
+    d.versions = rows
+    d.topo = readers.topo_summary(inp.topo)
     if inp.topo is None:
         s.missing("GPUs, links, P2P, NUMA and NCCL settings", cmds["topo"])
     att = inp.attribution
     if att is not None and att.nodes:
-        s.data["nodes"] = [(int(r), n, att.clocks.get(r) if r != "0" else None) for r, n in att.nodes.items()]
-    serving = readers.serving_config(inp)
-    s.data["serving"] = serving
-    if not serving:
+        d.nodes = [(int(r), n, att.clocks.get(r) if r != "0" else None) for r, n in att.nodes.items()]
+    d.serving = readers.serving_config(inp)
+    if not d.serving:
         s.missing("serving configuration (from a load run)", cmds["attribute"])
     # The demo renders the report before it marks itself done: its own state would always read "running".
-    s.data["stages"] = {k: v.state for k, v in (inp.status.stages if inp.status else {}).items() if k != "demo"}
-    s.available = bool(rows or inp.topo or serving)
+    d.stages = {k: v.state for k, v in (inp.status.stages if inp.status else {}).items() if k != "demo"}
+    s.available = bool(rows or inp.topo or d.serving)
     s.conditions = "read from meta.json, topo.json, load/levels.json and attribution/summary.json"
     return s
 
@@ -167,26 +182,17 @@ def _plan(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         return s
     s.available = True
     model = plan.model
-    s.data["model"] = model
-    s.data["served_name"] = readers.served_model_name(inp)
-    s.data["layout"] = plan.layout
-    s.data["rows"] = [
-        {
-            "op": c.op,
-            "group": c.group,
-            "bytes": c.bytes,
-            "count": c.count,
-            "batch": c.batch,
-            "dtype": c.dtype,
-            "site": c.site,
-        }
-        for c in plan.collectives
-    ]
-    s.data["totals"] = plan.totals or {}
-    s.data["per_token"] = readers.plan_per_step(plan, batch=1)
-    s.data["weights"] = readers.plan_weights(plan, batch=1)
+    s.data = S.PlanSection(
+        model=model,
+        served_name=readers.served_model_name(inp),
+        layout=plan.layout,
+        collectives=list(plan.collectives),
+        totals=plan.totals or {},
+        per_token=readers.plan_per_step(plan, batch=1) or {},
+        weights=readers.plan_weights(plan, batch=1) or {},
+    )
     s.conditions = (
-        f"model {s.data['served_name'] or model.name} ({model.architecture or '?'}), layout "
+        f"model {s.data.served_name or model.name} ({model.architecture or '?'}), layout "
         + readers.layout_text(plan.layout)
         + f"; followed vLLM {plan.vllm_version_followed or '?'}; derived from config.json, not measured"
     )
@@ -200,11 +206,13 @@ def _probe(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         s.missing("collective latency vs size on vLLM's backends", cmds["probe"])
         return s
     s.available = True
-    s.data["curves"] = table["curves"]  # [{backend, op, mode, timing, points: [(bytes, time_us, busbw_GBps)]}]
-    s.data["rows"] = table["rows"]  # compact table at the plan's sizes (or all sizes)
-    s.data["model_sizes"] = readers.plan_sizes(inp.plan)
-    s.data["fit"] = readers.fit_rows(inp.probe_fit)
-    s.data["fit_formula"] = readers.fit_formula(inp.probe_fit)
+    s.data = S.ProbeSection(
+        curves=table["curves"],
+        rows=table["rows"],  # compact table at the plan's sizes (or all sizes)
+        model_sizes=readers.plan_sizes(inp.plan) or [],
+        fit=readers.fit_rows(inp.probe_fit) or [],
+        fit_formula=readers.fit_formula(inp.probe_fit),
+    )
     s.conditions = table["conditions"]
     return s
 
@@ -217,14 +225,15 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         return s
     s.available = True
     levels = sorted(att.levels, key=lambda x: (x.concurrency, x.repeat))
-    s.data["levels"] = levels
+    d: S.BreakdownSection = s.data
+    d.levels = levels
     # closure_text names delivery as the cause where the five terms add up to the client's time; else none
-    s.data["closure_failed"] = [
+    d.closure_failed = [
         t + ("" if lv.delivery_term is not None and lv.delivery_term.ok else "; cause not determined")
         for lv in levels
         if (t := closure_text(lv.concurrency, lv.repeat, lv.closure, lv.stalls, lv.delivery_term))
     ]
-    s.data["notes"] = (
+    d.notes = (
         [f"C={lv.concurrency} repeat {lv.repeat}: {lv.note}" for lv in levels if lv.note]
         + [
             f"C={lv.concurrency}: {lv.collectives_per_step.get('detail')}"
@@ -239,27 +248,26 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
             if lv.cpu_wait
         ]
     )
-    s.data["excluded"] = [
+    d.excluded = [
         f"C={lv.concurrency}: {why}: request(s) {', '.join(map(str, ids[:12]))}"
         for lv in levels
         if lv.closure
         for why, ids in lv.closure.excluded.items()
     ]
-    s.data["definitions"] = [
+    d.definitions = [
         definitions.TERM[k]
         for k in ("per_token", "compute", "transfer", "wait", "host_gap", "closure", "delivery", "held", "stall")
     ] + [definitions.DELIVERY_CELLS]
-    s.data["plugin"] = att.plugin
-    s.data["method"] = att.method
-    s.data["instruments"] = inp.trace_compare  # attribute --profile: the hook's split and the traces', one window
+    d.plugin, d.method = att.plugin, att.method
+    d.instruments = inp.trace_compare  # attribute --profile: the hook's split and the traces', one window
     if not att.plugin:
         s.missing("transfer vs wait split (the server ran without the tpcomm plugin)", cmds["attribute_plugin"])
     s.conditions = (
         readers.conditions_text(att.conditions) + "; " + definitions.clock(levels[0].clock if levels else None)
     )
-    s.data["plan_config"] = readers.plan_config_text(att)
-    if s.data["plan_config"]:
-        s.conditions += "; plan cross-check: " + s.data["plan_config"]
+    d.plan_config = readers.plan_config_text(att)
+    if d.plan_config:
+        s.conditions += "; plan cross-check: " + d.plan_config
     return s
 
 
@@ -273,8 +281,7 @@ def _timeline(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
             cmds["attribute_plugin"],
         )
         return s
-    s.available = True
-    s.data.update(dataclasses.asdict(tl))
+    s.available, s.data = True, tl
     s.conditions = tl.conditions or "conditions not recorded"
     return s
 
@@ -286,26 +293,8 @@ def _ladder(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         s.missing("throughput and latency vs concurrency", cmds["attribute"])
         return s
     s.available = True
-    keys = (
-        "concurrency",
-        "repeat",
-        "requests",
-        "failed",
-        "output_tok_per_s",
-        "ttft_ms_p50",
-        "tpot_ms_p50",
-        "itl_ms_p50",
-        "itl_ms_p99",
-        "e2e_ms_p50",
-        "steady",
-        "steady_note",
-        "repeat_spread_pct",
-        "flags",
-    )
-    s.data["rows"] = [
-        {k: getattr(lv, k) for k in keys} for lv in sorted(levels, key=lambda x: (x.concurrency, x.repeat))
-    ]
-    s.data["flagged"] = [r for r in s.data["rows"] if r.get("flags") or r.get("steady") is False]
+    rows = sorted(levels, key=lambda x: (x.concurrency, x.repeat))
+    s.data = S.LadderSection(rows, [r for r in rows if r.flags or r.steady is False])
     s.conditions = readers.conditions_text(readers.levels_conditions(inp.levels))
     return s
 
@@ -318,30 +307,33 @@ def _what_if(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         return s
     s.available = True
     ss = pred.single_stream or SingleStream()
-    s.data["model_name"] = pred.model.name
-    s.data["tp"] = pred.layout.tp
-    s.data["baseline_tok_per_s"] = ss.tok_per_s
-    s.data["baseline_ms_per_token"] = ss.ms_per_token
-    s.data["rows"] = [
-        {
-            "name": w.name,
-            "description": w.description,
-            "tok_per_s": w.tok_per_s,
-            "ms_per_token": w.ms_per_token,
-            "change_pct": w.delta_pct if w.delta_pct is not None else readers.pct_change(w.tok_per_s, ss.tok_per_s),
-            "tok_per_s_range": w.tok_per_s_range,
-            "change_pct_range": w.delta_pct_range,
-        }
+    rows = [
+        S.WhatIfRow(
+            w.name,
+            w.description,
+            w.tok_per_s,
+            w.ms_per_token,
+            w.delta_pct if w.delta_pct is not None else readers.pct_change(w.tok_per_s, ss.tok_per_s),
+            w.tok_per_s_range,
+            w.delta_pct_range,
+        )
         for w in pred.what_if
     ]
     # Each model-based number's range over the stated inputs, and what was fitted (predict's range, fitted, calibration).
-    s.data["range"] = pred.range
-    s.data["fitted"] = [f.text for f in pred.fitted]
-    s.data["calibration"] = pred.calibration
-    s.data["batches"] = pred.batches
-    s.data["breakdown_ms"] = ss.breakdown_ms
-    s.data["ceilings"] = pred.ceilings
-    s.data["compare"] = pred.compare
+    s.data = S.WhatIfSection(
+        model_name=pred.model.name,
+        tp=pred.layout.tp,
+        baseline_tok_per_s=ss.tok_per_s,
+        baseline_ms_per_token=ss.ms_per_token,
+        rows=rows,
+        range=pred.range or {},
+        fitted=[f.text for f in pred.fitted],
+        calibration=pred.calibration,
+        batches=pred.batches,
+        breakdown_ms=dict(ss.breakdown_ms or {}),
+        ceilings=pred.ceilings,
+        compare=pred.compare,
+    )
     s.conditions = readers.predict_conditions(pred)
     return s
 
@@ -363,60 +355,62 @@ def _replay(inp: readers.Inputs, breakdown: Section, cmds: dict[str, str]) -> Se
 
 def _methods(inp: readers.Inputs, sections: dict[str, Section]) -> Section:
     s = _new("methods")
-    items: list[dict[str, str]] = []
+    items: list[S.MethodItem] = []
     if inp.plan:
         items.append(
-            {
-                "what": "collective plan",
-                "how": "derived from the model's config.json and vLLM "
+            S.MethodItem(
+                "collective plan",
+                "derived from the model's config.json and vLLM "
                 f"{inp.plan.vllm_version_followed or '?'}'s layer code by `tpcomm plan`; counts and bytes per rank per call",
-            }
+            )
         )
     if sections["probe"].available:
         items.append(
-            {
-                "what": "collective latency",
-                "how": "`tpcomm probe`: one process per rank runs the plan's collectives on each backend; "
+            S.MethodItem(
+                "collective latency",
+                "`tpcomm probe`: one process per rank runs the plan's collectives on each backend; "
                 "percentiles over repeated calls, correctness checked; " + sections["probe"].conditions,
-            }
+            )
         )
     if sections["replay"].available:
         items.append(
-            {
-                "what": "decode step replayed",
-                "how": "`tpcomm probe --replay`: the plan's collectives in vLLM's order between "
+            S.MethodItem(
+                "decode step replayed",
+                "`tpcomm probe --replay`: the plan's collectives in vLLM's order between "
                 "memory-streaming work of each site's bytes, on real ranks; step split with attribute's alignment code; "
                 + sections["replay"].conditions,
-            }
+            )
         )
     if inp.attribution:
-        items.append({"what": "per-token split", "how": inp.attribution.method})
+        items.append(S.MethodItem("per-token split", inp.attribution.method))
     if inp.levels:
         items.append(
-            {
-                "what": "client latency (TTFT, ITL, TPOT, E2E)",
-                "how": "timed by `tpcomm attribute`'s load generator "
+            S.MethodItem(
+                "client latency (TTFT, ITL, TPOT, E2E)",
+                "timed by `tpcomm attribute`'s load generator "
                 "on the client clock, one streamed token per chunk; steadiness and repeat spread flagged per level",
-            }
+            )
         )
     if sections["timeline"].available:
-        items.append({"what": "per-rank timeline", "how": sections["timeline"].conditions})
+        items.append(S.MethodItem("per-rank timeline", sections["timeline"].conditions))
     if inp.predict:
         items.append(
-            {
-                "what": "predicted tok/s and what-ifs",
-                "how": "`tpcomm predict`: weights / memory bandwidth + collectives x latency "
+            S.MethodItem(
+                "predicted tok/s and what-ifs",
+                "`tpcomm predict`: weights / memory bandwidth + collectives x latency "
                 "+ overhead; collective latency from: " + (inp.predict.collective_latency_source or "?"),
-            }
+            )
         )
         for a in inp.predict.assumptions:
-            items.append({"what": "assumption", "how": str(a)})
-    s.data["items"] = items
-    s.data["files"] = inp.files_present
-    s.data["commands"] = [
-        {"utc": c.utc or "", "command": c.command, "argv": " ".join(redact.argv(c.argv))}
-        for c in (inp.meta.commands if inp.meta else [])
-    ]
+            items.append(S.MethodItem("assumption", str(a)))
+    s.data = S.MethodsSection(
+        items,
+        list(inp.files_present),
+        [
+            S.CommandLine(c.utc or "", c.command, " ".join(redact.argv(c.argv)))
+            for c in (inp.meta.commands if inp.meta else [])
+        ],
+    )
     s.available = bool(items)
     s.conditions = "every figure in this report is traceable to the files listed here"
     return s

@@ -11,14 +11,20 @@ Units: x axes in bytes or concurrency, times in us/ms as labelled.
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg", force=False)
 from matplotlib.figure import Figure  # noqa: E402  (pyplot-free: no global state, no GUI)
 
-from tpcomm.report.sections import PageOne  # noqa: E402
+from tpcomm.report.sections import (  # noqa: E402
+    BreakdownSection,
+    LadderSection,
+    PageOne,
+    ProbeSection,
+    WhatIfSection,
+)
+from tpcomm.rundir.documents import Timeline  # noqa: E402
 from tpcomm.terms import BY_NAME, ENGINE, ENGINE_TERMS  # noqa: E402
 
 matplotlib.rcParams.update(
@@ -83,16 +89,16 @@ def fig_token_split(page: PageOne) -> Figure | None:
     return fig
 
 
-def fig_probe(probe: dict[str, Any]) -> Figure | None:
-    if not probe.get("curves"):
+def fig_probe(probe: ProbeSection) -> Figure | None:
+    if not probe.curves:
         return None
     fig = Figure(figsize=(WIDTH_IN, 3.4))
     ax_t, ax_b = fig.subplots(1, 2)
     # One colour per (backend, op); line style per timing; marker per mode (eager/graph).
     palette = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
-    keys = sorted({(c.get("backend"), c.get("op")) for c in probe["curves"]}, key=str)
+    keys = sorted({(c.get("backend"), c.get("op")) for c in probe.curves}, key=str)
     color = {k: palette[i % len(palette)] for i, k in enumerate(keys)}
-    for c in probe["curves"]:
+    for c in probe.curves:
         pts = c["points"]
         label = " ".join(str(c[k]) for k in ("backend", "op", "mode", "timing") if c.get(k))
         style = dict(
@@ -106,7 +112,7 @@ def fig_probe(probe: dict[str, Any]) -> Figure | None:
         bw = [p for p in pts if p[2] is not None]
         if bw:
             ax_b.plot([p[0] for p in bw], [p[2] for p in bw], **style)
-    for m in probe.get("model_sizes", []):
+    for m in probe.model_sizes:
         ax_t.axvline(m["bytes"], color="k", lw=0.6, ls=":")
     for ax in (ax_t, ax_b):
         ax.set_xscale("log", base=2)
@@ -117,12 +123,12 @@ def fig_probe(probe: dict[str, Any]) -> Figure | None:
     ax_b.set_ylabel("bus bandwidth (GB/s)")
     ax_b.set_title("busbw (nccl-tests formula)")
     fig.legend(*ax_t.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=6, frameon=False)
-    fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(probe["curves"]) + 1) // 2), 1, 1))
+    fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(probe.curves) + 1) // 2), 1, 1))
     return fig
 
 
-def fig_breakdown(breakdown: dict[str, Any]) -> Figure | None:
-    levels = breakdown.get("levels") or []
+def fig_breakdown(breakdown: BreakdownSection) -> Figure | None:
+    levels = breakdown.levels
     if not levels:
         return None
     fig = Figure(figsize=(WIDTH_IN, 2.6))
@@ -156,8 +162,8 @@ def fig_breakdown(breakdown: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def fig_timeline(tl: dict[str, Any]) -> Figure | None:
-    ranks = tl.get("ranks") or []
+def fig_timeline(tl: Timeline) -> Figure | None:
+    ranks = tl.ranks
     if not ranks:
         return None
     fig = Figure(figsize=(WIDTH_IN, 0.7 + 0.45 * len(ranks)))
@@ -181,15 +187,15 @@ def fig_timeline(tl: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def fig_what_if(w: dict[str, Any]) -> Figure | None:
-    rows = [r for r in w.get("rows") or [] if r.get("tok_per_s") is not None]
+def fig_what_if(w: WhatIfSection) -> Figure | None:
+    rows = [r for r in w.rows if r.tok_per_s is not None]
     if not rows:
         return None
     fig = Figure(figsize=(WIDTH_IN, 0.8 + 0.28 * len(rows)))
     ax = fig.add_subplot()
     ys = list(range(len(rows)))
-    ax.barh(ys, [r["tok_per_s"] for r in rows], color="#4C72B0", height=0.6)
-    rg = [(y, r["tok_per_s_range"]) for y, r in zip(ys, rows) if r.get("tok_per_s_range")]
+    ax.barh(ys, [r.tok_per_s for r in rows], color="#4C72B0", height=0.6)
+    rg = [(y, r.tok_per_s_range) for y, r in zip(ys, rows) if r.tok_per_s_range]
     if rg:  # the range over the stated inputs, beside the central value
         ax.errorbar(
             [r["central"] for _, r in rg],
@@ -201,27 +207,25 @@ def fig_what_if(w: dict[str, Any]) -> Figure | None:
             xerr=[[r["central"] - r["low"] for _, r in rg], [r["high"] - r["central"] for _, r in rg]],
         )
     for y, r in zip(ys, rows):
-        top = (r.get("tok_per_s_range") or {}).get("high", r["tok_per_s"])
-        ax.text(top, y, f" {r['tok_per_s']:.3g}", va="center", fontsize=7)
-    if w.get("baseline_tok_per_s"):
-        ax.axvline(
-            w["baseline_tok_per_s"], color="k", ls="--", lw=0.8, label=f"baseline {w['baseline_tok_per_s']:.3g} tok/s"
-        )
+        top = (r.tok_per_s_range or {}).get("high", r.tok_per_s)
+        ax.text(top, y, f" {r.tok_per_s:.3g}", va="center", fontsize=7)
+    if w.baseline_tok_per_s:
+        ax.axvline(w.baseline_tok_per_s, color="k", ls="--", lw=0.8, label=f"baseline {w.baseline_tok_per_s:.3g} tok/s")
         ax.legend(fontsize=7, frameon=False, loc="lower right", bbox_to_anchor=(1.0, 1.0))
-    ax.set_yticks(ys, [r["name"] for r in rows])
+    ax.set_yticks(ys, [r.name for r in rows])
     ax.invert_yaxis()
     ax.set_xlabel(
         "single-stream tok/s (model-based): bar = central value"
         + ("; whiskers = range over the stated inputs" if rg else "")
     )
-    ax.set_xlim(0, max((r.get("tok_per_s_range") or {}).get("high", r["tok_per_s"]) for r in rows) * 1.15)
+    ax.set_xlim(0, max((r.tok_per_s_range or {}).get("high", r.tok_per_s) for r in rows) * 1.15)
     ax.grid(False, axis="y")
     return fig
 
 
-def fig_predict_range(w: dict[str, Any]) -> Figure | None:
+def fig_predict_range(w: WhatIfSection) -> Figure | None:
     """Model-based ms per token per term: central bar, low-high whisker over the stated input ranges."""
-    s1 = (w.get("range") or {}).get("single_stream") or {}
+    s1 = w.range.get("single_stream") or {}
     terms = s1.get("breakdown_ms") or {}
     if not terms:
         return None
@@ -255,15 +259,15 @@ def fig_predict_range(w: dict[str, Any]) -> Figure | None:
     return fig
 
 
-def fig_ladder(ladder: dict[str, Any]) -> Figure | None:
-    rows = [r for r in ladder.get("rows") or [] if r.get("output_tok_per_s") is not None]
-    if len({r["concurrency"] for r in rows}) < 2:
+def fig_ladder(ladder: LadderSection) -> Figure | None:
+    rows = [r for r in ladder.levels if r.output_tok_per_s is not None]
+    if len({r.concurrency for r in rows}) < 2:
         return None
     fig = Figure(figsize=(WIDTH_IN, 2.3))
     ax = fig.add_subplot()
     ax.plot(
-        [r["concurrency"] for r in rows],
-        [r["output_tok_per_s"] for r in rows],
+        [r.concurrency for r in rows],
+        [r.output_tok_per_s for r in rows],
         "o",
         ms=3,
         color="#4C72B0",
@@ -272,15 +276,15 @@ def fig_ladder(ladder: dict[str, Any]) -> Figure | None:
     ax.set_xlabel("concurrency")
     ax.set_ylabel("output tok/s")
     ax.set_xscale("log", base=2)
-    cs = sorted({r["concurrency"] for r in rows})
+    cs = sorted({r.concurrency for r in rows})
     ax.set_xticks(cs, [str(c) for c in cs])
     ax.minorticks_off()
-    tp = [r for r in rows if r.get("tpot_ms_p50") is not None]
+    tp = [r for r in rows if r.tpot_ms_p50 is not None]
     if tp:
         ax2 = ax.twinx()
         ax2.plot(
-            [r["concurrency"] for r in tp],
-            [r["tpot_ms_p50"] for r in tp],
+            [r.concurrency for r in tp],
+            [r.tpot_ms_p50 for r in tp],
             "s",
             ms=3,
             color="#C44E52",

@@ -12,6 +12,7 @@ from typing import Any
 from tpcomm.columns import fmt
 from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.probe.replay_format import conditions_line
+from tpcomm.report.sections import BreakdownSection
 
 
 def _allreduce(e: dict) -> dict | None:
@@ -20,11 +21,11 @@ def _allreduce(e: dict) -> dict | None:
     return min(ars, key=lambda o: o["bytes"]) if ars else None
 
 
-def serving_c1(breakdown: dict | None) -> dict | None:
+def serving_c1(breakdown: BreakdownSection | None) -> dict | None:
     """The hook's C=1 figures from the breakdown section: per-token transfer + wait, and the
     per-call all-reduce time (mean over calls: the attribution keeps per-site sums)."""
     lv = level_that_speaks(
-        [lv for lv in (breakdown or {}).get("levels") or [] if lv.concurrency == 1],
+        [lv for lv in (breakdown.levels if breakdown else []) if lv.concurrency == 1],
         concurrency=lambda lv: lv.concurrency,
         figure=lambda lv: (lv.engine_ms_per_token or 0.0) if lv.per_token_ms else None,
         incomplete=lambda lv: lv.incomplete,
@@ -43,7 +44,7 @@ def serving_c1(breakdown: dict | None) -> dict | None:
     return out
 
 
-def replay_data(doc: dict | None, breakdown: dict | None) -> dict | None:
+def replay_data(doc: dict | None, breakdown: BreakdownSection | None) -> dict | None:
     if not doc or not doc.get("results"):
         return None
     rows = []

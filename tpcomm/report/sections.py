@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpcomm.rundir.documents import Layout, LoadLevel, PlanCollective, PlanModel
 from tpcomm.rundir.results import LevelSplit, Lever, Verdict
 
 
@@ -45,3 +46,99 @@ class PageOne:
     bounds: list[Lever] = field(default_factory=list)
     levers_note: str | None = None
     definitions: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SystemSection:
+    versions: list[tuple[str, str]] = field(default_factory=list)  # meta.json's software versions
+    topo: dict[str, Any] = field(default_factory=dict)  # readers.topo_summary: topo.json's inventory, as read
+    nodes: list[tuple[int, Any, Any]] = field(default_factory=list)  # (rank, the hook's node, clock offset)
+    serving: list[tuple[str, str]] = field(default_factory=list)  # the load's and the attribution's settings
+    stages: dict[str, str] = field(default_factory=dict)  # status.json: stage -> state
+
+
+@dataclass
+class PlanSection:
+    model: PlanModel | None = None
+    served_name: str | None = None
+    layout: Layout | None = None
+    collectives: list[PlanCollective] = field(default_factory=list)
+    totals: dict[str, Any] = field(default_factory=dict)
+    per_token: dict[str, Any] = field(default_factory=dict)  # readers.plan_per_step at batch 1: count, bytes
+    weights: dict[str, Any] = field(default_factory=dict)  # readers.plan_weights at batch 1
+
+
+@dataclass
+class ProbeSection:
+    curves: list[dict] = field(default_factory=list)  # [{backend, op, mode, timing, points: [(bytes, us, GB/s)]}]
+    rows: list[dict] = field(default_factory=list)  # one per measured size (readers.probe_table)
+    model_sizes: list[dict] = field(default_factory=list)  # the plan's message sizes
+    fit: list[dict] = field(default_factory=list)  # probe/fit.json's rows
+    fit_formula: str | None = None
+
+
+@dataclass
+class BreakdownSection:
+    levels: list[LevelSplit] = field(default_factory=list)  # by concurrency, then repeat
+    closure_failed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)  # requests compared on neither side of the closure
+    definitions: list[str] = field(default_factory=list)
+    plugin: bool | None = None
+    method: str | None = None
+    instruments: dict[str, Any] | None = None  # attribute --profile: the hook's split beside the traces'
+    plan_config: str | None = None
+
+
+@dataclass
+class LadderSection:
+    levels: list[LoadLevel] = field(default_factory=list)  # load/levels.json, by concurrency, then repeat
+    flagged: list[LoadLevel] = field(default_factory=list)  # unsteady or flagged
+
+
+@dataclass
+class WhatIfRow:
+    name: str
+    description: str
+    tok_per_s: float | None
+    ms_per_token: float | None
+    change_pct: float | None
+    tok_per_s_range: dict[str, float] | None = None
+    change_pct_range: dict[str, float] | None = None
+
+
+@dataclass
+class WhatIfSection:
+    model_name: str | None = None
+    tp: int | None = None
+    baseline_tok_per_s: float | None = None
+    baseline_ms_per_token: float | None = None
+    rows: list[WhatIfRow] = field(default_factory=list)
+    # predict.json's parts as read (its range over the stated inputs, calibration, batches, checkpoint comparison)
+    range: dict[str, Any] = field(default_factory=dict)
+    fitted: list[str] = field(default_factory=list)
+    calibration: dict[str, Any] | None = None
+    batches: list[dict] = field(default_factory=list)
+    breakdown_ms: dict[str, float] = field(default_factory=dict)
+    ceilings: dict[str, Any] | None = None
+    compare: dict[str, Any] | None = None
+
+
+@dataclass
+class MethodItem:
+    what: str
+    how: str
+
+
+@dataclass
+class CommandLine:
+    utc: str
+    command: str
+    argv: str  # redacted
+
+
+@dataclass
+class MethodsSection:
+    items: list[MethodItem] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    commands: list[CommandLine] = field(default_factory=list)

@@ -9,7 +9,17 @@ from typing import Any
 
 from tpcomm import columns as K
 from tpcomm.columns import fmt
-from tpcomm.report.sections import PageOne
+from tpcomm.report.sections import (
+    BreakdownSection,
+    LadderSection,
+    MethodsSection,
+    PageOne,
+    PlanSection,
+    ProbeSection,
+    SystemSection,
+    WhatIfSection,
+)
+from tpcomm.rundir.documents import Timeline
 
 # ("text", str) | ("small", str) | ("headline", str) | ("warning", str) | ("table", (header, rows, widths))
 # | ("figure", key, caption)
@@ -17,10 +27,10 @@ Block = tuple
 
 
 def title(report) -> str:
-    plan = report["plan"].data
-    pred = report.sections["what_if"].data if report.sections["what_if"].available else {}
-    model = plan.get("served_name") or (plan["model"].name if plan.get("model") else None) or pred.get("model_name")
-    tp = (plan["layout"].tp if plan.get("layout") else None) or pred.get("tp")
+    plan: PlanSection = report["plan"].data
+    pred: WhatIfSection = report["what_if"].data
+    model = plan.served_name or (plan.model.name if plan.model else None) or pred.model_name
+    tp = (plan.layout.tp if plan.layout else None) or pred.tp
     src = report.verdict.source
     return (
         "tpcomm report" + (f": {model}" if model else "") + (f", TP {tp}" if tp else "") + (f" ({src})" if src else "")
@@ -90,9 +100,9 @@ def section_blocks(sec) -> list[Block]:
     }[sec.key](sec.data)
 
 
-def _system(d: dict) -> list[Block]:
+def _system(d: SystemSection) -> list[Block]:
     out: list[Block] = []
-    topo = d.get("topo") or {}
+    topo = d.topo
     if topo.get("scalars"):
         out.append(("table", (["machine", "value"], [[k, v] for k, v in topo["scalars"].items()], [1, 4])))
     if topo.get("gpus"):
@@ -158,8 +168,8 @@ def _system(d: dict) -> list[Block]:
                 ),
             )
         )
-    if d.get("nodes"):
-        hosts = {(n or {}).get("boot_id") or (n or {}).get("host") for _, n, _ in d["nodes"]}
+    if d.nodes:
+        hosts = {(n or {}).get("boot_id") or (n or {}).get("host") for _, n, _ in d.nodes}
         out.append(
             (
                 "text",
@@ -167,30 +177,30 @@ def _system(d: dict) -> list[Block]:
                 "0's from the collectives' exit times (the split uses durations and needs no common clock):",
             )
         )
-        out.append(("table", K.table(K.NODES, d["nodes"])))
-    if d.get("versions"):
-        out.append(("table", (["software", "version"], [list(r) for r in d["versions"]], [1, 3])))
-    if d.get("serving"):
-        out.append(("table", (["serving / load setting", "value"], [list(r) for r in d["serving"]], [1, 3])))
-    if d.get("stages"):
-        out.append(("text", "Stages: " + ", ".join(f"{k} {v}" for k, v in d["stages"].items())))
+        out.append(("table", K.table(K.NODES, d.nodes)))
+    if d.versions:
+        out.append(("table", (["software", "version"], [list(r) for r in d.versions], [1, 3])))
+    if d.serving:
+        out.append(("table", (["serving / load setting", "value"], [list(r) for r in d.serving], [1, 3])))
+    if d.stages:
+        out.append(("text", "Stages: " + ", ".join(f"{k} {v}" for k, v in d.stages.items())))
     return out
 
 
-def _plan(d: dict) -> list[Block]:
-    m, pt = d["model"], d.get("per_token") or {}
+def _plan(d: PlanSection) -> list[Block]:
+    m, pt = d.model, d.per_token
     out: list[Block] = [
         (
             "text",
-            f"Model {d.get('served_name') or m.name}: {m.architecture or '?'}, hidden {m.hidden_size or '?'}, "
+            f"Model {d.served_name or m.name}: {m.architecture or '?'}, hidden {m.hidden_size or '?'}, "
             f"{m.num_layers or '?'} layers. Per decode step at batch 1: {fmt(pt.get('count'))} collectives per rank, "
             f"{_b(pt.get('bytes'))} sent per rank in total.",
         )
     ]
     # A plan over several batch sizes repeats every site per batch: the table shows the smallest batch.
-    batches = sorted({r["batch"] for r in d.get("rows", []) if r.get("batch") is not None})
-    shown = [r for r in d.get("rows", []) if not batches or r.get("batch") == batches[0]]
-    rows = [[r["op"], r["group"], _b(r["bytes"]), r["count"], r["batch"], r["dtype"], r["site"]] for r in shown]
+    batches = sorted({c.batch for c in d.collectives if c.batch is not None})
+    shown = [c for c in d.collectives if not batches or c.batch == batches[0]]
+    rows = [[c.op, c.group, _b(c.bytes), c.count, c.batch, c.dtype, c.site] for c in shown]
     out.append(
         (
             "table",
@@ -208,7 +218,7 @@ def _plan(d: dict) -> list[Block]:
                 f"Batches {', '.join(map(str, batches[1:]))}: the same calls at the sizes of those batches (plan.json lists every row).",
             )
         )
-    w = d.get("weights") or {}
+    w = d.weights
     if w.get("components"):
         out.append(
             (
@@ -232,7 +242,7 @@ def _plan(d: dict) -> list[Block]:
     return out
 
 
-def _probe(d: dict) -> list[Block]:
+def _probe(d: ProbeSection) -> list[Block]:
     out: list[Block] = [
         (
             "figure",
@@ -241,8 +251,8 @@ def _probe(d: dict) -> list[Block]:
             "dotted lines mark the model's message sizes.",
         )
     ]
-    rows = d.get("rows") or []
-    sizes = {m["bytes"] for m in d.get("model_sizes") or []}
+    rows = d.rows
+    sizes = {m["bytes"] for m in d.model_sizes}
     shown = [r for r in rows if r["bytes"] in sizes] or rows
     # One row per (backend, op, mode, size): isolated (what a decode step sees) beside pipelined (nccl-tests style).
     merged: dict[tuple, dict] = {}
@@ -289,14 +299,12 @@ def _probe(d: dict) -> list[Block]:
             ),
         )
     )
-    if d.get("fit"):
+    if d.fit:
         keys = ["backend", "op", "mode", "timing", "bytes", "alpha_us", "beta_GBps", "points", "max_rel_err"]
         out.append(
             (
                 "text",
-                "Fitted latency model (probe/fit.json"
-                + (f"; {d['fit_formula']}" if d.get("fit_formula") else "")
-                + "):",
+                "Fitted latency model (probe/fit.json" + (f"; {d.fit_formula}" if d.fit_formula else "") + "):",
             )
         )
         out.append(
@@ -309,7 +317,7 @@ def _probe(d: dict) -> list[Block]:
                             fmt(r.get(k)) if isinstance(r.get(k), float) else ("n/a" if r.get(k) is None else r.get(k))
                             for k in keys
                         ]
-                        for r in d["fit"]
+                        for r in d.fit
                     ],
                     [0.8, 1, 0.7, 0.9, 1.2, 0.8, 0.8, 0.6, 0.9],
                 ),
@@ -318,7 +326,7 @@ def _probe(d: dict) -> list[Block]:
     return out
 
 
-def _breakdown(d: dict) -> list[Block]:
+def _breakdown(d: BreakdownSection) -> list[Block]:
     out: list[Block] = [
         (
             "figure",
@@ -328,13 +336,13 @@ def _breakdown(d: dict) -> list[Block]:
             "the client's TPOT p50 beside it (not part of the split).",
         )
     ]
-    levels = d.get("levels", [])
+    levels = d.levels
     out.append(("table", K.table(K.SPLIT, levels)))
-    out += [("text", f"{x}.") for x in d.get("closure_failed", [])]
-    out += [("text", x) for x in d.get("notes", [])]
-    if d.get("excluded"):
-        out.append(("text", "Compared on neither side of the closure: " + "; ".join(d["excluded"]) + "."))
-    inst = d.get("instruments")
+    out += [("text", f"{x}.") for x in d.closure_failed]
+    out += [("text", x) for x in d.notes]
+    if d.excluded:
+        out.append(("text", "Compared on neither side of the closure: " + "; ".join(d.excluded) + "."))
+    inst = d.instruments
     if inst and inst.get("terms"):
         out.append(
             (
@@ -348,20 +356,20 @@ def _breakdown(d: dict) -> list[Block]:
     if ranks:
         out.append(("text", "The same split per rank (each rank's terms add up to its own mean decode-step period):"))
         out.append(("table", K.table(K.BY_RANK, ranks)))
-    out += [("small", x) for x in d.get("definitions", [])]
+    out += [("small", x) for x in d.definitions]
     return out
 
 
-def _timeline(d: dict) -> list[Block]:
+def _timeline(d: Timeline) -> list[Block]:
     txt = (
-        f"Decode step {d['step']}"
-        + (f" ({d['num_seqs']} sequence(s))" if d.get("num_seqs") is not None else "")
-        + f": {d['n_collectives']} collectives per rank; step {fmt(d.get('step_us'))} us across ranks; largest entry skew "
-        f"{fmt(d.get('max_entry_skew_us'))} us, summed over the step's collectives {fmt(d.get('sum_entry_skew_us'))} us."
+        f"Decode step {d.step}"
+        + (f" ({d.num_seqs} sequence(s))" if d.num_seqs is not None else "")
+        + f": {d.n_collectives} collectives per rank; step {fmt(d.step_us)} us across ranks; largest entry skew "
+        f"{fmt(d.max_entry_skew_us)} us, summed over the step's collectives {fmt(d.sum_entry_skew_us)} us."
         + (
-            f" Ranks on other clocks were put on rank 0's to within {fmt(d['clock_uncertainty_us'])} us: an entry "
+            f" Ranks on other clocks were put on rank 0's to within {fmt(d.clock_uncertainty_us)} us: an entry "
             "skew smaller than that does not tell which rank arrived last."
-            if d.get("clock_uncertainty_us") is not None
+            if d.clock_uncertainty_us is not None
             else ""
         )
     )
@@ -372,7 +380,7 @@ def _timeline(d: dict) -> list[Block]:
             len(r["calls"]),
             fmt(r["collective_us"]),
         ]
-        for r in d["ranks"]
+        for r in d.ranks
     ]
     return [
         ("figure", "timeline", "One decode step per rank: grey the step, coloured each collective call."),
@@ -381,29 +389,29 @@ def _timeline(d: dict) -> list[Block]:
     ]
 
 
-def _ladder(d: dict) -> list[Block]:
+def _ladder(d: LadderSection) -> list[Block]:
     out: list[Block] = [
         (
             "figure",
             "ladder",
             "Output throughput (left axis) and TPOT p50 (right axis) vs concurrency, each repeat shown.",
         ),
-        ("table", K.table(K.LOAD, d.get("rows", []))),
+        ("table", K.table(K.LOAD, d.levels)),
     ]
-    for r in d.get("rows", []):
-        for f in r.get("flags") or []:
-            out.append(("text", f"C={r['concurrency']} repeat {r['repeat']}: {f}"))
-    if d.get("flagged"):
+    for r in d.levels:
+        for f in r.flags or []:
+            out.append(("text", f"C={r.concurrency} repeat {r.repeat}: {f}"))
+    if d.flagged:
         out.append(
             (
                 "text",
-                f"{len(d['flagged'])} level(s) flagged as unsteady or not repeatable: read their numbers with care.",
+                f"{len(d.flagged)} level(s) flagged as unsteady or not repeatable: read their numbers with care.",
             )
         )
     return out
 
 
-def _what_if(d: dict) -> list[Block]:
+def _what_if(d: WhatIfSection) -> list[Block]:
     out: list[Block] = [
         (
             "figure",
@@ -412,8 +420,8 @@ def _what_if(d: dict) -> list[Block]:
             "whiskers: the range over the stated inputs.",
         )
     ]
-    rg = d.get("range") or {}
-    br = d.get("breakdown_ms") or {}
+    rg = d.range
+    br = d.breakdown_ms
     s1 = rg.get("single_stream") or {}
     if s1:
         out.append(
@@ -429,7 +437,7 @@ def _what_if(d: dict) -> list[Block]:
         out.append(
             (
                 "text",
-                f"Baseline {fmt(d.get('baseline_tok_per_s'))} tok/s ({fmt(d.get('baseline_ms_per_token'))} ms per token)"
+                f"Baseline {fmt(d.baseline_tok_per_s)} tok/s ({fmt(d.baseline_ms_per_token)} ms per token)"
                 + (f", range {fmt(t['low'])}-{fmt(t['high'])} tok/s over the stated inputs" if t else "")
                 + ": "
                 + ", ".join(
@@ -458,14 +466,14 @@ def _what_if(d: dict) -> list[Block]:
                     f"{fmt(x['low'])}-{fmt(x['high'])}{unit}, central {fmt(x['central'])}{unit}: {x['source']}",
                 ]
             )
-        for text in d.get("fitted") or []:
+        for text in d.fitted:
             rows.append(["fitted term", text])
         out.append(("table", (["uncertain input", "range and source"], rows, [1.3, 5])))
     for key in ("verdict", "bounds"):
         if (rg.get(key) or {}).get("statement"):
             out.append(("text", ("Model-based verdict: " if key == "verdict" else "") + rg[key]["statement"]))
-    if d.get("calibration"):
-        c = d["calibration"]
+    if d.calibration:
+        c = d.calibration
         out.append(
             (
                 "text",
@@ -481,25 +489,25 @@ def _what_if(d: dict) -> list[Block]:
                 ["what-if", "description", "tok/s", "range", "ms/token", "change", "change range"],
                 [
                     [
-                        r["name"],
-                        r["description"],
-                        fmt(r["tok_per_s"]),
-                        rr(r.get("tok_per_s_range")),
-                        fmt(r["ms_per_token"]),
-                        _pct(r["change_pct"]),
+                        r.name,
+                        r.description,
+                        fmt(r.tok_per_s),
+                        rr(r.tok_per_s_range),
+                        fmt(r.ms_per_token),
+                        _pct(r.change_pct),
                         (
-                            f"{_pct(r['change_pct_range']['low'])} to {_pct(r['change_pct_range']['high'])}"
-                            if r.get("change_pct_range")
+                            f"{_pct(r.change_pct_range['low'])} to {_pct(r.change_pct_range['high'])}"
+                            if r.change_pct_range
                             else ""
                         ),
                     ]
-                    for r in d.get("rows", [])
+                    for r in d.rows
                 ],
                 [1.5, 3.6, 0.6, 0.9, 0.7, 0.6, 1.0],
             ),
         )
     )
-    c = d.get("compare")
+    c = d.compare
     if c and c.get("models"):
         rows = [
             ["quantization", *c.get("quantization", ["?"] * len(c["models"]))],
@@ -519,7 +527,7 @@ def _what_if(d: dict) -> list[Block]:
             )
         )
         out.append(("table", (["", *c["models"]], rows, [1.5] + [2] * len(c["models"]))))
-    if d.get("batches"):
+    if d.batches:
         out.append(
             (
                 "text",
@@ -542,7 +550,7 @@ def _what_if(d: dict) -> list[Block]:
                             if b.get("fitted_to_tok_per_s")
                             else "",
                         ]
-                        for b in d["batches"]
+                        for b in d.batches
                     ],
                     [0.7, 1, 1, 1.3, 2],
                 ),
@@ -551,26 +559,26 @@ def _what_if(d: dict) -> list[Block]:
     return out
 
 
-def _methods(d: dict) -> list[Block]:
+def _methods(d: MethodsSection) -> list[Block]:
     out: list[Block] = [
         (
             "table",
             (
                 ["number", "how it was measured or derived"],
-                [[i["what"], i["how"]] for i in d.get("items", [])],
+                [[i.what, i.how] for i in d.items],
                 [1.2, 5],
             ),
         )
     ]
-    out.append(("text", "Files in this run directory: " + ", ".join(d.get("files") or []) + "."))
-    if d.get("commands"):
+    out.append(("text", "Files in this run directory: " + ", ".join(d.files) + "."))
+    if d.commands:
         out.append(("text", "Commands that wrote this run directory (meta.json):"))
         out.append(
             (
                 "table",
                 (
                     ["UTC", "command", "command line"],
-                    [[c["utc"], c["command"], c["argv"]] for c in d["commands"]],
+                    [[c.utc, c.command, c.argv] for c in d.commands],
                     [1.3, 0.8, 5],
                 ),
             )
