@@ -100,9 +100,7 @@ def test_plan_table_matches_plan(plan_only):
     rep = analyze(plan_only)
     plan = json.loads((plan_only / "plan.json").read_text())
     rows = rep["plan"].data.collectives
-    assert [(r.op, r.bytes, r.count) for r in rows] == [
-        (c["op"], c["bytes"], c["count"]) for c in plan["collectives"]
-    ]
+    assert [(r.op, r.bytes, r.count) for r in rows] == [(c["op"], c["bytes"], c["count"]) for c in plan["collectives"]]
     per = rep["plan"].data.per_token
     assert per["count"] == sum(v["count"] for v in plan["totals"]["1"].values())
 
