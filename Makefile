@@ -15,4 +15,4 @@ demo-compare: venv
 	.venv/bin/tpcomm demo --out runs/demo --compare
 
 test: venv
-	$(PY) -m pytest -q -rs
+	scripts/test.sh
