@@ -227,6 +227,14 @@ def test_serving_verdicts_fail_on_wrong_figures():
     held["closure_excluded"] = {"held back (nearly) whole by the API server": 7}
     c = serving_checks({**good, **held, "closure_engine_ms": None, "closure_client_ms": None})[0]
     assert c.status == SKIP and "not judged: 1 request(s) could be compared" in c.figure and "7 held" in c.figure
+    # Every stream held back (2026-12-05, beside a busy process): the client timed none, so no TPOT p50; the
+    # requests succeeded: not judged, with the counts, not "no successful request"
+    every = {**held, "closure_why_not": "0 request(s) could be compared (at least 4 needed)"}
+    every["closure_excluded"] = {"held back (nearly) whole by the API server": 8}
+    c = serving_checks({**good, **every, "tpot_ms_p50_plugin": None, "held_streams_plugin": 8})[0]
+    assert c.status == SKIP and "8 held" in c.figure and "no successful request" not in c.figure, c.figure
+    none = serving_checks({**good, "tpot_ms_p50_plugin": None, "held_streams_plugin": 0})[0]
+    assert none.status == FAIL and "no successful request" in none.figure
     assert verdicts(compute_ms=-1.3)["vllm-serve-compute"] == FAIL
     assert verdicts(compute_ms=None)["vllm-serve-compute"] == FAIL
     assert verdicts(tpot_ms_p50_plain=9.0)["vllm-serve-overhead"] == FAIL  # 1.11 on a GPU
