@@ -145,7 +145,7 @@ def test_report_and_predict_read_the_replay(skewed_run, tmp_path, shm_kernels):
 
     rep = analyze(skewed_run)
     sec = rep["replay"]
-    assert sec.available and {r["backend"] for r in sec.data["rows"]} == {"gloo", "shm"}
+    assert sec.available and {r.backend for r in sec.data.rows} == {"gloo", "shm"}
     assert "work scale 1" in sec.conditions and "TP 2" in sec.conditions
     p = subprocess.run(TPCOMM + ["report", str(skewed_run)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]

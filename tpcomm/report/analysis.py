@@ -129,15 +129,14 @@ def _guarded(key: str, inp: readers.Inputs, shape: dict[str, str], build, *args)
         return _new(key)
 
 
-# Each section's data, empty (report/sections.py); the timeline's is the Timeline document itself, the replay's
-# replay.replay_data's dict.
+# Each section's data, empty (report/sections.py); the timeline's is the Timeline document itself.
 EMPTY = {
     "verdict": PageOne,
     "system": S.SystemSection,
     "plan": S.PlanSection,
     "probe": S.ProbeSection,
     "breakdown": S.BreakdownSection,
-    "replay": dict,
+    "replay": S.ReplaySection,
     "timeline": lambda: None,
     "ladder": S.LadderSection,
     "what_if": S.WhatIfSection,
@@ -349,7 +348,7 @@ def _replay(inp: readers.Inputs, breakdown: Section, cmds: dict[str, str]) -> Se
             cmds["probe"].replace("tpcomm probe", "tpcomm probe --replay", 1) + " --work-scale S",
         )
         return s
-    s.available, s.data, s.conditions = True, d, d["conditions"]
+    s.available, s.data, s.conditions = True, d, d.conditions
     return s
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from tpcomm.columns import fmt
 from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.probe.replay_format import conditions_line
-from tpcomm.report.sections import BreakdownSection
+from tpcomm.report.sections import BreakdownSection, ReplayRow, ReplaySection, ReplayVsServing
 
 
 def _allreduce(e: dict) -> dict | None:
@@ -44,83 +44,83 @@ def serving_c1(breakdown: BreakdownSection | None) -> dict | None:
     return out
 
 
-def replay_data(doc: dict | None, breakdown: BreakdownSection | None) -> dict | None:
+def replay_data(doc: dict | None, breakdown: BreakdownSection | None) -> ReplaySection | None:
     if not doc or not doc.get("results"):
         return None
     rows = []
     for e in doc["results"]:
         t, ar = e["timings"], _allreduce(e)
         rows.append(
-            {
-                "backend": e["backend"],
-                "mode": e["mode"],
-                "conditions": conditions_line(doc, e["backend"], e["mode"]),
-                "full_p50_us": (t.get("full") or {}).get("p50_us"),
-                "full_p99_us": (t.get("full") or {}).get("p99_us"),
-                "compute_p50_us": (t.get("compute") or {}).get("p50_us"),
-                "comm_p50_us": (t.get("comm") or {}).get("p50_us"),
-                "cost_us_per_token": e.get("interconnect_cost_us_per_token"),
-                "cost_us_per_token_mean": e.get("interconnect_cost_us_per_token_mean"),
-                "in_step_comm_us_per_token": e.get("in_step_comm_us_per_token"),
-                "split_us": e.get("full_step_split_us"),
-                "tok_per_s": e.get("tok_per_s") or {},
-                "allreduce": ar,
-            }
+            ReplayRow(
+                backend=e["backend"],
+                mode=e["mode"],
+                conditions=conditions_line(doc, e["backend"], e["mode"]),
+                full_p50_us=(t.get("full") or {}).get("p50_us"),
+                full_p99_us=(t.get("full") or {}).get("p99_us"),
+                compute_p50_us=(t.get("compute") or {}).get("p50_us"),
+                comm_p50_us=(t.get("comm") or {}).get("p50_us"),
+                cost_us_per_token=e.get("interconnect_cost_us_per_token"),
+                cost_us_per_token_mean=e.get("interconnect_cost_us_per_token_mean"),
+                in_step_comm_us_per_token=e.get("in_step_comm_us_per_token"),
+                split_us=e.get("full_step_split_us") or {},
+                tok_per_s=e.get("tok_per_s") or {},
+                allreduce=ar or {},
+            )
         )
     serving = serving_c1(breakdown)
-    compare = []
+    compare: list[ReplayVsServing] = []
     if serving:
         for r in rows:
-            ar = r["allreduce"]
+            ar = r.allreduce
             if ar and serving.get("allreduce_us_per_call"):
                 # Means on both sides: the attribution keeps per-site sums, and a mean carries the wait tail.
                 mean = ar["transfer_us_mean"] + ar["wait_us_mean"]
                 compare.append(
-                    {
-                        "what": f"all-reduce per call, mean incl. wait ({r['backend']}, {r['mode']})",
-                        "replay": mean,
-                        "serving": serving["allreduce_us_per_call"],
-                        "unit": "us",
-                        "ratio": mean / serving["allreduce_us_per_call"],
-                    }
+                    ReplayVsServing(
+                        f"all-reduce per call, mean incl. wait ({r.backend}, {r.mode})",
+                        mean,
+                        serving["allreduce_us_per_call"],
+                        "us",
+                        mean / serving["allreduce_us_per_call"],
+                    )
                 )
             tw = (serving.get("transfer_ms") or 0) + (serving.get("wait_ms") or 0)
-            cost = r["cost_us_per_token_mean"]
+            cost = r.cost_us_per_token_mean
             if cost is not None and tw > 0:  # attribute's per-token terms are means: so is this difference
                 compare.append(
-                    {
-                        "what": f"interconnect per token, with minus without, mean ({r['backend']}, {r['mode']})",
-                        "replay": cost,
-                        "serving": tw * 1e3,
-                        "unit": "us",
-                        "ratio": cost / (tw * 1e3),
-                    }
+                    ReplayVsServing(
+                        f"interconnect per token, with minus without, mean ({r.backend}, {r.mode})",
+                        cost,
+                        tw * 1e3,
+                        "us",
+                        cost / (tw * 1e3),
+                    )
                 )
-            inner = r["in_step_comm_us_per_token"]
+            inner = r.in_step_comm_us_per_token
             if inner is not None and tw > 0:  # the same split as the serving column, taken inside one step
                 compare.append(
-                    {
-                        "what": f"transfer + wait per token, in step ({r['backend']}, {r['mode']})",
-                        "replay": inner,
-                        "serving": tw * 1e3,
-                        "unit": "us",
-                        "ratio": inner / (tw * 1e3),
-                    }
+                    ReplayVsServing(
+                        f"transfer + wait per token, in step ({r.backend}, {r.mode})",
+                        inner,
+                        tw * 1e3,
+                        "us",
+                        inner / (tw * 1e3),
+                    )
                 )
-    return {
-        "rows": rows,
-        "serving": serving,
-        "compare": compare,
-        "schedule": doc.get("schedule") or {},
-        "skipped": doc.get("skipped") or [],
-        "wrong": doc.get("wrong", 0),
-        "state": doc.get("state"),
-        "conditions": conditions_line(doc),
-    }
+    return ReplaySection(
+        rows=rows,
+        serving=serving,
+        compare=compare,
+        schedule=doc.get("schedule") or {},
+        skipped=doc.get("skipped") or [],
+        wrong=doc.get("wrong", 0) or 0,
+        state=doc.get("state"),
+        conditions=conditions_line(doc),
+    )
 
 
-def blocks(d: dict) -> list[tuple]:
-    s = d.get("schedule") or {}
+def blocks(d: ReplaySection) -> list[tuple]:
+    s = d.schedule
     counts = ", ".join(f"{v} {k}" for k, v in (s.get("counts") or {}).items())
     out: list[tuple] = [
         (
@@ -133,24 +133,24 @@ def blocks(d: dict) -> list[tuple]:
         )
     ]
     t1, t2 = [], []
-    for r in d["rows"]:
-        sp, ar, tps = r.get("split_us") or {}, r.get("allreduce") or {}, r["tok_per_s"]
+    for r in d.rows:
+        sp, ar, tps = r.split_us, r.allreduce, r.tok_per_s
         t1.append(
             [
-                r["backend"],
-                r["mode"],
-                fmt(r["full_p50_us"]),
-                fmt(r["full_p99_us"]),
-                fmt(r["compute_p50_us"]),
-                fmt(r["comm_p50_us"]),
-                fmt(r["cost_us_per_token"]),
+                r.backend,
+                r.mode,
+                fmt(r.full_p50_us),
+                fmt(r.full_p99_us),
+                fmt(r.compute_p50_us),
+                fmt(r.comm_p50_us),
+                fmt(r.cost_us_per_token),
                 fmt(ar.get("duration_us_p50")),
             ]
         )
         t2.append(
             [
-                r["backend"],
-                r["mode"],
+                r.backend,
+                r.mode,
                 fmt(sp.get("step_us")),
                 fmt(sp.get("compute_us")),
                 fmt(sp.get("transfer_us")),
@@ -204,10 +204,10 @@ def blocks(d: dict) -> list[tuple]:
             ),
         )
     )
-    for r in d["rows"]:
-        out.append(("text", f"{r['backend']}, {r['mode']}: {r['conditions']}."))
-    if d.get("compare"):
-        sv = d["serving"]
+    for r in d.rows:
+        out.append(("text", f"{r.backend}, {r.mode}: {r.conditions}."))
+    if d.compare:
+        sv = d.serving or {}
         out.append(
             (
                 "text",
@@ -221,22 +221,17 @@ def blocks(d: dict) -> list[tuple]:
                 (
                     ["quantity", "replay", "in serving (C=1)", "replay / serving"],
                     [
-                        [
-                            c["what"],
-                            f"{fmt(c['replay'])} {c['unit']}",
-                            f"{fmt(c['serving'])} {c['unit']}",
-                            f"{c['ratio']:.2f}",
-                        ]
-                        for c in d["compare"]
+                        [c.what, f"{fmt(c.replay)} {c.unit}", f"{fmt(c.serving)} {c.unit}", f"{c.ratio:.2f}"]
+                        for c in d.compare
                     ],
                     [2.5, 1, 1, 1],
                 ),
             )
         )
-    for sk in d.get("skipped") or []:
+    for sk in d.skipped:
         out.append(("text", f"Skipped {sk['backend']} ({sk['mode']}): {sk['reason']}"))
-    if d.get("wrong"):
-        out.append(("text", f"WARNING: {d['wrong']} elements were wrong in the replay's correctness check."))
-    if d.get("state") not in (None, "complete"):
-        out.append(("text", f"The replay run is {d['state']}: only the timings it finished are shown."))
+    if d.wrong:
+        out.append(("text", f"WARNING: {d.wrong} elements were wrong in the replay's correctness check."))
+    if d.state not in (None, "complete"):
+        out.append(("text", f"The replay run is {d.state}: only the timings it finished are shown."))
     return out

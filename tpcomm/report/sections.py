@@ -142,3 +142,45 @@ class MethodsSection:
     items: list[MethodItem] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     commands: list[CommandLine] = field(default_factory=list)
+
+
+@dataclass
+class ReplayRow:
+    """One (backend, mode) of probe/replay.json: the replayed decode step's timings (us) and its split."""
+
+    backend: str
+    mode: str
+    conditions: str
+    full_p50_us: float | None = None
+    full_p99_us: float | None = None
+    compute_p50_us: float | None = None
+    comm_p50_us: float | None = None
+    cost_us_per_token: float | None = None
+    cost_us_per_token_mean: float | None = None
+    in_step_comm_us_per_token: float | None = None
+    split_us: dict[str, float] = field(default_factory=dict)  # step, compute, transfer, wait
+    tok_per_s: dict[str, float] = field(default_factory=dict)  # compute_only, comm_only ceilings
+    allreduce: dict[str, Any] = field(default_factory=dict)  # the smallest all-reduce site's timings
+
+
+@dataclass
+class ReplayVsServing:
+    """A replayed figure beside the hook's at C=1 (same quantity, same unit)."""
+
+    what: str
+    replay: float
+    serving: float
+    unit: str
+    ratio: float
+
+
+@dataclass
+class ReplaySection:
+    rows: list[ReplayRow] = field(default_factory=list)
+    serving: dict[str, Any] | None = None  # replay.serving_c1: the hook's C=1 figures
+    compare: list[ReplayVsServing] = field(default_factory=list)
+    schedule: dict[str, Any] = field(default_factory=dict)  # probe/replay.json's schedule, as read
+    skipped: list[dict] = field(default_factory=list)
+    wrong: int = 0
+    state: str | None = None
+    conditions: str = ""
