@@ -213,7 +213,6 @@ class RankWatch:
                 )
             self.note = "TP ranks not watched: " + why
             return None
-        return None
 
     def stop(self, requests_failed: bool = False) -> RankDeath | None:
         """Stop watching; one last look first, so a death just before the end is not missed.
