@@ -61,11 +61,22 @@ t0 = time.perf_counter() - t
 t = time.perf_counter()
 cs = client_side(rows, req, tok, C, True, sreq, every)
 t2 = time.perf_counter() - t
+t = time.perf_counter()
+cs_out = client_side(rows, req, tok, C, True, sreq, every, out_rank=0)  # attribute's path: rank 0's step ends
+t3 = time.perf_counter() - t
 dt, cz = cs["delivery_term"], cs["closure"]
 print(
     f"{len(coll):,} collective rows (8 ranks x 123 x {S} steps), {len(sreq):,} step-request rows, {len(req)} requests at C={C}"
 )
-print(f"align+rank_steps {t1:.2f} s; client side without ids {t0:.2f} s, with ids {t2:.2f} s")
+print(
+    f"align+rank_steps {t1:.2f} s; client side without ids {t0:.2f} s, with ids {t2:.2f} s, with ids on the output "
+    f"rank's step ends {t3:.2f} s"
+)
 print(
     f"paired {dt.requests}/{len(req)}; five terms {dt.sum_ms:.4f} vs client {dt.client_ms:.4f} ms ({dt.diff_pct:+.2f}%), delivery {dt.ms:.4f} ms, early {dt.early_tokens}; closure {cz.pairing} {cz.diff_pct:+.2f}%"
+)
+do, co = cs_out["delivery_term"], cs_out["closure"]
+print(
+    f"on rank 0's step ends: paired {do.requests}/{len(req)}; five terms {do.sum_ms:.4f} vs client {do.client_ms:.4f} ms "
+    f"({do.diff_pct:+.2f}%), delivery {do.ms:.4f} ms, early {do.early_tokens}; closure {co.pairing} {co.diff_pct:+.2f}%"
 )
