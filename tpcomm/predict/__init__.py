@@ -22,6 +22,7 @@ from tpcomm.plan import Plan, build_plan
 from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED
 from tpcomm.plan.layout import Layout
 from tpcomm.plan.weights import weight_components
+from tpcomm.predict import coverage
 from tpcomm.predict.engine import resolve_engine
 from tpcomm.predict.hardware import load_profile, with_interconnect
 from tpcomm.predict.latency_range import make_range
@@ -137,6 +138,11 @@ def predict(
         ri = range_inputs(
             hw, k, lat, eng, plan.model, plan.layout.tp
         )  # the fitted penalty stands in for the per-layer cost
+    # The rows that informed the fitted constants in use; an engine none of them ran gets its ranges widened
+    # (coverage.py, the one place the rule is defined).
+    cov = coverage.coverage(eng, coverage.constants_in_use(hw, eng, ri))
+    ri_as_fitted = ri
+    ri, cov = coverage.widen_uncovered(ri, cov, coverage.ramp_fits())
     kc = central_knobs(ri, k)
     steps = [evaluate(plan, b, hw, ri, k) for b in batches]
     ss, corners = steps[0]
@@ -144,6 +150,11 @@ def predict(
     coll = bd["collectives"]
     non_coll = ss["step_ms"] - coll
     fits, stored = fits_memory(plan.model, layout, hw)
+    if fits and cov.widened and cov.widened["changed"]:  # by how much: the single-stream range
+        # without the widening (none where the weights do not fit: no tok/s)
+        c0, cs0 = evaluate(plan, 1, hw, ri_as_fitted, k)
+        cov.widened["tok_per_s_from"] = span(c0["tok_per_s"], [c["tok_per_s"] for c in cs0])
+        cov.widened["tok_per_s_to"] = span(ss["tok_per_s"], [c["tok_per_s"] for c in corners])
     summary = summarize(ss, corners)
     cmds = decide_commands(model, plan.layout.world_size, hw["profile"], out, engine)
     if fits:
@@ -155,6 +166,7 @@ def predict(
     doc = {
         **described(plan, hw),
         "engine": eng.as_dict(),
+        "coverage": cov.as_dict(),
         "collective_latency_source": lat.central.description,
         "collective_latency_kind": lat.kind,
         "collective_latency_kernel": lat.kernel or None,

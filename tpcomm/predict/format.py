@@ -33,6 +33,7 @@ def format_predict(doc: dict) -> str:
         + _header(doc, "MODEL-BASED PREDICTION (not a measurement)")
         + [
             f"engine {doc['conditions']['engine']}",
+            *_coverage_line(doc),
             "collective latency per call (range; the kernel the engine picks: "
             f"{doc.get('collective_latency_kernel') or 'n/a'}):",
             *[f"  {lv:<7} {inp['collective_latency'][lv]}" for lv in ("low", "central", "high")],
@@ -117,6 +118,12 @@ def format_predict(doc: dict) -> str:
         lines += ["", "compare: " + doc["compare"]["conclusion"]]
     lines += ["", "assumptions:"] + [f"  - {a}" for a in doc["assumptions"]]
     return "\n".join(lines)
+
+
+def _coverage_line(doc: dict) -> list[str]:
+    """Said only where no row that informed the constants in use ran this engine (and what that widened)."""
+    cov = doc.get("coverage")
+    return [cov["statement"]] if cov and not cov["covered"] else []
 
 
 def _single_stream_line(ss: dict, s1: dict, fit1) -> str:

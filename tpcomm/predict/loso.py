@@ -9,7 +9,9 @@ GPUs without a fit is derived from the fitted ramps (kernels.RAMP_US: central = 
 highest). The refit: coordinate descent, each constant by golden section on the sum of squared log errors of the
 central prediction over the rows that list it, the others held at their current values. A refitted constant
 keeps the shipped range's relative width around its new central value; one whose every fitting row is held out
-falls back to the assumption used where no fit exists (UNFITTED), and the range says so.
+falls back to the assumption used where no fit exists (UNFITTED), and the range says so. A held-out row whose
+engine none of the rows left (that inform the constants it uses) ran gets its GEMM ramp widened by
+coverage.widen_uncovered, the rule the shipped prediction uses, on the fold's own fitted ramps.
 
 Units: tok/s, percent; constants in their own units (fraction, us, ms).
 """
@@ -22,6 +24,15 @@ from dataclasses import dataclass, replace
 
 from tpcomm.plan.layout import Layout
 from tpcomm.predict import engine_on, load_inputs
+from tpcomm.predict.coverage import (
+    GENERIC_RAMP,
+    GPU_GROUPS,
+    constants_in_use,
+    coverage,
+    gpu_group,
+    ramp_fits,
+    widen_uncovered,
+)
 from tpcomm.predict.engine import HOST, HOST_TP
 from tpcomm.predict.hardware import load_profile
 from tpcomm.predict.kernels import KV_EFFICIENCY, MOE_LAYER_US, RAMP_US, WEIGHT_KERNEL
@@ -30,11 +41,6 @@ from tpcomm.predict.model import Knobs, step_time
 from tpcomm.predict.ranges import MEMORY_EFFICIENCY_RANGE, Input, central_knobs, evaluate, range_inputs, span
 from tpcomm.predict.validation import Result, load_rows, model_of
 
-GPU_GROUPS = {
-    "a100": ("a100-sxm", "a100-pcie", "a100-sxm-40gb"),
-    "h20": ("h20",),
-    "rtx-pro-6000": ("rtx-pro-6000", "rtx-pro-6000-server"),
-}
 ROUNDS = 3  # coordinate-descent passes (the joint A100 fit settles in two)
 GOLDEN_STEPS = 28
 
@@ -122,18 +128,8 @@ def prepare(row: dict, qconfigs: dict) -> Prepared:
         hw, None, None, n=main.group_size if main else row["tp"], nbytes=main.bytes if main else 0, engine=eng
     )
     ri = range_inputs(hw, k, lat, eng, plan.model, row["tp"])
-    uses = ["kv_efficiency"]
-    gpu = next((g for g, names in GPU_GROUPS.items() if hw["profile"] in names), None)
-    if gpu:
-        uses += [f"{gpu}.{key}" for key in ("memory_efficiency", "ramp_us") if f"{gpu}.{key}" in CONSTS]
-    if eng.runner in ("vllm-v0", "sglang-overlap"):
-        uses.append(f"host.{eng.runner}")
-    if eng.runner in HOST_TP:
-        uses.append("host_tp.vllm")
-    if f"moe.{ri.moe_backend}" in CONSTS:  # a fitted backend (an uncovered one keeps its stated range)
-        uses.append(f"moe.{ri.moe_backend}")
-    if ri.quant_kernel_factor is not None:
-        uses.append("weight_kernel.awq-gemm")
+    uses = constants_in_use(hw, eng, ri, set(CONSTS))
+    gpu = gpu_group(hw)
     return Prepared(row, plan, hw, ri, k, tuple(uses), gpu is None and "ramp_us" not in hw, eng)
 
 
@@ -240,11 +236,26 @@ def _log_error(p: Prepared, values: dict[str, Input], by_id: dict[str, Prepared]
     return err
 
 
-def predict_row(p: Prepared, values: dict[str, Input]) -> Result:
-    ri = with_values(p, values, derived_ramp(values))
+def predict_row(p: Prepared, values: dict[str, Input], rows: list[dict] | None = None) -> Result:
+    """One row predicted with `values`; `rows`: the rows these constants were fitted on (the rows left once its
+    source is held out; None: every row). An engine none of the rows informing the constants in use ran gets its
+    GEMM ramp widened by coverage.widen_uncovered, the same rule as the shipped prediction, on this fold's fits (the
+    spread of the ramps refitted on these rows)."""
+    ramp = derived_ramp(values)
+    ri = with_values(p, values, ramp)
+    uses = [GENERIC_RAMP if _unfitted_ramp(n, values) else n for n in p.uses]
+    cov = coverage(p.eng, uses, rows)
+    fitted = {g: values[f"{g}.ramp_us"].central for g in GPU_GROUPS if not _unfitted_ramp(f"{g}.ramp_us", values)}
+    ri, cov = widen_uncovered(ri, cov, ramp_fits(load_rows()[0] if rows is None else rows, fitted))
     central, cs = evaluate(p.plan, p.row["batch"], p.hw, ri, p.k)
     r = span(central["tok_per_s"], [c["tok_per_s"] for c in cs])
-    return Result(p.row, r["central"], r["low"], r["high"])
+    return Result(p.row, r["central"], r["low"], r["high"], coverage=cov.as_dict())
+
+
+def _unfitted_ramp(name: str, values: dict[str, Input]) -> bool:
+    """A GPU ramp with no fitting row left in this fold: its rows take the fold's generic ramp (derived from every
+    ramp still fitted), so those are the rows that inform it."""
+    return name.endswith(".ramp_us") and name in values and values[name].source.startswith("unfitted")
 
 
 @dataclass
@@ -253,6 +264,7 @@ class Fold:
     rows: list[Result]
     informed: list[str]  # the constants its rows fit (with all sources)
     values: dict[str, Input]  # the constants without it
+    rest: list[dict]  # the rows the constants without it were fitted on
 
 
 def run(by: str = "source") -> tuple[list[Fold], dict[str, Input]]:
@@ -268,14 +280,15 @@ def run(by: str = "source") -> tuple[list[Fold], dict[str, Input]]:
         informed = sorted({f for p in members for f in p.row.get("fits", [])})
         rest = [p for p in prepared if source_of(p.row, by) != src]
         values = fit(rest, f" (without {short(src)})") if informed else full
-        folds.append(Fold(src, [predict_row(p, values) for p in members], informed, values))
+        rest_rows = [p.row for p in rest]
+        folds.append(Fold(src, [predict_row(p, values, rest_rows) for p in members], informed, values, rest_rows))
     return folds, full
 
 
 def in_sample(values: dict[str, Input]) -> list[Result]:
     """Every row predicted with one set of constants (the fit on every source: this procedure's in-sample)."""
     rows, qconfigs = load_rows()
-    return [predict_row(prepare(r, qconfigs), values) for r in rows]
+    return [predict_row(prepare(r, qconfigs), values, rows) for r in rows]
 
 
 def report(by: str = "source") -> dict:

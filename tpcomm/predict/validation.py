@@ -45,6 +45,7 @@ class Result:
     low: float | None
     high: float | None
     error: str | None = None
+    coverage: dict | None = None  # predict.json's `coverage`: the rows that informed it, and any widening
 
     @property
     def measured(self) -> float:
@@ -79,7 +80,15 @@ class Result:
             "error_pct": self.error_pct,
             "half_width_pct": self.half_width_pct,
             "error": self.error,
+            "engine_covered": None if self.coverage is None else self.coverage["covered"],
+            "widened": None if self.coverage is None else _widened(self.coverage),
         }
+
+
+def _widened(cov: dict) -> dict | None:
+    """The input widened for an uncovered engine, from -> to (None: nothing widened)."""
+    w = cov.get("widened")
+    return {"input": w["input"], "from": w["from"], "to": w["to"]} if w and w["changed"] else None
 
 
 def run_row(row: dict, qconfigs: dict) -> Result:
@@ -99,8 +108,8 @@ def run_row(row: dict, qconfigs: dict) -> Result:
     r = b["tok_per_s_range"]
     if r is None:  # predict gives no tok/s where the weights do not fit its 90% rule; the row ran, so compare anyway
         s, n = b["step_ms_range"], row["batch"] * 1e3
-        return Result(row, n / s["central"], n / s["high"], n / s["low"])
-    return Result(row, r["central"], r["low"], r["high"])
+        return Result(row, n / s["central"], n / s["high"], n / s["low"], coverage=doc["coverage"])
+    return Result(row, r["central"], r["low"], r["high"], coverage=doc["coverage"])
 
 
 def run(ids: list[str] | None = None) -> list[Result]:
