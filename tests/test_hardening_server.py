@@ -2,9 +2,11 @@
 tiny model) with --api-key, switched on by TPCOMM_HOOK=1 with VLLM_PLUGINS unset, its metrics folder in a
 world-writable stand-in for /dev/shm where another user (uid 65534) took the folder name before it started.
 
-Real signals (SIGSTOP/SIGCONT to a TP worker, SIGINT to attribute's process group, SIGKILL to the whole
-server), real files, real concurrent clients and traffic, a real TCP/TLS proxy in front of the server for cut
-and slowed streams. Order matters: the last test kills the server. One server start (~2 min on 2 cores).
+Real signals (SIGSTOP/SIGCONT to a TP worker, SIGINT to attribute's process group), real files, real
+concurrent clients and traffic, a real TCP/TLS proxy in front of the server for cut and slowed streams. The
+server is the session's keyed one (conftest.hardened_server, tests/hardened_world.py), shared with the other
+keyed tests; the executor-timeout drift test leaves its replies out of step for good and runs last, on a
+fresh start (conftest.PHASE2_ORDER). The whole server killed mid-run: test_attribute_llama_server.py.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -23,23 +24,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hardened_world import KEY, H
 from hookwait import wait_armed
 from other_user import as_nobody, skip_reason
 from stream_proxy import StreamProxy, self_signed
 
 from tpcomm.attribute.hook_client import HookClient, RecordingTaken
 
-KEY = "sekret-h22"
-H = {"Authorization": f"Bearer {KEY}"}
 TPCOMM = [sys.executable, "-m", "tpcomm.cli"]
 FAST = ["--input-len", "16", "--warmup", "1", "--max-rounds", "1", "--api-key", KEY]
-MARKER_PLUGIN = """
-import os
-def register():
-    d = os.environ.get("TPCOMM_TEST_MARKS")
-    if d:
-        open(os.path.join(d, str(os.getpid())), "w").close()
-"""
 
 
 def _env() -> dict:
@@ -86,42 +79,13 @@ def _last_error(stderr: str) -> str:
 
 # ---- the server -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def world(request, tmp_path_factory):
-    """Folders the server needs before it starts: a stand-in /dev/shm the other user has written to, the
-    marker plugin on PYTHONPATH."""
-    shm = Path(tempfile.mkdtemp(prefix="tpcomm-shm-"))
-    shm.chmod(0o1777)
-    squat = shm / f"tpcomm-{os.geteuid()}"
-    if skip_reason() is None:
-        as_nobody(os.mkdir, str(squat), 0o777)  # the other user took the worker's folder name first
-    plug = tmp_path_factory.mktemp("plugin")
-    (plug / "tpcomm_test_marker").mkdir()
-    (plug / "tpcomm_test_marker" / "__init__.py").write_text(MARKER_PLUGIN)
-    dist = plug / "tpcomm_test_marker-0.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tpcomm-test-marker\nVersion: 0.0\n")
-    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\ntest_marker = tpcomm_test_marker:register\n")
-    marks = tmp_path_factory.mktemp("marks")
-    yield {"shm": shm, "squat": squat, "plugin": plug, "marks": marks}
-    import shutil
-
-    shutil.rmtree(shm, ignore_errors=True)
-
-
-def _server_env(world: dict) -> dict:
-    return {
-        "TPCOMM_METRICS_DIR": str(world["shm"]),
-        "TPCOMM_RPC_TIMEOUT_S": "8",
-        "TPCOMM_RECORDS_PAGE_ROWS": "1000",
-        "PYTHONPATH": str(world["plugin"]),
-        "TPCOMM_TEST_MARKS": str(world["marks"]),
-        "VLLM_SERVER_DEV_MODE": "1",  # vLLM's own POST /collective_rpc, for the last test
-    }
+def world(hardened_world):
+    return hardened_world
 
 
 @pytest.fixture(scope="module")
-def srv(vllm_server_factory, world):
-    s = vllm_server_factory(plugin=True, api_key=KEY, extra_env=_server_env(world))
+def srv(hardened_server):
+    s = hardened_server.server
     assert "VLLM_PLUGINS" not in s.environment() and s.environment()["TPCOMM_HOOK"] == "1"
     HookClient(s.url, api_key=KEY).status()  # the API server now knows its workers (GET /tpcomm/v1/workers)
     return s
@@ -553,37 +517,13 @@ def test_an_html_error_page_is_one_line(tmp_path):
 
 
 # ---- item 14: a whole-server kill (last: it kills the server) -----------------------------------------------
-@pytest.mark.vllm
-def test_a_whole_server_kill_is_not_blamed_on_a_rank(srv, hook, tmp_path):
-    out = tmp_path / "run"
-    # 24 requests at C=2 (~5 s on an idle host): the kill lands among the level's requests even where the
-    # hook's status answers a second late (a busy host: the API server then sends in lumps); with 8, a busy
-    # run saw the level end first and the kill hit the records pull ("server stopped answering").
-    p = _popen(srv.url, out, "--concurrency", "1,2", "--requests", "24", "--output-len", "48", *FAST)
-    try:
-        wait_armed(hook, "-c2-r0", p, out)
-        time.sleep(0.3)
-        os.killpg(os.getpgid(srv.proc.pid), signal.SIGKILL)  # the process group: API server, engine, workers
-        stdout, stderr = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        srv.stop()
-    assert p.returncode == 1, stderr[-3000:]
-    err = _last_error(stderr)
-    assert "the whole vLLM server stopped during C=2" in err and "not one rank's failure" in err, err
-    st = _status(out)
-    assert st["dead_rank"]["whole_server"] is True and not st["reason"].startswith("TP rank"), st
-    assert st["dead_rank"]["api_server_after_ms"] <= 250, st
-
-
 # ---- item 6: replies already out of step are never mixed (on a fresh server: it stays out of step) ---------------
 @pytest.mark.vllm
-def test_replies_left_out_of_step_by_an_executor_timeout_are_refused_not_mixed(vllm_server_factory, world):
+def test_replies_left_out_of_step_by_an_executor_timeout_are_refused_not_mixed(hardened_server):
     """The drift itself, made by vLLM's own dev route with an executor timeout while rank 1 is stopped (what the
     hook's routes did before): rank 1's late reply stays queued and answers the next call. The routes see that
     every reply does not carry their call's number, re-read once, and answer 502 instead of a mixed status."""
-    fresh = vllm_server_factory(plugin=True, api_key=KEY, extra_env=_server_env(world))  # the last test killed it
+    fresh = hardened_server.server  # a fresh start: the test before it on this server disabled its hook
     hook = HookClient(fresh.url, api_key=KEY, timeout_s=60)
     assert hook.start(session="before")["session"] == "before"
     pid1 = _pids(hook)[1]

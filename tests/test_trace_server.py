@@ -3,8 +3,8 @@ plugin and vLLM's torch profiler both on, `tpcomm attribute --profile` at C=1. T
 the hook's split of the same requests must agree within 10% of the per-token time for every term, and both
 must count the plan's collectives per decode step.
 
-The server is our own (the pooled one cannot take --profiler-config); the pool is stopped while it runs.
-Heavy: run under `flock /tmp/tpcomm-heavy.lock`.
+The server is the session's pooled plugin-on one, whose torch profiler is configured (conftest.py: every
+pooled variant's alike, record_shapes on) and runs only between /start_profile and /stop_profile.
 """
 
 from __future__ import annotations
@@ -15,17 +15,14 @@ import subprocess
 import sys
 
 import pytest
-from profiled_server import profiled_server as start_profiled_server
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def profiled_server(request, tmp_path_factory):
-    # record_shapes: sizes per collective, checked against the plan
-    srv = start_profiled_server(request, tmp_path_factory, plugin=True, torch_profiler_record_shapes=True)
-    yield srv
-    srv.stop()
+def profiled_server(vllm_server):
+    # record_shapes (conftest.profiler_config): sizes per collective, checked against the plan
+    return vllm_server.server
 
 
 def test_trace_split_agrees_with_the_hook_split(profiled_server, tmp_path):
