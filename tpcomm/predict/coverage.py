@@ -3,7 +3,7 @@ for, and how the range widens where none did (issue 29 item 2: "where no measure
 the range says so and widens, and the JSON names which rows informed it").
 
 The fitted constants are the ones rows of tpcomm/predict/data/validation.json set (each fitted row lists them in
-`fits`): a GPU's memory efficiency and GEMM ramp, vLLM V0's and SGLang's host time, the growth of the host term
+`fits`): a GPU's memory efficiency and GEMM ramp, vLLM V0's, SGLang's and TGI 1.0's host time, the growth of the host term
 with TP, the KV efficiency, the fitted MoE backends' cost per layer and the AWQ-GEMM slowdown. A prediction uses
 some of them (`constants_in_use`); the rows that informed it are the fitted rows of those constants among the rows
 available (shipped: the whole table; leave-one-source-out: the rows left once a source is held out), and for a GPU
@@ -103,10 +103,10 @@ def constants_in_use(hw: dict, eng, ri, known: set[str] | None = None) -> list[s
     if eng is not None:
         from tpcomm.predict.engine import HOST_TP
 
-        if eng.runner in ("vllm-v0", "sglang-overlap"):
+        if eng.runner in ("vllm-v0", "sglang-overlap", "tgi-1.0"):
             uses.append(f"host.{eng.runner}")
         if eng.runner in HOST_TP:
-            uses.append("host_tp.vllm")
+            uses.append("host_tp.tgi-1.0" if eng.runner == "tgi-1.0" else "host_tp.vllm")
     if getattr(ri, "moe_layer_us", None) is not None and f"moe.{ri.moe_backend}" in known:
         uses.append(f"moe.{ri.moe_backend}")
     if getattr(ri, "quant_kernel_factor", None) is not None:

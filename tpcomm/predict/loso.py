@@ -3,7 +3,8 @@ together while the fitted constants are refitted on the rows of the other source
 predicted with those constants. So no row is predicted by a constant its own source informed.
 
 The fitted constants (CONSTANTS) are the ones validation.json's rows set (each fitted row lists them in `fits`):
-a GPU's memory efficiency and GEMM ramp (A100, H20), the host time of vLLM V0 and of SGLang's overlap scheduler,
+a GPU's memory efficiency and GEMM ramp (A100, H20), the host time of vLLM V0, of SGLang's overlap scheduler and of
+TGI 1.0 (with its own growth with TP; held out, TGI falls back to its stated assumption, vLLM V0's growth),
 the KV efficiency, three MoE backends' fixed cost per layer and the AWQ-GEMM slowdown; the generic GEMM ramp of
 GPUs without a fit is derived from the fitted ramps (kernels.RAMP_US: central = their geometric mean, high = the
 highest). The refit: coordinate descent, each constant by golden section on the sum of squared log errors of the
@@ -69,11 +70,12 @@ def constants() -> dict[str, Constant]:
                 f"{g}.memory_efficiency", "memory_efficiency", (0.15, 0.97), _profile_range(g, "memory_efficiency")
             )
         out[f"{g}.ramp_us"] = Constant(f"{g}.ramp_us", "ramp_us", (0.0, 60.0), _profile_range(g, "ramp_us"))
-    for runner in ("vllm-v0", "sglang-overlap"):
+    for runner in ("vllm-v0", "sglang-overlap", "tgi-1.0"):
         out[f"host.{runner}"] = Constant(f"host.{runner}", "host_ms", (0.0, 6.0), HOST[runner][:3])
     # One TP-1 row bounds SGLang's host time from above (host + GPU <= 2.4 ms); it does not fit a value.
     out["host.sglang-overlap"] = replace(out["host.sglang-overlap"], kind="bound")
     out["host_tp.vllm"] = Constant("host_tp.vllm", "host_tp", (0.0, 6.0), HOST_TP["vllm-v0"][:3])
+    out["host_tp.tgi-1.0"] = Constant("host_tp.tgi-1.0", "host_tp", (0.0, 6.0), HOST_TP["tgi-1.0"][:3])
     out["kv_efficiency"] = Constant("kv_efficiency", "kv_efficiency", (0.05, 1.0), KV_EFFICIENCY[:3])
     for b in ("nvfp4-sm12", "mxfp4-sm8", "sglang-gptq-moe", "mla-fp8-sglang-early"):
         out[f"moe.{b}"] = Constant(f"moe.{b}", "moe_layer_us", (0.0, 2000.0), MOE_LAYER_US[b][:3])
@@ -97,6 +99,10 @@ def unfitted(name: str) -> Input:
         return Input(*HOST["vllm-v1-async"][:3], f"unfitted ({why}): as vLLM's async scheduling")
     if name == "host_tp.vllm":
         return Input(0.0, 0.0, 0.0, f"unfitted ({why}): no host cost growing with TP")
+    if name == "host.tgi-1.0":
+        return Input(*HOST["tgi"][:3], f"unfitted ({why}): TGI's assumed range (engine.HOST['tgi'])")
+    if name == "host_tp.tgi-1.0":  # fit() replaces it with the fold's vLLM V0 growth, as engine.HOST_TP['tgi'] assumes
+        return Input(*HOST_TP["tgi"][:3], f"unfitted ({why}): as vLLM V0's growth with TP")
     if name == "kv_efficiency":
         lo, c, hi = MEMORY_EFFICIENCY_RANGE
         return Input(lo, c, hi, f"unfitted ({why}): each row's weight memory efficiency")
@@ -148,9 +154,10 @@ def with_values(p: Prepared, values: dict[str, Input], ramp_generic: Input):
     for name in p.uses:
         if name in values and CONSTS[name].field != "host_tp":
             changes[CONSTS[name].field] = values[name]
-    if "host_tp.vllm" in p.uses:  # the host term at this TP: base + log2(TP) x the per-doubling cost
+    tp_name = next((n for n in p.uses if n.startswith("host_tp.")), None)
+    if tp_name:  # the host term at this TP: base + log2(TP) x the per-doubling cost
         base = changes.get("host_ms") or Input(*p.eng.host_ms, p.eng.host_source)
-        t, f = values["host_tp.vllm"], math.log2(p.row["tp"])
+        t, f = values[tp_name], math.log2(p.row["tp"])
         changes["host_ms"] = Input(
             base.low + f * t.low, base.central + f * t.central, base.high + f * t.high, base.source
         )
@@ -221,6 +228,10 @@ def fit(prepared: list[Prepared], label: str = "") -> dict[str, Input]:
 
             v = _golden(loss, *c.bounds)
             values[name] = scaled(c, v, f"refitted on {len(rows)} rows{label}")
+    t = values["host_tp.tgi-1.0"]
+    if t.source.startswith("unfitted"):  # TGI's assumption (engine.HOST_TP['tgi']): as vLLM V0's, this fold's value
+        v = values["host_tp.vllm"]
+        values["host_tp.tgi-1.0"] = Input(v.low, v.central, v.high, f"{t.source}, here {v.source}")
     return values
 
 
