@@ -52,6 +52,16 @@ def _timed_start(self, *args, **kwargs):
 VllmServer.start = _timed_start
 
 
+def pytest_configure(config):
+    # A process started in the background by a shell without job control (`scripts/test.sh &`, a CI runner's
+    # step) begins with SIGINT ignored, and its children inherit that: the Ctrl-C tests would
+    # then send a SIGINT nobody hears. Python's own handler, as a terminal start gives it.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_terminal_summary(terminalreporter):
     if SERVER_STARTS:
         tr = terminalreporter
