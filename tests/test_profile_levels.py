@@ -131,7 +131,8 @@ REAL = Path(__file__).parent / "data" / "attribute_trace_alone_tp2"
 def test_real_run_without_the_plugin_reanalyses_to_its_attribution(tmp_path):
     """The recorded real run (no plugin, traces only): --reanalyse gives the traces' split with the closure judged
     against the client, as recorded live (-3.553% then: step ends averaged over the ranks; -3.5495% with rank 0's,
-    vLLM's output rank, pairing.step_ends)."""
+    vLLM's output rank, pairing.step_ends). Per-token time 28.910245 ms with start-to-start periods, 28.877992 with
+    end-to-end ones (analysis/split.py, 2026-12-06: the window the client's tokens span)."""
     from tpcomm.attribute.run import reanalyse_run_dir
 
     d = tmp_path / "run"
@@ -142,7 +143,7 @@ def test_real_run_without_the_plugin_reanalyses_to_its_attribution(tmp_path):
     plain, prof = att["levels"]
     assert not plain["attributed"] and plain["note"] == f"not measured: {NOT_PROFILED}"
     assert prof["attributed"] and prof["source"] == "trace" and att["headline"] == {"concurrency": 1, "repeat": 1}
-    assert prof["engine_ms_per_token"] == pytest.approx(28.910245, rel=1e-6)
+    assert prof["engine_ms_per_token"] == pytest.approx(28.877992, rel=1e-6)
     assert sum(prof["per_token_ms"].values()) == pytest.approx(prof["engine_ms_per_token"], rel=1e-12)
     cz = prof["closure"]
     assert cz["judged"] and cz["ok"] and cz["requests"] == 4 and cz["diff_pct"] == pytest.approx(-3.5495, abs=1e-3)

@@ -7,10 +7,19 @@ Per engine step and rank (from aligned hook records):
     wait_us     = sum of (this rank's duration - that minimum)          (rank skew, not link speed)
     compute_us  = step_us - transfer_us - wait_us                       (everything else in the step)
 Per level and rank, over the *decode pairs* of the level's steady window: a decode
-step i followed by decode step i+1 on the same rank (consecutive step counters;
-prefill and mixed steps, and the idle time before them, are left out):
-    period_us   = t_start(i+1) - t_start(i)  = step_us(i) + gap_us(i)
-    gap_us      = t_start(i+1) - t_end(i)    (host gap between steps: scheduling, output processing)
+step i and the step i-1 before it on the same rank (consecutive step counters; step
+i-1 of any kind: the prefill that made a stream's first token, a mixed step or a
+decode step); prefill and mixed steps themselves, and the idle time before them,
+are left out:
+    period_us   = t_end(i) - t_end(i-1)      = gap_us(i) + step_us(i)
+    gap_us      = t_start(i) - t_end(i-1)    (host gap before the step: scheduling, output processing)
+A token is made when its step ends, so a decode token's time is from the end of the
+step that made the stream's previous token to the end of its own: over one stream's
+tokens 1..n-1 the periods add up to end(last step) - end(prefill), the window the
+client's and the delivery term's per-token times span (analysis/delivery.py), with
+no step or gap at the window's edges left out (a start-to-start period, used until
+2026-12-06, left out the gap after the prefill and the last decode step: a 1.1 s
+stall in one request's last step then put the split 6% under the client's time).
 Every running stream gets one token per decode step, so the engine's per-token
 time is the mean period, and
     mean period = mean compute + mean transfer + mean wait + mean gap   (exact: means add).
@@ -30,7 +39,7 @@ The level's terms are the means over ranks of each rank's terms (still exact).
 Which clock (`clock` in what engine_split returns): on CUDA workers the hook's step
 rows carry the GPU's own step boundaries (gpu_start_ns / gpu_end_ns, hook/gpuclock.py)
 and rank_steps puts the steps on that clock: step = GPU span, gap = GPU idle between
-steps, period = GPU start to start. Under vLLM's async scheduling (the CUDA default)
+steps, period = GPU end to end. Under vLLM's async scheduling (the CUDA default)
 the host span is only the enqueue span, one step ahead of the GPU, so the host clock
 would split wrong there; on the GPU clock the four terms add up to the GPU period.
 Without GPU columns (CPU workers, older records) the host clock stays; a GPU worker's
@@ -182,26 +191,27 @@ def decode_steps(rank_rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def decode_pairs(rank_rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows of `rank_rows` (one level) whose step is a decode step followed by the next decode step on the
-    same rank, with period_us and gap_us added. Empty steps (no scheduled token: PP's batch queue runs one per
-    stage slot) between two decode steps keep them consecutive when every step number between them was
-    recorded as empty; their time is then part of the period (in the host gap)."""
+    """Rows of `rank_rows` (one level) whose step is a decode step with the step before it on the same rank
+    recorded (any kind but empty: at C=1 a stream's first decode step follows its prefill), with period_us
+    (end to end) and gap_us (the host gap before the step) added. Empty steps (no scheduled token: PP's batch
+    queue runs one per stage slot) between the two keep them consecutive when every step number between them
+    was recorded as empty; their time is then part of the period (in the host gap)."""
     r = rank_rows.sort_values(["rank", "step"])
     empty = (r["kind"] == "empty").to_numpy()
     seen_empty = pd.Series(empty.astype(np.int64), index=r.index).groupby(r["rank"]).cumsum()
     r = r[~empty].assign(_empties=seen_empty[~empty])
-    # Int64 (nullable) so that the shift's missing last row does not turn ns times into floats (128 ns off)
-    r = r.assign(t_start_ns=r["t_start_ns"].astype("Int64"))
-    nxt = r.groupby("rank", sort=False)[["step", "t_start_ns", "kind", "_empties"]].shift(-1)
-    skipped = nxt["step"] - r["step"] - 1
-    ok = ((r["kind"] == "decode") & (nxt["kind"] == "decode") & (skipped == nxt["_empties"] - r["_empties"])).to_numpy()
+    # Int64 (nullable) so that the shift's missing first row does not turn ns times into floats (128 ns off)
+    r = r.assign(t_end_ns=r["t_end_ns"].astype("Int64"))
+    prv = r.groupby("rank", sort=False)[["step", "t_end_ns", "kind", "_empties"]].shift(1)
+    skipped = r["step"] - prv["step"] - 1
+    ok = ((r["kind"] == "decode") & prv["kind"].notna() & (skipped == r["_empties"] - prv["_empties"])).to_numpy()
     if "clock" in r.columns:  # both steps of a pair on the same usable clock
-        nclock = r.groupby("rank", sort=False)["clock"].shift(-1)
-        ok = ok & (r["clock"].to_numpy() == nclock.to_numpy()) & (r["clock"].to_numpy() != "none")
-    out = r[ok].drop(columns="_empties").astype({"t_start_ns": "int64"})
-    nstart = nxt.loc[ok, "t_start_ns"].to_numpy(dtype=np.int64)
-    out["period_us"] = (nstart - out["t_start_ns"].to_numpy(dtype=np.int64)) / 1e3
-    out["gap_us"] = (nstart - out["t_end_ns"].to_numpy(dtype=np.int64)) / 1e3
+        pclock = r.groupby("rank", sort=False)["clock"].shift(1)
+        ok = ok & (r["clock"].to_numpy() == pclock.to_numpy()) & (r["clock"].to_numpy() != "none")
+    out = r[ok].drop(columns="_empties").astype({"t_end_ns": "int64"})
+    pend = prv.loc[ok, "t_end_ns"].to_numpy(dtype=np.int64)
+    out["period_us"] = (out["t_end_ns"].to_numpy(dtype=np.int64) - pend) / 1e3
+    out["gap_us"] = (out["t_start_ns"].to_numpy(dtype=np.int64) - pend) / 1e3
     return out
 
 
@@ -261,8 +271,8 @@ def _rank_terms(p: pd.DataFrame, collectives: bool) -> dict:
 
 
 _CLOCK_NOTES = {
-    "gpu": "GPU clock: step boundaries and collectives from CUDA events; period = GPU start to start, "
-    "host_gap = GPU idle between steps",
+    "gpu": "GPU clock: step boundaries and collectives from CUDA events; period = GPU end to end, "
+    "host_gap = GPU idle before the step",
     "host": "host clock: step boundaries from the worker's thread (exact where collectives block the host, as on CPU)",
 }
 

@@ -41,7 +41,7 @@ def make_records(
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(collectives, steps, truth). `calls` per step: calls-1 all-reduces of hidden*2 bytes and one logits all-gather.
 
-    truth: transfer_us_per_step (all steps), and over decode pairs (a decode step followed by a decode step):
+    truth: transfer_us_per_step (all steps), and over decode pairs (a decode step and the step before it):
     period_us, compute_us, transfer_us, wait_us, gap_us (means over pairs and ranks; they add up to period_us)."""
     rng = np.random.default_rng(seed)
     S, R, K = steps, tp, calls
@@ -107,12 +107,15 @@ def make_records(
         }
     )
     st["duration_us"] = (st["t_end_ns"] - st["t_start_ns"]) / 1e3
-    # The known answer over decode pairs, from the generator's own arrays.
+    # The known answer over decode pairs (a decode step and the step before it, any kind: split.decode_pairs),
+    # from the generator's own arrays: per rank, period = end to end, gap = the host gap before the step.
     pair = np.zeros(S, bool)
-    pair[:-1] = (kind[:-1] == "decode") & (kind[1:] == "decode")
+    pair[1:] = kind[1:] == "decode"
     wait = (arrive.max(axis=2, keepdims=True) - arrive).sum(axis=1)  # (S, R)
     x = xfer.sum(axis=1)
-    period = np.diff(step_start)[pair[:-1]] if S > 1 else np.array([])
+    end_abs = step_start[:, None] + step_end_rel  # (S, R)
+    period = (end_abs[1:] - end_abs[:-1])[pair[1:]]
+    before = (step_start[1:, None] - end_abs[:-1])[pair[1:]]
     truth = {
         "transfer_us_per_step": float(x.mean()),
         "steps": S,
@@ -121,7 +124,7 @@ def make_records(
         "period_us": float(period.mean()) if period.size else None,
         "transfer_us": float(x[pair].mean()),
         "wait_us": float(wait[pair].mean()),
-        "gap_us": float((step_start[1:] - step_end_rel[:-1].mean(axis=1) - step_start[:-1])[pair[:-1]].mean()),
+        "gap_us": float(before.mean()) if before.size else None,
         "compute_us": float((step_end_rel - wait - x[:, None])[pair].mean()),
     }
     return coll, st, truth

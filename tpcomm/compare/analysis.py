@@ -20,8 +20,8 @@ from tpcomm.compare.runs import check_pair, load_run
 from tpcomm.compare.verdict import caveat, gate, verdict, verdict_level
 
 METHOD = (
-    "Per concurrency level present in both runs: the per-token time (the mean start-to-start period of "
-    "consecutive decode steps, attribute's headline statistic, over the decode steps its headline uses) and its "
+    "Per concurrency level present in both runs: the per-token time (the mean period of the decode "
+    "steps, each from the end of the step before it to its own end, attribute's headline statistic, over the decode steps its headline uses) and its "
     "four terms (compute, collective transfer, collective wait, host gap) of A and B, and B - A; with several "
     "repeats of a level in a run, their mean. The terms add up to the per-token time in each run (means over the "
     "same decode pairs add), so their differences add up to the difference of the per-token times. Delivery (the "

@@ -34,7 +34,8 @@ def enable_hint(model: str = "MODEL", tp: int | str = "N") -> str:
 
 
 TERM = {
-    "per_token": "per-token time: the mean start-to-start period of consecutive decode steps (one token per stream per step)",
+    "per_token": "per-token time: the mean period of the decode steps, each from the end of the step before it to its own end "
+    "(one token per stream per step)",
     **{t.name: t.definition for t in ENGINE},  # tpcomm/terms.py
     "closure": (
         f"closure: per request, the engine's and the client's time per token over the same tokens, p50 over the "

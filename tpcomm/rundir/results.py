@@ -8,8 +8,8 @@ tpcomm/judge/ from these and carried the same way.
 What each value means (the definitions the report prints come from tpcomm/judge/definitions.py):
 - `Terms`: one token's engine time split; compute + transfer + wait + host_gap = the per-token time it
   explains (means over the same decode periods add up exactly; analysis/split.py).
-- `LevelSplit.engine_ms_per_token`: the mean start-to-start period of consecutive decode steps over the
-  level's decode periods (on `clock`: "gpu" where the hook put step boundaries on the GPU timeline,
+- `LevelSplit.engine_ms_per_token`: the mean period of the level's decode steps (each from the end of the
+  step before it to its own end: a token is made when its step ends) (on `clock`: "gpu" where the hook put step boundaries on the GPU timeline,
   "host" otherwise); the headline at the lowest concurrency.
 - `Closure`: per request, the engine's time per token for that request's own decode steps against the
   client's TPOT of the same request; the same statistic (p50 over the same requests) on both sides.

@@ -8,7 +8,7 @@ splits them with attribute's own split (tpcomm/analysis/split.py). Then the same
 against the same server started without the plugin. Three verdicts (result.py):
 
 - period: the hook's time per token, taken the way the client's TPOT p50 is (per request:
-  the mean start-to-start period of its consecutive decode steps, on the GPU clock when
+  the mean period of its decode steps, each from the end of the step before, on the GPU clock when
   the steps carry it; then the median over requests), within PERIOD_TOL of the client's
   TPOT p50 (same requests, same statistic). With async scheduling, host-clock step spans
   are enqueue spans; a hook whose step boundaries were not on the GPU would still give
