@@ -189,6 +189,24 @@ def serving_checks(f: dict) -> list[Check]:
                 f,
             )
         )
+    elif judge_ratio(e_ms, c_ms, SERVE_PERIOD_TOL) == FAIL and f.get("delivery_ok") is True:
+        # attribute's "delivery, not the split" (analysis/closure.py closure_text): the client's pace is off the
+        # engine's, yet the hook's four terms plus the measured delivery add up to the client's own time and no
+        # token came before its step ended: the API server delivered late on a loaded host. Not a PASS: the hook
+        # stood against a client pace the host moved; said with the figures.
+        out.append(
+            Check(
+                "vllm-serve-period",
+                SKIP,
+                f"{where}: not judged: per request, the hook's time per token {e_ms:.3f} ms vs the client's "
+                f"{c_ms:.3f} ms (ratio {e_ms / c_ms:.3f}, tolerance {SERVE_PERIOD_TOL:.0%}), and delivery, not the "
+                f"hook, accounts for it: the four terms + delivery ({f.get('delivery_ms'):.3f} ms per token) add up "
+                f"to the client's time within {f.get('five_term_diff_pct'):+.1f}%, {f.get('delivery_held_tokens')} "
+                "tokens held by the API server, none before its step ended (a loaded host): run "
+                "`tpcomm selfcheck --only vllm-serve` with the machine otherwise idle",
+                f,
+            )
+        )
     else:
         out.append(
             Check(

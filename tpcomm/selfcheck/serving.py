@@ -193,6 +193,7 @@ def _closure(by_rank, rows: list[dict], engine_ms: float | None) -> dict:
     pairs, problem = by_prefill(by_rank, client_spans(req, tok, engine_ms), req)
     cz, _, _ = closure(pairs, 1, "prefill segments", problem)
     return {
+        **_five_terms(by_rank, pairs, req, tok, problem),
         "closure_judged": cz.judged,
         "closure_requests": cz.requests,
         "closure_engine_ms": cz.engine_ms,
@@ -200,6 +201,32 @@ def _closure(by_rank, rows: list[dict], engine_ms: float | None) -> dict:
         "closure_statistic": cz.statistic,
         "closure_why_not": cz.why_not_judged,
         "closure_excluded": {k: len(v) for k, v in cz.excluded.items()},
+    }
+
+
+def _five_terms(by_rank, pairs, req, tok, problem: str | None) -> dict:
+    """attribute's delivery term on this run (analysis/delivery.py; client and server on one machine): whether
+    the hook's four terms plus delivery add up to the client's own time per token over the same requests, and no
+    token reached the client before its step ended. Where the closure misses on a loaded host, this is what
+    says the API server's delivery, not the hook, made the difference (attribute's "delivery, not the split")."""
+    from tpcomm.analysis import delivery
+    from tpcomm.analysis.split import engine_split
+
+    if problem:
+        return {"delivery_why_not": f"requests could not be paired with the engine's steps: {problem}"}
+    first: dict = {}
+    per_req, _ = delivery.token_delays(pairs, by_rank, tok, req, earliest=first)
+    mine = {int(r) for r, _, _ in per_req}
+    own = {s for ids in pairs.loc[pairs["request_id"].isin(mine), "steps"] for s in ids}
+    split_ms = engine_split(by_rank[by_rank["step"].isin(own)])["engine_ms_per_token"] if own else None
+    dt = delivery.delivery_term(per_req, split_ms, 1, True, earliest=first)
+    return {
+        "delivery_ok": dt.ok,
+        "delivery_ms": dt.ms,
+        "five_term_diff_pct": dt.diff_pct,
+        "delivery_held_tokens": dt.held_tokens,
+        "delivery_early_tokens": dt.early_tokens,
+        "delivery_why_not": dt.why_not_judged or dt.why_not_measured,
     }
 
 
