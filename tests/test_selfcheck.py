@@ -82,20 +82,11 @@ def test_selfcheck_on_this_machine(tmp_path):
         # The hook against the client per request (attribute's closure): PASS, or not judged where too few streams
         # came timeable (a busy host: the API server sends them in lumps), then with most of them named held or
         # stalled. Never a FAIL.
-        # Or (a loaded host, 2026-12-06: ratio 0.874 beside a spinner and a second test process) the closure
-        # misses and the five terms account for the client's time: not judged, delivery named, with its figures.
         if got.get("vllm-serve-period") != PASS:
             period = json.loads(out.read_text())
             per = next(c for c in period["checks"] if c["id"] == "vllm-serve-period")
-            d = per["detail"]
             assert per["status"] == SKIP and "not judged" in per["figure"], p.stdout
-            if "delivery, not the hook" in per["figure"]:
-                assert (
-                    d["delivery_ok"] is True and abs(d["five_term_diff_pct"]) <= 5 and d["delivery_early_tokens"] == 0
-                )
-                assert abs(d["closure_engine_ms"] / d["closure_client_ms"] - 1) > 0.10, p.stdout
-            else:
-                assert d["closure_requests"] < 4 and sum(d["closure_excluded"].values()) >= 5
+            assert per["detail"]["closure_requests"] < 4 and sum(per["detail"]["closure_excluded"].values()) >= 5
         for item in ("timer-eager", "timer-graph", "nvml", "graph-event-overhead", "probe-ops-graph", "multi-gpu"):
             assert got.get(item) == SKIP, p.stdout
         assert "SKIP  timer-eager" in p.stdout and "needs CUDA" in p.stdout
@@ -229,13 +220,12 @@ def test_serving_verdicts_fail_on_wrong_figures():
 
     assert set(verdicts().values()) == {PASS}
     assert verdicts(closure_engine_ms=12.0)["vllm-serve-period"] == FAIL  # the hook 20% off the client
-    # The same miss where the five terms add up to the client's time (delivery, a loaded host): not judged, named;
-    # where they do not (or were not judged), still a FAIL.
-    five = {"delivery_ok": True, "delivery_ms": 1.9, "five_term_diff_pct": -0.4, "delivery_held_tokens": 40}
-    c = serving_checks({**good, **five, "closure_engine_ms": 8.5})[0]
-    assert c.status == SKIP and "delivery, not the hook" in c.figure and "-0.4%" in c.figure, c.figure
-    assert verdicts(closure_engine_ms=8.5, **{**five, "delivery_ok": False})["vllm-serve-period"] == FAIL
-    assert verdicts(closure_engine_ms=8.5, **{**five, "delivery_ok": None})["vllm-serve-period"] == FAIL
+    # The API server's delivery is said beside a miss, never instead of it: delivery is the client's time less the
+    # engine's from the hook's own step ends, so a hook that under-measures looks just like a late API server.
+    five = {"delivery_ok": True, "delivery_ms": 1.9, "five_term_diff_pct": 0.0, "delivery_held_tokens": 40}
+    c = serving_checks({**good, **five, "closure_engine_ms": 8.0})[0]
+    assert c.status == FAIL and "delivery 1.900 ms per token, 40 tokens held" in c.figure, c.figure
+    assert "delivery" not in serving_checks({**good, **five})[0].figure  # a pass says nothing of it
     assert verdicts(closure_engine_ms=0.0)["vllm-serve-period"] == FAIL
     # Too few streams the client could time (a busy host: the API server sends them in lumps): not judged, said
     # with the counts; never a PASS.

@@ -52,7 +52,7 @@ ENGINE = (
         "host gap",
         "#8C8C8C",
         "ms",
-        "host gap: from a decode step's end to the next one's start (scheduling, output processing)",
+        "host gap: from the end of the step before a decode step to its start (scheduling, output processing)",
     ),
 )
 # The fifth: with the four over the same requests it adds up to the client's time per token (analysis/delivery.py).

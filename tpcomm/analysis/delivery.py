@@ -21,9 +21,11 @@ split's mean decode period, so
     client per token = compute + transfer + wait + host gap + delivery  + (pairing residue)
 
 where the four engine terms are the split over the SAME requests' decode steps (analysis/split.py: their
-mean period) and the residue is the engine's per-token time from the step ends the tokens were paired
-with, less the split's mean period. That residue is what the closure now checks: the pairing of tokens to
-steps (a request paired with the wrong steps, a step missing), not a remainder of unexplained time.
+mean period, each from the end of the step before to the end of its own) and the residue is the engine's
+per-token time from the step ends the tokens were paired with, less the split's mean period. Over a request's
+own steps each rank's periods add up to its end(last step) - end(prefill), so the residue is only the output
+rank's ends against the mean over ranks (and steps left out of the pairs): zero by construction at TP 1. The
+pairing of tokens to steps is judged by the early-token rule below (on one clock) and by the closure.
 Measured where each request's steps are known: one stream at a time (C=1, paired by prefill segments), or at
 any C where the hook recorded which of attribute's requests each step served (paired by request ids: the
 client's X-Request-Id, hook/recorder.py). Above C=1 the split is over the union of those requests' steps, each

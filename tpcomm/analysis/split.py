@@ -298,7 +298,7 @@ def engine_split(rank_rows: pd.DataFrame) -> dict:
     if clock == "gpu":
         out["steps_without_gpu_span"] = int((rank_rows["clock"] == "none").sum())
     if pairs.empty:
-        out["note"] = "no two consecutive decode steps recorded in this level's window" + (
+        out["note"] = "no decode step recorded with the step before it in this level's window" + (
             " with their GPU span read" if clock == "gpu" and out["steps_without_gpu_span"] else ""
         )
         return out

@@ -19,10 +19,10 @@ the end event when it has run the step's last. Both are read later with
 (between steps, where waiting is allowed), and placed on the host clock through the
 hook's clock anchor (timing.ClockAnchor): gpu_start_ns, gpu_end_ns of the step row.
 
-On that clock, per rank and pair of consecutive decode steps i, i+1:
-    GPU period = gpu_start(i+1) - gpu_start(i)      (the engine's time per token)
+On that clock, per rank, for a decode step i and the step i-1 before it (analysis/split.py decode_pairs):
+    GPU period = gpu_end(i) - gpu_end(i-1)          (the engine's time per token)
     GPU span   = gpu_end(i) - gpu_start(i)          (busy with step i, launch gaps inside included)
-    GPU gap    = gpu_start(i+1) - gpu_end(i)        (GPU idle between the steps)
+    GPU gap    = gpu_start(i) - gpu_end(i-1)        (GPU idle before step i)
 and collective transfer and wait (CUDA events too) lie inside the span, so
 compute = span - transfer - wait and the four terms add up to the period exactly.
 

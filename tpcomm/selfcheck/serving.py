@@ -205,10 +205,9 @@ def _closure(by_rank, rows: list[dict], engine_ms: float | None) -> dict:
 
 
 def _five_terms(by_rank, pairs, req, tok, problem: str | None) -> dict:
-    """attribute's delivery term on this run (analysis/delivery.py; client and server on one machine): whether
-    the hook's four terms plus delivery add up to the client's own time per token over the same requests, and no
-    token reached the client before its step ended. Where the closure misses on a loaded host, this is what
-    says the API server's delivery, not the hook, made the difference (attribute's "delivery, not the split")."""
+    """attribute's delivery term on this run (analysis/delivery.py; client and server on one machine): the API
+    server's delivery per token and the tokens it held, stated beside a missed closure (result.py `_delivery`).
+    Not evidence for the hook: delivery is the client's time less the engine's from the hook's own step ends."""
     from tpcomm.analysis import delivery
     from tpcomm.analysis.split import engine_split
 
@@ -221,7 +220,7 @@ def _five_terms(by_rank, pairs, req, tok, problem: str | None) -> dict:
     split_ms = engine_split(by_rank[by_rank["step"].isin(own)])["engine_ms_per_token"] if own else None
     dt = delivery.delivery_term(per_req, split_ms, 1, True, earliest=first)
     return {
-        "delivery_ok": dt.ok,
+        "delivery_ok": None if dt.ok is None else bool(dt.ok),
         "delivery_ms": dt.ms,
         "five_term_diff_pct": dt.diff_pct,
         "delivery_held_tokens": dt.held_tokens,
