@@ -201,7 +201,7 @@ def alone_lines(cmp_doc: dict) -> list[str]:
     sp = cmp_doc.get("trace") or {}
     pt = sp.get("per_token_ms")
     if not pt:
-        return [f"traces alone: no split ({sp.get('note', 'no two consecutive decode steps in the window')})"]
+        return [f"traces alone: no split ({sp.get('note', 'no decode step with the step before it in the window')})"]
     terms = "  ".join(f"{k} {'n/a' if v is None else f'{v:.3f}'}" for k, v in pt.items())
     return [
         f"traces alone (no hook records), {cmp_doc.get('window_text', '')}, {sp.get('clock', 'host')} clock: "
