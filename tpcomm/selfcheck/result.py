@@ -151,7 +151,7 @@ SERVE_OVERHEAD_MAX = 1.05
 
 def _delivery(f: dict, e_ms: float, c_ms: float) -> str:
     """Where the hook and the client disagree: the API server's delivery as attribute measures it (serving.py
-    `_five_terms`), said beside the verdict, never instead of it. Delivery is the client's time less the
+    `_delivery_figures`), said beside the verdict, never instead of it. Delivery is the client's time less the
     engine's from the hook's step ends, so it cannot tell a late API server from a hook that under-measures
     the steps: a miss stays a FAIL, and the figure says where to look (rerun with the machine idle)."""
     if judge_ratio(e_ms, c_ms, SERVE_PERIOD_TOL) != FAIL or f.get("delivery_ms") is None:

@@ -193,7 +193,7 @@ def _closure(by_rank, rows: list[dict], engine_ms: float | None) -> dict:
     pairs, problem = by_prefill(by_rank, client_spans(req, tok, engine_ms), req)
     cz, _, _ = closure(pairs, 1, "prefill segments", problem)
     return {
-        **_five_terms(by_rank, pairs, req, tok, problem),
+        **_delivery_figures(by_rank, pairs, req, tok, problem),
         "closure_judged": cz.judged,
         "closure_requests": cz.requests,
         "closure_engine_ms": cz.engine_ms,
@@ -204,28 +204,22 @@ def _closure(by_rank, rows: list[dict], engine_ms: float | None) -> dict:
     }
 
 
-def _five_terms(by_rank, pairs, req, tok, problem: str | None) -> dict:
+def _delivery_figures(by_rank, pairs, req, tok, problem: str | None) -> dict:
     """attribute's delivery term on this run (analysis/delivery.py; client and server on one machine): the API
     server's delivery per token and the tokens it held, stated beside a missed closure (result.py `_delivery`).
     Not evidence for the hook: delivery is the client's time less the engine's from the hook's own step ends."""
     from tpcomm.analysis import delivery
-    from tpcomm.analysis.split import engine_split
 
     if problem:
         return {"delivery_why_not": f"requests could not be paired with the engine's steps: {problem}"}
     first: dict = {}
     per_req, _ = delivery.token_delays(pairs, by_rank, tok, req, earliest=first)
-    mine = {int(r) for r, _, _ in per_req}
-    own = {s for ids in pairs.loc[pairs["request_id"].isin(mine), "steps"] for s in ids}
-    split_ms = engine_split(by_rank[by_rank["step"].isin(own)])["engine_ms_per_token"] if own else None
-    dt = delivery.delivery_term(per_req, split_ms, 1, True, earliest=first)
+    dt = delivery.delivery_term(per_req, None, 1, True, earliest=first)  # no split: only its delivery figures
     return {
-        "delivery_ok": None if dt.ok is None else bool(dt.ok),
         "delivery_ms": dt.ms,
-        "five_term_diff_pct": dt.diff_pct,
         "delivery_held_tokens": dt.held_tokens,
         "delivery_early_tokens": dt.early_tokens,
-        "delivery_why_not": dt.why_not_judged or dt.why_not_measured,
+        "delivery_why_not": dt.why_not_measured,
     }
 
 
