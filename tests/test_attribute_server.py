@@ -328,7 +328,7 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
     req = pd.read_parquet(out / "load/requests.parquet")
     assert req["ok"].all() and (req["output_tokens"] == 64).all() and (req["prompt_tokens"] == 16).all()
     summ = json.loads((out / "attribution/summary.json").read_text())
-    assert summ["conditions"]["tp"] == 2 and summ["schema_version"] == 3
+    assert summ["conditions"]["tp"] == 2 and summ["schema_version"] == 4
     for lv in summ["levels"]:
         cc = lv["collectives_per_step"]
         # The plan for the tiny model at TP 2: 9 all-reduces (4 layers x 2 + embedding) + 1 logits all-gather.

@@ -68,6 +68,15 @@ def test_samples_reproduce_the_summary_of_a_real_run(real, tmp_path):
     lv = cmp.levels[0]
     assert lv.problem and "no interval" in lv.problem and lv.term("per_token").resolved is None
     assert "cannot be said" in cmp.verdict
+    assert "--reanalyse" not in lv.problem  # a summary of this tpcomm's period definition: only the mismatch
+    # A summary analysed with start-to-start periods (schema_version 3): the likely cause and its fix are named.
+    doc = json.loads((trimmed / "attribution/summary.json").read_text())
+    assert doc["schema_version"] == C.SCHEMA_VERSION >= C.PERIODS_END_TO_END
+    doc["schema_version"] = 3
+    (trimmed / "attribution/summary.json").write_text(json.dumps(doc))
+    lv = compare_runs(real, trimmed).levels[0]
+    assert "schema_version 3, analysed with start-to-start decode periods" in lv.problem, lv.problem
+    assert f"tpcomm attribute --reanalyse {trimmed}" in lv.problem, lv.problem
 
 
 def test_a_run_against_itself_changes_nothing(real):

@@ -332,6 +332,34 @@ def test_deeply_nested_status_and_summary_are_could_not_read_not_a_traceback(tmp
     assert (tmp_path / "r.pdf").exists()  # every other section still rendered
 
 
+def test_numbers_out_of_range_are_refused_on_the_fast_path_too():
+    """jsonsafe parses documents without a risky-looking number in C (no per-number hook): every number the hooks
+    refuse is still refused, however the document comes (text, UTF-8 bytes, UTF-16 bytes, a bytearray), and a
+    deep list after a column of numbers is still found by the depth walk."""
+    from tpcomm.jsonsafe import BadJSON, loads
+
+    bad = [
+        "1e400",
+        "-1E+400",
+        "1.0e0400",
+        "123456789012345678901",
+        "-1" + "0" * 25,
+        "9" * 400 + ".5",
+        "NaN",
+        "-Infinity",
+    ]
+    for num in bad:
+        text = '{"steps": {"t_ns": [1796525172214429808, 2, ' + num + "]}}"
+        for data in (text, text.encode(), text.encode("utf-16"), bytearray(text.encode())):
+            with pytest.raises(BadJSON, match="out of range"):
+                loads(data, "records page")
+    ok = '{"t_ns": [1796525172214429808, -3, 99999999999999999999], "x": [1.5e-7, 2E+99, 0.25], "s": ["e123", "0x"]}'
+    assert loads(ok, "x") == json.loads(ok) == loads(ok.encode("utf-16"), "x")
+    deep = '{"c": [1, 2, 3, ' + "[" * 70 + "]" * 70 + "]}"
+    with pytest.raises(BadJSON, match="nested deeper than 64"):
+        loads(deep, "records page")
+
+
 def test_a_negative_time_per_token_in_a_summary_is_refused_not_a_percentage(tmp_path):
     from compare_synthetic import run_dir
 

@@ -176,17 +176,27 @@ def closure_text(concurrency: int, repeat: int, c: Closure | None, stalls: Stall
     )
 
 
+EXACT_INTERVAL_N = 1000  # up to this many values the coverage is exact (integers); above, float64 in log space
+
+
 def median_interval(values) -> tuple[float, float, float] | None:
     """A distribution-free interval for the median of `values`: [x_(j), x_(n+1-j)] (order statistics,
     1-based) with the largest j whose coverage 1 - 2 P(Bin(n, 1/2) <= j - 1) is at least INTERVAL_COVERAGE.
     Below six values no j reaches it, and the whole range stands with the coverage it has.
-    Returns (lo, hi, coverage), or None without values."""
+    Returns (lo, hi, coverage), or None without values. Linear in n past the sort: the clock estimate gives it
+    one value per collective instance (millions at the seed's scale), where the exact integer walk, whose
+    numbers grow to n bits, took 2.4 s at 16 000 values and grew as n squared."""
     x = np.sort(_finite(values))
     n = int(x.size)
     if not n:
         return None
+    j, cov = _order_statistic(n) if n > EXACT_INTERVAL_N else _order_statistic_exact(n)
+    return float(x[j - 1]), float(x[n - j]), cov
 
-    # tail = P(Bin(n, 1/2) <= j - 1) * 2^n, exact in integers (2.0**n overflows past n = 1023)
+
+def _order_statistic_exact(n: int) -> tuple[int, float]:
+    """(j, coverage) of median_interval, in integers: tail = P(Bin(n, 1/2) <= j - 1) * 2^n (2.0**n overflows
+    past n = 1023)."""
     j, term, tail, whole = 1, 1, 1, 2**n
 
     def coverage(tail: int) -> float:
@@ -197,7 +207,19 @@ def median_interval(values) -> tuple[float, float, float] | None:
         if coverage(tail + term) < INTERVAL_COVERAGE:
             break
         j, tail = j + 1, tail + term
-    return float(x[j - 1]), float(x[n - j]), coverage(tail)
+    return j, coverage(tail)
+
+
+def _order_statistic(n: int) -> tuple[int, float]:
+    """(j, coverage) of median_interval in float64, O(n): log P(Bin(n, 1/2) = k) for k = 0..(n+1)//2 - 1 by the
+    recurrence log C(n, k) = log C(n, k-1) + log(n-k+1) - log k, then the cumulative tail (the terms below 1e-308
+    underflow to 0: they are that far below the 2.5% the interval is cut at). Agrees with the exact walk on j
+    and to 1e-9 on the coverage (tests/test_attribute_units.py, n = 1001..3000)."""
+    k = np.arange(1, (n + 1) // 2, dtype=np.float64)
+    logp = np.concatenate(([-n * math.log(2.0)], -n * math.log(2.0) + np.cumsum(np.log(n - k + 1) - np.log(k))))
+    cov = 1.0 - 2.0 * np.cumsum(np.exp(logp))  # cov[i]: coverage of j = i + 1
+    j = max(1, int(np.count_nonzero(cov >= INTERVAL_COVERAGE)))
+    return j, float(cov[j - 1])
 
 
 def delivery(differences_ms) -> Delivery | None:

@@ -92,7 +92,29 @@ def load_samples(rd: RunDir, att: Attribution) -> tuple[dict[tuple[int, int], Le
         ltok = tok[(tok["concurrency"] == c) & (tok["repeat"] == rep)]
         mine = level_step_requests(sreq, lreq)
         out[(c, rep)] = level_sample(lv, rows, lreq, ltok, att.conditions.get("output_len"), mine, every, out_rank)
+    older = _older_periods(rd)
+    for s in out.values():
+        if older and s.problem and "no interval" in s.problem:
+            s.problem += f"; {older}"
     return out, None
+
+
+def _older_periods(rd: RunDir) -> str | None:
+    """Why a summary may not be reproduced by this tpcomm's split: it was analysed with start-to-start decode
+    periods (schema_version 3 or older), and how to redo it. None for a summary of this definition."""
+    import json
+
+    try:
+        version = json.loads((rd.path / str(C.ATTR_SUMMARY)).read_text()).get("schema_version")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(version, int) and version < C.PERIODS_END_TO_END:
+        return (
+            f"its summary has schema_version {version}, analysed with start-to-start decode periods (this tpcomm's "
+            f"run end to end, schema_version {C.PERIODS_END_TO_END}): tpcomm attribute --reanalyse "
+            f"{rd.path} redoes it from the run's own records"
+        )
+    return None
 
 
 def _every_step(rd: RunDir) -> pd.DataFrame | None:

@@ -27,7 +27,11 @@ from typing import Any
 
 from tpcomm.errors import InputError
 
-SCHEMA_VERSION = 3  # 3: attribution levels carry delivery_term and host_load (older summaries still load)
+# 3: attribution levels carry delivery_term and host_load (older summaries still load); 4: a decode token's period
+# runs from the end of the step before it to the end of its own (analysis/split.py decode_pairs; 3 and older: start
+# to start): a summary of 3 or older still loads, and where its files no longer reproduce it compare says why.
+SCHEMA_VERSION = 4
+PERIODS_END_TO_END = 4  # the first schema_version whose attribution was analysed with end-to-end periods
 
 # Column kinds: i integer, f number (int or float), s text, b boolean.
 _KIND_NAMES = {"i": "integers", "f": "numbers", "s": "text", "b": "booleans"}
