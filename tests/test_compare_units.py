@@ -75,7 +75,7 @@ def test_samples_reproduce_the_summary_of_a_real_run(real, tmp_path):
     doc["schema_version"] = 3
     (trimmed / "attribution/summary.json").write_text(json.dumps(doc))
     lv = compare_runs(real, trimmed).levels[0]
-    assert "schema_version 3, analysed with start-to-start decode periods" in lv.problem, lv.problem
+    assert "schema_version 3, older than this tpcomm's end-to-end decode periods" in lv.problem, lv.problem
     assert f"tpcomm attribute --reanalyse {trimmed}" in lv.problem, lv.problem
 
 

@@ -100,8 +100,9 @@ def load_samples(rd: RunDir, att: Attribution) -> tuple[dict[tuple[int, int], Le
 
 
 def _older_periods(rd: RunDir) -> str | None:
-    """Why a summary may not be reproduced by this tpcomm's split: it was analysed with start-to-start decode
-    periods (schema_version 3 or older), and how to redo it. None for a summary of this definition."""
+    """Why a summary may not be reproduced by this tpcomm's split: it is stamped before end-to-end decode periods
+    (schema_version 3 or older: start to start, but for a day's runs), and how to redo it. None for a summary of
+    this definition."""
     import json
 
     try:
@@ -110,9 +111,9 @@ def _older_periods(rd: RunDir) -> str | None:
         return None
     if isinstance(version, int) and version < C.PERIODS_END_TO_END:
         return (
-            f"its summary has schema_version {version}, analysed with start-to-start decode periods (this tpcomm's "
-            f"run end to end, schema_version {C.PERIODS_END_TO_END}): tpcomm attribute --reanalyse "
-            f"{rd.path} redoes it from the run's own records"
+            f"its summary has schema_version {version}, older than this tpcomm's end-to-end decode periods "
+            f"(schema_version {C.PERIODS_END_TO_END}; before, start to start): where its records are whole, "
+            f"tpcomm attribute --reanalyse {rd.path} redoes it"
         )
     return None
 
