@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import tp_backend
 from hardened_world import KEY  # the session's keyed server (conftest.hardened_server)
+from hookwait import POLL_S, _running
 
 from tpcomm.analysis.closure import HELD, STALLED
 from tpcomm.attribute.cli import attribute
@@ -475,7 +476,8 @@ def _fail_with_the_story(log: str | None, out: Path, seen: list, stdout: str, st
     """The run ended (or 900 s passed) before the test saw its C=1 recording armed: fail, saying when each of the
     run's phases happened (its warm-up and level from the run directory), what the status calls saw and took, and
     the end of the pooled server's log (the one place a server-side stall shows)."""
-    story = [f"status calls: {len(seen)}, slowest {max(s[1] for s in seen)} s; first {seen[:3]}; last {seen[-3:]}"]
+    slowest = max((s[1] for s in seen), default=None)
+    story = [f"status calls: {len(seen)}, slowest {slowest} s; first {seen[:3]}; last {seen[-3:]}"]
     for f in ("status.json", "load/levels.json"):
         path = out / f
         story.append(f"{f}: {path.read_text()[:1500] if path.exists() else 'absent'}")
@@ -534,21 +536,25 @@ def test_a_foreign_start_mid_level_is_detected_and_the_level_not_attributed(plug
         env=env,
     )
     try:
-        # Waited for as long as the run lives (bounded: its own request timeout is 300 s, and CI once saw the
-        # level start only after 300 s); each status call timed, so that a miss says where the time went.
+        # Waited for as long as the run lives (bounded: its own request timeout is 300 s). First attribute's own
+        # status.json (no server call), then the hook once a second (tests/hookwait.py: each status call keeps
+        # both TP workers spinning for 1 s; this test polled every 0.1 s, and on CI's 2 cores the starved
+        # attribute process had not armed its C=1 level after 300 s). Each status call is timed, so a miss says
+        # where the time went.
         t0 = time.monotonic()
         seen: list[tuple[float, float, object, object]] = []  # (s since start, status call s, armed, session)
         while True:
-            t = time.monotonic()
-            st = hook.status()
-            seen.append((round(t - t0, 2), round(time.monotonic() - t, 3), st.get("armed"), st.get("session")))
-            if st.get("armed") and st.get("session") != before and str(st.get("session")).endswith("-c1-r0"):
-                break
+            if _running(out):
+                t = time.monotonic()
+                st = hook.status()
+                seen.append((round(t - t0, 2), round(time.monotonic() - t, 3), st.get("armed"), st.get("session")))
+                if st.get("armed") and st.get("session") != before and str(st.get("session")).endswith("-c1-r0"):
+                    break
             if p.poll() is not None or time.monotonic() - t0 > 900:
                 p.kill()
                 stdout, stderr = p.communicate()
                 _fail_with_the_story(_server_log(request), out, seen, stdout, stderr)
-            time.sleep(0.1)
+            time.sleep(POLL_S if seen else 0.2)
         if seen[-1][0] > 60:  # not the test's question, yet worth seeing when it happens
             print(f"the C=1 level was armed {seen[-1][0]} s after the run started; status calls: {seen[:3]}...")
         hook.start(session="someone-else")
