@@ -13,6 +13,7 @@ checks, the report) far from the recursion limit.
 from __future__ import annotations
 
 import json
+import json.scanner
 import math
 from typing import Any
 
@@ -56,6 +57,8 @@ _RISKS = (b"0" * (MAX_INT_DIGITS + 1), b"e000", b"e+000", b"e-000")
 
 def _risky_numbers(data: bytes | str) -> bool:
     """True when `data` may hold a number the hooks refuse (see above); False only when it cannot."""
+    if not isinstance(data, (str, bytes, bytearray)) or json.scanner.c_make_scanner is None:
+        return True  # json.loads answers other types; its pure-Python scanner's \d takes non-ASCII digits
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     if not isinstance(data, str) and json.detect_encoding(raw) != "utf-8":  # UTF-16/32: digits apart, scan the slow way
         return True
