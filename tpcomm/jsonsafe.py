@@ -93,7 +93,5 @@ def check_depth(doc: Any, what: str, expected: str = "a JSON document as tpcomm 
             raise BadJSON(what, f"is nested deeper than {MAX_DEPTH} levels", expected)
         if isinstance(node, dict):
             stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
-        elif isinstance(node, list) and not _CONTAINERS.isdisjoint(
-            map(type, node)
-        ):  # a column of numbers: skipped in C
+        elif isinstance(node, list) and not _CONTAINERS.isdisjoint(map(type, node)):  # numbers only: skipped in C
             stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))

@@ -103,12 +103,8 @@ def _older_periods(rd: RunDir) -> str | None:
     """Why a summary may not be reproduced by this tpcomm's split: it is stamped before end-to-end decode periods
     (schema_version 3 or older: start to start, but for a day's runs), and how to redo it. None for a summary of
     this definition."""
-    import json
-
-    try:
-        version = json.loads((rd.path / str(C.ATTR_SUMMARY)).read_text()).get("schema_version")
-    except (OSError, ValueError, AttributeError):
-        return None
+    doc = rd.read_json(C.ATTR_SUMMARY)  # the bounded, checked reader the Attribution came from
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
     if isinstance(version, int) and version < C.PERIODS_END_TO_END:
         return (
             f"its summary has schema_version {version}, older than this tpcomm's end-to-end decode periods "
