@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 POLL_S = 1.0  # hook status polls: no oftener than vLLM's worker busy loop
 
 
@@ -26,18 +28,51 @@ def _running(out: Path) -> bool:
         return False
 
 
-def wait_armed(hook, suffix: str, p: subprocess.Popen, out: Path, timeout: float = 300) -> None:
-    """Until the hook's recording is armed for attribute's session ending in `suffix` (polled, not guessed);
-    fails at once when attribute ended first."""
-    deadline = time.monotonic() + timeout
-    while not _running(out):
-        assert p.poll() is None, p.communicate()
-        assert time.monotonic() < deadline, f"attribute did not start its run in {timeout:.0f} s"
-        time.sleep(0.2)
+def wait_armed(
+    hook,
+    suffix: str,
+    p: subprocess.Popen,
+    out: Path,
+    timeout: float = 300,
+    exclude: str | None = None,
+    log: str | None = None,
+) -> float:
+    """Until the hook's recording is armed for attribute's session ending in `suffix` (polled, not guessed; a
+    session named `exclude`, an earlier run's, does not count); the seconds that took. When attribute ends first
+    or `timeout` passes, attribute is stopped and the test fails with the story: each status call's time and
+    answer, the run's status.json, levels and requests, and the end of the server's `log`."""
+    t0 = time.monotonic()
+    seen: list[tuple[float, float, object, object]] = []  # (s since the call, status call s, armed, session)
     while True:
-        st = hook.status()
-        if st.get("armed") and str(st.get("session") or "").endswith(suffix):
-            return
-        assert p.poll() is None, p.communicate()
-        assert time.monotonic() < deadline, st.get("session")
-        time.sleep(POLL_S)
+        if _running(out):
+            t = time.monotonic()
+            st = hook.status()
+            seen.append((round(t - t0, 2), round(time.monotonic() - t, 3), st.get("armed"), st.get("session")))
+            session = st.get("session")
+            if st.get("armed") and session != exclude and str(session or "").endswith(suffix):
+                return seen[-1][0]
+        if p.poll() is not None or time.monotonic() - t0 > timeout:
+            p.kill()
+            stdout, stderr = p.communicate()
+            pytest.fail(_story(out, seen, stdout or "", stderr or "", log), pytrace=False)
+        time.sleep(POLL_S if seen else 0.2)
+
+
+def _story(out: Path, seen: list, stdout: str, stderr: str, log: str | None) -> str:
+    """Why no armed recording was seen: what the status calls saw and took, when the run's phases happened (its
+    run directory) and the end of the server's log (the one place a server-side stall shows)."""
+    import pandas as pd
+
+    slowest = max((s[1] for s in seen), default=None)
+    story = [f"status calls: {len(seen)}, slowest {slowest} s; first {seen[:3]}; last {seen[-3:]}"]
+    for f in ("status.json", "load/levels.json"):
+        path = out / f
+        story.append(f"{f}: {path.read_text()[:1500] if path.exists() else 'absent'}")
+    req = out / "load/requests.parquet"
+    if req.exists():
+        cols = ["request_id", "t_start_ns", "t_end_ns", "ok", "error"]
+        story.append(pd.read_parquet(req).reindex(columns=cols).to_string()[:2000])
+    if log and Path(log).exists():
+        story.append("server log tail:\n" + "\n".join(Path(log).read_text(errors="replace").splitlines()[-60:]))
+    story.append(f"stdout: {stdout[-3000:]}\nstderr: {stderr[-3000:]}")
+    return "\n".join(story)

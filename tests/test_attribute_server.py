@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import tp_backend
 from hardened_world import KEY  # the session's keyed server (conftest.hardened_server)
-from hookwait import POLL_S, _running
+from hookwait import wait_armed
 
 from tpcomm.analysis.closure import HELD, STALLED
 from tpcomm.attribute.cli import attribute
@@ -472,25 +471,6 @@ def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_
             assert float(mine[col].max()) < 0.5 * pause_us, (rank, col, mine[col].max())
 
 
-def _fail_with_the_story(log: str | None, out: Path, seen: list, stdout: str, stderr: str) -> None:
-    """The run ended (or 900 s passed) before the test saw its C=1 recording armed: fail, saying when each of the
-    run's phases happened (its warm-up and level from the run directory), what the status calls saw and took, and
-    the end of the pooled server's log (the one place a server-side stall shows)."""
-    slowest = max((s[1] for s in seen), default=None)
-    story = [f"status calls: {len(seen)}, slowest {slowest} s; first {seen[:3]}; last {seen[-3:]}"]
-    for f in ("status.json", "load/levels.json"):
-        path = out / f
-        story.append(f"{f}: {path.read_text()[:1500] if path.exists() else 'absent'}")
-    req = out / "load/requests.parquet"
-    if req.exists():
-        cols = ["request_id", "t_start_ns", "t_end_ns", "ok", "error"]
-        story.append(pd.read_parquet(req).reindex(columns=cols).to_string()[:2000])
-    if log and Path(log).exists():
-        story.append("server log tail:\n" + "\n".join(Path(log).read_text(errors="replace").splitlines()[-60:]))
-    story.append(f"stdout: {stdout[-3000:]}\nstderr: {stderr[-3000:]}")
-    pytest.fail("\n".join(story), pytrace=False)
-
-
 def _server_log(request) -> str | None:
     """The log of conftest's pooled plugin-on server (None for this module's own server: its log is kept)."""
     try:
@@ -536,27 +516,12 @@ def test_a_foreign_start_mid_level_is_detected_and_the_level_not_attributed(plug
         env=env,
     )
     try:
-        # Waited for as long as the run lives (bounded: its own request timeout is 300 s). First attribute's own
-        # status.json (no server call), then the hook once a second (tests/hookwait.py: each status call keeps
-        # both TP workers spinning for 1 s; this test polled every 0.1 s, and on CI's 2 cores the starved
-        # attribute process had not armed its C=1 level after 300 s). Each status call is timed, so a miss says
-        # where the time went.
-        t0 = time.monotonic()
-        seen: list[tuple[float, float, object, object]] = []  # (s since start, status call s, armed, session)
-        while True:
-            if _running(out):
-                t = time.monotonic()
-                st = hook.status()
-                seen.append((round(t - t0, 2), round(time.monotonic() - t, 3), st.get("armed"), st.get("session")))
-                if st.get("armed") and st.get("session") != before and str(st.get("session")).endswith("-c1-r0"):
-                    break
-            if p.poll() is not None or time.monotonic() - t0 > 900:
-                p.kill()
-                stdout, stderr = p.communicate()
-                _fail_with_the_story(_server_log(request), out, seen, stdout, stderr)
-            time.sleep(POLL_S if seen else 0.2)
-        if seen[-1][0] > 60:  # not the test's question, yet worth seeing when it happens
-            print(f"the C=1 level was armed {seen[-1][0]} s after the run started; status calls: {seen[:3]}...")
+        # As long as the run lives (bounded: its own request timeout is 300 s): attribute's own status.json, then
+        # the hook once a second (hookwait.py: this test polled every 0.1 s, which keeps both TP workers spinning,
+        # and on CI's 2 cores the starved attribute process had not armed its C=1 level after 300 s).
+        took = wait_armed(hook, "-c1-r0", p, out, timeout=900, exclude=before, log=_server_log(request))
+        if took > 60:  # not the test's question, yet worth seeing when it happens
+            print(f"the C=1 level was armed {took} s after the run started")
         hook.start(session="someone-else")
         stdout, stderr = p.communicate(timeout=300)
     finally:
