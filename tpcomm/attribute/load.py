@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from tpcomm import jsonsafe, netread
+from tpcomm.attribute import aiorun
 from tpcomm.attribute.server import ServerInfo
 
 ABORT_POLL_S = 0.5  # how often a round asks `abort` whether to end early
@@ -462,4 +463,4 @@ def looks_like_disconnect(error: str) -> bool:
 def warmup(info: ServerInfo, spec: LoadSpec, prompts: Prompts) -> list[dict]:
     if spec.warmup <= 0:
         return []
-    return asyncio.run(run_round(info, spec, prompts, 1, spec.warmup))
+    return aiorun.run(lambda: run_round(info, spec, prompts, 1, spec.warmup))

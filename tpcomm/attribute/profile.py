@@ -17,7 +17,6 @@ Units: *_us microseconds, *_ms milliseconds per token, t_*_ns Unix clock.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import httpx
 import pandas as pd
 
 from tpcomm import netread
-from tpcomm.attribute import load, records
+from tpcomm.attribute import aiorun, load, records
 from tpcomm.attribute.server import ServerInfo
 from tpcomm.errors import InputError
 from tpcomm.rundir import contract as C
@@ -93,7 +92,7 @@ def profile_run(
         records.start(info)
     small = load.LoadSpec(**{**spec.__dict__, "requests": profiled_requests(spec.requests, plugin)})
     t0 = time.time_ns()
-    rows = asyncio.run(load.run_round(info, small, prompts, 1, small.requests, id_offset=10**9))
+    rows = aiorun.run(lambda: load.run_round(info, small, prompts, 1, small.requests, id_offset=10**9))
     t1 = time.time_ns()
     if sink is not None:
         sink.extend(rows)

@@ -17,7 +17,6 @@ Run-directory files written here (extending rundir/layout.py's):
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,7 +26,7 @@ import pandas as pd
 from tpcomm.analysis import coverage
 from tpcomm.analysis.delivery import client_boot_id
 from tpcomm.analysis.hostload import HostLoadMeter
-from tpcomm.attribute import load, records
+from tpcomm.attribute import aiorun, load, records
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.ranks import RankDied, RankStopped, RankWatch
 from tpcomm.attribute.server import ServerInfo, check_server, is_alive
@@ -383,8 +382,8 @@ class Attribute:
             offset = self._next_id
             sink: list[dict] = []
             try:
-                rows = asyncio.run(
-                    load.run_round(
+                rows = aiorun.run(
+                    lambda: load.run_round(
                         self.info,
                         spec,
                         prompts,

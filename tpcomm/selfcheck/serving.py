@@ -26,7 +26,6 @@ Units: *_ms milliseconds, *_s seconds.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import tempfile
 import time
@@ -108,7 +107,7 @@ def check_serving(cuda: bool, deadline: float) -> list[Check]:
 def _measure(url: str, plugin: bool, cuda: bool, engine_ms: float | None = None) -> dict:
     """One server: warm-up, REQUESTS single-stream requests; with the plugin, recorded and split. `engine_ms`:
     the plugin start's engine period, to tell held-back streams in the start without the plugin."""
-    from tpcomm.attribute import load, records
+    from tpcomm.attribute import aiorun, load, records
     from tpcomm.attribute.server import check_server
 
     info = check_server(url)
@@ -116,11 +115,11 @@ def _measure(url: str, plugin: bool, cuda: bool, engine_ms: float | None = None)
     prompts = load.build_prompts(info, spec)
     load.warmup(info, spec, prompts)
     if not plugin:
-        rows = asyncio.run(load.run_round(info, spec, prompts, 1, REQUESTS))
+        rows = aiorun.run(lambda: load.run_round(info, spec, prompts, 1, REQUESTS))
         tpot, held, raw = _client_tpot(rows, engine_ms)
         return {"tpot_ms_p50_plain": tpot, "held_streams_plain": held, "raw_tpot_ms_p50_plain": raw}
     records.start(info, session="selfcheck-vllm-serve")
-    rows = asyncio.run(load.run_round(info, spec, prompts, 1, REQUESTS))
+    rows = aiorun.run(lambda: load.run_round(info, spec, prompts, 1, REQUESTS))
     status = records.stop(info)
     coll, steps, _ = records.fetch(info)
     split = _split(coll, steps, rows)
