@@ -275,6 +275,7 @@ PHASE2_ORDER = [
     "test_hook_server.py::test_a_later_start_still_records_from_the_compiled_graph",
     "test_attribute_server.py::test_auth_failure_exits_2",
     "test_attribute_server.py::test_profile_counts_shm_collectives_like_the_hook",
+    "test_attribute_server.py::test_ctrl_c_in_the_profiled_round_stops_the_servers_profiler_and_our_recording",
     "test_hardening_server.py",
     "test_shutdown_server.py",
     "test_hook_server.py::test_a_failing_hook_disables_itself_and_serving_goes_on",

@@ -213,6 +213,47 @@ def test_profile_counts_shm_collectives_like_the_hook(keyed_server, tmp_path):
     assert "--api-key ***" in (out / "report.md").read_text()
 
 
+@pytest.mark.vllm
+def test_ctrl_c_in_the_profiled_round_stops_the_servers_profiler_and_our_recording(keyed_server, tmp_path):
+    """A Ctrl-C while the server's torch profiler runs: the profiler is stopped (vLLM writes its traces only
+    then), the hook's recording of the round disarmed, the level measured before it kept, the run marked."""
+    import signal
+    import time
+
+    from tpcomm.attribute.hook_client import HookClient
+
+    out, prof = tmp_path / "run", keyed_server.profile_dir
+    before = {q.name for q in prof.glob("tpcomm*")}
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("OPENAI_API_KEY", None)
+    args = ["--server-url", keyed_server.url, "--api-key", KEY, "--concurrency", "1", "--requests", "2"]
+    args += ["--input-len", "16", "--output-len", "200", "--warmup", "1", "--max-rounds", "1"]
+    args += ["--profile", "--profile-dir", str(prof), "--out", str(out)]
+    p = subprocess.Popen(
+        TPCOMM + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    hook = HookClient(keyed_server.url, api_key=KEY, timeout_s=60)
+    try:
+        wait_armed(hook, "-profile", p, out, log=keyed_server.log_path)
+        time.sleep(1.0)
+        os.killpg(p.pid, signal.SIGINT)
+        stdout, stderr = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "Traceback" not in stderr, (p.returncode, stderr[-3000:])
+    assert "interrupted (Ctrl-C) during the profiled round" in stderr, stderr[-2000:]
+    st = json.loads((out / "status.json").read_text())["attribute"]
+    assert st["state"] == "incomplete" and st["reason"].startswith("interrupted (Ctrl-C) during the profiled round")
+    assert not hook.status()["armed"]
+    (level,) = json.loads((out / "attribution/summary.json").read_text())["levels"]
+    assert level["attributed"] and level["incomplete"] is None, level  # the C=1 level before the round stands
+    deadline = time.monotonic() + 120  # the profiler's stop: vLLM writes the round's traces then, not before
+    while not ({q.name for q in prof.glob("tpcomm*")} - before) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert {q.name for q in prof.glob("tpcomm*")} - before, "no trace written: the server's profiler still runs"
+
+
 # ---- plugin-off server ------------------------------------------------------
 @pytest.mark.vllm
 def test_server_without_plugin_still_measures_load(plugin_off_url, tmp_path):

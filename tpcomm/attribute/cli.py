@@ -221,12 +221,16 @@ def attribute(
     if insecure:
         click.echo(f"warning: --insecure: the TLS certificate of {server_url} is not verified", err=True)
     progress = None if as_json else RichProgress()
+    att = Attribute(cfg, progress)
     try:
-        res = Attribute(cfg, progress).run(argv=sys.argv)
+        res = att.run(argv=sys.argv)
     except InputError as e:
         raise _UserError(redact.text(str(e))) from None
-    except KeyboardInterrupt:  # a second Ctrl-C during the first one's clean-up
-        click.echo("Error: interrupted twice (Ctrl-C): status.json may still say running", err=True)
+    except KeyboardInterrupt:
+        if att.rd is None:  # before the run directory was made: nothing measured, nothing written
+            click.echo("Error: interrupted (Ctrl-C) before the run began: nothing was measured", err=True)
+        else:  # a second Ctrl-C during the first one's clean-up
+            click.echo(f"Error: interrupted twice (Ctrl-C): {att.rd.path}/status.json may still say running", err=True)
         raise SystemExit(130) from None
     finally:
         if progress:

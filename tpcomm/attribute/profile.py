@@ -59,6 +59,20 @@ def summarise_traces(paths: list[Path]) -> pd.DataFrame:
     )
 
 
+def _undo_start(info: ServerInfo, session: str | None | bool) -> None:
+    """The round ended early: the server's profiler off and our hook recording stopped, each asked once with a
+    short timeout (the server may be gone; a stop it received still completes there)."""
+    try:
+        httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=30, verify=netread.tls(info.verify))
+    except httpx.HTTPError:
+        pass
+    if session is not False:
+        try:
+            records.stop(info, session, timeout_s=5)
+        except records.HookError:
+            pass
+
+
 def profile_run(
     info: ServerInfo,
     spec: load.LoadSpec,
@@ -67,9 +81,12 @@ def profile_run(
     rd,
     model_config=None,
     sink: list | None = None,
+    session: str | None = None,
 ) -> dict:
     """The profiled round (C=1, profile_levels.profiled_requests of them); its client rows go to `sink` (where
-    the caller records them as a load level: profile_levels.py)."""
+    the caller records them as a load level: profile_levels.py). `session` names the hook recording of the
+    round (leased as a level's is). Whatever ends the round early (Ctrl-C, a server gone) stops the server's
+    profiler and that recording before it goes on: neither is left running in the server."""
     from tpcomm.analysis.profile_levels import profiled_requests
 
     prefix = f"tpcomm{time.strftime('%H%M%S')}"
@@ -88,12 +105,16 @@ def profile_run(
     if r.status_code != 200:
         return {"captured": False, "note": f"/start_profile answered HTTP {r.status_code}: {r.text[:200]}"}
     plugin = bool(info.plugin and info.plugin.get("enabled", True))
-    if plugin:
-        records.start(info)
     small = load.LoadSpec(**{**spec.__dict__, "requests": profiled_requests(spec.requests, plugin)})
-    t0 = time.time_ns()
-    rows = aiorun.run(lambda: load.run_round(info, small, prompts, 1, small.requests, id_offset=10**9))
-    t1 = time.time_ns()
+    try:
+        if plugin:  # a lease as a level's: one wave of requests to its timeout, and a minute
+            records.start(info, session, int(min(7 * 86400, small.requests * small.timeout_s + 60)))
+        t0 = time.time_ns()
+        rows = aiorun.run(lambda: load.run_round(info, small, prompts, 1, small.requests, id_offset=10**9))
+        t1 = time.time_ns()
+    except BaseException:
+        _undo_start(info, session if plugin else False)
+        raise
     if sink is not None:
         sink.extend(rows)
     httpx.post(
@@ -109,7 +130,7 @@ def profile_run(
     }
     hook = hook_coll = hook_steps = None
     if plugin:
-        records.stop(info)
+        records.stop(info, session)
         coll, steps, _ = records.fetch(info)
         hook_coll = coll[(coll["t_start_ns"] >= t0) & (coll["t_end_ns"] <= t1)]
         hook_steps = steps[(steps["t_start_ns"] >= t0) & (steps["t_end_ns"] <= t1)]

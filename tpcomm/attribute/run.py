@@ -155,6 +155,9 @@ class Attribute:
         self._next_id = 0
         self._current: tuple[int, int] | None = None  # (concurrency, repeat) of the level running now
         self._armed: str | None = None  # the session this run armed and has not stopped yet (Ctrl-C stops it)
+        self._phase: str | None = None  # after the load: "the analysis", "the profiled round" (Ctrl-C names it)
+        self._analysed = -1  # how many levels the summary on disk covers (-1: none yet)
+        self._closing = False  # a Ctrl-C's clean-up is running (a second one is the CLI's)
         import secrets
 
         self._run_id = secrets.token_hex(4)
@@ -191,6 +194,17 @@ class Attribute:
         self.rd = RunDir(self.cfg.out)
         self.rd.record_command("attribute", argv)
         self.rd.mark("attribute", "running", server_url=self.info.url, model=self.info.model)
+        # From here on status.json says running: a Ctrl-C at any point (a level, the analysis, the profiled
+        # round, a failure's clean-up) ends in _interrupted, which marks the run; only a second one, during
+        # that, leaves the mark to the CLI's message.
+        try:
+            return self._measure(spec)
+        except KeyboardInterrupt:
+            if self._closing:
+                raise
+            return self._interrupted()
+
+    def _measure(self, spec: load.LoadSpec) -> dict:
         if isinstance(self.info.plugin_error, records.HookTimeout):
             # The hook's routes are there, its workers do not answer: nothing can be measured (every request
             # would wait for them too).
@@ -230,6 +244,11 @@ class Attribute:
             for rep in range(self.cfg.repeat):
                 for c in self.cfg.concurrency:
                     self._level(c, rep, prompts)
+            self._analyse()
+            if self.cfg.profile:  # a server gone during the profiled round is handled as during a level
+                self._phase = "the profiled round"
+                self._profile(prompts)
+                self._phase = None
         except load.ServerGone as e:
             # A named cause (a TP worker that died or stopped, see ranks.py) or just a server that no longer
             # answers.
@@ -264,14 +283,9 @@ class Attribute:
                 **({"stopped_rank": e.stopped.to_dict()} if getattr(e, "stopped", None) else {}),
             )
             return self.result(complete=False, reason=reason)
-        except KeyboardInterrupt:
-            return self._interrupted()
         except InputError as e:  # e.g. the disk filled up (safefs.WriteFailed): disarm ours, mark if we can
             self._abandon(str(e), mark=getattr(e, "what", None) != "--server-url")  # the warm-up's marked it
             raise
-        self._analyse()
-        if self.cfg.profile:
-            self._profile(prompts)
         if bad := self.summary.incomplete():
             # judge/complete.py, once, on every level: failed requests, another client, other traffic.
             reason = "; ".join(bad)
@@ -301,7 +315,8 @@ class Attribute:
 
     def _interrupted(self) -> dict:
         """Ctrl-C: disarm the hook this run armed, keep and attribute what finished, mark the run."""
-        where = f"C={self._current[0]} repeat {self._current[1]}" if self._current else "the warm-up"
+        self._closing = True
+        where = self._phase or (f"C={self._current[0]} repeat {self._current[1]}" if self._current else "the warm-up")
         reason = f"interrupted (Ctrl-C) during {where}"
         try:
             if self._armed:
@@ -311,7 +326,12 @@ class Attribute:
                 except records.HookError as e:
                     self.notes.append(f"the hook's recording could not be stopped after Ctrl-C ({e})")
             self._write_load()
-            if any(not lv.get("interrupted") for lv in self.levels):
+            if self._phase == "the analysis":  # the user stopped it: not run again now
+                self.notes.append(
+                    f"the attribution was not finished: `tpcomm attribute --reanalyse {self.rd.path}` redoes it "
+                    "from the records kept"
+                )
+            elif any(not lv.get("interrupted") for lv in self.levels) and self._analysed != len(self.levels):
                 try:
                     self._analyse()
                 except Exception as e:  # noqa: BLE001 - what was measured stays on disk either way
@@ -661,6 +681,7 @@ class Attribute:
     def _analyse(self) -> None:
         from tpcomm.analysis.attribution import analyse_run_dir
 
+        before, self._phase = self._phase, "the analysis"
         if self.info.plugin is not None:
             self.rd.write_json(C.HOOK_STATUS, self.info.plugin)
         self.summary = analyse_run_dir(
@@ -670,12 +691,21 @@ class Attribute:
             notes=self.notes,
             conditions=self.conditions(),
         )
+        self._phase, self._analysed = before, len(self.levels)
 
     def _profile(self, prompts: load.Prompts) -> None:
         from tpcomm.attribute.profile import profile_run
 
         sink: list[dict] = []
-        doc = profile_run(self.info, self.cfg.spec, prompts, self.cfg.profile_dir, self.rd, sink=sink)
+        doc = profile_run(
+            self.info,
+            self.cfg.spec,
+            prompts,
+            self.cfg.profile_dir,
+            self.rd,
+            sink=sink,
+            session=f"attribute-{self._run_id}-profile",
+        )
         self.rd.write_json(C.PROFILE_SUMMARY, doc)
         self.profile_doc = doc
         if not self.plugin_on and sink and doc.get("instruments", {}).get("trace"):
