@@ -245,6 +245,7 @@ def test_ctrl_c_in_the_profiled_round_stops_the_servers_profiler_and_our_recordi
     assert "interrupted (Ctrl-C) during the profiled round" in stderr, stderr[-2000:]
     st = json.loads((out / "status.json").read_text())["attribute"]
     assert st["state"] == "incomplete" and st["reason"].startswith("interrupted (Ctrl-C) during the profiled round")
+    assert not (out / "profile/summary.json").exists(), "the press landed after the profiled round"
     assert not hook.status()["armed"]
     (level,) = json.loads((out / "attribution/summary.json").read_text())["levels"]
     assert level["attributed"] and level["incomplete"] is None, level  # the C=1 level before the round stands

@@ -1,17 +1,22 @@
 """Run one round of load on an event loop, with Ctrl-C landing only where it can be handled.
 
-`asyncio.run` leaves a window either side of the coroutine: a Ctrl-C while the loop is being built or closed
+`asyncio.run` leaves windows either side of the coroutine: a Ctrl-C while the loop is being built or closed
 raises KeyboardInterrupt inside asyncio's own constructors, leaving a half-built loop whose finaliser prints a
-traceback ("'_UnixSelectorEventLoop' object has no attribute '_ssock'") and a coroutine never awaited. CI hit it
-on a 2-core machine. Here a Ctrl-C in those windows is held and raised once the loop is closed; a Ctrl-C while
-the round runs cancels it (as asyncio.run does), so its clients' finished rows are kept by the caller.
+traceback ("'_UnixSelectorEventLoop' object has no attribute '_ssock'") and a coroutine never awaited (CI hit
+it on a 2-core machine); and a closed loop is freed later by the cycle collector, at any moment: a Ctrl-C
+during its finaliser is printed as "Exception ignored" and lost. Here, while a round's loop lives and until
+it is collected, a Ctrl-C outside the running round is held and raised once the loop is gone; a Ctrl-C while
+the round runs cancels it (as asyncio.run does), so the caller keeps its clients' finished rows. A held press
+wins over whatever else ended the round (a server gone, a worker stalled): the user asked to stop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import threading
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -30,12 +35,23 @@ class _CtrlC:
         self.presses += 1
         task = self.task
         if task is None or task.done():
-            return  # the loop is being built or closed: raised once it is closed
+            return  # the loop is being built or closed: raised once it is gone
         if self.presses == 1:
             task.cancel()
             self.loop.call_soon_threadsafe(lambda: None)  # wake the selector
             return
+        self.task = None  # presses from here on are held while the loop closes
         raise KeyboardInterrupt  # a second press while the round still winds down: stop now
+
+
+def _release_frames(error: BaseException | None) -> None:
+    """The locals of the frames an error passed through (and of its causes) are dropped, its traceback lines
+    kept: those locals hold the round's task and loop, which would then wait for a later collection."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
 
 
 def run(make: Callable[[], Awaitable[T]]) -> T:
@@ -43,34 +59,43 @@ def run(make: Callable[[], Awaitable[T]]) -> T:
 
     `make` builds the coroutine only once the loop runs, so an early Ctrl-C leaves none unawaited.
     """
-    if threading.current_thread() is not threading.main_thread():
-        return asyncio.run(make())  # signal handlers belong to the main thread
-    ctrl_c = _CtrlC()
+    if asyncio._get_running_loop() is not None:
+        raise RuntimeError("aiorun.run() cannot be called from a running event loop")
     previous = signal.getsignal(signal.SIGINT)
-    if previous is not signal.default_int_handler:
-        return asyncio.run(make())  # someone else owns Ctrl-C (an embedding program, SIG_IGN): leave it theirs
+    if threading.current_thread() is not threading.main_thread() or previous is not signal.default_int_handler:
+        # Signal handlers belong to the main thread; and where someone else owns Ctrl-C (an embedding program,
+        # SIG_IGN) it stays theirs.
+        return asyncio.run(make())
+    ctrl_c = _CtrlC()
 
     async def main() -> T | None:
-        if ctrl_c.presses:
-            return None
         ctrl_c.loop = asyncio.get_running_loop()
         ctrl_c.task = asyncio.current_task()
         try:
+            if ctrl_c.presses:  # pressed while the loop was built: no round at all
+                return None
             return await make()
         finally:
             ctrl_c.task = None
 
     signal.signal(signal.SIGINT, ctrl_c)
+    result: T | None = None
+    error: BaseException | None = None
     try:
         with asyncio.Runner() as runner:
-            try:
-                result = runner.run(main())
-            except asyncio.CancelledError:
-                if not ctrl_c.presses:
-                    raise
-                result = None
+            result = runner.run(main())
+        del runner
+    except BaseException as e:  # noqa: BLE001 - raised below, after the loop is gone and Ctrl-C is Python's again
+        error = e
     finally:
+        ctrl_c.loop = None
+        if ctrl_c.presses and isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)):
+            error = None  # the press's own: a KeyboardInterrupt is raised below
+        _release_frames(error)
+        gc.collect()  # the closed loop and its transports finalised now, while a press is still held (~25 ms)
         signal.signal(signal.SIGINT, previous)
     if ctrl_c.presses:
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt from (None if isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)) else error)
+    if error is not None:
+        raise error
     return result

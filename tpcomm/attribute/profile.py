@@ -59,18 +59,19 @@ def summarise_traces(paths: list[Path]) -> pd.DataFrame:
     )
 
 
-def _undo_start(info: ServerInfo, session: str | None | bool) -> None:
-    """The round ended early: the server's profiler off and our hook recording stopped, each asked once with a
-    short timeout (the server may be gone; a stop it received still completes there)."""
-    try:
-        httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=30, verify=netread.tls(info.verify))
-    except httpx.HTTPError:
-        pass
-    if session is not False:
+def _undo(info: ServerInfo, session: str | None) -> None:
+    """The round ended early: our hook recording stopped (first: a quick call), then the server's profiler
+    (vLLM ignores a stop when it is not profiling); each asked once with a short timeout (the server may be
+    gone; a stop it received still completes there)."""
+    if session is not None:
         try:
             records.stop(info, session, timeout_s=5)
         except records.HookError:
             pass
+    try:
+        httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=30, verify=netread.tls(info.verify))
+    except httpx.HTTPError:
+        pass
 
 
 def profile_run(
@@ -79,70 +80,31 @@ def profile_run(
     prompts: load.Prompts,
     profile_dir: str | None,
     rd,
+    session: str,
     model_config=None,
     sink: list | None = None,
-    session: str | None = None,
 ) -> dict:
     """The profiled round (C=1, profile_levels.profiled_requests of them); its client rows go to `sink` (where
     the caller records them as a load level: profile_levels.py). `session` names the hook recording of the
-    round (leased as a level's is). Whatever ends the round early (Ctrl-C, a server gone) stops the server's
-    profiler and that recording before it goes on: neither is left running in the server."""
+    round (leased as a level's is). Whatever ends the round before its profiler and recording are stopped
+    (Ctrl-C, a server gone, an error) stops both before it goes on: neither is left running in the server."""
     from tpcomm.analysis.profile_levels import profiled_requests
 
-    prefix = f"tpcomm{time.strftime('%H%M%S')}"
-    try:
-        r = httpx.post(
-            info.url + "/start_profile",
-            json={"profile_prefix": prefix},
-            headers=info.headers,
-            timeout=120,
-            verify=netread.tls(info.verify),
-        )
-    except httpx.HTTPError as e:
-        return {"captured": False, "note": f"/start_profile failed ({type(e).__name__}: {e})"}
-    if r.status_code == 404:
-        return {"captured": False, "note": "the server's torch profiler is off: " + PROFILER_HINT}
-    if r.status_code != 200:
-        return {"captured": False, "note": f"/start_profile answered HTTP {r.status_code}: {r.text[:200]}"}
     plugin = bool(info.plugin and info.plugin.get("enabled", True))
     small = load.LoadSpec(**{**spec.__dict__, "requests": profiled_requests(spec.requests, plugin)})
+    prefix = f"tpcomm{time.strftime('%H%M%S')}"
     try:
-        if plugin:  # a lease as a level's: one wave of requests to its timeout, and a minute
-            records.start(info, session, int(min(7 * 86400, small.requests * small.timeout_s + 60)))
-        t0 = time.time_ns()
-        rows = aiorun.run(lambda: load.run_round(info, small, prompts, 1, small.requests, id_offset=10**9))
-        t1 = time.time_ns()
+        doc, hook, hook_coll, hook_steps = _profiled_round(
+            info, small, prompts, rd, prefix, session if plugin else None
+        )
     except BaseException:
-        _undo_start(info, session if plugin else False)
+        _undo(info, session if plugin else None)
         raise
     if sink is not None:
-        sink.extend(rows)
-    httpx.post(
-        info.url + "/stop_profile", headers=info.headers, timeout=600, verify=netread.tls(info.verify)
-    ).raise_for_status()
-    doc = {
-        "captured": True,
-        "prefix": prefix,
-        "requests": len(rows),
-        "ok": sum(r["ok"] for r in rows),
-        "output_len": small.output_len,
-        "window_ns": [t0, t1],
-    }
-    hook = hook_coll = hook_steps = None
-    if plugin:
-        records.stop(info, session)
-        coll, steps, _ = records.fetch(info)
-        hook_coll = coll[(coll["t_start_ns"] >= t0) & (coll["t_end_ns"] <= t1)]
-        hook_steps = steps[(steps["t_start_ns"] >= t0) & (steps["t_end_ns"] <= t1)]
-        rd.write_table(C.PROFILE_HOOK, hook_coll)
-        rd.write_table(C.PROFILE_HOOK_STEPS, hook_steps)
-        coll = hook_coll
-        hook = (
-            coll.groupby(["rank", "op"])
-            .agg(count=("duration_us", "size"), time_us=("duration_us", "sum"))
-            .reset_index()
-        )
-        doc["hook"] = hook.to_dict("records")
+        sink.extend(doc.pop("rows", []))
+    if not doc["captured"]:
+        return doc
+    t0, t1 = doc["window_ns"]
     if not profile_dir:
         doc["note"] = "traces written on the server; pass --profile-dir to parse them (" + PROFILER_HINT + ")"
         return doc
@@ -179,6 +141,73 @@ def profile_run(
         lines.append(f"traces not split: {e}")
     doc["summary_line"] = "\n".join(lines)
     return doc
+
+
+def _profiled_round(info: ServerInfo, small: load.LoadSpec, prompts: load.Prompts, rd, prefix: str, session):
+    """/start_profile, the round under our hook recording `session` (None: no plugin), the recording stopped,
+    /stop_profile, the round's records: (doc, per rank and op counts, hook collectives, hook steps), the hook's
+    three None without the plugin. The caller undoes on any raise."""
+    from tpcomm.attribute.server import is_alive
+
+    try:
+        r = httpx.post(
+            info.url + "/start_profile",
+            json={"profile_prefix": prefix},
+            headers=info.headers,
+            timeout=120,
+            verify=netread.tls(info.verify),
+        )
+    except httpx.HTTPError as e:  # a start that timed out may still take effect: stopped all the same
+        _undo(info, None)
+        return {"captured": False, "note": f"/start_profile failed ({type(e).__name__}: {e})"}, None, None, None
+    if r.status_code == 404:
+        return {"captured": False, "note": "the server's torch profiler is off: " + PROFILER_HINT}, None, None, None
+    if r.status_code != 200:
+        note = f"/start_profile answered HTTP {r.status_code}: {r.text[:200]}"
+        return {"captured": False, "note": note}, None, None, None
+    if session is not None:  # a lease as a level's: one wave of requests to its timeout, and a minute
+        records.start(info, session, int(min(7 * 86400, small.requests * small.timeout_s + 60)))
+    t0 = time.time_ns()
+    rows = aiorun.run(
+        lambda: load.run_round(
+            info,
+            small,
+            prompts,
+            1,
+            small.requests,
+            is_alive=lambda: is_alive(info.url, verify=info.verify),
+            id_offset=10**9,
+        )
+    )
+    t1 = time.time_ns()
+    if session is not None:  # the recording's window is over: stopped before the profiler writes its traces
+        records.stop(info, session)
+    httpx.post(
+        info.url + "/stop_profile", headers=info.headers, timeout=600, verify=netread.tls(info.verify)
+    ).raise_for_status()
+    doc = {
+        "captured": True,
+        "prefix": prefix,
+        "requests": len(rows),
+        "ok": sum(r["ok"] for r in rows),
+        "output_len": small.output_len,
+        "window_ns": [t0, t1],
+        "rows": rows,
+    }
+    if session is None:
+        return doc, None, None, None
+    coll, steps, _ = records.fetch(info, session)
+    hook_coll = coll[(coll["t_start_ns"] >= t0) & (coll["t_end_ns"] <= t1)]
+    hook_steps = steps[(steps["t_start_ns"] >= t0) & (steps["t_end_ns"] <= t1)]
+    rd.write_table(C.PROFILE_HOOK, hook_coll)
+    rd.write_table(C.PROFILE_HOOK_STEPS, hook_steps)
+    hook = (
+        hook_coll.groupby(["rank", "op"])
+        .agg(count=("duration_us", "size"), time_us=("duration_us", "sum"))
+        .reset_index()
+    )
+    doc["hook"] = hook.to_dict("records")
+    return doc, hook, hook_coll, hook_steps
 
 
 def both_instruments(rd, paths: list[Path], hook_coll, hook_steps, window: tuple[int, int], model_config=None) -> dict:

@@ -192,12 +192,12 @@ class Attribute:
 
             load_model(self.cfg.model_config)
         self.rd = RunDir(self.cfg.out)
-        self.rd.record_command("attribute", argv)
-        self.rd.mark("attribute", "running", server_url=self.info.url, model=self.info.model)
-        # From here on status.json says running: a Ctrl-C at any point (a level, the analysis, the profiled
-        # round, a failure's clean-up) ends in _interrupted, which marks the run; only a second one, during
-        # that, leaves the mark to the CLI's message.
+        # From here on: a Ctrl-C at any point (the first marks, a level, the analysis, the profiled round, a
+        # failure's clean-up) ends in _interrupted, which marks the run; only a second one, during that, leaves
+        # the mark to the CLI's message.
         try:
+            self.rd.record_command("attribute", argv)
+            self.rd.mark("attribute", "running", server_url=self.info.url, model=self.info.model)
             return self._measure(spec)
         except KeyboardInterrupt:
             if self._closing:
@@ -244,11 +244,12 @@ class Attribute:
             for rep in range(self.cfg.repeat):
                 for c in self.cfg.concurrency:
                     self._level(c, rep, prompts)
+            self._phase = "the end of the run"
             self._analyse()
             if self.cfg.profile:  # a server gone during the profiled round is handled as during a level
                 self._phase = "the profiled round"
                 self._profile(prompts)
-                self._phase = None
+                self._phase = "the end of the run"
         except load.ServerGone as e:
             # A named cause (a TP worker that died or stopped, see ranks.py) or just a server that no longer
             # answers.
@@ -682,30 +683,36 @@ class Attribute:
         from tpcomm.analysis.attribution import analyse_run_dir
 
         before, self._phase = self._phase, "the analysis"
-        if self.info.plugin is not None:
-            self.rd.write_json(C.HOOK_STATUS, self.info.plugin)
-        self.summary = analyse_run_dir(
-            self.rd,
-            model_source=self.cfg.model_config,
-            hook_status=self.info.plugin,
-            notes=self.notes,
-            conditions=self.conditions(),
-        )
-        self._phase, self._analysed = before, len(self.levels)
+        try:
+            if self.info.plugin is not None:
+                self.rd.write_json(C.HOOK_STATUS, self.info.plugin)
+            self.summary = analyse_run_dir(
+                self.rd,
+                model_source=self.cfg.model_config,
+                hook_status=self.info.plugin,
+                notes=self.notes,
+                conditions=self.conditions(),
+            )
+            self._analysed = len(self.levels)
+        finally:
+            self._phase = before
 
     def _profile(self, prompts: load.Prompts) -> None:
+        import httpx
+
         from tpcomm.attribute.profile import profile_run
 
         sink: list[dict] = []
-        doc = profile_run(
-            self.info,
-            self.cfg.spec,
-            prompts,
-            self.cfg.profile_dir,
-            self.rd,
-            sink=sink,
-            session=f"attribute-{self._run_id}-profile",
-        )
+        session = f"attribute-{self._run_id}-profile"
+        # Ours while the round runs: a Ctrl-C's or an error's clean-up stops it too (profile_run stops it first).
+        self._armed = session if self.plugin_on else None
+        try:
+            doc = profile_run(self.info, self.cfg.spec, prompts, self.cfg.profile_dir, self.rd, session, sink=sink)
+        except (httpx.HTTPError, records.HookError) as e:
+            if not is_alive(self.info.url, verify=self.info.verify):
+                raise load.ServerGone([]) from None  # as during a level: the levels measured stand
+            doc = {"captured": False, "note": f"the profiled round failed ({type(e).__name__}: {e}); the levels stand"}
+        self._armed = None
         self.rd.write_json(C.PROFILE_SUMMARY, doc)
         self.profile_doc = doc
         if not self.plugin_on and sink and doc.get("instruments", {}).get("trace"):
