@@ -458,6 +458,47 @@ def test_the_closure_holds_per_request_on_a_loaded_host(plugin_server, tmp_path)
 
 
 @pytest.mark.vllm
+def test_ctrl_c_in_the_analysis_is_named_not_run_again_and_reanalyse_finishes_it(plugin_server, tmp_path, monkeypatch):
+    """A real SIGINT to this process while the analysis runs (after every level): the run is marked interrupted
+    "during the analysis", the analysis the user stopped is not run again, the note names --reanalyse, which
+    then attributes the levels from the records kept."""
+    import signal
+    import time
+
+    from tpcomm.analysis import attribution
+    from tpcomm.attribute.load import LoadSpec
+    from tpcomm.attribute.run import Attribute, AttributeConfig
+
+    real, calls = attribution.analyse_run_dir, []
+
+    def pressed(*args, **kwargs):
+        calls.append(1)
+        os.kill(os.getpid(), signal.SIGINT)  # what a terminal sends; it lands in the sleep below
+        time.sleep(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attribution, "analyse_run_dir", pressed)
+    url, key = plugin_server
+    out = tmp_path / "run"
+    spec = LoadSpec(requests=4, input_len=16, output_len=24, warmup=1, max_rounds=1)
+    t0 = time.monotonic()
+    res = Attribute(AttributeConfig(server_url=url, out=str(out), api_key=key, concurrency=[1], spec=spec)).run(
+        argv=["pytest", "analysis"]
+    )
+    assert time.monotonic() - t0 < 120
+    assert res["interrupted"] and res["incomplete_reason"] == "interrupted (Ctrl-C) during the analysis", res
+    assert calls == [1], "the analysis the user stopped was run again"
+    assert any("--reanalyse" in n for n in res["notes"]), res["notes"]
+    st = json.loads((out / "status.json").read_text())["attribute"]
+    assert st["state"] == "incomplete" and st["reason"].startswith("interrupted (Ctrl-C) during the analysis"), st
+    monkeypatch.setattr(attribution, "analyse_run_dir", real)
+    r = _run(["--reanalyse", str(out), "--json"])
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr[-2000:]
+    (level,) = json.loads((out / "attribution/summary.json").read_text())["levels"]
+    assert level["attributed"] and level["engine_ms_per_token"] > 0, level
+
+
+@pytest.mark.vllm
 def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_path):
     """A 1 s pause while reading the stream of one request (C=1): reported as a stall of that request, and the
     engine's clock does not hold it: the decode pairs made during that request's time span take no more than

@@ -18,6 +18,7 @@ import signal
 import threading
 import traceback
 from collections.abc import Awaitable, Callable
+from contextlib import contextmanager
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -48,10 +49,35 @@ def _release_frames(error: BaseException | None) -> None:
     """The locals of the frames an error passed through (and of its causes) are dropped, its traceback lines
     kept: those locals hold the round's task and loop, which would then wait for a later collection."""
     seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        traceback.clear_frames(error.__traceback__)
-        error = error.__cause__ or error.__context__
+    todo = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
+
+
+@contextmanager
+def ctrl_c_held():
+    """Ctrl-C held for the block (a clean-up that must reach the server), then raised; in the main thread with
+    Python's own handler only, else the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        yield
+        return
+    presses: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: presses.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if presses:
+        raise KeyboardInterrupt
 
 
 def run(make: Callable[[], Awaitable[T]]) -> T:
@@ -94,7 +120,7 @@ def run(make: Callable[[], Awaitable[T]]) -> T:
         _release_frames(error)
         gc.collect()  # the closed loop and its transports finalised now, while a press is still held (~25 ms)
         signal.signal(signal.SIGINT, previous)
-    if ctrl_c.presses:
+    if ctrl_c.presses and not isinstance(error, SystemExit):
         raise KeyboardInterrupt from (None if isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)) else error)
     if error is not None:
         raise error

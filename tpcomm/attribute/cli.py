@@ -227,7 +227,7 @@ def attribute(
     except InputError as e:
         raise _UserError(redact.text(str(e))) from None
     except KeyboardInterrupt:
-        if not att._closing:  # before the run directory was made: nothing measured, nothing written
+        if att.rd is None:  # before the run directory was made: nothing measured, nothing written
             click.echo("Error: interrupted (Ctrl-C) before the run began: nothing was measured", err=True)
         else:  # a second Ctrl-C during the first one's clean-up
             click.echo(f"Error: interrupted twice (Ctrl-C): {att.rd.path}/status.json may still say running", err=True)

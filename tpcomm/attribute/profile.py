@@ -100,8 +100,9 @@ def profile_run(
     except BaseException:
         _undo(info, session if plugin else None)
         raise
+    rows = doc.pop("rows", [])
     if sink is not None:
-        sink.extend(doc.pop("rows", []))
+        sink.extend(rows)
     if not doc["captured"]:
         return doc
     t0, t1 = doc["window_ns"]
@@ -162,7 +163,8 @@ def _profiled_round(info: ServerInfo, small: load.LoadSpec, prompts: load.Prompt
         return {"captured": False, "note": f"/start_profile failed ({type(e).__name__}: {e})"}, None, None, None
     if r.status_code == 404:
         return {"captured": False, "note": "the server's torch profiler is off: " + PROFILER_HINT}, None, None, None
-    if r.status_code != 200:
+    if r.status_code != 200:  # an error from the engine may come after the start ran in the workers: stopped too
+        _undo(info, None)
         note = f"/start_profile answered HTTP {r.status_code}: {r.text[:200]}"
         return {"captured": False, "note": note}, None, None, None
     if session is not None:  # a lease as a level's: one wave of requests to its timeout, and a minute
@@ -180,8 +182,17 @@ def _profiled_round(info: ServerInfo, small: load.LoadSpec, prompts: load.Prompt
         )
     )
     t1 = time.time_ns()
-    if session is not None:  # the recording's window is over: stopped before the profiler writes its traces
+    hook = hook_coll = hook_steps = None
+    if session is not None:  # the recording's window is over: stopped and pulled before the profiler's traces
         records.stop(info, session)
+        coll, steps, _ = records.fetch(info, session)
+        hook_coll = coll[(coll["t_start_ns"] >= t0) & (coll["t_end_ns"] <= t1)]
+        hook_steps = steps[(steps["t_start_ns"] >= t0) & (steps["t_end_ns"] <= t1)]
+        hook = (
+            hook_coll.groupby(["rank", "op"])
+            .agg(count=("duration_us", "size"), time_us=("duration_us", "sum"))
+            .reset_index()
+        )
     httpx.post(
         info.url + "/stop_profile", headers=info.headers, timeout=600, verify=netread.tls(info.verify)
     ).raise_for_status()
@@ -194,19 +205,10 @@ def _profiled_round(info: ServerInfo, small: load.LoadSpec, prompts: load.Prompt
         "window_ns": [t0, t1],
         "rows": rows,
     }
-    if session is None:
-        return doc, None, None, None
-    coll, steps, _ = records.fetch(info, session)
-    hook_coll = coll[(coll["t_start_ns"] >= t0) & (coll["t_end_ns"] <= t1)]
-    hook_steps = steps[(steps["t_start_ns"] >= t0) & (steps["t_end_ns"] <= t1)]
-    rd.write_table(C.PROFILE_HOOK, hook_coll)
-    rd.write_table(C.PROFILE_HOOK_STEPS, hook_steps)
-    hook = (
-        hook_coll.groupby(["rank", "op"])
-        .agg(count=("duration_us", "size"), time_us=("duration_us", "sum"))
-        .reset_index()
-    )
-    doc["hook"] = hook.to_dict("records")
+    if session is not None:
+        rd.write_table(C.PROFILE_HOOK, hook_coll)
+        rd.write_table(C.PROFILE_HOOK_STEPS, hook_steps)
+        doc["hook"] = hook.to_dict("records")
     return doc, hook, hook_coll, hook_steps
 
 

@@ -155,7 +155,9 @@ class Attribute:
         self._next_id = 0
         self._current: tuple[int, int] | None = None  # (concurrency, repeat) of the level running now
         self._armed: str | None = None  # the session this run armed and has not stopped yet (Ctrl-C stops it)
-        self._phase: str | None = None  # after the load: "the analysis", "the profiled round" (Ctrl-C names it)
+        # Where the run is outside the warm-up and the levels (Ctrl-C's reason names it): "the start of the run",
+        # "the analysis" (kept when a Ctrl-C stops it), "the profiled round", "the end of the run".
+        self._phase: str | None = None
         self._analysed = -1  # how many levels the summary on disk covers (-1: none yet)
         self._closing = False  # a Ctrl-C's clean-up is running (a second one is the CLI's)
         import secrets
@@ -195,6 +197,7 @@ class Attribute:
         # From here on: a Ctrl-C at any point (the first marks, a level, the analysis, the profiled round, a
         # failure's clean-up) ends in _interrupted, which marks the run; only a second one, during that, leaves
         # the mark to the CLI's message.
+        self._phase = "the start of the run"
         try:
             self.rd.record_command("attribute", argv)
             self.rd.mark("attribute", "running", server_url=self.info.url, model=self.info.model)
@@ -216,6 +219,7 @@ class Attribute:
             self.notes.append(self.info.plugin_note + "; " + self.info.enable_hint())
         try:
             prompts = load.build_prompts(self.info, spec)
+            self._phase = None  # from here: the warm-up, then each level names itself
             self.prompt_note = prompts.note
             self.progress.note(f"warm-up: {spec.warmup} request(s)")
             warm = load.warmup(self.info, spec, prompts)
@@ -264,7 +268,7 @@ class Attribute:
                     self.notes.append("the hook's recording stops when the stopped worker runs again")
                 self._armed = None
             self._write_load()
-            if self.levels:
+            if self.levels and self._analysed != len(self.levels):
                 try:  # attribute what was measured before the server went away
                     self._analyse()
                 except Exception as err:  # noqa: BLE001 - what was measured stays on disk either way
@@ -694,8 +698,12 @@ class Attribute:
                 conditions=self.conditions(),
             )
             self._analysed = len(self.levels)
-        finally:
+        except KeyboardInterrupt:
+            raise  # the phase stays "the analysis": _interrupted names it and does not run it again
+        except BaseException:
             self._phase = before
+            raise
+        self._phase = before
 
     def _profile(self, prompts: load.Prompts) -> None:
         import httpx
