@@ -499,6 +499,30 @@ def test_ctrl_c_in_the_analysis_is_named_not_run_again_and_reanalyse_finishes_it
 
 
 @pytest.mark.vllm
+def test_a_defect_mid_level_marks_the_run_failed_and_disarms(plugin_server, tmp_path, monkeypatch):
+    """An unexpected error inside tpcomm while its recording is armed (here the level's steadiness check
+    raising): it reaches the caller as it is, and neither is the run left saying running nor the hook armed."""
+    from tpcomm.attribute import run as run_module
+    from tpcomm.attribute.hook_client import HookClient
+    from tpcomm.attribute.load import LoadSpec
+    from tpcomm.attribute.run import Attribute, AttributeConfig
+
+    def broken(*args, **kwargs):
+        assert HookClient(url, api_key=key).status()["armed"]  # the defect strikes while we record
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr(run_module, "steadiness", broken)
+    url, key = plugin_server
+    out = tmp_path / "run"
+    spec = LoadSpec(requests=2, input_len=16, output_len=16, warmup=1, max_rounds=1)
+    with pytest.raises(RuntimeError, match="a defect"):
+        Attribute(AttributeConfig(server_url=url, out=str(out), api_key=key, concurrency=[1], spec=spec)).run()
+    st = json.loads((out / "status.json").read_text())["attribute"]
+    assert st["state"] == "failed" and st["reason"] == "tpcomm failed (RuntimeError: a defect)", st
+    assert not HookClient(url, api_key=key).status()["armed"]
+
+
+@pytest.mark.vllm
 def test_client_stall_is_reported_and_leaves_the_terms_alone(plugin_server, tmp_path):
     """A 1 s pause while reading the stream of one request (C=1): reported as a stall of that request, and the
     engine's clock does not hold it: the decode pairs made during that request's time span take no more than

@@ -206,6 +206,12 @@ class Attribute:
             if self._closing:
                 raise
             return self._interrupted()
+        except Exception as e:
+            # A defect in tpcomm (an InputError is the user's and marked where it is raised): the traceback
+            # goes on to the user, but our recording is stopped and status.json says failed, not running.
+            if not isinstance(e, InputError):
+                self._abandon(f"tpcomm failed ({type(e).__name__}: {e})")
+            raise
 
     def _measure(self, spec: load.LoadSpec) -> dict:
         if isinstance(self.info.plugin_error, records.HookTimeout):
