@@ -59,19 +59,24 @@ def summarise_traces(paths: list[Path]) -> pd.DataFrame:
     )
 
 
-def _undo(info: ServerInfo, session: str | None) -> None:
-    """The round ended early: our hook recording stopped (first: a quick call), then the server's profiler
-    (vLLM ignores a stop when it is not profiling); each asked once with a short timeout (the server may be
-    gone; a stop it received still completes there)."""
-    if session is not None:
-        try:
-            records.stop(info, session, timeout_s=5)
-        except records.HookError:
-            pass
-    try:
-        httpx.post(info.url + "/stop_profile", headers=info.headers, timeout=30, verify=netread.tls(info.verify))
-    except httpx.HTTPError:
-        pass
+def _undo(info: ServerInfo, state: dict) -> None:
+    """The round ended early: what it left running in the server is stopped, our hook recording first (a quick
+    call), then the profiler it started, each asked once with a short timeout (the server may be gone; a stop
+    it received completes there all the same). Ctrl-C is held meanwhile (seconds at most), so that a second
+    press cannot leave the profiler on."""
+    with aiorun.ctrl_c_held():
+        if state.get("recording"):
+            try:
+                records.stop(info, state["recording"], timeout_s=5)
+            except records.HookError:
+                pass
+        if state.get("profiler"):
+            try:
+                httpx.post(
+                    info.url + "/stop_profile", headers=info.headers, timeout=10, verify=netread.tls(info.verify)
+                )
+            except httpx.HTTPError:
+                pass
 
 
 def profile_run(
@@ -93,12 +98,13 @@ def profile_run(
     plugin = bool(info.plugin and info.plugin.get("enabled", True))
     small = load.LoadSpec(**{**spec.__dict__, "requests": profiled_requests(spec.requests, plugin)})
     prefix = f"tpcomm{time.strftime('%H%M%S')}"
+    state: dict = {}  # what runs in the server now: "profiler" (our start was sent), "recording" (our session)
     try:
         doc, hook, hook_coll, hook_steps = _profiled_round(
-            info, small, prompts, rd, prefix, session if plugin else None
+            info, small, prompts, rd, prefix, session if plugin else None, state
         )
     except BaseException:
-        _undo(info, session if plugin else None)
+        _undo(info, state)
         raise
     rows = doc.pop("rows", [])
     if sink is not None:
@@ -144,12 +150,15 @@ def profile_run(
     return doc
 
 
-def _profiled_round(info: ServerInfo, small: load.LoadSpec, prompts: load.Prompts, rd, prefix: str, session):
+def _profiled_round(
+    info: ServerInfo, small: load.LoadSpec, prompts: load.Prompts, rd, prefix: str, session, state: dict
+):
     """/start_profile, the round under our hook recording `session` (None: no plugin), the recording stopped,
     /stop_profile, the round's records: (doc, per rank and op counts, hook collectives, hook steps), the hook's
     three None without the plugin. The caller undoes on any raise."""
     from tpcomm.attribute.server import is_alive
 
+    state["profiler"] = True  # from the moment it is sent: a start in flight may take effect
     try:
         r = httpx.post(
             info.url + "/start_profile",
@@ -159,15 +168,17 @@ def _profiled_round(info: ServerInfo, small: load.LoadSpec, prompts: load.Prompt
             verify=netread.tls(info.verify),
         )
     except httpx.HTTPError as e:  # a start that timed out may still take effect: stopped all the same
-        _undo(info, None)
+        _undo(info, state)
         return {"captured": False, "note": f"/start_profile failed ({type(e).__name__}: {e})"}, None, None, None
     if r.status_code == 404:
+        state.pop("profiler")
         return {"captured": False, "note": "the server's torch profiler is off: " + PROFILER_HINT}, None, None, None
     if r.status_code != 200:  # an error from the engine may come after the start ran in the workers: stopped too
-        _undo(info, None)
+        _undo(info, state)
         note = f"/start_profile answered HTTP {r.status_code}: {r.text[:200]}"
         return {"captured": False, "note": note}, None, None, None
     if session is not None:  # a lease as a level's: one wave of requests to its timeout, and a minute
+        state["recording"] = session  # from the moment it is sent (a stop naming it never ends another's)
         records.start(info, session, int(min(7 * 86400, small.requests * small.timeout_s + 60)))
     t0 = time.time_ns()
     rows = aiorun.run(
@@ -185,6 +196,7 @@ def _profiled_round(info: ServerInfo, small: load.LoadSpec, prompts: load.Prompt
     hook = hook_coll = hook_steps = None
     if session is not None:  # the recording's window is over: stopped and pulled before the profiler's traces
         records.stop(info, session)
+        state.pop("recording")
         coll, steps, _ = records.fetch(info, session)
         hook_coll = coll[(coll["t_start_ns"] >= t0) & (coll["t_end_ns"] <= t1)]
         hook_steps = steps[(steps["t_start_ns"] >= t0) & (steps["t_end_ns"] <= t1)]
@@ -196,6 +208,7 @@ def _profiled_round(info: ServerInfo, small: load.LoadSpec, prompts: load.Prompt
     httpx.post(
         info.url + "/stop_profile", headers=info.headers, timeout=600, verify=netread.tls(info.verify)
     ).raise_for_status()
+    state.pop("profiler")
     doc = {
         "captured": True,
         "prefix": prefix,
