@@ -79,11 +79,20 @@ def pytest_terminal_summary(terminalreporter):
 os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
 
+# The real-server tests serve the tiny model at 2 decoder layers, the demo at its default 4: layer 0 dense and
+# layer 1 MoE, so every collective site of the 4-layer model is still there (2 all-reduces per layer, the
+# embedding's, the logits gather), at 5 all-reduces per decode step instead of 9. On this 2-core AVX2 host
+# (gloo's all-reduce ~1.3 ms) that is 12.2 ms per token instead of 20.7 at C=1, and a baseline `attribute` run
+# (C=1,2, 24 requests of 64 tokens) 29 s instead of 40 (2026-12-06): the suite's real-server time is mostly
+# tokens. The tests read the layer count from the model's config, not from this constant.
+TEST_LAYERS = 2
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from tpcomm.tinymodel import generate
 
-    return generate(tmp_path_factory.mktemp("tiny") / "model")
+    return generate(tmp_path_factory.mktemp("tiny") / "model", layers=TEST_LAYERS)
 
 
 def profiler_config(folder: Path) -> dict:
@@ -202,6 +211,32 @@ def baseline_run(vllm_server, tmp_path_factory):
     return out, json.loads(r.stdout)
 
 
+# compare's A/A: C=1 only, three repeats of 8 requests (each a window of its own, ~10 s apart), one round each:
+# short, and the repeats put the spread between windows in the intervals (a shared host moves by more than one
+# window shows).
+AA_ARGS = ["--concurrency", "1", "--repeat", "3", "--requests", "8", "--max-rounds", "1", "--warmup", "2"]
+
+
+def attribute_run(url: str, out: Path, args: list[str]) -> Path:
+    """`tpcomm attribute --json` against `url` into `out`; fails the test on a non-zero exit."""
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "attribute", "--server-url", url, "--out", str(out), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def aa_first_run(vllm_server, tmp_path_factory) -> Path:
+    """The first run of compare's A/A (test_compare_server), made on the plugin-on server's first life. The
+    whole-server kill (test_attribute_server), last on that life, asks for it first: the A/A's restart is then
+    the start that follows the kill, and that life's end costs no start of its own."""
+    return attribute_run(vllm_server.url, tmp_path_factory.mktemp("compare") / "a1", AA_ARGS)
+
+
 def plugin_off_variant() -> dict:
     """The one plugin-off server of the session, vLLM's dev routes on (the hook tests ask the workers through
     POST /collective_rpc), so that every test without the plugin shares one start."""
@@ -245,20 +280,22 @@ def no_pooled_server(request):
 # and the test that kills or spoils a server last on it (its end of life is then free: the next variant would
 # have stopped it anyway). An entry is a module or one test; a test goes where its own entry is, else where its
 # module's is; tests of modules not listed follow, in collection order. The starts, on 2 cores ~45 s each:
-#   own llama server: its closure test, then the whole-server kill (ends it)
+#   own llama server (started from a relative --model path): its closure test, the plan cross-check from the
+#     config the server reports, then a killed TP worker (ends it)
 #   plugin on (a): test_attribute_server's, test_predict_server's, test_compare_server's first A/A run
+#     (conftest.aa_first_run), then the whole-server kill (ends it)
 #   compare's own TP-1 server, then plugin on (b), restarted: compare's second A/A run, test_hook_server's,
 #     test_trace_server's (the pooled profiler), then SIGTERM to its API server (ends it)
 #   plugin off: the tests without the plugin, test_hook_failsafe_server's reference tokens
 #   every CPU site faulting: test_hook_failsafe_server's
 #   keyed (a): the keyed tests, then the hook's injected fault (disables its hook for good)
 #   keyed (b): the executor-timeout drift (leaves its replies out of step for good)
-#   test_attribute_server_faults' own relative-path server (its last test kills a TP worker); test_demo's own
-#   two; test_multinode's own pairs of nodes.
+#   test_demo's own two; test_multinode's own pairs of nodes.
 PHASE2_ORDER = [
     "test_attribute_llama_server.py",
     "test_attribute_server.py",
     "test_predict_server.py",
+    "test_attribute_server.py::test_a_whole_server_killed_mid_level_ends_the_run_incomplete_not_blamed_on_a_rank",
     "test_compare_server.py",
     "test_hook_server.py",
     "test_trace_server.py",
@@ -280,7 +317,6 @@ PHASE2_ORDER = [
     "test_shutdown_server.py",
     "test_hook_server.py::test_a_failing_hook_disables_itself_and_serving_goes_on",
     "test_hardening_server.py::test_replies_left_out_of_step_by_an_executor_timeout_are_refused_not_mixed",
-    "test_attribute_server_faults.py",
     "test_demo.py",
     "test_multinode.py",
 ]

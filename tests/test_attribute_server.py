@@ -36,9 +36,11 @@ def tiny_dir(request, tmp_path_factory):
     try:
         return request.getfixturevalue("tiny_model_dir")
     except pytest.FixtureLookupError:
+        from conftest import TEST_LAYERS
+
         from tpcomm.tinymodel import generate
 
-        return generate(tmp_path_factory.mktemp("tiny") / "model")
+        return generate(tmp_path_factory.mktemp("tiny") / "model", layers=TEST_LAYERS)
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +257,59 @@ def test_ctrl_c_in_the_profiled_round_stops_the_servers_profiler_and_our_recordi
     assert {q.name for q in prof.glob("tpcomm*")} - before, "no trace written: the server's profiler still runs"
 
 
+@pytest.mark.vllm
+def test_a_whole_server_killed_mid_level_ends_the_run_incomplete_not_blamed_on_a_rank(
+    aa_first_run, vllm_server, tiny_dir, tmp_path
+):
+    """SIGKILL to the server's whole process group (API server, engine, workers) during C=2 of a C=1,2 run:
+    attribute exits 1 and says the whole server stopped, not one rank; the run directory is marked incomplete
+    and keeps C=1 whole and what C=2 measured. Ends the pooled plugin-on server's first life, after compare's
+    first A/A run (aa_first_run) was made on it (conftest.PHASE2_ORDER)."""
+    import signal
+    import time
+
+    from tpcomm.attribute.hook_client import HookClient
+
+    srv, model = vllm_server.server, tiny_dir
+    out = tmp_path / "run"
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("OPENAI_API_KEY", None)
+    # 24 requests at C=2 (~5 s on an idle host): the kill lands among the level's requests even where the
+    # hook's status answers a second late (a busy host: the API server then sends in lumps); with 8, a busy
+    # run saw the level end first and the kill hit the records pull ("server stopped answering").
+    args = ["--server-url", srv.url, "--concurrency", "1,2", "--requests", "24", "--output-len", "48"]
+    args += ["--input-len", "16", "--warmup", "1", "--max-rounds", "1", "--model-config", str(model / "config.json")]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tpcomm.cli", "attribute", *args, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        wait_armed(HookClient(srv.url, timeout_s=60), "-c2-r0", p, out)  # polled once a second
+        time.sleep(0.3)  # a few C=2 requests under way
+        os.killpg(os.getpgid(srv.proc.pid), signal.SIGKILL)  # the process group: API server, engine, workers
+        stdout, stderr = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        srv.stop()
+    assert p.returncode == 1, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    err = [ln for ln in stderr.strip().splitlines() if ln.startswith("Error")][-1]
+    assert "the whole vLLM server stopped during C=2" in err and "not one rank's failure" in err, err
+    st = json.loads((out / "status.json").read_text())["attribute"]
+    assert st["state"] == "incomplete" and not st["reason"].startswith("TP rank"), st
+    assert st["dead_rank"]["whole_server"] is True and st["dead_rank"]["api_server_after_ms"] <= 250, st
+    req = pd.read_parquet(out / "load/requests.parquet")
+    assert (req[req["concurrency"] == 1]["ok"]).sum() == 24  # the finished level is kept
+    assert (req["concurrency"] == 2).any()  # and what the dying level measured
+    assert (out / "hook/collectives.parquet").exists()
+    assert "INCOMPLETE" in stdout
+
+
 # ---- plugin-off server ------------------------------------------------------
 @pytest.mark.vllm
 def test_server_without_plugin_still_measures_load(plugin_off_url, tmp_path):
@@ -352,8 +407,9 @@ def assert_closure_verdict_is_true(lv: dict, run_dir: Path) -> None:
 
 
 @pytest.mark.vllm
-def test_attribution_matches_plan_and_the_split_closes(baseline_run):
+def test_attribution_matches_plan_and_the_split_closes(baseline_run, tiny_model_dir):
     out, res = baseline_run
+    layers = json.loads((tiny_model_dir / "config.json").read_text())["num_hidden_layers"]
     assert res["complete"] and res["plugin"]
     status = json.loads((out / "status.json").read_text())
     assert status["attribute"]["state"] == "complete"
@@ -373,9 +429,9 @@ def test_attribution_matches_plan_and_the_split_closes(baseline_run):
     assert summ["conditions"]["tp"] == 2 and summ["schema_version"] == 4
     for lv in summ["levels"]:
         cc = lv["collectives_per_step"]
-        # The plan for the tiny model at TP 2: 9 all-reduces (4 layers x 2 + embedding) + 1 logits all-gather.
+        # The plan for the tiny model at TP 2: 2 all-reduces per layer + the embedding's, 1 logits all-gather.
         assert cc["match"] is True, cc["detail"]
-        assert cc["observed_total"] == cc["planned_total"] == 10
+        assert cc["observed_total"] == cc["planned_total"] == 2 * layers + 2
     # One host, one clock: the offset estimated from the collectives' exits is jitter, and it is not applied
     # (test_multinode applies a real 2 ms one).
     o = summ["clocks"]["1"]

@@ -1,6 +1,7 @@
 """`tpcomm compare` on real vLLM-CPU runs (the tiny DeepSeek-V3-architecture model):
 
-- A/A: the pooled TP-2 server, `tpcomm attribute` at C=1 with three repeats, the server restarted, the same
+- A/A: the pooled TP-2 server, `tpcomm attribute` at C=1 with three repeats (conftest.aa_first_run, made
+  before test_attribute_server's whole-server kill ends that server), the server started again, the same
   again: the same configuration twice, and the comparison resolves no change in any term;
 - A/B with a lever whose effect is known in kind: the same model at TP 1 (no collectives at all) against TP 2:
   collective transfer and wait appear (resolved, positive), and the plan difference names the collectives;
@@ -17,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import AA_ARGS, attribute_run
 
 from tpcomm.columns import fmt
 from tpcomm.compare.analysis import compare_runs
@@ -24,27 +26,13 @@ from tpcomm.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 
-# C=1 only, three repeats of 8 requests (each a window of its own, ~10 s apart), one round each: short, and
-# the repeats put the spread between windows in the intervals (a shared host moves by more than one window shows).
-AA = ["--concurrency", "1", "--repeat", "3", "--requests", "8", "--max-rounds", "1", "--warmup", "2"]
 TP1 = ["--concurrency", "1", "--requests", "8", "--max-rounds", "1", "--warmup", "2"]
 
 
-def _attribute(url: str, out, args: list[str]) -> None:
-    p = subprocess.run(
-        [sys.executable, "-m", "tpcomm.cli", "attribute", "--server-url", url, "--out", str(out), "--json", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
-def runs(vllm_server_factory, tiny_model_dir, tmp_path_factory):
-    d = tmp_path_factory.mktemp("compare")
+def runs(aa_first_run, vllm_server_factory, tiny_model_dir, tmp_path_factory):
+    d = aa_first_run.parent  # a1: the pooled TP-2 server's first life
     pool = vllm_server_factory.__self__
-    _attribute(vllm_server_factory().url, d / "a1", AA)  # the pooled TP-2 server (a fresh start or a running one)
     pool.close()  # one TP-2 server or the TP-1 one at a time: two would fight over the 2 cores
     srv = VllmServer(
         model=str(tiny_model_dir),
@@ -54,10 +42,10 @@ def runs(vllm_server_factory, tiny_model_dir, tmp_path_factory):
         extra_env={"VLLM_CACHE_ROOT": str(pool.cache_root)},
     )
     with srv:
-        _attribute(srv.url, d / "tp1", TP1)
-    # The same configuration as a1, restarted (the pool starts it anew); left running for the next module
+        attribute_run(srv.url, d / "tp1", TP1)
+    # The same configuration as a1, started again (the pool starts it anew); left running for the next module
     # (test_hook_server's), which would otherwise start it again after the TP-1 server.
-    _attribute(vllm_server_factory().url, d / "a2", AA)
+    attribute_run(vllm_server_factory().url, d / "a2", AA_ARGS)
     return d
 
 

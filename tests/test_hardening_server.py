@@ -198,9 +198,11 @@ def test_a_planted_metrics_file_never_stalls_the_api_server_nor_is_served(srv, h
 
 # ---- item 7: records pages of one recording only -------------------------------------------------------
 @pytest.mark.vllm
-def test_a_foreign_start_during_a_paged_pull_is_refused_not_truncated(srv, hook):
+def test_a_foreign_start_during_a_paged_pull_is_refused_not_truncated(srv, hook, tiny_model_dir):
     hook.start(session="mine")
-    _complete(srv.url, 240)  # ~2,400 collective rows per rank: 3 pages of 1,000 (TPCOMM_RECORDS_PAGE_ROWS)
+    per_step = 2 * json.loads((tiny_model_dir / "config.json").read_text())["num_hidden_layers"] + 2
+    # over 2,400 collective rows per rank: 3 pages of 1,000 (TPCOMM_RECORDS_PAGE_ROWS)
+    _complete(srv.url, 2_500 // per_step + 1)
     hook.stop(session="mine")
     p0 = httpx.get(srv.url + "/tpcomm/v1/records", params={"page": 0, "session": "mine"}, headers=H, timeout=60)
     assert p0.status_code == 200 and p0.json()["meta"]["pages"] >= 3 and p0.json()["meta"]["session"] == "mine"
@@ -403,7 +405,9 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
 @pytest.mark.vllm
 def test_ctrl_c_disarms_attributes_the_finished_level_and_marks_the_run(srv, hook, tmp_path):
     out = tmp_path / "run"
-    p = _popen(srv.url, out, "--concurrency", "1,2", "--requests", "6", "--output-len", "48", *FAST)
+    # 12 requests of 48 tokens: C=2 lasts ~3.7 s on an idle host (13 ms a step), so the press lands among its
+    # requests, not in the records pull after them (with 6 it did, at 2 decoder layers: no C=2 in the summary)
+    p = _popen(srv.url, out, "--concurrency", "1,2", "--requests", "12", "--output-len", "48", *FAST)
     try:
         wait_armed(hook, "-c2-r0", p, out)
         time.sleep(0.5)

@@ -84,13 +84,14 @@ def _c1(summ: dict) -> dict:
     return next(lv for lv in summ["levels"] if lv["concurrency"] == 1)
 
 
-def test_both_ranks_recorded_the_plan_matches_and_the_split_closes(offset_run):
+def test_both_ranks_recorded_the_plan_matches_and_the_split_closes(offset_run, tiny_model_dir):
     summ, run = offset_run
+    layers = json.loads((tiny_model_dir / "config.json").read_text())["num_hidden_layers"]
     lv = _c1(summ)
     assert summ["conditions"]["ranks"] == [0, 1] and summ["conditions"]["backends"] == ["gloo"]
     assert set(summ["nodes"]) == {"0", "1"} and all(n["host"] for n in summ["nodes"].values())
     cc = lv["collectives_per_step"]
-    assert cc["match"] is True and cc["observed_total"] == cc["planned_total"] == 10, cc["detail"]
+    assert cc["match"] is True and cc["observed_total"] == cc["planned_total"] == 2 * layers + 2, cc["detail"]
     p, e = lv["per_token_ms"], lv["engine_ms_per_token"]
     assert abs(sum(p.values()) - e) <= 1e-6 * e and p["transfer"] > 0
     cz = lv["closure"]

@@ -1,0 +1,40 @@
+"""The tiny model's depth (tpcomm.tinymodel `layers`): the real-server tests serve it at 2 layers (conftest
+TEST_LAYERS), the demo at 4. A folder holding one depth is never taken for the other."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tpcomm.tinymodel import MARKER, TINY_CONFIG, generate
+
+
+def _layers(d) -> int:
+    return json.loads((d / "config.json").read_text())["num_hidden_layers"]
+
+
+def test_a_depth_is_generated_named_and_never_mistaken_for_another(tmp_path):
+    out = generate(tmp_path / "m", layers=2)
+    assert _layers(out) == 2 and "(deepseek_v3, 2 layers)" in (out / MARKER).read_text()
+    before = (out / "model.safetensors").stat().st_mtime_ns
+    assert generate(out, layers=2) == out and (out / "model.safetensors").stat().st_mtime_ns == before  # kept
+    generate(out)  # the default depth: built again, not the 2-layer one reused
+    assert _layers(out) == TINY_CONFIG["num_hidden_layers"] == 4
+    assert (out / MARKER).read_text().strip().endswith("(deepseek_v3)")
+    assert generate(out, layers=4) == out and _layers(out) == 4  # 4 is the default, named the same way
+
+
+def test_a_depth_without_a_moe_layer_is_refused_naming_the_input(tmp_path):
+    with pytest.raises(ValueError, match=r"layers 1: expected an integer of at least 2 for deepseek_v3"):
+        generate(tmp_path / "m", layers=1)
+    assert not (tmp_path / "m").exists()
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.tinymodel", str(tmp_path / "m"), "--layers", "0", "--arch", "llama"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and "layers 0: expected an integer of at least 1 for llama" in p.stderr
