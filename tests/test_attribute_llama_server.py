@@ -119,7 +119,8 @@ def test_llama_split_closes_at_c1_and_c2(llama_server, tmp_path):
 @pytest.mark.vllm
 def test_crosscheck_plans_from_the_config_the_server_reports(llama_server, tmp_path):
     """The client's cwd holds a folder named like the server's model root with a 6-layer config: planning from
-    it would expect 8 more all-reduces per step. The cross-check must match, from the server-reported config."""
+    it would expect 2 more all-reduces per step for each layer it adds. The cross-check must match, from the
+    server-reported config."""
     import httpx
 
     relative_server, model = llama_server

@@ -3,7 +3,9 @@ DeepSeek-V3-architecture model): plan cross-check, split closure, faults.
 
 Servers: conftest.py's pooled ones: `vllm_server` (plugin on), the plugin-off
 variant and the keyed server (conftest.hardened_server); conftest.PHASE2_ORDER
-runs each test beside the others on the same server. A whole server killed mid-run: test_attribute_llama_server.py.
+runs each test beside the others on the same server. A whole server killed mid-run: here, last on the plugin-on
+server's first life (after compare's first A/A run, conftest.aa_first_run); a killed TP worker and the relative
+--model root: test_attribute_llama_server.py.
 """
 
 from __future__ import annotations

@@ -150,6 +150,13 @@ def test_a_shift_the_host_load_could_make_is_not_called_a_change(tmp_path):
         t = lv.term(name)
         assert t.resolved and t.host_load and not t.changed, t
     assert [t.name for t in lv.terms if t.changed] == []
+    # ... unless the delivery term moved too: B's API server falls behind over each stream while B's host is
+    # busier, the engine unchanged: the client's slowdown is delivery's (resolved), not the host's load
+    late = run_dir(tmp_path / "late-busy", seed=3, cpu_wait_ms=1.05, delivery_slope_us=400.0)
+    lv_late = compare_runs(a, late).levels[0]
+    assert lv_late.term("delivery_term").changed and not lv_late.term("per_token").resolved, lv_late.term("per_token")
+    cl = lv_late.term("client_per_token")
+    assert cl.changed and cl.host_load is None, cl
     assert "+1.00 ms (A 0.050, B 1.05 ms)" in lv.term("compute").host_load, lv.term("compute").host_load
     assert "cannot be told from the host's load" in cmp.verdict and "B is" not in cmp.verdict
     assert any(

@@ -6,7 +6,7 @@ Real signals (SIGSTOP/SIGCONT to a TP worker, SIGINT to attribute's process grou
 concurrent clients and traffic, a real TCP/TLS proxy in front of the server for cut and slowed streams. The
 server is the session's keyed one (conftest.hardened_server, tests/hardened_world.py), shared with the other
 keyed tests; the executor-timeout drift test leaves its replies out of step for good and runs last, on a
-fresh start (conftest.PHASE2_ORDER). The whole server killed mid-run: test_attribute_llama_server.py.
+fresh start (conftest.PHASE2_ORDER). The whole server killed mid-run: test_attribute_server.py.
 """
 
 from __future__ import annotations

@@ -97,12 +97,7 @@ def generate(
     layer dense and the rest MoE). Returns the folder. Skips work when a complete model of that architecture
     and depth is already there.
     """
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"tiny model architecture {arch!r}: expected one of {', '.join(ARCHITECTURES)}")
-    base = TINY_CONFIG if arch == "deepseek_v3" else TINY_LLAMA_CONFIG
-    least = base.get("first_k_dense_replace", 0) + 1
-    if layers is not None and (not isinstance(layers, int) or layers < least):
-        raise ValueError(f"tiny model layers {layers!r}: expected an integer of at least {least} for {arch}")
+    base = check(arch, layers)
     depth = "" if layers in (None, base["num_hidden_layers"]) else f", {layers} layers"
     out = Path(out_dir)
     marker = out / MARKER
@@ -124,12 +119,28 @@ def generate(
     return out
 
 
+def check(arch: str, layers: int | None) -> dict:
+    """The architecture's base config, or ValueError naming the input and what was expected."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"tiny model architecture {arch!r}: expected one of {', '.join(ARCHITECTURES)}")
+    base = TINY_CONFIG if arch == "deepseek_v3" else TINY_LLAMA_CONFIG
+    least = base.get("first_k_dense_replace", 0) + 1
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < least):
+        raise ValueError(f"tiny model layers {layers!r}: expected an integer of at least {least} for {arch}")
+    return base
+
+
 def _move_into(src: Path, out: Path) -> None:
-    """Every file of `src` renamed into `out`, the marker last (a model is complete once it is there)."""
+    """Every file of `src` renamed into `out`, the marker last (a model is complete once it is there); a marker
+    already in `out` goes first, so that a rebuild cut short is never taken for the model it replaces."""
     names = sorted(os.listdir(src), key=lambda n: n == MARKER)
     sfd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
     dfd = safefs.open_dir(out.parent, [out.name])
     try:
+        try:
+            os.unlink(MARKER, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
         mask = os.umask(0o022)
         os.umask(mask)
         for name in names:
@@ -223,9 +234,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--overwrite", action="store_true", help="regenerate even if a tiny model is already there")
     a = ap.parse_args(argv)
     try:
-        print(generate(a.out_dir, seed=a.seed, overwrite=a.overwrite, arch=a.arch, layers=a.layers))
+        check(a.arch, a.layers)
     except ValueError as e:
         ap.error(str(e))
+    print(generate(a.out_dir, seed=a.seed, overwrite=a.overwrite, arch=a.arch, layers=a.layers))
 
 
 if __name__ == "__main__":

@@ -142,7 +142,7 @@ def _cpu_wait(levels: list[LevelSplit]) -> tuple[float | None, frozenset]:
 # delayed in its compute makes the others wait longer, a rank delayed while the others were late less.
 # The client's per-token time is the four engine terms + delivery: its engine part moves as the per-token time.
 ONE_WAY = ("per_token", "compute", "transfer", "host_gap", "client_per_token")
-# The five-term split's own figures (analysis/delivery.py): not resampled from a run's blocks.
+# The figures of the five-term split that concern the client's side (analysis/delivery.py).
 FIVE_ONLY = ("delivery", "delivery_term", "client_per_token")
 # The client's side, not the ranks': the ranks' CPU wait does not bound them.
 CLIENT_SIDE = ("delivery", "delivery_term")
@@ -160,7 +160,8 @@ def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_r
     direction the load could move it, may be that and nothing else, and is not called a change. The client's
     per-token time (the four engine terms + delivery) gets the per-token time's allowance: its engine part
     moves with the load as that does (it was exempt until 2026-12-06, and a real A/A across a restart called
-    it changed while the engine's per-token time inside it was marked as the load). Exempt: delivery and the
+    it changed while the engine's per-token time inside it was marked as the load), unless the delivery term
+    is itself resolved (then part of the client's difference is delivery's, a change). Exempt: delivery and the
     delivery term (the client's side, not the ranks'), a term exactly 0 in one run (no collectives there: a change
     of kind, not of amount); tok/s follows the per-token time. Not applied when the runs' ranks differ (TP 1
     against TP 2: the change itself moves the sum), and named. Contention the change itself causes (a backend
@@ -185,9 +186,12 @@ def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_r
             "the host's load is not checked against the resolved differences"
         ]
     dw = wb - wa
+    dt = by.get("delivery_term")
     for t in resolved:
         if t.name == "tok_per_s" or t.a == 0 or t.b == 0:
             continue
+        if t.name == "client_per_token" and dt is not None and dt.resolved:
+            continue  # part of it is a resolved change of delivery, which the ranks' load does not bound
         if t.name in ONE_WAY and t.diff * dw <= 0:
             continue  # the load moved the other way: it can only have hidden part of this difference
         near = min(abs(t.lo), abs(t.hi))

@@ -76,7 +76,12 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
     if dt is not None and dt.diff is not None and cl is not None and cl.diff is not None:
         parts.append(
             f"as the client saw it, {_ms(cl.a)} -> {_ms(cl.b)} per token, of which delivery (the fifth term) "
-            f"{_ms(dt.a)} -> {_ms(dt.b)} (pooled, no interval)"
+            f"{_ms(dt.a)} -> {_ms(dt.b)} "
+            + (
+                f"(interval {signed(dt.lo)} to {signed(dt.hi)} ms)"
+                if dt.lo is not None and dt.hi is not None
+                else "(pooled, no interval)"
+            )
         )
     return head + "; " + ", ".join(parts) + "."
 
