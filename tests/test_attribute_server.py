@@ -556,6 +556,64 @@ def test_ctrl_c_in_the_analysis_is_named_not_run_again_and_reanalyse_finishes_it
     assert level["attributed"] and level["engine_ms_per_token"] > 0, level
 
 
+# Where in the level a Ctrl-C lands: (function patched to press, what the level keeps). CI once pressed in the
+# bookkeeping after the level's requests: the level was dropped from load/levels.json, its requests kept.
+PRESSES = {
+    "the recording's start": ("tpcomm.attribute.records.start", 0, "interrupted (Ctrl-C) during this level"),
+    "the bookkeeping": ("tpcomm.attribute.run.steadiness", 2, "interrupted (Ctrl-C) during this level"),
+    "the records' fetch": (
+        "tpcomm.attribute.records.fetch_level",
+        2,
+        "interrupted (Ctrl-C) before this level's records were fetched",
+    ),
+}
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("where", list(PRESSES))
+def test_ctrl_c_anywhere_in_a_level_keeps_it_marked_interrupted(plugin_server, tmp_path, monkeypatch, where):
+    """A real SIGINT to this process at three moments of C=2, after a whole C=1: the level stays in the run, with
+    the requests that finished and why it is incomplete; C=1 is attributed; our recording is stopped."""
+    import importlib
+    import signal
+    import time
+
+    from tpcomm.attribute.hook_client import HookClient
+    from tpcomm.attribute.load import LoadSpec
+    from tpcomm.attribute.run import Attribute, AttributeConfig
+
+    target, n_kept, why = PRESSES[where]
+    module, name = target.rsplit(".", 1)
+    mod = importlib.import_module(module)
+    real, calls = getattr(mod, name), []
+
+    def pressed(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # C=2's call
+            os.kill(os.getpid(), signal.SIGINT)  # what a terminal sends; it lands in the sleep below
+            time.sleep(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mod, name, pressed)
+    url, key = plugin_server
+    out = tmp_path / "run"
+    spec = LoadSpec(requests=2, input_len=16, output_len=8, warmup=1, max_rounds=1)
+    res = Attribute(AttributeConfig(server_url=url, out=str(out), api_key=key, concurrency=[1, 2], spec=spec)).run(
+        argv=["pytest", "press"]
+    )
+    assert calls == [1, 1] and res["interrupted"], res
+    assert res["incomplete_reason"] == "interrupted (Ctrl-C) during C=2 repeat 0", res
+    c1, lv = json.loads((out / "load/levels.json").read_text())
+    assert lv["concurrency"] == 2 and lv["interrupted"] == why and lv["requests"] == n_kept, lv
+    assert f"incomplete: {why}" in lv["flags"] and not c1.get("interrupted")
+    req = pd.read_parquet(out / "load/requests.parquet")  # the warm-up's are not kept
+    assert req["ok"].all() and req.groupby("concurrency").size().to_dict() == {1: 2, **({2: n_kept} if n_kept else {})}
+    s1, s2 = json.loads((out / "attribution/summary.json").read_text())["levels"]
+    assert s1["attributed"] and s1["incomplete"] is None, s1
+    assert not s2["attributed"] and why in s2["incomplete"], s2
+    assert not HookClient(url, api_key=key).status()["armed"]
+
+
 @pytest.mark.vllm
 def test_a_defect_mid_level_marks_the_run_failed_and_disarms(plugin_server, tmp_path, monkeypatch):
     """An unexpected error inside tpcomm while its recording is armed (here the level's steadiness check

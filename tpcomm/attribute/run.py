@@ -159,6 +159,7 @@ class Attribute:
         # "the analysis" (kept when a Ctrl-C stops it), "the profiled round", "the end of the run".
         self._phase: str | None = None
         self._analysed = -1  # how many levels the summary on disk covers (-1: none yet)
+        self._pulled: set[tuple[int, int]] = set()  # the levels whose records are all in the run directory
         self._closing = False  # a Ctrl-C's clean-up is running (a second one is the CLI's)
         import secrets
 
@@ -253,7 +254,11 @@ class Attribute:
                 self.notes[-1] = self.info.plugin_note + "; " + self.info.enable_hint(self.server_tp() or "N")
             for rep in range(self.cfg.repeat):
                 for c in self.cfg.concurrency:
-                    self._level(c, rep, prompts)
+                    try:
+                        self._level(c, rep, prompts)
+                    except KeyboardInterrupt:
+                        self._keep_interrupted(c, rep)
+                        raise
             self._phase = "the end of the run"
             self._analyse()
             if self.cfg.profile:  # a server gone during the profiled round is handled as during a level
@@ -587,7 +592,36 @@ class Attribute:
             lv["flags"].append(f"C={c}: {flag}")
         return lv
 
+    def _keep_interrupted(self, c: int, rep: int) -> None:
+        """Ctrl-C during the level (c, rep), wherever it landed (its recording's start, its requests, their
+        bookkeeping, its records): the level stays in load/levels.json, marked interrupted, with the requests
+        that finished. A level whose records were all fetched before the press stays as it is."""
+        lv = next((x for x in reversed(self.levels) if (x["concurrency"], x["repeat"]) == (c, rep)), None)
+        if lv is None:  # pressed before the level's document was made: made now from the rows kept
+            rows = [r for r in self.requests if (r["concurrency"], r["repeat"]) == (c, rep)]
+            rnd = max((r["round"] for r in rows), default=0)
+            req = pd.DataFrame([r for r in rows if r["round"] == rnd], columns=REQUEST_COLUMNS)
+            tok = pd.concat([_empty_tokens(), *self.tokens], ignore_index=True)
+            tok = tok[tok["request_id"].isin(req["request_id"])]
+            why = "interrupted (Ctrl-C) during this level"
+            lv = self._level_doc(c, rep, rnd, req, tok, None, why, [f"incomplete: {why}"])
+            lv["interrupted"] = why
+            self.levels.append(lv)
+        elif (
+            self.plugin_on
+            and (c, rep) not in self._pulled
+            and not any(lv.get(k) for k in ("interrupted", "hook_problem", "records_problem", "worker_problem"))
+        ):
+            why = "interrupted (Ctrl-C) before this level's records were fetched"
+            lv["interrupted"] = why
+            lv["flags"].append(f"incomplete: {why}")
+
     def _add_rows(self, rows: list[dict], level: tuple[int, int], rnd: int, in_stats: bool):
+        # Ctrl-C held while the rows are kept: a press between the requests and their tokens would part them
+        with aiorun.ctrl_c_held():
+            return self._keep_rows(rows, level, rnd, in_stats)
+
+    def _keep_rows(self, rows: list[dict], level: tuple[int, int], rnd: int, in_stats: bool):
         c, rep = level
         toks = []
         for r in rows:
@@ -678,14 +712,17 @@ class Attribute:
         except records.HookError as e:
             self.notes.append(f"hook: {e}")
             return str(e)
-        self.hook_meta = meta
-        self.coll = records.merge(self.coll, coll, ["rank", "step", "call_idx", "t_start_ns"])
-        self.steps = records.merge(self.steps, steps, ["rank", "step", "t_start_ns"])
-        self.step_reqs = records.merge(self.step_reqs, sreq, ["rank", "step", "request"])
-        self.rd.write_table(C.HOOK_COLLECTIVES, self.coll)
-        self.rd.write_table(C.HOOK_STEPS, self.steps)
-        self.rd.write_table(C.HOOK_STEP_REQUESTS, self.step_reqs)
-        self.rd.write_json(C.HOOK_META, meta)
+        # Ctrl-C held while the records are kept: the three tables on disk never hold different levels
+        with aiorun.ctrl_c_held():
+            self.hook_meta = meta
+            self.coll = records.merge(self.coll, coll, ["rank", "step", "call_idx", "t_start_ns"])
+            self.steps = records.merge(self.steps, steps, ["rank", "step", "t_start_ns"])
+            self.step_reqs = records.merge(self.step_reqs, sreq, ["rank", "step", "request"])
+            self.rd.write_table(C.HOOK_COLLECTIVES, self.coll)
+            self.rd.write_table(C.HOOK_STEPS, self.steps)
+            self.rd.write_table(C.HOOK_STEP_REQUESTS, self.step_reqs)
+            self.rd.write_json(C.HOOK_META, meta)
+            self._pulled.add((c, rep))
         return None
 
     # ---- analysis -----------------------------------------------------------
