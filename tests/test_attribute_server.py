@@ -884,3 +884,5 @@ def test_a_wall_clock_step_is_measured_and_the_next_request_follows_the_stepped_
 def test_bad_concurrency_is_a_usage_error():
     res = CliRunner().invoke(attribute, ["--server-url", "http://127.0.0.1:1", "--concurrency", "0,4"])
     assert res.exit_code == 2 and "concurrency levels must be integers >= 1" in res.output
+    res = CliRunner().invoke(attribute, ["--server-url", "http://127.0.0.1:1", "--concurrency", "1,4,1"])
+    assert res.exit_code == 2 and "'1,4,1' names concurrency 1 twice" in res.output, res.output

@@ -490,3 +490,51 @@ def test_the_output_rank_is_the_first_tp_rank_of_the_last_stage():
     assert output_rank([0, 1], 1) == 1  # PP 2, one rank per stage
     assert output_rank([0, 1], None) is None and output_rank([], 2) is None
     assert output_rank([1], 2) is None  # rank 0 not recorded: the mean over ranks, not a guess
+
+
+def _finished(request_id: int, t0: int, tokens: int = 8) -> dict:
+    """A finished request as load.run_round returns it (before run.py keeps it)."""
+    tn = [t0 + 10_000_000 * (i + 1) for i in range(tokens)]
+    return dict(
+        request_id=request_id, ok=True, error=None, prompt_tokens=16, output_tokens=tokens, ttft_ms=10.0,
+        tpot_ms=10.0, itl_ms_mean=10.0, e2e_ms=10.0 * tokens, t_start_ns=t0, t_end_ns=tn[-1], t_end_wall_ns=tn[-1],
+        clock_step_ms=None, t_start_mono_ns=t0, t_end_mono_ns=tn[-1], token_ns=tn, token_counts=[1] * tokens,
+    )  # fmt: skip
+
+
+def test_a_ctrl_c_between_rounds_keeps_the_level_from_the_rows_in_its_figures():
+    """attribute's Ctrl-C path (run.Attribute._keep_interrupted) when the press lands outside a round's own
+    handler: the level is made from the last round whose rows are in the figures; a round set aside as not
+    steady gives a level of the next round, with no requests, not one counting rows that are out."""
+    from tpcomm.attribute.run import Attribute, AttributeConfig
+    from tpcomm.attribute.server import ServerInfo
+
+    att = Attribute(AttributeConfig(server_url="http://127.0.0.1:1", out="unused"))
+    att.info = ServerInfo(url="http://127.0.0.1:1", model="tiny", served=["tiny"])
+    t0 = 1_000_000_000_000
+    att._add_rows([_finished(i, t0 + i * 200_000_000) for i in range(4)], (1, 0), 0, True)  # C=1 repeat 0
+    # C=2 repeat 1: round 0 not steady, set aside (as _rounds does); the press before round 1 ends
+    att._add_rows([_finished(10 + i, t0 + i * 10_000_000) for i in range(4)], (2, 1), 0, True)
+    for r in att.requests[-4:]:
+        r["in_stats"] = False
+    att._keep_interrupted(2, 1)
+    (lv,) = att.levels
+    assert (lv["concurrency"], lv["repeat"], lv["round"], lv["requests"]) == (2, 1, 1, 0), lv
+    assert lv["interrupted"] == "interrupted (Ctrl-C) during this level"
+    # pressed in the bookkeeping after a round whose rows are kept: the level holds them and their tokens
+    att.levels.clear()
+    att._add_rows([_finished(20 + i, t0 + i * 10_000_000, tokens=6) for i in range(3)], (2, 1), 1, True)
+    att._keep_interrupted(2, 1)
+    (lv,) = att.levels
+    assert (lv["round"], lv["requests"], lv["failed"]) == (1, 3, 0) and lv["tpot_ms_p50"] > 0, lv
+    req, tok = att._frames([r for r in att.requests if r["round"] == 1])
+    assert sorted(req["request_id"]) == [20, 21, 22] and len(tok) == 18
+    # a level already made is not made twice; without a started recording it is not marked for its records
+    att._keep_interrupted(2, 1)
+    assert len(att.levels) == 1
+    att.levels[0].pop("interrupted")
+    att._keep_interrupted(2, 1)
+    assert "interrupted" not in att.levels[0]
+    att._recorded.add((2, 1))
+    att._keep_interrupted(2, 1)
+    assert att.levels[0]["interrupted"] == "interrupted (Ctrl-C) before this level's records were fetched"

@@ -405,11 +405,11 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
 @pytest.mark.vllm
 def test_ctrl_c_disarms_attributes_the_finished_level_and_marks_the_run(srv, hook, tmp_path):
     out = tmp_path / "run"
-    # 12 requests of 48 tokens: the press, 0.5 s after C=2's recording is seen armed, lands in its requests,
-    # their bookkeeping or its records' fetch (~1-2 s after), and C=2 is kept marked interrupted in each (CI once
-    # pressed in the bookkeeping, which dropped the level: test_attribute_server's
-    # test_ctrl_c_anywhere_in_a_level_keeps_it_marked_interrupted presses in each on purpose)
-    p = _popen(srv.url, out, "--concurrency", "1,2", "--requests", "12", "--output-len", "48", *FAST)
+    # 16 requests of 64 tokens (C=2 ~4 s idle; seeing it armed takes up to ~1.5 s, status polled once a second):
+    # the press, 0.5 s after, lands in its requests, else in their bookkeeping or its records' fetch, and C=2 is
+    # kept marked interrupted in each (CI once pressed in the bookkeeping, at 12 x 48, which then dropped the
+    # level: test_attribute_server's test_ctrl_c_anywhere_in_a_level_keeps_it_marked_interrupted presses in each)
+    p = _popen(srv.url, out, "--concurrency", "1,2", "--requests", "16", "--output-len", "64", *FAST)
     try:
         wait_armed(hook, "-c2-r0", p, out)
         time.sleep(0.5)

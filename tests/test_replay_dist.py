@@ -126,10 +126,20 @@ def test_skew_on_one_rank_is_wait_on_the_other(skewed_run, shm_kernels):
     print(
         f"shm wait: rank 0 {waited:.0f} us, rank 1 {skewed:.0f} us; {full['preempted_steps']}/{full['steps']} preempted"
     )
-    if abs(waited - SKEW_US) > 0.2 * SKEW_US:
-        # A busy host (a third process on the 2 cores: 1468 us against 400 on 2026-12-02): the scheduler's slices
-        # are in the wait, and the replay says so. Most steps had a rank preempted.
+    # Per call, on the steps where no rank waited long for a CPU (the replay's own flag): the skew is rank 0's
+    # wait, and rank 1 waits for nobody. Medians: a host hiccup of a few ms in one call moves a mean by 30%.
+    st = pd.read_parquet(skewed_run / "probe" / "replay_steps.parquet")
+    st = st[(st["backend"] == "shm") & (st["timing"] == "full")]
+    calm = shm[shm["step"].isin(st.loc[~st["preempted"], "step"])]
+    if calm["step"].nunique() >= 3:
+        assert calm[calm["rank"] == 0]["wait_us"].median() == pytest.approx(SKEW_US, rel=0.2)
+        assert calm[calm["rank"] == 1]["wait_us"].median() < 0.2 * SKEW_US
+    else:  # nearly every step preempted: a busy host, and the replay says so
         assert 2 * full["preempted_steps"] > full["steps"], (waited, skewed, full)
+    if abs(waited - SKEW_US) > 0.2 * SKEW_US:
+        # A busy host (a third process on the 2 cores: 1468 us against 400 on 2026-12-02; 528 with 6 of 20 steps
+        # preempted on 2026-12-06): the scheduler's slices are in the mean wait, and the replay flags them.
+        assert full["preempted_steps"] >= 1, (waited, skewed, full)
         return
     assert skewed < 0.2 * SKEW_US
     # Collectives only: the skew is work, and the work is removed.

@@ -19,6 +19,12 @@ def _int_list(ctx, param, value: str) -> list[int]:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of integers (e.g. 1,4,16)") from None
     if not out or any(v < 1 for v in out):
         raise click.BadParameter("concurrency levels must be integers >= 1 (e.g. 1,4,16)")
+    if twice := sorted({v for v in out if out.count(v) > 1}):
+        # a level is named by its concurrency and repeat (sessions, windows, records): --repeat measures again
+        raise click.BadParameter(
+            f"{value!r} names concurrency {', '.join(map(str, twice))} twice: each level once (--repeat N "
+            "measures every level N times)"
+        )
     return out
 
 

@@ -159,6 +159,7 @@ class Attribute:
         # "the analysis" (kept when a Ctrl-C stops it), "the profiled round", "the end of the run".
         self._phase: str | None = None
         self._analysed = -1  # how many levels the summary on disk covers (-1: none yet)
+        self._recorded: set[tuple[int, int]] = set()  # the levels whose hook recording was started
         self._pulled: set[tuple[int, int]] = set()  # the levels whose records are all in the run directory
         self._closing = False  # a Ctrl-C's clean-up is running (a second one is the CLI's)
         import secrets
@@ -390,6 +391,8 @@ class Attribute:
             raise
         if start_error is not None:  # answered with an error: nothing was armed
             self._armed = None
+        elif self.plugin_on:
+            self._recorded.add((c, rep))
         if watch is not None and start_error is not None:
             watch.stop()
             watch = None
@@ -433,6 +436,7 @@ class Attribute:
                         request_token=self._run_id if self.plugin_on else None,
                     )
                 )
+                req, tok = self._add_rows(rows, (c, rep), rnd, True)
             except load.Aborted as e:  # a TP worker stopped answering (ranks.py): nothing more to ask it
                 if e.reason == DEAD_IN_FLIGHT:  # or died, and its requests' streams were left open: a death
                     self._gone(e.args[0], c, rep, rnd, watch, t_level)
@@ -442,8 +446,9 @@ class Attribute:
                 lv.update(worker_problem=e.reason, **({"stopped_rank": stopped.to_dict()} if stopped else {}))
                 self.levels.append(lv)
                 raise WorkerStalled(e.reason, stopped) from None
-            except KeyboardInterrupt:
-                req, tok = self._add_rows(sink, (c, rep), rnd, True)
+            except KeyboardInterrupt:  # in the round, or as its rows were being kept: the rows not kept yet
+                self._add_rows([r for r in sink if "in_stats" not in r], (c, rep), rnd, True)
+                req, tok = self._frames(sink)
                 why = "interrupted (Ctrl-C) during this level"
                 lv = self._level_doc(c, rep, rnd, req, tok, None, why, [f"incomplete: {why}"])
                 lv["interrupted"] = why
@@ -451,13 +456,13 @@ class Attribute:
                 raise
             except load.ServerGone as e:
                 self._gone(e.args[0] if e.args else [], c, rep, rnd, watch, t_level)
-            req, tok = self._add_rows(rows, (c, rep), rnd, True)
             steady, note = steadiness(req, tok, c, spec.steady_pct)
             if steady is not False or rnd == spec.max_rounds - 1:
                 break
             # Not steady: keep the round's rows out of the figures and run another.
-            for r in self.requests[-len(rows) :]:
-                r["in_stats"] = False
+            with aiorun.ctrl_c_held():
+                for r in self.requests[-len(rows) :]:
+                    r["in_stats"] = False
         # Wait for a worker's exit only when requests failed the way a dying engine fails them, not for a 4xx.
         # Otherwise the watch goes on through the level's records: a worker that dies while they are asked for
         # is named too, not left as a server that stopped answering.
@@ -599,16 +604,17 @@ class Attribute:
         lv = next((x for x in reversed(self.levels) if (x["concurrency"], x["repeat"]) == (c, rep)), None)
         if lv is None:  # pressed before the level's document was made: made now from the rows kept
             rows = [r for r in self.requests if (r["concurrency"], r["repeat"]) == (c, rep)]
-            rnd = max((r["round"] for r in rows), default=0)
-            req = pd.DataFrame([r for r in rows if r["round"] == rnd], columns=REQUEST_COLUMNS)
-            tok = pd.concat([_empty_tokens(), *self.tokens], ignore_index=True)
-            tok = tok[tok["request_id"].isin(req["request_id"])]
+            last = max((r["round"] for r in rows), default=-1)
+            kept = [r for r in rows if r["round"] == last and r["in_stats"]]
+            # the last round's rows, unless that round was set aside as not steady: then the next, unfinished one
+            rnd = last if kept else last + 1
+            req, tok = self._frames(kept)
             why = "interrupted (Ctrl-C) during this level"
             lv = self._level_doc(c, rep, rnd, req, tok, None, why, [f"incomplete: {why}"])
             lv["interrupted"] = why
             self.levels.append(lv)
         elif (
-            self.plugin_on
+            (c, rep) in self._recorded
             and (c, rep) not in self._pulled
             and not any(lv.get(k) for k in ("interrupted", "hook_problem", "records_problem", "worker_problem"))
         ):
@@ -620,6 +626,12 @@ class Attribute:
         # Ctrl-C held while the rows are kept: a press between the requests and their tokens would part them
         with aiorun.ctrl_c_held():
             return self._keep_rows(rows, level, rnd, in_stats)
+
+    def _frames(self, rows: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The requests and tokens frames of rows already kept (_keep_rows)."""
+        req = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+        tok = pd.concat(self.tokens, ignore_index=True) if self.tokens else _empty_tokens()
+        return req, tok[tok["request_id"].isin(req["request_id"])]
 
     def _keep_rows(self, rows: list[dict], level: tuple[int, int], rnd: int, in_stats: bool):
         c, rep = level
