@@ -76,3 +76,22 @@ def _story(out: Path, seen: list, stdout: str, stderr: str, log: str | None) -> 
         story.append("server log tail:\n" + "\n".join(Path(log).read_text(errors="replace").splitlines()[-60:]))
     story.append(f"stdout: {stdout[-3000:]}\nstderr: {stderr[-3000:]}")
     return "\n".join(story)
+
+
+def wait_level_written(out: Path, concurrency: int, p: subprocess.Popen, timeout: float = 300) -> float:
+    """Until attribute's load/levels.json holds the level of `concurrency` (written once its records are in:
+    the next level starts right after), read from the run directory only, no server call; the seconds that
+    took. When attribute ends first or `timeout` passes, attribute is stopped and the test fails with the story."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            levels = json.loads((out / "load/levels.json").read_text())
+        except (OSError, ValueError):
+            levels = []
+        if any(lv.get("concurrency") == concurrency for lv in levels):
+            return time.monotonic() - t0
+        if p.poll() is not None or time.monotonic() - t0 > timeout:
+            p.kill()
+            stdout, stderr = p.communicate()
+            pytest.fail(_story(out, [], stdout or "", stderr or "", None), pytrace=False)
+        time.sleep(0.05)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hookwait import wait_armed
+from hookwait import wait_level_written
 from test_attribute_server import _run, assert_split_closes
 
 from tpcomm.vllm_server import VllmServer
@@ -183,10 +183,12 @@ def test_a_killed_tp_worker_is_named_not_a_plan_mismatch(llama_server, tmp_path)
         env=_env(),
     )
     try:
-        # Polled once a second (hookwait: a faster poll keeps both workers spinning and starves attribute here)
-        wait_armed(hook, "-c2-r0", p, out)
-        time.sleep(0.1)  # C=2 under way (96-token requests: about 3 s here; a kill that lands after them, while
-        # its records are asked for, is named the same way: run.py watches until the records are in)
+        # C=2 starts as C=1's level is written (its records in); 0.3 s later its requests are under way (96-token
+        # requests: ~1 s on an AVX-512 host, ~3 s on an AVX2 one). Seeing C=2's recording armed instead (status
+        # polled once a second) came too late on the fast host: the run had ended (2026-12-06). A kill that lands
+        # in C=2's recording start or records pull is named the same way (run.py watches the whole level).
+        wait_level_written(out, 1, p)
+        time.sleep(0.3)
         os.kill(pid, signal.SIGKILL)
         stdout, stderr = p.communicate(timeout=300)
     finally:

@@ -104,7 +104,17 @@ def test_demo_end_to_end(tmp_path, no_pooled_server):
         # The headline is the split's total, and the closure check's outcome is stated, whichever it is.
         lv = v.level
         assert sum(v.split.terms.values()) == pytest.approx(v.numbers["ms_per_token"], rel=0.01)
-        assert lv.closure.judged, lv.closure
+        if lv.concurrency == 1:
+            # Judged wherever enough requests came on time by tests/delivery.py's own reading, and what it left
+            # out was delivered late: on a busy host vLLM's API server may hold back every stream (16 of 16 at
+            # C=1, 2026-12-06), and then the closure is not judged and says why.
+            from test_attribute_server import assert_closure_verdict_is_true
+
+            summ = json.loads((out / "attribution/summary.json").read_text())
+            (doc,) = [x for x in summ["levels"] if (x["concurrency"], x["repeat"]) == (1, lv.repeat)]
+            assert_closure_verdict_is_true(doc, out)
+        else:
+            assert lv.closure.judged, lv.closure
         # A failed pace closure that the five terms (delivery included, issue 31) account for is named as
         # delivery, not as a failed closure; otherwise page one says CLOSURE FAILED exactly when it failed.
         said = " ".join(v.sentences)

@@ -70,6 +70,13 @@ def _summary(out: Path) -> dict:
     return json.loads((out / "attribution/summary.json").read_text())
 
 
+def _windows(out: Path) -> list | str:
+    try:
+        return [lv["window"] for lv in _summary(out)["levels"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"no levels ({e})"
+
+
 def _last_error(stderr: str) -> str:
     assert "Traceback" not in stderr, stderr[-3000:]
     lines = [ln for ln in stderr.strip().splitlines() if ln.startswith("Error")]
@@ -325,15 +332,19 @@ def test_after_the_stops_a_run_is_complete_again(srv, tmp_path):
 @pytest.mark.vllm
 def test_two_concurrent_attribute_clients_both_end_incomplete(srv, tmp_path):
     outs = [tmp_path / "a", tmp_path / "b"]
-    ps = [_popen(srv.url, o, "--concurrency", "1,2", "--requests", "4", "--output-len", "32", *FAST) for o in outs]
+    # Levels long enough that the two runs overlap whatever the start-up skew between them: at 4 x 32 tokens
+    # (~0.4 s a level on an AVX-512 host, vLLM's shared-memory all-reduce) b's levels all came after a's, and b
+    # was rightly complete (2026-12-06); 6 x 160 is ~3 s at C=1 there, ~11 s on an AVX2 host.
+    ps = [_popen(srv.url, o, "--concurrency", "1,2", "--requests", "6", "--output-len", "160", *FAST) for o in outs]
     try:
         res = [p.communicate(timeout=400) for p in ps]
     finally:
         for p in ps:
             if p.poll() is None:
                 p.kill()
+    windows = {o.name: _windows(o) for o in outs}  # said when a run ends otherwise: did the two overlap?
     for p, o, (_, err) in zip(ps, outs, res):
-        assert p.returncode == 1, err[-3000:]
+        assert p.returncode == 1, (windows, err[-3000:])
         assert "the run is incomplete" in _last_error(err)
         summ = _summary(o)
         bad = [lv for lv in summ["levels"] if lv["incomplete"]]
@@ -381,7 +392,9 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
     # attribute starts once both streams deliver tokens (a background request that failed would leave C=1 alone)
     assert all(f.wait(120) for f in flowing), errors
     out = tmp_path / "run"
-    p = _popen(srv.url, out, "--concurrency", "1", "--requests", "4", "--output-len", "32", *FAST)
+    # 6 x 96 tokens: a level of ~2 s on an AVX-512 host, ~7 s on an AVX2 one; at 4 x 32 (0.35 s) the level fell
+    # between two background streams there, no other traffic in its steps, and was rightly complete (2026-12-06)
+    p = _popen(srv.url, out, "--concurrency", "1", "--requests", "6", "--output-len", "96", *FAST)
     try:
         wait_armed(hook, "-c1-r0", p, out)
         time.sleep(6)
