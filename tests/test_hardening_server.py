@@ -362,13 +362,13 @@ def test_two_concurrent_attribute_clients_both_end_incomplete(srv, tmp_path):
 
 @pytest.mark.vllm
 def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
-    """Two other streams beside `attribute --concurrency 1` (the issue: 2.31 sequences per step, no flag). They
+    """Four other streams beside `attribute --concurrency 1` (the issue: 2.31 sequences per step, no flag). They
     run until 6 s into attribute's level: on 2 cores they starve the API server, and the records pull after
     the level would crawl behind them. (With 48-token background requests this failed now and then: each
     next request waited for the API server to deliver the last one, in lumps a second late on a busy host,
     and the level ran with no other traffic in the engine. Long requests stay in the engine meanwhile.)"""
     stop, errors = threading.Event(), []
-    flowing = [threading.Event() for _ in range(2)]
+    flowing = [threading.Event() for _ in range(4)]
 
     def stream(i: int) -> None:
         # Long streams (400 tokens, several seconds each): the engine holds them whatever pace the API server
@@ -386,15 +386,17 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
         except Exception as e:  # said in the assertion below, not lost in a thread
             errors.append(repr(e))
 
-    bg = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(2)]
+    # Four streams: each waits for the API server to deliver its last lump before the next request, and on a fast
+    # busy host (AVX-512: a 400-token stream in well under a second) two left 1-s gaps with none in the engine
+    bg = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(len(flowing))]
     for t in bg:
         t.start()
-    # attribute starts once both streams deliver tokens (a background request that failed would leave C=1 alone)
+    # attribute starts once every stream delivers tokens (a background request that failed would leave C=1 alone)
     assert all(f.wait(120) for f in flowing), errors
     out = tmp_path / "run"
-    # 6 x 96 tokens: a level of ~2 s on an AVX-512 host, ~7 s on an AVX2 one; at 4 x 32 (0.35 s) the level fell
+    # 8 x 96 tokens: a level of ~2 s on an AVX-512 host, ~9 s on an AVX2 one; at 4 x 32 (0.35 s) the level fell
     # between two background streams there, no other traffic in its steps, and was rightly complete (2026-12-06)
-    p = _popen(srv.url, out, "--concurrency", "1", "--requests", "6", "--output-len", "96", *FAST)
+    p = _popen(srv.url, out, "--concurrency", "1", "--requests", "8", "--output-len", "96", *FAST)
     try:
         wait_armed(hook, "-c1-r0", p, out)
         time.sleep(6)
