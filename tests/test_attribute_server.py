@@ -360,7 +360,11 @@ def assert_split_closes(summ: dict, levels: list[dict], run_dir: Path) -> None:
         assert dt["judged"] and dt["ok"] and dt["requests"] == lv["client"]["requests"], dt
         assert dt["early_tokens"] == 0 and dt["pairing"] == cz["pairing"], dt
         five = (dt["split_ms"] if c != 1 else sum(p.values())) + dt["ms"]
-        assert abs(five - dt["client_ms"]) <= 0.05 * dt["client_ms"], (c, p, dt)
+        # within 5% of the larger per-token time: streams sent whole in one lump (a busy host) leave the client's
+        # near 0 (0.05 ms against the engine's 2.3, AVX-512 host, 2026-12-06), the engine's then the scale
+        assert abs(five - dt["client_ms"]) <= 0.05 * max(dt["client_ms"], dt["engine_ms"]), (c, p, dt)
+        # the five-term rows are the split over the same requests' steps, and they add up to it
+        assert abs(sum(dt["split_terms"].values()) - dt["split_ms"]) <= 0.01 * dt["split_ms"], dt
         d = lv["delivery"]
         if cz["requests"]:  # delivery: the paired differences' p50, inside its own interval; signed only when resolved
             assert d["requests"] == cz["requests"] and d["lo_ms"] <= d["ms"] <= d["hi_ms"]

@@ -10,6 +10,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -208,3 +209,50 @@ def test_compare_resamples_the_steps_the_split_rests_on(busy_run):
     assert s.problem is None, s.problem
     assert s.unit == "request" and s.blocks == lv.delivery_term.requests, (s.unit, s.blocks)
     assert s.point["per_token"] == pytest.approx(lv.engine_ms_per_token, rel=1e-6)
+
+
+def _lumped(n_req: int, n: int, period_ms: float, lump: bool) -> list:
+    """token_delays() rows: requests of n tokens made every period_ms; each stream received as made plus 5 ms,
+    or (lump) whole, 1 ms after its last token was made."""
+    out = []
+    for i in range(n_req):
+        made = (1e12 + i * 1e9 + np.arange(n) * period_ms * 1e6).astype(float)
+        arrived = np.full(n, made[-1] + 1e6) + np.arange(n) * 1e3 if lump else made + 5e6
+        out.append((i, made, arrived))
+    return out
+
+
+def test_the_five_term_residual_is_judged_against_the_larger_per_token_time():
+    """Streams received whole in one lump leave the client a per-token time near 0; the residual (the split's
+    miss of the engine's time over the same tokens) is then judged against the engine's time, and said so."""
+    from tpcomm.analysis.delivery import delivery_term
+
+    per = _lumped(8, 64, 2.0, lump=True)
+    ok = delivery_term(per, 2.0 * 0.97, 1, True)  # a split 3% under the engine's 2 ms
+    assert ok.client_ms < 0.01 and ok.engine_ms == pytest.approx(2.0) and ok.diff_of == "engine"
+    assert ok.judged and ok.ok and ok.diff_pct == pytest.approx(-3.0, abs=0.1), ok
+    bad = delivery_term(per, 2.0 * 0.92, 1, True)  # 8% under: fails
+    assert bad.judged and bad.ok is False and bad.diff_pct == pytest.approx(-8.0, abs=0.1)
+    # delivered as made: the client's time is the larger (here equal), and the figure is against it as before
+    same = delivery_term(_lumped(8, 64, 2.0, lump=False), 2.0 * 0.97, 1, True)
+    assert same.diff_of == "client" and same.ok and same.diff_pct == pytest.approx(-3.0, abs=0.1)
+
+
+def test_above_c1_the_five_terms_rows_are_the_requests_own_steps(tmp_path):
+    """A recorded C=1,2,4 run paired by request ids: above C=1 the level's split is its whole window's, and
+    the five-term rows are the split over the same requests' steps, which add up to the sum of the five (the
+    table once showed the window's terms beside the requests' sum)."""
+    from tpcomm.analysis.attribution import analyse_run_dir
+    from tpcomm.report.first_page import five_terms_table
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "attribute_request_ids_tp2", run)
+    att = analyse_run_dir(run)
+    lv = next(x for x in att.levels if x.concurrency == 2)
+    dt = lv.delivery_term
+    assert dt.measured and dt.split_terms is not None and dt.split_terms != lv.per_token_ms
+    assert dt.split_terms.total == pytest.approx(dt.split_ms, rel=0.01)
+    _, rows, _ = five_terms_table(lv)
+    four = [float(r[1]) for r in rows[:4]]
+    assert four == [pytest.approx(v, rel=0.005) for v in dt.split_terms.as_dict().values()], rows  # 3 figures
+    assert sum(four) + dt.ms == pytest.approx(dt.sum_ms, rel=0.005), rows

@@ -330,13 +330,17 @@ def test_after_the_stops_a_run_is_complete_again(srv, tmp_path):
 
 # ---- items 10-11: other clients, other traffic ----------------------------------------------------------
 @pytest.mark.vllm
-def test_two_concurrent_attribute_clients_both_end_incomplete(srv, tmp_path):
+def test_two_concurrent_attribute_clients_both_end_incomplete(srv, hook, tmp_path):
     outs = [tmp_path / "a", tmp_path / "b"]
-    # Levels long enough that the two runs overlap whatever the start-up skew between them: at 4 x 32 tokens
-    # (~0.4 s a level on an AVX-512 host, vLLM's shared-memory all-reduce) b's levels all came after a's, and b
-    # was rightly complete (2026-12-06); 6 x 160 is ~3 s at C=1 there, ~11 s on an AVX2 host.
-    ps = [_popen(srv.url, o, "--concurrency", "1,2", "--requests", "6", "--output-len", "160", *FAST) for o in outs]
+    # b starts once a records its first level, and a goes on starting levels (6 repeats of C=1,2) while b runs:
+    # each restarts the other's recording or runs beside its level, whatever the hosts' speed. Started together
+    # (6 x 160 tokens a level) b's start-up took 9 s on a busy AVX-512 host, its levels all came after a's, and
+    # it was rightly complete (2026-12-06).
+    load = ["--concurrency", "1,2", "--requests", "4", "--output-len", "64", *FAST]
+    ps = [_popen(srv.url, outs[0], *load, "--repeat", "6")]
     try:
+        wait_armed(hook, "-c1-r0", ps[0], outs[0])
+        ps.append(_popen(srv.url, outs[1], *load))
         res = [p.communicate(timeout=400) for p in ps]
     finally:
         for p in ps:

@@ -293,7 +293,13 @@ def client_side(
         own = {s for ids in pairs.loc[pairs["request_id"].isin(mine), "steps"] for s in ids}
         five = engine_split(src[src["step"].isin(own)]) if own else whole
         dt = delivery.delivery_term(
-            per_req, five["engine_ms_per_token"], concurrency, same_clock, pairing=how, earliest=first
+            per_req,
+            five["engine_ms_per_token"],
+            concurrency,
+            same_clock,
+            pairing=how,
+            earliest=first,
+            split_terms=five["per_token_ms"],
         )
         if dt.measured:
             delivery_rows = dict(zip((int(r) for r, _, _ in per_req), delivery.request_sums(per_req)))

@@ -112,9 +112,10 @@ class Delivery:
 @dataclass
 class DeliveryTerm:
     """The fifth term (analysis/delivery.py): client per token = the four engine terms + delivery, over the
-    same requests (pooled by token). `diff_pct` = (sum of the five - client) / client: what the pairing of
-    tokens to steps leaves, judged on at least 6 requests within `tolerance_pct` at C=1 and wherever the
-    tokens were paired with their steps by request id (`pairing`)."""
+    same requests (pooled by token). `diff_pct` = (sum of the five - client) / the larger of the client's and
+    the engine's per-token time (`diff_of` names which): what the pairing of tokens to steps leaves, judged on
+    at least 6 requests within `tolerance_pct` at C=1 and wherever the tokens were paired with their steps by
+    request id (`pairing`)."""
 
     measured: bool
     ms: float | None  # per token: how much later each token reached the client than the one before it
@@ -141,6 +142,10 @@ class DeliveryTerm:
     # on one clock: tokens the client received over EARLY_MS before the end of the step they were paired with
     # (impossible: the pairing is wrong, and the check fails); 0 where the clocks differ
     early_tokens: int = 0
+    # the four engine terms of split_ms, over the same requests' decode steps: the rows that add up to it (at
+    # C=1 the level's own split; above it the level's split is its whole window's, these the requests' steps')
+    split_terms: Terms | None = None
+    diff_of: str = "client"  # diff_pct's denominator: "client", or "engine" where streams came in lumps
 
     @classmethod
     def not_measured(cls, why: str) -> DeliveryTerm:
