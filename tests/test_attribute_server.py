@@ -360,9 +360,9 @@ def assert_split_closes(summ: dict, levels: list[dict], run_dir: Path) -> None:
         assert dt["judged"] and dt["ok"] and dt["requests"] == lv["client"]["requests"], dt
         assert dt["early_tokens"] == 0 and dt["pairing"] == cz["pairing"], dt
         five = (dt["split_ms"] if c != 1 else sum(p.values())) + dt["ms"]
-        # within 5% of the larger per-token time: streams sent whole in one lump (a busy host) leave the client's
-        # near 0 (0.05 ms against the engine's 2.3, AVX-512 host, 2026-12-06), the engine's then the scale
-        assert abs(five - dt["client_ms"]) <= 0.05 * max(dt["client_ms"], dt["engine_ms"]), (c, p, dt)
+        # within 5% of the engine's time over the same tokens (the residue is the split's miss of it; streams sent
+        # whole in one lump, a busy host, leave the client's near 0: 0.05 ms against 2.3, AVX-512, 2026-12-06)
+        assert abs(five - dt["client_ms"]) <= 0.05 * dt["engine_ms"], (c, p, dt)
         # the five-term rows are the split over the same requests' steps, and they add up to it
         assert abs(sum(dt["split_terms"].values()) - dt["split_ms"]) <= 0.01 * dt["split_ms"], dt
         d = lv["delivery"]
@@ -503,7 +503,7 @@ def test_the_closure_holds_per_request_on_a_loaded_host(plugin_server, tmp_path)
         client = float((req["tpot_ms"] * (req["output_tokens"] - 1)).sum() / (req["output_tokens"] - 1).sum())
         four = sum(lv["per_token_ms"].values())
         assert dt["judged"] and dt["requests"] == 8 and dt["client_ms"] == pytest.approx(client, rel=1e-3), dt
-        assert abs(four + dt["ms"] - client) / client <= 0.05 and dt["ok"], (four, dt, client)
+        assert abs(four + dt["ms"] - client) / dt["engine_ms"] <= 0.05 and dt["ok"], (four, dt, client)
         assert cz["pairing"] == "prefill segments", cz
         left_out = {r for ids in cz["excluded"].values() for r in ids}
         assert cz["requests"] + len(left_out) == lv["client"]["requests"] == 8, cz

@@ -107,7 +107,7 @@ def _measured(d: PageOne, att: Attribution, lv: LevelSplit, inp: readers.Inputs)
         n.update(cpu_pressure_pct=lv.host_load.cpu_pressure_pct, host_loaded=lv.host_load.high)
 
 
-FIVE_HEADER = ["as the client saw it", "ms per token", "% of the client's"]
+FIVE_HEADER = ["as the client saw it (its requests' own steps)", "ms per token", "% of the client's"]
 
 
 def five_terms_table(lv: LevelSplit) -> tuple | None:
@@ -131,7 +131,7 @@ def five_terms_table(lv: LevelSplit) -> tuple | None:
         held = f"; {dt.held_tokens} held token(s) in it" if dt.held_tokens else ""
         rows.append([f"delivery (API server, streaming{held})", fmt(dt.ms), share(dt.ms)])
         if dt.judged:
-            of = " of the engine's" if dt.diff_of == "engine" else ""  # streams in lumps: see DeliveryTerm
+            of = " of the engine's" if dt.diff_of == "engine" else ""  # the denominator (DeliveryTerm)
             check = (
                 f"{dt.diff_pct:+.1f}%{of}: pairing of tokens to steps {'holds' if dt.ok else 'FAILS'} "
                 f"(<= {dt.tolerance_pct:g}%)"

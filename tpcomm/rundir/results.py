@@ -112,8 +112,8 @@ class Delivery:
 @dataclass
 class DeliveryTerm:
     """The fifth term (analysis/delivery.py): client per token = the four engine terms + delivery, over the
-    same requests (pooled by token). `diff_pct` = (sum of the five - client) / the larger of the client's and
-    the engine's per-token time (`diff_of` names which): what the pairing of tokens to steps leaves, judged on
+    same requests (pooled by token). `diff_pct` = (sum of the five - client) / the engine's per-token time over
+    the same tokens (`diff_of`; the client's in summaries before 2026-12-06): what the pairing leaves, judged on
     at least 6 requests within `tolerance_pct` at C=1 and wherever the tokens were paired with their steps by
     request id (`pairing`)."""
 
@@ -145,7 +145,7 @@ class DeliveryTerm:
     # the four engine terms of split_ms, over the same requests' decode steps: the rows that add up to it (at
     # C=1 the level's own split; above it the level's split is its whole window's, these the requests' steps')
     split_terms: Terms | None = None
-    diff_of: str = "client"  # diff_pct's denominator: "client", or "engine" where streams came in lumps
+    diff_of: str = "client"  # diff_pct's denominator: "engine" (since 2026-12-06), "client" before
 
     @classmethod
     def not_measured(cls, why: str) -> DeliveryTerm:
