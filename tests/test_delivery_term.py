@@ -261,3 +261,17 @@ def test_above_c1_the_five_terms_rows_are_the_requests_own_steps(tmp_path):
     four = [float(r[1]) for r in rows[:4]]
     assert four == [pytest.approx(v, rel=0.005) for v in dt.split_terms.as_dict().values()], rows  # 3 figures
     assert sum(four) + dt.ms == pytest.approx(dt.sum_ms, rel=0.005), rows
+
+
+def test_other_traffic_at_c1_is_judged_over_the_whole_window(tmp_path):
+    """A real run beside three other clients' 400-token requests (tests/test_hardening_server.py, 2026-12-06,
+    AVX-512 host): the split at C=1 rests on the requests whose steps paired cleanly, which another client's
+    prefill breaks, so its own steps held 1.00 sequences per step; the window's 90 steps of 2 make the level
+    incomplete."""
+    from tpcomm.analysis.attribution import analyse_run_dir
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "attribute_other_traffic_c1", run)
+    (lv,) = analyse_run_dir(run).levels
+    assert lv.seqs_per_step == pytest.approx(1.0)
+    assert lv.incomplete and "the batch held other traffic: 1.11 sequences per decode step" in lv.incomplete

@@ -7,7 +7,9 @@ do not when:
 - another client took the hook (started or stopped the recording, or restarted it during the records pull:
   `hook_problem`), or its records could not be fetched (`records_problem`);
 - the batch held other traffic: decode steps carried more sequences than the C streams of the level
-  (`seqs_per_step` of its split, a mean over its decode steps: above C, at least one step held a sequence
+  (`seqs_per_step`: the larger of its split's and its whole window's, each a mean over decode steps; at C=1
+  the split's steps are those of the cleanly paired requests, which other traffic leaves out: above C, at
+  least one step held a sequence
   that was not ours, since a closed loop of C never has more than C in flight);
 - it was interrupted (Ctrl-C).
 
