@@ -389,16 +389,16 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
             errors.append(repr(e))
 
     bg = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(len(flowing))]
-    for t in bg:
-        t.start()
-    # attribute starts once every background client had an answer (one that failed would leave C=1 alone)
-    assert all(f.wait(120) for f in flowing), errors
     out = tmp_path / "run"
-    # 8 x 96 tokens: a level of ~2 s on an AVX-512 host, ~9 s on an AVX2 one; at 4 x 32 (0.35 s) the level fell
-    # between two background streams there, no other traffic in its steps, and was rightly complete (2026-12-06)
-    p = _popen(srv.url, out, "--concurrency", "1", "--requests", "8", "--output-len", "96", *FAST)
+    # 12 x 96 tokens: a level of ~3 s on an AVX-512 host, ~13 s on an AVX2 one. The other clients start once the
+    # level's recording is seen armed, so they are in the engine beside its requests whatever the host's speed:
+    # started before attribute (and streamed), a level of 0.35-2.4 s fell between their requests on a fast busy
+    # host, no other traffic in its steps, and was rightly complete (2026-12-06).
+    p = _popen(srv.url, out, "--concurrency", "1", "--requests", "12", "--output-len", "96", *FAST)
     try:
         wait_armed(hook, "-c1-r0", p, out)
+        for t in bg:
+            t.start()
         time.sleep(6)
     finally:
         stop.set()
@@ -410,9 +410,11 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
         for t in bg:
             t.join(120)
     assert not errors and p.returncode == 1, (errors, stderr[-3000:])
+    assert all(f.is_set() for f in flowing)  # every other client was answered
     assert "other traffic" in _last_error(stderr)
     lv = _summary(out)["levels"][0]
-    assert lv["seqs_per_step"] > 1 and "sequences per decode step" in lv["incomplete"], lv["incomplete"]
+    # judged over the level's whole window (the split's own steps may be the requests no other client touched)
+    assert "sequences per decode step" in lv["incomplete"], lv["incomplete"]
     assert _summary(out)["headline"] is None
 
 
