@@ -134,3 +134,49 @@ def run_dir(
     rd.write_json(C.LOAD_LEVELS, [level])
     analyse_run_dir(rd, conditions={"model": "synthetic", "output_len": output_len, "tp": 2})
     return path
+
+
+def run_dir_repeats(
+    path: Path, transfer_us: list[float], seed: int = 7, requests: int = 6, output_len: int = 32
+) -> Path:
+    """A TP-2 single-stream run directory with one C=1 repeat per entry of `transfer_us` (the all-reduce's
+    transfer per call in that repeat: windows a minute apart whose collectives cost differently, as a host's
+    load makes them), analysed by attribute's own analyse_run_dir."""
+    from tpcomm.analysis.attribution import analyse_run_dir
+    from tpcomm.analysis.synthetic import T0_NS, make_client, make_records
+    from tpcomm.rundir import contract as C
+    from tpcomm.rundir.layout import RunDir
+    from tpcomm.tinymodel import TINY_CONFIG
+
+    colls, stepss, reqs, toks, levels = [], [], [], [], []
+    n = requests * output_len
+    for i, us in enumerate(transfer_us):
+        coll, steps, _ = make_records(
+            steps=n,
+            prefill_every=output_len,
+            transfer_us=us,
+            compute_us=3000.0,
+            seed=seed + i,
+            idle_us=2000.0,
+            t0_ns=T0_NS + i * 60 * 10**9,
+        )
+        req, tok = make_client(steps)
+        coll["step"] += i * n
+        steps["step"] += i * n
+        for df in (req, tok):
+            df["repeat"] = i
+            df["request_id"] += i * requests
+        colls.append(coll)
+        stepss.append(steps)
+        reqs.append(req)
+        toks.append(tok)
+        levels.append({"concurrency": 1, "repeat": i, "conditions": {"output_len": output_len}})
+    rd = RunDir(path)
+    rd.write_table(C.HOOK_COLLECTIVES, pd.concat(colls, ignore_index=True))
+    rd.write_table(C.HOOK_STEPS, pd.concat(stepss, ignore_index=True))
+    rd.write_table(C.LOAD_REQUESTS, pd.concat(reqs, ignore_index=True))
+    rd.write_table(C.LOAD_TOKENS, pd.concat(toks, ignore_index=True))
+    rd.write_json(C.LOAD_LEVELS, levels)
+    rd.write_json(C.HOOK_STATUS, {"enabled": True, "ranks": [0, 1], "model_config": TINY_CONFIG})
+    analyse_run_dir(rd, conditions={"model": "synthetic", "output_len": output_len, "tp": 2})
+    return path

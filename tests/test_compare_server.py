@@ -81,16 +81,17 @@ def test_a_a_restarted_server_resolves_no_change(runs):
 
 def test_tp2_against_tp1_resolves_the_collectives(runs):
     """A = TP 1, B = TP 2 (the A/A's first run): the collective transfer goes from exactly 0 to what the shm
-    all-reduce costs, resolved and positive (the wait, rank skew, appears too: positive, resolved when the host
-    lets it); the plan and the layout differences are named; every site is B's only."""
+    all-reduce costs, resolved by kind (none in A, some in every repeat of B) and positive, and the wait (rank
+    skew) with it; the plan and the layout differences are named; every site is B's only."""
     cmp = compare_runs(runs / "tp1", runs / "a1")
     print(f"\nA/B (TP 1 -> TP 2): {cmp.verdict}\n  {_figures(cmp)}")
     lv = cmp.levels[0]
     assert lv.problem is None and lv.between_repeats  # B's three repeats give the spread between windows
-    t = lv.term("transfer")
-    assert t.a == 0 and t.resolved and t.lo > 0, t
-    for k in ("wait", "collective"):
-        assert lv.term(k).a == 0 and lv.term(k).diff > 0 and lv.term(k).hi > 0, lv.term(k)
+    # TP 1 made no collective call: the collectives appear, their sign certain (a fast host's shm all-reduce costs
+    # ~0.05 ms a token and B's windows moved by as much: the interval of its size alone reached below 0 on CI).
+    for k in ("transfer", "wait", "collective"):
+        t = lv.term(k)
+        assert t.a == 0 and t.kind == "appears" and t.resolved and t.lo >= 0 and t.diff > 0, t
     diff = {(c.section, c.name): (c.a, c.b) for c in cmp.conditions if not c.same}
     assert diff[("layout", "tp")] == (1, 2)
     planned = diff[("plan", "C=1 planned per step")]

@@ -389,3 +389,40 @@ def test_an_incomplete_level_is_named_and_not_compared(synth, tmp_path):
     assert cmp.levels == [] and cmp.verdict_level is None, cmp.verdict
     assert cmp.only_in_b == ["C=1 repeat 0 (incomplete in B: the batch held other traffic (the test says so))"]
     assert "nothing to compare" in cmp.verdict
+
+
+def test_collectives_that_appear_are_resolved_by_kind_where_windows_differ(tmp_path):
+    """TP 1 (no collective call) against a TP-2 run whose three repeats' collectives cost 10, 50 and 300 us a step
+    (a fast host's shared-memory all-reduce, moved by the host's load between windows; CI measured 0.05 ms a
+    token with an interval of -0.02 to +0.11 ms): the collectives' sign is certain, so they are resolved, with
+    their size's interval clipped at 0; the verdict says they are B's only. The per-token time stays judged by
+    its interval."""
+    from compare_synthetic import run_dir_repeats
+
+    from tpcomm.analysis.attribution import analyse_run_dir
+    from tpcomm.tinymodel import TINY_CONFIG
+
+    tp1 = run_dir(tmp_path / "tp1", seed=4)
+    rd = RunDir(tp1, create=False)
+    steps = rd.read_table(C.HOOK_STEPS)
+    rd.write_table(C.HOOK_STEPS, steps[steps["rank"] == 0])
+    rd.write_table(C.HOOK_COLLECTIVES, rd.read_table(C.HOOK_COLLECTIVES).iloc[0:0])
+    rd.write_json(C.HOOK_STATUS, {"enabled": True, "ranks": [0], "model_config": TINY_CONFIG})
+    analyse_run_dir(rd, conditions={"model": "synthetic", "output_len": 64})
+    tp2 = run_dir_repeats(tmp_path / "tp2", [1.0, 5.0, 30.0])
+    for a, b, kind in ((tp1, tp2, "appears"), (tp2, tp1, "disappears")):
+        cmp = compare_runs(a, b)
+        lv = cmp.levels[0]
+        assert lv.between_repeats
+        t = lv.term("transfer")
+        # what the statistics alone say: the windows' spread puts 0 inside the interval of its size
+        assert (t.lo == 0 or t.hi == 0) and t.hi - t.lo > abs(t.diff), t
+        for k in ("transfer", "wait", "collective"):
+            t = lv.term(k)
+            assert t.kind == kind and t.resolved and t.changed, t
+            assert (t.lo >= 0 and t.diff > 0) if kind == "appears" else (t.hi <= 0 and t.diff < 0), t
+            assert "the sign is certain" in t.statement
+        assert [t.name for t in lv.terms if t.kind] == ["transfer", "wait", "collective"]
+        assert ("in B only: A made no collective call" if kind == "appears" else "in A only") in cmp.verdict
+    back = Comparison.from_json(json.loads(json.dumps(cmp.to_json())))
+    assert back.levels[0].term("transfer").kind == "disappears"

@@ -367,8 +367,8 @@ def test_two_concurrent_attribute_clients_both_end_incomplete(srv, hook, tmp_pat
 @pytest.mark.vllm
 def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
     """Three other clients' requests beside `attribute --concurrency 1` (the issue: 2.31 sequences per step, no
-    flag). They run until 6 s into attribute's level: on 2 cores they starve the API server, and the records
-    pull after the level would crawl behind them. (With 48-token background requests this failed now and then:
+    flag). They run from before attribute starts until 6 s into its level: on 2 cores they starve the API
+    server, and the records pull after the level would crawl behind them. (With 48-token background requests this failed now and then:
     each next request waited for the API server to deliver the last one, in lumps a second late on a busy
     host, and the level ran with no other traffic in the engine. Long requests stay in the engine meanwhile.)"""
     stop, errors = threading.Event(), []
@@ -390,18 +390,28 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
 
     bg = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(len(flowing))]
     out = tmp_path / "run"
-    # 12 x 96 tokens: a level of ~3 s on an AVX-512 host, ~13 s on an AVX2 one. The other clients start once the
-    # level's recording is seen armed, so they are in the engine beside its requests whatever the host's speed:
-    # started before attribute (and streamed), a level of 0.35-2.4 s fell between their requests on a fast busy
-    # host, no other traffic in its steps, and was rightly complete (2026-12-06).
-    p = _popen(srv.url, out, "--concurrency", "1", "--requests", "12", "--output-len", "96", *FAST)
+    # 12 x 96 tokens: a level of ~3 s on an AVX-512 host, ~13 s on an AVX2 one. The other clients are flowing
+    # (each has had a whole answer back, so each sends again at once) before attribute starts, so one of their
+    # requests is in the engine through the whole level whatever the host's speed. Two premises that did not
+    # hold on a fast host (2026-12-06), where the level was rightly complete: streamed requests started before
+    # attribute (a level of 0.35-2.4 s fell between them), and requests started once the level was seen armed
+    # (polled once a second: a 3-s level was nearly over before they reached the engine).
+    for t in bg:
+        t.start()
+    p = None
     try:
+        t0 = time.monotonic()
+        while not all(f.is_set() for f in flowing) and not errors and time.monotonic() - t0 < 120:
+            time.sleep(0.1)
+        assert all(f.is_set() for f in flowing) and not errors, ("the other clients never got an answer", errors)
+        p = _popen(srv.url, out, "--concurrency", "1", "--requests", "12", "--output-len", "96", *FAST)
         wait_armed(hook, "-c1-r0", p, out)
-        for t in bg:
-            t.start()
         time.sleep(6)
     finally:
         stop.set()
+        if p is None:
+            for t in bg:
+                t.join(120)
     try:
         stdout, stderr = p.communicate(timeout=300)
     finally:
@@ -410,7 +420,6 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
         for t in bg:
             t.join(120)
     assert not errors and p.returncode == 1, (errors, stderr[-3000:])
-    assert all(f.is_set() for f in flowing)  # every other client was answered
     assert "other traffic" in _last_error(stderr)
     lv = _summary(out)["levels"][0]
     # judged over the level's whole window (the split's own steps may be the requests no other client touched)

@@ -38,12 +38,15 @@ class TermDiff:
     diff_pct: float | None  # of A's value
     lo: float | None  # the interval of B - A (None: no interval)
     hi: float | None
-    resolved: bool | None  # the interval excludes 0; None without an interval
+    resolved: bool | None  # the interval excludes 0, or a change of kind (`kind`); None without an interval
     in_sum: bool  # one of the four engine terms that add up to the per-token time
     statement: str  # "changed by ..." | "no change that this comparison can resolve ..." | why not compared
     # Resolved, yet the host's contention (the ranks' CPU wait per step) changed by at least the smallest
     # difference the interval admits: why it cannot be told from the host's load (levels.host_load). None else.
     host_load: str | None = None
+    # "appears" | "disappears": a collective term exactly 0 in one run (no collective call there) and above 0 in
+    # every repeat of the other: resolved by kind, its sign certain (levels.of_kind); None for every other term.
+    kind: str | None = None
 
     @property
     def changed(self) -> bool:

@@ -25,6 +25,10 @@ def _said(t) -> str:
         return (
             f"{signed(t.diff)} {t.unit}, resolved, but possibly the host's load (the ranks' CPU wait changed as much)"
         )
+    if t.kind is not None:
+        return f"changed by {signed(t.diff)} {t.unit} ({t.kind}: " + (
+            "none in A)" if t.kind == "appears" else "none in B)"
+        )
     return f"changed by {signed(t.diff)} {t.unit}" if t.resolved else "no change this comparison can resolve"
 
 

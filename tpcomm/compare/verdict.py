@@ -102,6 +102,10 @@ def _name(term: str) -> str:
 
 def _collectives(lv: LevelDiff) -> str:
     c, tr, wa = lv.term("collective"), lv.term("transfer"), lv.term("wait")
+    if c.kind is not None:
+        bits = ", ".join(f"{n} {signed(t.diff)} ms" for n, t in (("transfer", tr), ("wait", wa)))
+        only, none = ("B", "A") if c.kind == "appears" else ("A", "B")
+        return f"collectives {signed(c.diff)} ms ({bits}; in {only} only: {none} made no collective call, so the sign is certain)"
     if not (c.changed or tr.changed or wa.changed):
         return f"collectives unchanged ({signed(c.diff)} ms, not resolved{_loaded(c, tr, wa)})"
     bits = [
