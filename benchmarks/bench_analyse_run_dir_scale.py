@@ -40,6 +40,6 @@ with tempfile.TemporaryDirectory() as tmp:
         print(
             f"{requests:>3} requests, {steps:>5} steps, {len(coll):>9,} collective rows: {dt:6.2f} s "
             f"({per_row[-1]:.2f} us per row); {lv.engine_ms_per_token:.4f} ms per token, five terms "
-            f"{five.diff_pct:+.2f}% of the client's"
+            f"{five.diff_pct:+.2f}% of the {five.diff_of}'s"
         )
     print(f"time per row, largest / smallest: {per_row[-1] / per_row[0]:.2f} (1.0 = linear)")

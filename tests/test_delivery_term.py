@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tpcomm.columns import fmt
 from tpcomm.rundir.results import DeliveryTerm
 
 DATA = Path(__file__).parent / "data"
@@ -275,3 +276,28 @@ def test_other_traffic_at_c1_is_judged_over_the_whole_window(tmp_path):
     (lv,) = analyse_run_dir(run).levels
     assert lv.seqs_per_step == pytest.approx(1.0)
     assert lv.incomplete and "the batch held other traffic: 1.11 sequences per decode step" in lv.incomplete
+
+
+def test_shares_of_the_clients_time_are_not_given_where_a_part_exceeds_the_whole(tmp_path):
+    """Streams held and sent in bursts (the recorded run beside other clients: the client saw 0.74 ms per token,
+    the engine made one every 2.33 ms): compute alone was over 100% of the client's time and delivery far below
+    0%. The table gives no shares then and says why, with both figures; where every part is within the whole
+    (a run whose tokens came as made) the shares stand."""
+    from tpcomm.analysis.attribution import analyse_run_dir
+    from tpcomm.report.first_page import five_terms_table
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "attribute_other_traffic_c1", run)
+    (lv,) = analyse_run_dir(run).levels
+    dt = lv.delivery_term
+    assert dt.client_ms < dt.split_terms.compute and dt.ms < 0, dt
+    _, rows, _ = five_terms_table(lv)
+    assert [r[2] for r in rows[:5]] == ["n/a"] * 5, rows
+    why = next(r for r in rows if r[0] == "shares of the client's time")
+    assert "a part exceeds the whole" in why[2] and fmt(dt.client_ms) in why[2] and fmt(dt.engine_ms) in why[2]
+
+    run2 = tmp_path / "run2"
+    shutil.copytree(DATA / "attribute_request_ids_tp2", run2)
+    lv2 = next(x for x in analyse_run_dir(run2).levels if x.concurrency == 1)
+    _, rows2, _ = five_terms_table(lv2)
+    assert all(r[2].endswith("%") for r in rows2[:5]) and not any(r[0] == "shares of the client's time" for r in rows2)

@@ -126,10 +126,23 @@ def five_terms_table(lv: LevelSplit) -> tuple | None:
         # whole window's)
         terms = dt.split_terms or lv.per_token_ms
         t = terms.as_dict() if terms else {}
-        share = (lambda v: f"{100 * v / c:.1f}%") if c else (lambda v: "n/a")
+        # A share of the client's time says nothing where one part exceeds the whole: the client's time per token
+        # was shorter than the engine's (its tokens held, then sent in bursts: delivery negative by the rest).
+        lumped = c > 0 and any(v > c for v in [*t.values(), dt.ms])
+        share = (lambda v: f"{100 * v / c:.1f}%") if c > 0 and not lumped else (lambda v: "n/a")
         rows = [[BY_NAME[k].label, fmt(v), share(v)] for k, v in t.items()]
         held = f"; {dt.held_tokens} held token(s) in it" if dt.held_tokens else ""
         rows.append([f"delivery (API server, streaming{held})", fmt(dt.ms), share(dt.ms)])
+        if lumped:
+            rows.append(
+                [
+                    "shares of the client's time",
+                    "n/a",
+                    f"a part exceeds the whole: the client saw {fmt(c)} ms per token, the engine made one every "
+                    f"{fmt(dt.engine_ms)} ms; its tokens were held and came in bursts (delivery negative by the "
+                    "difference; its time went to the first token)",
+                ]
+            )
         if dt.judged:
             of = " of the engine's" if dt.diff_of == "engine" else ""  # the denominator (DeliveryTerm)
             check = (
