@@ -332,6 +332,11 @@ def _resampled(sa: list[LevelSample], sb: list[LevelSample], band) -> str:
             "changing) is not in the intervals; `tpcomm attribute --repeat 3` measures it"
         )
     c = f"c = {band.critical_value:.2f}" if band.critical_value else "nothing varies"
+    if band.own_tails:
+        c += (
+            f"; {', '.join(LABELS[k] for k in band.own_tails)} with tails unlike the others' (rare jumps): "
+            f"its own draws' interval at its share of the {1 - LEVEL:.0%}, outside c"
+        )
     return (
         f"block bootstrap, {REPLICATES} draws: A {side(sa)}; B {side(sb)}; {between}; one simultaneous "
         f"{LEVEL:.0%} band over the level's differences ({c})"
