@@ -424,8 +424,12 @@ def test_collectives_that_appear_are_resolved_by_kind_where_windows_differ(tmp_p
             assert "the sign is certain" in t.statement
         assert [t.name for t in lv.terms if t.kind] == ["transfer", "wait", "collective"]
         assert ("in B only: A made no collective call" if kind == "appears" else "in A only") in cmp.verdict
-    back = Comparison.from_json(json.loads(json.dumps(cmp.to_json())))
+    doc = json.loads(json.dumps(cmp.to_json()))
+    back = Comparison.from_json(doc)
     assert back.levels[0].term("transfer").kind == "disappears"
+    doc["levels"][0]["terms"][2]["kind"] = "vanished"
+    with pytest.raises(C.SchemaError, match=r"levels\[0\]\.terms\[2\]\.kind"):
+        Comparison.from_json(doc)
 
 
 def test_a_statistic_with_rare_jumps_does_not_widen_every_interval(tmp_path):
@@ -448,3 +452,23 @@ def test_a_statistic_with_rare_jumps_does_not_widen_every_interval(tmp_path):
     assert not any(t.resolved for lv in cmp.levels for t in lv.terms), [
         (lv.concurrency, t.name) for lv in cmp.levels for t in lv.terms if t.resolved
     ]
+
+
+def test_a_multi_rank_run_with_no_collective_recorded_is_no_change_of_kind(tmp_path):
+    """Two ranks whose steps were recorded but none of their collectives (calls that bypass the hook, or none
+    sampled in the window: transfer and wait 0, no site): they made calls nobody timed, so against TP 2 this is
+    not "A made no collective call"; the collectives are judged by their intervals alone."""
+    from tpcomm.analysis.attribution import analyse_run_dir
+    from tpcomm.tinymodel import TINY_CONFIG
+
+    untimed = run_dir(tmp_path / "untimed", seed=4)
+    rd = RunDir(untimed, create=False)
+    rd.write_table(C.HOOK_COLLECTIVES, rd.read_table(C.HOOK_COLLECTIVES).iloc[0:0])
+    rd.write_json(C.HOOK_STATUS, {"enabled": True, "ranks": [0, 1], "model_config": TINY_CONFIG})
+    att = analyse_run_dir(rd, conditions={"model": "synthetic", "output_len": 64, "tp": 2})
+    lv = att.levels[0]
+    assert lv.attributed and lv.per_token_ms.transfer == 0 and len(lv.by_rank) == 2 and not lv.top_sites
+    tp2 = run_dir(tmp_path / "tp2", seed=5)
+    cmp = compare_runs(untimed, tp2)
+    assert [t.name for t in cmp.levels[0].terms if t.kind] == [], cmp.levels[0].terms
+    assert "made no collective call" not in cmp.verdict

@@ -178,7 +178,8 @@ def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_r
     threads that compute beside it (vLLM-CPU's other OpenMP threads), the engine core and the API server (a
     confound only they meet is not caught): docs/compare.md has the measurements."""
     by = {t.name: t for t in terms}
-    resolved = [t for t in terms if t.resolved and t.name not in CLIENT_SIDE]
+    # a change of kind (collectives in one run only) is certain whatever the load: not judged here
+    resolved = [t for t in terms if t.resolved and t.name not in CLIENT_SIDE and t.kind is None]
     if not resolved:
         return []
     if wa is None or wb is None:
@@ -270,7 +271,9 @@ def of_kind(name: str, a: list[LevelSplit], b: list[LevelSplit]) -> str | None:
         return None
 
     def none(levels: list[LevelSplit]) -> bool:
-        return all(not lv.top_sites and values(lv)[name] == 0 for lv in levels)
+        # One rank (TP 1): a multi-rank level with no recorded collective (all bypassing the hook, or none
+        # sampled in the window) made calls nobody timed, and "none" would be false.
+        return all(len(lv.by_rank) == 1 and not lv.top_sites and values(lv)[name] == 0 for lv in levels)
 
     def every(levels: list[LevelSplit]) -> bool:
         return all(lv.top_sites and (values(lv)[name] or 0) > 0 for lv in levels)

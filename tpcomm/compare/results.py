@@ -24,8 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpcomm.rundir.contract import COMPARE_JSON
+from tpcomm.rundir.contract import COMPARE_JSON, SchemaError
 from tpcomm.rundir.results import from_json, to_json
+
+KINDS = (None, "appears", "disappears")  # TermDiff.kind
 
 
 @dataclass
@@ -79,7 +81,8 @@ class LevelDiff:
     terms: list[TermDiff]
     sum_residual_ms: float | None  # diff(per_token) - sum of the four terms' diffs (float rounding only)
     resampled: str  # what the interval resampled in each run, or why there is none
-    critical_value: float | None  # the simultaneous band's c (intervals = diff +- c * se)
+    critical_value: float | None  # the simultaneous band's c (intervals = diff +- c * se, but a statistic named
+    # in `resampled` as having its own tails: its own draws' interval)
     between_repeats: bool | None  # the intervals hold the spread between repeats (several repeats on a side)
     problem: str | None  # why this level has no intervals
     clock: str  # the clock of both runs' terms ("host", "gpu", or "host vs gpu")
@@ -155,4 +158,13 @@ class Comparison:
 
     @classmethod
     def from_json(cls, doc: Any) -> Comparison:
-        return from_json(cls, doc, COMPARE_JSON)
+        cmp = from_json(cls, doc, COMPARE_JSON)
+        for i, lv in enumerate(cmp.levels):
+            for j, t in enumerate(lv.terms):
+                if t.kind not in KINDS:
+                    raise SchemaError(
+                        COMPARE_JSON,
+                        f"holds {t.kind!r} where one of {KINDS} was expected",
+                        f"levels[{i}].terms[{j}].kind",
+                    )
+        return cmp
