@@ -174,7 +174,7 @@ def test_a_killed_tp_worker_is_named_not_a_plan_mismatch(llama_server, tmp_path)
     out = tmp_path / "run"
     p = subprocess.Popen(
         TPCOMM
-        + ["attribute", "--server-url", relative_server.url, "--concurrency", "1,2", "--requests", "8"]
+        + ["attribute", "--server-url", relative_server.url, "--concurrency", "1,2", "--requests", "12"]
         + ["--output-len", "96", "--out", str(out)]
         + FAST,
         stdout=subprocess.PIPE,
@@ -183,12 +183,16 @@ def test_a_killed_tp_worker_is_named_not_a_plan_mismatch(llama_server, tmp_path)
         env=_env(),
     )
     try:
-        # C=2 starts as C=1's level is written (its records in); 0.3 s later its requests are under way (96-token
-        # requests: ~1 s on an AVX-512 host, ~3 s on an AVX2 one). Seeing C=2's recording armed instead (status
-        # polled once a second) came too late on the fast host: the run had ended (2026-12-06). A kill that lands
-        # in C=2's recording start or records pull is named the same way (run.py watches the whole level).
+        # C=2 starts as C=1's level is written (its records in); the kill lands 40% of C=1's own duration later
+        # (12 requests: C=2's two streams take about as long again), inside C=2's requests on a fast host or a
+        # slow one. Seeing C=2's recording armed instead (status polled once a second) came too late on a fast
+        # host: the run had ended. A fixed 0.3 s beside a busy process landed as C=2's recording was started, and
+        # the run dropped C=2 (mended: run.py keeps a level a death cuts at any point). vLLM's
+        # num_requests_running gauge on /metrics was tried as the signal: it is not updated per step (0 in
+        # every poll through four requests here, 2026-12-06).
         wait_level_written(out, 1, p)
-        time.sleep(0.3)
+        c1 = json.loads((out / "load/levels.json").read_text())[0]
+        time.sleep(max(0.3, 0.4 * c1["duration_s"]))
         os.kill(pid, signal.SIGKILL)
         stdout, stderr = p.communicate(timeout=300)
     finally:

@@ -725,7 +725,7 @@ def test_a_foreign_start_mid_level_is_detected_and_the_level_not_attributed(plug
             "--concurrency",
             "1",
             "--requests",
-            "8",
+            "16",  # the level must outlast seeing it armed (polled once a second): ~2.5 s with 2-ms tokens
             "--output-len",
             "48",
             "--warmup",

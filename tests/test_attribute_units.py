@@ -538,3 +538,53 @@ def test_a_ctrl_c_between_rounds_keeps_the_level_from_the_rows_in_its_figures():
     att._recorded.add((2, 1))
     att._keep_interrupted(2, 1)
     assert att.levels[0]["interrupted"] == "interrupted (Ctrl-C) before this level's records were fetched"
+
+
+def test_a_death_before_the_levels_first_request_keeps_the_level(monkeypatch):
+    """A TP worker that dies as a level starts (its recording being started, or before any request of it
+    finished): the level stays in load/levels.json with no requests, marked with the death, as one with
+    requests is. It was left out, and a run that said "TP rank 1 died during C=2" had no C=2 in its summary
+    (2026-12-06, beside a busy process). The watch here is a stand-in holding a real RankDeath."""
+    import time as _time
+
+    from tpcomm.attribute import load, run
+    from tpcomm.attribute.ranks import RankDeath, RankDied
+    from tpcomm.attribute.run import Attribute, AttributeConfig
+    from tpcomm.attribute.server import ServerInfo
+
+    death = RankDeath(rank=1, pid=4242, t_ns=_time.time_ns(), concurrency=2, same_time=[], others=[0])
+
+    class Watch:
+        death, note = None, None
+
+        def __init__(self, *a):
+            pass
+
+        def start(self):
+            return self
+
+        def stop(self, requests_failed=False):
+            return death
+
+    att = Attribute(AttributeConfig(server_url="http://127.0.0.1:1", out="unused"))
+    att.info = ServerInfo(url="http://127.0.0.1:1", model="tiny", served=["tiny"], plugin={"enabled": True})
+    # In the rounds: the server went before any of the level's requests was kept.
+    with pytest.raises(RankDied):
+        att._gone([], 2, 0, 0, Watch(), _time.time_ns())
+    (lv,) = att.levels
+    assert (lv["concurrency"], lv["repeat"], lv["requests"]) == (2, 0, 0), lv
+    assert lv["worker_problem"].startswith("TP rank 1 (pid 4242) died") and lv["rank_died"]["pid"] == 4242
+    assert lv["flags"] == [f"incomplete: {lv['worker_problem']}"]
+    # As its recording was being started.
+    att.levels.clear()
+    monkeypatch.setattr(run, "RankWatch", Watch)
+
+    def gone(*a, **k):
+        raise load.ServerGone([])
+
+    monkeypatch.setattr(att, "_hook", gone)
+    with pytest.raises(RankDied):
+        att._level(2, 1, None)
+    (lv,) = att.levels
+    assert (lv["concurrency"], lv["repeat"], lv["requests"]) == (2, 1, 0), lv
+    assert "the level's hook recording was being started" in lv["worker_problem"], lv

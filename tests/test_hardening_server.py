@@ -289,7 +289,9 @@ def test_a_worker_stopped_before_the_run_fails_it_in_one_line(srv, hook, tmp_pat
 def test_a_worker_stopped_mid_level_ends_the_run_incomplete_and_the_hook_is_disarmed(srv, hook, tmp_path):
     pid1 = _pids(hook)[1]
     out = tmp_path / "run"
-    p = _popen(srv.url, out, "--concurrency", "1", "--requests", "12", "--output-len", "48", "--timeout", "60", *FAST)
+    # 200 requests: the stopped worker ends the level, which must outlast seeing it armed plus the second below
+    # on a host whose tokens take 2 ms (12 requests made a level of under 2 s there)
+    p = _popen(srv.url, out, "--concurrency", "1", "--requests", "200", "--output-len", "48", "--timeout", "60", *FAST)
     try:
         wait_armed(hook, "-c1-r0", p, out)
         time.sleep(1.0)  # a few requests done

@@ -115,7 +115,9 @@ def test_sigterm_to_the_api_server_during_a_level_is_a_shutdown_not_a_rank_death
     srv = vllm_server.server  # the plain plugin-on server, at its end of life
     hook = HookClient(srv.url, timeout_s=60)
     api = srv.proc
-    p = _attribute(srv, out, "--concurrency", "2", "--requests", "12", "--max-rounds", "1", key=None)
+    # 200 requests: the SIGTERM ends the level, which must outlast seeing it armed (polled once a second) on a
+    # host whose tokens take 2 ms (12 requests made a level of about a second there)
+    p = _attribute(srv, out, "--concurrency", "2", "--requests", "200", "--max-rounds", "1", key=None)
     try:
         wait_armed(hook, "-c2-r0", p, out)
         time.sleep(0.3)

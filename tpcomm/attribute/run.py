@@ -383,7 +383,9 @@ class Attribute:
         except load.ServerGone as e:
             death = watch.stop(requests_failed=True) if watch is not None else None
             if death and not getattr(e, "reason", None):
-                raise RankDied(death, death.message(while_="the level's hook recording was being started")) from None
+                why = death.message(while_="the level's hook recording was being started")
+                self._keep_gone([], c, rep, 0, death, why)
+                raise RankDied(death, why) from None
             raise
         except BaseException:
             if watch is not None:
@@ -508,16 +510,21 @@ class Attribute:
     def _gone(self, rows: list[dict], c: int, rep: int, rnd: int, watch: RankWatch | None, t_level: int) -> None:
         """The server went (or a worker died) during the level's requests: keep what was measured, name the
         death (or the server that stopped answering), and raise."""
-        req, tok = self._add_rows(rows, (c, rep), rnd, True)
         death = watch.stop(requests_failed=True) if watch is not None else None
         why = death.message(t_level) if death else "server stopped answering"
-        if len(req):
-            flag = f"incomplete: {why}" if death else "incomplete: the server stopped answering during this level"
-            lv = self._level_doc(c, rep, rnd, req, tok, None, why, [flag])
-            if death:
-                lv.update(worker_problem=why, rank_died=death.to_dict())
-            self.levels.append(lv)
+        self._keep_gone(rows, c, rep, rnd, death, why)
         raise (RankDied(death, why) if death else load.ServerGone([])) from None
+
+    def _keep_gone(self, rows: list[dict], c: int, rep: int, rnd: int, death, why: str) -> None:
+        """The level stays in load/levels.json, marked, with the requests it finished (none where the death came
+        before they were sent: the level was started all the same, and its summary names the death; it was
+        left out once, and a run that said "died during C=2" had no C=2 in its summary, 2026-12-06)."""
+        req, tok = self._add_rows(rows, (c, rep), rnd, True)
+        flag = f"incomplete: {why}" if death else "incomplete: the server stopped answering during this level"
+        lv = self._level_doc(c, rep, rnd, req, tok, None, why, [flag])
+        if death:
+            lv.update(worker_problem=why, rank_died=death.to_dict())
+        self.levels.append(lv)
 
     def _level_records(
         self, c: int, rep: int, session: str, lv: dict, watch: RankWatch | None, cpu_base: dict | str | None
