@@ -384,7 +384,7 @@ class Attribute:
             death = watch.stop(requests_failed=True) if watch is not None else None
             if death and not getattr(e, "reason", None):
                 why = death.message(while_="the level's hook recording was being started")
-                self._keep_gone([], c, rep, 0, death, why)
+                self._keep_gone(*self._add_rows([], (c, rep), 0, True), c, rep, 0, death, why)
                 raise RankDied(death, why) from None
             raise
         except BaseException:
@@ -510,16 +510,17 @@ class Attribute:
     def _gone(self, rows: list[dict], c: int, rep: int, rnd: int, watch: RankWatch | None, t_level: int) -> None:
         """The server went (or a worker died) during the level's requests: keep what was measured, name the
         death (or the server that stopped answering), and raise."""
+        req, tok = self._add_rows(rows, (c, rep), rnd, True)  # kept first: the watch's stop may wait for a death
         death = watch.stop(requests_failed=True) if watch is not None else None
         why = death.message(t_level) if death else "server stopped answering"
-        self._keep_gone(rows, c, rep, rnd, death, why)
+        self._keep_gone(req, tok, c, rep, rnd, death, why)
         raise (RankDied(death, why) if death else load.ServerGone([])) from None
 
-    def _keep_gone(self, rows: list[dict], c: int, rep: int, rnd: int, death, why: str) -> None:
-        """The level stays in load/levels.json, marked, with the requests it finished (none where the death came
-        before they were sent: the level was started all the same, and its summary names the death; it was
-        left out once, and a run that said "died during C=2" had no C=2 in its summary, 2026-12-06)."""
-        req, tok = self._add_rows(rows, (c, rep), rnd, True)
+    def _keep_gone(self, req: pd.DataFrame, tok: pd.DataFrame, c: int, rep: int, rnd: int, death, why: str) -> None:
+        """The level stays in load/levels.json, marked, with the requests it finished (`req`, `tok`: as
+        _add_rows kept them; none where the death came before they were sent: the level was started all the
+        same, and its summary names the death; it was left out once, and a run that said "died during C=2" had
+        no C=2 in its summary, 2026-12-06)."""
         flag = f"incomplete: {why}" if death else "incomplete: the server stopped answering during this level"
         lv = self._level_doc(c, rep, rnd, req, tok, None, why, [flag])
         if death:
