@@ -103,7 +103,13 @@ def test_isolated_skew_reads_back_a_known_late_start(tmp_path, shm_kernels):
     iso = {e["backend"]: e for e in json.loads(p.stdout) if e["timing"] == "isolated"}
     assert iso["shm"]["lineup"] == "tiny shm all_reduce" and iso["gloo"]["lineup"] == "tiny gloo all_reduce"
     for e in iso.values():
-        assert 0.9 * late_us < e["skew_p50_us"] < 1.5 * late_us, e
+        # The scheduler can only add to the late start: beside a busy process on the 2 cores (2026-12-06) rank 1
+        # lost a slice after its 20 ms and shm's skew p50 read 35.7 ms. Above 1.5x only where the probe itself
+        # says most samples had a rank preempted, and warns of that row.
+        assert 0.9 * late_us < e["skew_p50_us"], e
+        if e["skew_p50_us"] >= 1.5 * late_us:
+            assert 2 * e["preempted_samples"] > e["samples"], e
+            assert f"{e['backend']} all_reduce" in p.stderr and "a rank was preempted in" in p.stderr, p.stderr[-2000:]
         assert e["p50_us"] >= late_us
     p, _ = _probe([*args, "--out", str(tmp_path / "plain")])
     assert p.returncode == 0, p.stderr[-3000:]
