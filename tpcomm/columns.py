@@ -73,8 +73,7 @@ def _five_cell(lv) -> str:
     if dt is None or not dt.measured:
         return "not measured" if dt is None else f"not measured ({dt.why_not_measured})"
     verdict = {True: "ok", False: "FAILED"}.get(dt.ok, "not judged")
-    of = " of the engine's" if dt.diff_of == "engine" else ""
-    check = f"{dt.diff_pct:+.1f}%{of} {verdict}" if dt.diff_pct is not None else verdict
+    check = f"{dt.diff_pct:+.1f}%{dt.of} {verdict}" if dt.diff_pct is not None else verdict
     early = f"; {dt.early_tokens} tokens before their step ended" if dt.early_tokens else ""
     return (
         f"{fmt(dt.ms)}; five terms {fmt(dt.sum_ms)} vs client {fmt(dt.client_ms)} ms ({dt.requests} req, by "

@@ -166,7 +166,7 @@ def closure_text(concurrency: int, repeat: int, c: Closure | None, stalls: Stall
             f"C={concurrency} repeat {repeat}: the client's pace between holds (p50 {c.client_ms:.2f} ms per token "
             f"over {c.requests} requests) differs from the engine's ({c.engine_ms:.2f} ms) by {c.diff_pct:+.1f}%: "
             f"delivery, not the split: the five terms add up to the client's own time per token within "
-            f"{five.diff_pct:+.1f}%{' of the engine' + chr(39) + 's' if five.diff_of == 'engine' else ''} (held tokens {five.held_tokens}; stalls {stalls.count if stalls else 0}{where})"
+            f"{five.diff_pct:+.1f}%{five.of} (held tokens {five.held_tokens}; stalls {stalls.count if stalls else 0}{where})"
         )
     return (
         f"C={concurrency} repeat {repeat}: closure check failed: per request, the engine's time per token "

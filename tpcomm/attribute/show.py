@@ -57,8 +57,7 @@ def five_terms_line(a) -> str | None:
     if dt is None or not dt.measured or a.per_token_ms is None:
         return None
     t = dt.split_terms or a.per_token_ms  # the terms over the same requests' steps: they add up to dt.sum_ms
-    of = " of the engine's" if dt.diff_of == "engine" else ""  # the denominator (DeliveryTerm.diff_pct)
-    check = f"{dt.diff_pct:+.1f}%{of}" if dt.diff_pct is not None else "n/a"
+    check = f"{dt.diff_pct:+.1f}%{dt.of}" if dt.diff_pct is not None else "n/a"
     judged = ("ok" if dt.ok else "[red]FAILED[/red]") if dt.judged else f"not judged: {dt.why_not_judged}"
     if dt.early_tokens:
         judged += f" ({dt.early_tokens} tokens received before the step they were paired with ended: a wrong pairing)"

@@ -144,9 +144,8 @@ def five_terms_table(lv: LevelSplit) -> tuple | None:
                 ]
             )
         if dt.judged:
-            of = " of the engine's" if dt.diff_of == "engine" else ""  # the denominator (DeliveryTerm)
             check = (
-                f"{dt.diff_pct:+.1f}%{of}: pairing of tokens to steps {'holds' if dt.ok else 'FAILS'} "
+                f"{dt.diff_pct:+.1f}%{dt.of}: pairing of tokens to steps {'holds' if dt.ok else 'FAILS'} "
                 f"(<= {dt.tolerance_pct:g}%)"
             )
             if dt.early_tokens:

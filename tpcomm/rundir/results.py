@@ -147,6 +147,11 @@ class DeliveryTerm:
     split_terms: Terms | None = None
     diff_of: str = "client"  # diff_pct's denominator: "engine" (since 2026-12-06), "client" before
 
+    @property
+    def of(self) -> str:
+        """What diff_pct is a percentage of, as printed after it ("" for the older summaries' client's)."""
+        return " of the engine's" if self.diff_of == "engine" else ""
+
     @classmethod
     def not_measured(cls, why: str) -> DeliveryTerm:
         return cls(False, None, None, None, None, None, None, 0.0, False, None, 0, 0, 0, why_not_measured=why)
