@@ -287,9 +287,9 @@ def no_pooled_server(request):
 #   compare's own TP-1 server, then plugin on (b), restarted: compare's second A/A run, test_hook_server's,
 #     test_trace_server's (the pooled profiler), then SIGTERM to its API server (ends it)
 #   plugin off: the tests without the plugin, test_hook_failsafe_server's reference tokens
-#   every CPU site faulting: test_hook_failsafe_server's
-#   keyed (a): the keyed tests, then the hook's injected fault (disables its hook for good)
-#   keyed (b): the executor-timeout drift (leaves its replies out of step for good)
+#   every CPU site faulting: test_hook_failsafe_server's, then the executor-timeout drift (leaves its replies out
+#     of step for good)
+#   keyed: the keyed tests, then the hook's injected fault (disables its hook for good)
 #   test_demo's own two; test_multinode's own pairs of nodes.
 PHASE2_ORDER = [
     "test_attribute_llama_server.py",
@@ -316,7 +316,6 @@ PHASE2_ORDER = [
     "test_hardening_server.py",
     "test_shutdown_server.py",
     "test_hook_server.py::test_a_failing_hook_disables_itself_and_serving_goes_on",
-    "test_hardening_server.py::test_replies_left_out_of_step_by_an_executor_timeout_are_refused_not_mixed",
     "test_demo.py",
     "test_multinode.py",
 ]

@@ -59,5 +59,4 @@ def server_env(world: dict) -> dict:
         "PYTHONPATH": str(world["plugin"]),
         "TPCOMM_TEST_MARKS": str(world["marks"]),
         "TPCOMM_HOOK_TEST_FAULTS": "1",  # test_hook_server's injected fault (its last test on this server)
-        "VLLM_SERVER_DEV_MODE": "1",  # vLLM's own POST /collective_rpc (test_hardening_server's drift test)
     }

@@ -4,7 +4,9 @@ server without the plugin, lists each site as off in /tpcomm/v1/status with one 
 and `tpcomm attribute` exits naming what it could not measure.
 
 One new server start: the plugin-off reference is the pool's plugin-off server that test_hook_server.py leaves
-running (conftest orders this module after it; run alone, the module starts that one too). The CUDA sites
+running (conftest orders this module after it; run alone, the module starts that one too). The same server, last,
+has its replies put out of step by an executor timeout (vLLM's dev route, on here): the routes' refusal of mixed
+replies needs no site of its own, and the drift spoils the server for good, so it goes where a server ends anyway. The CUDA sites
 (graph_capture, graph_replay, fused_allreduce, backend_tag) and the API server's `routes` are proven
 in-process on every patch the hook applies (test_hook_failsafe.py): `routes` off takes the status route away.
 """
@@ -14,8 +16,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -52,7 +56,7 @@ def reference(plugin_off_server) -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def faulty(vllm_server_factory):
-    return vllm_server_factory(plugin=True, extra_env={"TPCOMM_FAULT": FAULT})
+    return vllm_server_factory(plugin=True, extra_env={"TPCOMM_FAULT": FAULT, "VLLM_SERVER_DEV_MODE": "1"})
 
 
 def test_every_cpu_site_faulting_serves_the_same_tokens_and_status_lists_them(reference, faulty):
@@ -94,3 +98,26 @@ def test_attribute_exits_naming_the_lost_terms(faulty, tmp_path):
     summary = json.loads((out / "attribution/summary.json").read_text())
     assert summary["levels"] and all(lv["per_token_ms"] is None for lv in summary["levels"])
     assert any("graph" not in x and "collective timing off" in x for x in summary["not_timed"])
+
+
+def test_replies_left_out_of_step_by_an_executor_timeout_are_refused_not_mixed(faulty):
+    """The drift itself, made by vLLM's own dev route with an executor timeout while rank 1 is stopped (what the
+    hook's routes did before): rank 1's late reply stays queued and answers the next call. The routes see that
+    every reply does not carry their call's number, re-read once, and answer 502 instead of a mixed status. Last
+    on this server: its replies stay out of step."""
+    hook = HookClient(faulty.url, timeout_s=60)
+    assert hook.start(session="before")["session"] == "before"
+    pid1 = {r["rank"]: r["pid"] for r in hook.status()["per_rank"]}[1]
+    os.kill(pid1, signal.SIGSTOP)
+    try:
+        r = httpx.post(faulty.url + "/collective_rpc", json={"method": "tpcomm_status", "timeout": 3}, timeout=60)
+        assert r.status_code >= 500, r.text  # the executor gave up on rank 1 after 3 s
+        time.sleep(1)
+    finally:
+        os.kill(pid1, signal.SIGCONT)
+    time.sleep(2)
+    r = httpx.get(faulty.url + "/tpcomm/v1/status", timeout=60)
+    assert r.status_code == 502 and "the workers answer out of step" in r.json()["error"], r.text
+    log = Path(faulty.log_path).read_text(errors="replace")
+    assert "re-reading with tpcomm_status" in log
+    assert len(_tokens(faulty.url)) == len(PROMPTS)  # serving goes on; only the hook's answers are refused
