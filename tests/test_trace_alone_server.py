@@ -61,7 +61,14 @@ def test_traces_alone_give_the_levels_closure_and_report(bare_profiled_server, t
     assert abs(sum(v for v in terms.values() if v is not None) - head["engine_ms_per_token"]) < 1e-6, terms
     # The closure against the client, judged as the hook's is: engine vs client per token over the same requests.
     cz = head["closure"]
-    assert cz["pairing"] == "prefill segments" and cz["engine_ms"] and cz["client_ms"], cz
+    assert cz["pairing"] == "prefill segments", cz
+    # Figures over the requests it compared; a busy host may leave none (every stream held back or stalled:
+    # 5 held and 1 stalled of 6, 2026-12-06), and then there are none. What it left out was late, read from the
+    # raw files (tests/delivery.py), and enough on-time requests are always judged.
+    assert bool(cz["engine_ms"] and cz["client_ms"]) == (cz["requests"] > 0), cz
+    from test_attribute_server import assert_closure_verdict_is_true
+
+    assert_closure_verdict_is_true(head, out)
     five = head["delivery_term"]
     if cz["ok"]:
         assert abs(cz["diff_pct"]) <= CLOSURE_TOL_PCT, cz
