@@ -149,7 +149,10 @@ def test_pp_across_the_nodes_shows_the_stages_send_recv(tiny_model_dir, tmp_path
     # PP's batch queue runs empty steps between a stream's decode steps: they are recorded, and the split stands.
     assert lv["steps_in_window"].get("empty", 0) > 0 and lv["attributed"], lv["note"]
     p, e = lv["per_token_ms"], lv["engine_ms_per_token"]
-    assert abs(sum(p.values()) - e) <= 1e-6 * e and lv["closure"]["judged"] and lv["closure"]["ok"], lv["closure"]
+    assert abs(sum(p.values()) - e) <= 1e-6 * e, (p, e)
+    from test_attribute_server import assert_closure_verdict_is_true
+
+    assert_closure_verdict_is_true(lv, tmp_path / "pp")  # judged and within 10% wherever enough came on time
     r = subprocess.run(
         [
             sys.executable,
