@@ -394,6 +394,74 @@ def test_speculative_decoding_gives_the_split_per_accepted_token_at_c1():
     assert above.tokens_per_step is None and above.per_token_ms is None and "not measured above C=1" in above.why_not
 
 
+def _spec_level(reqs: dict[int, list[int]], most: int = 3) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Step rows and step requests (rank 0 and 1 alike) for requests given as the tokens each of their steps
+    scheduled, served two at a time in turn; every step a decode step with `most` drafts in it somewhere."""
+    sr, steps, step = [], [], 100
+    lists = {r: list(t) for r, t in reqs.items()}
+    while any(lists.values()):
+        live = [r for r, t in lists.items() if t][:2]
+        for r in live:
+            n = lists[r].pop(0)
+            sr += [(rank, step, r, n) for rank in (0, 1)]
+        steps += [(rank, step, "decode", len(live) + most, len(live)) for rank in (0, 1)]
+        step += 1
+    return (
+        pd.DataFrame(steps, columns=["rank", "step", "kind", "num_tokens", "num_seqs"]),
+        pd.DataFrame(sr, columns=["rank", "step", "request", "tokens"]),
+    )
+
+
+def test_speculative_decoding_counted_from_the_hook_s_step_requests_at_any_concurrency():
+    """The steps the hook saw serve each request (its step requests) give the tokens per decode step above C=1
+    too: each request's tokens after the first over its decode steps, the steps after its prompt was complete.
+    Known answers: request 1 a one-chunk prompt, request 2 a prompt in two chunks whose last (3 tokens) is no
+    larger than a decode step and completes it exactly, request 3 a prompt whose first 15 tokens vLLM's prefix
+    cache served (never scheduled). Left out, each with its reason: a recompute after preemption (a 40-token
+    step after the prefill), a request with fewer tokens than decode steps."""
+    from tpcomm.analysis import specdecode
+
+    reqs = {
+        1: [16, 1, 2, 4, 3, 1],  # 5 decode steps scheduling 11 tokens (6 drafts)
+        2: [32, 3, 4, 4, 1],  # prompt 35: 32 + 3; 3 decode steps, 9 tokens (6 drafts)
+        3: [17, 2, 2, 1, 4],  # prompt 32, 15 cached; 4 decode steps, 9 tokens (5 drafts)
+        4: [16, 2, 40, 1],  # recompute
+        5: [16, 1, 1, 1],  # 3 decode steps, 2 tokens after the first: impossible
+    }
+    out = {1: 1 + 8, 2: 1 + 7, 3: 1 + 6, 4: 1 + 20, 5: 1 + 2}  # tokens the client received
+    prompt = {1: 16, 2: 35, 3: 32, 4: 16, 5: 16}
+    rows, sr = _spec_level(reqs)
+    req = pd.DataFrame(
+        {
+            "request_id": list(out),
+            "ok": True,
+            "output_tokens": list(out.values()),
+            "prompt_tokens": list(prompt.values()),
+        }
+    )
+    c = specdecode.by_step_requests(sr, req, most_drafts=3)
+    assert (c.requests, c.steps, c.tokens, c.drafted) == (3, 5 + 3 + 4, 8 + 7 + 6, 6 + 6 + 5), c
+    split = {
+        "engine_ms_per_token": 6.0,
+        "per_token_ms": {"compute": 3.0, "transfer": 1.0, "wait": 0.5, "host_gap": 1.5},
+    }
+    sd = specdecode.spec_decode(rows, pd.DataFrame(), req, 2, split, sr)
+    tps = 21 / 12
+    assert (
+        sd.tokens_per_step == pytest.approx(tps)
+        and sd.requests == 3
+        and sd.measured_from == specdecode.BY_STEP_REQUESTS
+    )
+    assert (sd.decode_steps, sd.draft_tokens, sd.accepted_tokens) == (12, 17, 9)
+    assert sd.engine_ms_per_token == pytest.approx(6.0 / tps) and sd.per_token_ms.total == pytest.approx(6.0 / tps)
+    assert "9 of 17 drafts accepted" in specdecode.flag(sd)
+    # Without step requests above C=1: not measured, and why; with none countable: each reason named.
+    assert "not measured above C=1" in specdecode.spec_decode(rows, pd.DataFrame(), req, 2, split).why_not
+    bad = specdecode.spec_decode(rows, pd.DataFrame(), req[req["request_id"] >= 4], 2, split, sr)
+    assert bad.tokens_per_step is None and "(a recompute after preemption): 1" in bad.why_not, bad.why_not
+    assert "fewer tokens than decode steps: 1" in bad.why_not
+
+
 def test_a_request_across_a_clock_step_is_not_paired_by_client_times_and_the_level_says_so():
     """Pairing by the client's times (C > 1) puts the client's arrivals against the hook's stamps: a request
     across a wall-clock step cannot be, and is named; the level's flags name the step."""

@@ -352,7 +352,7 @@ def _level(
         flags.append(
             f"the client received {lv.itl_burst_pct:.0f}% of tokens in bursts: its ITL p50 is not a per-token time"
         )
-    sd = specdecode.spec_decode(rows, cs["pairs"], lreq, c, sp)
+    sd = specdecode.spec_decode(rows, cs["pairs"], lreq, c, sp, step_reqs)
     if sd is not None:
         flags.append(specdecode.flag(sd))
     top = top_sites(al, st)

@@ -213,7 +213,7 @@ class Site:
 @dataclass
 class SpecDecode:
     """Speculative decoding in the level's decode steps (analysis/specdecode.py): the split is per engine step;
-    per accepted token it is the figures here (C=1: the client's tokens over each request's own decode steps)."""
+    per accepted token it is the figures here (the client's tokens over the decode steps that made them)."""
 
     drafts_per_seq: float  # draft tokens scheduled per sequence per decode step (the hook's step rows)
     tokens_per_step: float | None  # tokens emitted per sequence per decode step (None: not measured)
@@ -221,6 +221,10 @@ class SpecDecode:
     engine_ms_per_token: float | None  # the step period over tokens_per_step
     per_token_ms: Terms | None  # each term over tokens_per_step (they add up to engine_ms_per_token)
     why_not: str | None = None  # why tokens_per_step is not measured
+    decode_steps: int | None = None  # the counted requests' decode steps (tokens_per_step's denominator)
+    draft_tokens: int | None = None  # draft tokens those steps scheduled (None: not known per request)
+    accepted_tokens: int | None = None  # tokens after each request's first beyond one per decode step
+    measured_from: str | None = None  # how tokens_per_step was counted (analysis/specdecode.py)
 
 
 @dataclass
