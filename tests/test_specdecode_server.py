@@ -109,3 +109,31 @@ def test_at_c1_each_requests_own_decode_steps_count_the_same(spec_run, tmp_path)
     assert again[1]["tokens_per_step"] == first[1]["tokens_per_step"]
     assert again[1]["decode_steps"] == first[1]["decode_steps"] and again[1]["draft_tokens"] is None
     assert again[2]["tokens_per_step"] is None and "not measured above C=1" in again[2]["why_not"], again[2]
+
+
+def test_the_report_headline_is_per_token_emitted_not_per_engine_step(spec_run, tmp_path):
+    """Page one under speculative decoding: the headline's ms per token is the engine step over the tokens each
+    decode step emitted (what a stream gets), says so, and the bar of terms sums to it; the PDF reads it back."""
+    import pdfplumber
+
+    out, summary, _ = spec_run
+    p = subprocess.run(
+        [sys.executable, "-m", "tpcomm.cli", "report", str(out), "--out", str(tmp_path / "r.pdf"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    one = json.loads(p.stdout)["page_one"]
+    head = next(lv for lv in summary["levels"] if lv["concurrency"] == 1)
+    sd, n = head["spec_decode"], one["numbers"]
+    assert (
+        n["ms_per_token"] == pytest.approx(sd["engine_ms_per_token"]) and n["tokens_per_step"] == sd["tokens_per_step"]
+    )
+    assert n["ms_per_engine_step"] == pytest.approx(head["engine_ms_per_token"])
+    assert n["tok_per_s"] == pytest.approx(1e3 / sd["engine_ms_per_token"])
+    assert sum(n[f"{k}_ms"] for k in ("compute", "transfer", "wait", "host_gap")) == pytest.approx(n["ms_per_token"])
+    assert "speculative decoding" in one["headline"] and f"{sd['tokens_per_step']:.2f} tokens" in one["headline"]
+    with pdfplumber.open(tmp_path / "r.pdf") as pdf:
+        text = " ".join((pdf.pages[0].extract_text() or "").split())
+    assert f"{sd['tokens_per_step']:.2f} tokens each decode step emitted" in text, text[:1500]

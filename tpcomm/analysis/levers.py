@@ -116,8 +116,8 @@ def compute(inp: RunInputs) -> RunLevers:
     more = False
     if head is not None and pred and pred.calibration:
         whatifs, basis = pred.what_if, "predict anchored on this run's measured split"
-    elif head is not None:
-        measured = L.measured_whatifs(head.per_token_ms.as_dict())
+    elif head is not None and head.token_view()[1] is not None:
+        measured = L.measured_whatifs(head.token_view()[1].as_dict())
         whatifs, basis = [what_if(w) for w in measured], "the measured split (one term removed)"
         more = True
     elif pred:

@@ -83,7 +83,7 @@ def fig_token_split(page: PageOne) -> Figure | None:
         ax.plot([tpot], [0], "k^", ms=5, mfc="white", label=f"client {tpot:.3g} ms per token (p50; not in the split)")
     ax.set_xlim(0, max(left, tpot or 0) * 1.05 or 1)
     ax.set_yticks([])
-    ax.set_xlabel(f"ms per token ({split.source}; the bar ends at the headline's {total:.3g} ms)")
+    ax.set_xlabel(f"ms per {split.per} ({split.source}; the bar ends at the headline's {total:.3g} ms)")
     ax.legend(ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.grid(False, axis="y")
     return fig

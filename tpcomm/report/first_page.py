@@ -72,17 +72,31 @@ def page_one(inp: readers.Inputs, cmds: dict[str, str], s):
 
 
 def _measured(d: PageOne, att: Attribution, lv: LevelSplit, inp: readers.Inputs) -> None:
-    t, ms = lv.per_token_ms, lv.engine_ms_per_token
+    ms, t, how = lv.token_view()
     cond = att.conditions
     d.source, d.level, d.verdict = "measured", lv, att.verdict
-    d.split = TokenSplit(t.as_dict(), ms, "measured", lv.shares_pct)
     n = d.numbers
-    n.update(tok_per_s=1e3 / ms, ms_per_token=ms, concurrency=lv.concurrency, clock=lv.clock)
+    n.update(concurrency=lv.concurrency, clock=lv.clock)
+    if ms is None:  # speculative decoding without the tokens per step: the engine's step, named as such
+        step, t = lv.engine_ms_per_token, lv.per_token_ms
+        d.split = TokenSplit(t.as_dict(), step, "measured", lv.shares_pct, per="engine step")
+        n.update(tok_per_s=None, ms_per_token=None, ms_per_engine_step=step)
+        d.headline = (
+            f"Single stream: tok/s not measured ({how}); the engine step {fmt(step)} ms ({lv.clock} clock, "
+            f"C={lv.concurrency})"
+        )
+    else:
+        d.split = TokenSplit(t.as_dict(), ms, "measured", lv.shares_pct)
+        n.update(tok_per_s=1e3 / ms, ms_per_token=ms)
+        if how:
+            n.update(ms_per_engine_step=lv.engine_ms_per_token, tokens_per_step=lv.spec_decode.tokens_per_step)
+        d.headline = (
+            f"Single stream: {fmt(1e3 / ms)} tok/s ({fmt(ms)} ms per token, engine"
+            + (f": {how}" if how else "")
+            + f", {lv.clock} clock, C={lv.concurrency})"
+        )
     n.update({f"{k}_ms": v for k, v in t.as_dict().items()})
     n.update({f"{k}_pct": v for k, v in (lv.shares_pct or {}).items()})
-    d.headline = (
-        f"Single stream: {fmt(1e3 / ms)} tok/s ({fmt(ms)} ms per token, engine, {lv.clock} clock, C={lv.concurrency})"
-    )
     # The client beside it: what the closure compares (per request, over the tokens it could time), never the
     # plain TPOT p50 alone, which held-back streams pull towards 0.
     cz = lv.closure
@@ -181,7 +195,13 @@ def _closure_sentence(lv: LevelSplit) -> str:
             f"Closure: not compared (no client timings{' in traces' if lv.source == 'trace' else ''} for this level)."
         )
     if not c.judged:
-        return f"Closure not judged: {c.why_not_judged}."
+        spec = (
+            " (speculative decoding: a decode step makes several of a request's tokens, and the closure pairs one "
+            "token with one step)"
+            if lv.spec_decode is not None
+            else ""
+        )
+        return f"Closure not judged: {c.why_not_judged}{spec}."
     both = f"engine {fmt(c.engine_ms)} vs client {fmt(c.client_ms)} ms per token, {c.diff_pct:+.1f}% ({c.statistic})"
     if c.ok:
         return f"Closure: the split accounts for what the client saw ({both}; tolerance {c.tolerance_pct:g}%)."

@@ -21,6 +21,7 @@ class TokenSplit:
     total_ms: float
     source: str  # "measured" or "model-based"
     shares_pct: dict[str, float] | None = None  # measured only: each term's share of total_ms
+    per: str = "token"  # what total_ms is per: "token", or "engine step" where tokens per step were not measured
 
 
 @dataclass

@@ -259,6 +259,23 @@ class LevelSplit:
     host_load: HostLoad | None = None  # the machine's load during the level (None: not measured)
     spec_decode: SpecDecode | None = None  # None: no draft token scheduled (or a summary older than this field)
 
+    def token_view(self) -> tuple[float | None, Terms | None, str | None]:
+        """(ms per token a stream gets, its terms, what they are): the split itself where a decode step makes one
+        token per stream (None); under speculative decoding the split over the tokens each decode step emitted,
+        said so; (None, None, why) where speculative decoding ran and those were not measured. The headline,
+        the measured levers and predict's anchoring read this."""
+        sd = self.spec_decode
+        if sd is None or self.engine_ms_per_token is None:
+            return self.engine_ms_per_token, self.per_token_ms, None
+        if sd.tokens_per_step is None or not sd.engine_ms_per_token or sd.per_token_ms is None:
+            return None, None, f"speculative decoding, tokens per step not measured: {sd.why_not}"
+        return (
+            sd.engine_ms_per_token,
+            sd.per_token_ms,
+            f"the engine step ({self.engine_ms_per_token:.3g} ms) over the {sd.tokens_per_step:.2f} tokens each "
+            f"decode step emitted (speculative decoding; {sd.requests} requests)",
+        )
+
     @property
     def tok_per_s(self) -> float | None:
         """One stream's tok/s from the engine's per-token time (x sequences per step at C > 1)."""
