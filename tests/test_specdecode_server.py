@@ -137,3 +137,25 @@ def test_the_report_headline_is_per_token_emitted_not_per_engine_step(spec_run, 
     with pdfplumber.open(tmp_path / "r.pdf") as pdf:
         text = " ".join((pdf.pages[0].extract_text() or "").split())
     assert f"{sd['tokens_per_step']:.2f} tokens each decode step emitted" in text, text[:1500]
+
+
+def test_compare_resolves_nothing_per_token_across_speculative_decoding(spec_run):
+    """compare resamples per engine step: with speculative decoding on a side, a change per step is not a change
+    per token, so no term is resolved and the level says why (turning MTP on must not read as a slowdown)."""
+    from tpcomm.compare.analysis import compare_runs
+
+    out, _, _ = spec_run
+    cmp = compare_runs(out, out)
+    for lv in cmp.levels:
+        assert lv.problem and "speculative decoding ran" in lv.problem, lv.problem
+        assert not any(t.resolved for t in lv.terms), [(t.name, t.resolved) for t in lv.terms]
+
+
+def test_the_plan_cross_check_asks_the_plan_at_the_tokens_a_step_carried(spec_run):
+    """Under speculative decoding a decode step's collectives carry 1 + the drafts per sequence: the cross-check
+    asks the plan at the step's tokens, and matches (at one token per sequence it would call the sizes a
+    mismatch)."""
+    _, summary, _ = spec_run
+    for lv in summary["levels"]:
+        cc = lv["collectives_per_step"]
+        assert cc["match"] is True and cc["batch"] > lv["concurrency"], cc

@@ -88,10 +88,24 @@ def _plan_cell(lv) -> str:
     return f"{fmt(seen)} / {fmt(planned)}{mark}"
 
 
+def _engine_cell(lv) -> Any:
+    """The engine's time per token: the decode step's period, which under speculative decoding is per step, said
+    so with the per-token figure beside it (LevelSplit.token_view); the term columns stay per step then."""
+    sd = lv.spec_decode
+    if sd is None or lv.engine_ms_per_token is None:
+        return lv.engine_ms_per_token
+    if sd.tokens_per_step and sd.engine_ms_per_token:
+        return (
+            f"{fmt(lv.engine_ms_per_token)} per step (speculative: {fmt(sd.engine_ms_per_token)} per token emitted, "
+            f"{sd.tokens_per_step:.2f}/step)"
+        )
+    return f"{fmt(lv.engine_ms_per_token)} per step (speculative: per token not measured)"
+
+
 SPLIT = [
     Col("C", lambda lv: lv.concurrency, 0.35),
     Col("rep", lambda lv: lv.repeat, 0.35),
-    Col("engine ms/token", lambda lv: lv.engine_ms_per_token, 0.7),
+    Col("engine ms/token", _engine_cell, 0.7),
     *(Col(f"{t.label} {t.unit}", _term(t.name), 0.7) for t in ENGINE),
     Col("clock", lambda lv: lv.clock, 0.5),
     Col("client TPOT p50 ms", lambda lv: lv.client.tpot_ms_p50 if lv.client else None, 0.75),

@@ -24,12 +24,15 @@ OP_AS_PLANNED = {"send": "send_recv", "recv": "send_recv"}
 
 
 def observed_per_step(aligned: pd.DataFrame, decode_steps: pd.DataFrame) -> dict:
-    """The most common per-step signature {(group, op, bytes): count} on the lowest rank, and how common it is.
-    Point-to-point ends are named as the plan names the transfer (OP_AS_PLANNED)."""
+    """The most common per-step signature {(group, op, bytes): count} on the lowest rank, how common it is, and the
+    tokens its steps carried (`batch`, what the plan is asked at: one per sequence, or under speculative decoding
+    1 + each sequence's drafts, which the collectives carry too). Point-to-point ends are named as the plan names
+    the transfer (OP_AS_PLANNED)."""
     if decode_steps.empty:
         return {"signature": {}, "share": None, "steps": 0, "batch": None}
+    width = "num_tokens" if "num_tokens" in decode_steps.columns else "num_seqs"
     if aligned.empty:  # no collective in any decode step (TP 1): every step has the empty signature
-        batch = decode_steps["num_seqs"].mode()
+        batch = decode_steps[width].mode()
         return {
             "signature": {},
             "share": 1.0,
@@ -41,7 +44,7 @@ def observed_per_step(aligned: pd.DataFrame, decode_steps: pd.DataFrame) -> dict
     a = aligned[(aligned["rank"] == ref) & aligned["step"].isin(decode_steps["step"])]
     sigs = Counter()
     batch_of = {}
-    seqs = decode_steps.set_index("step")["num_seqs"].to_dict()
+    seqs = decode_steps.set_index("step")[width].to_dict()
     for step, g in a.groupby("step"):
         ops = g["op"].map(lambda o: OP_AS_PLANNED.get(o, o))
         sig = tuple(sorted(Counter(zip(g["group"], ops, g["bytes"].astype(int))).items()))

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tpcomm.analysis import specdecode
 from tpcomm.analysis.closure import closure_text
 from tpcomm.attribute.run import Progress as ProgressHooks
 from tpcomm.columns import LOAD, SPLIT, fmt, table
@@ -128,7 +129,11 @@ def render(res: dict, console: Console | None = None) -> None:
                 con.print(text)
     for line in att.incomplete() if att is not None else []:
         con.print(f"[red]INCOMPLETE level {line} (no headline from it)")
-    for n in res.get("notes", []):
+    notes = list(res.get("notes", []))
+    for a in att.levels if att is not None else []:  # what the split's figures are per (a live run's own notes lack it)
+        if a.spec_decode is not None and (line := f"C={a.concurrency}: {specdecode.flag(a.spec_decode)}") not in notes:
+            notes.append(line)
+    for n in notes:
         con.print(f"[yellow]{n}")
     if res.get("profile"):
         con.print(f"[bold]Profile[/bold]: {res['profile'].get('summary_line', res['profile'])}")

@@ -69,6 +69,12 @@ def level_diff(
     """One concurrency level: `a`, `b` its attributed repeats in each run (with their samples, or None)."""
     va, vb = _mean_values(a), _mean_values(b)
     problem = why
+    for side, lvs in (("A", a), ("B", b)):  # before the samples: they are per engine step too
+        if problem is None and any(lv.spec_decode is not None for lv in lvs):
+            problem = (
+                f"{side}: speculative decoding ran (a decode step emits several tokens per stream): the resampled "
+                "terms are per engine step, not per token, so no difference is resolved"
+            )
     for side, ss in (("A", sa), ("B", sb)):
         for s in ss:
             if problem is None and (s is None or s.problem):

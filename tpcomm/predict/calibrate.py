@@ -58,23 +58,24 @@ def read_attribution(run_dir: str | Path) -> dict:
             "has no per-token split (the server ran without the tpcomm plugin, or no level was attributed)",
             "a tpcomm attribute run against a server started with VLLM_PLUGINS=tpcomm",
         )
-    ms, t, how = lv.token_view()
     where = f"levels[concurrency={lv.concurrency}, repeat={lv.repeat}]"
-    if ms is None:
+    if lv.spec_decode is not None:
+        # The model's decode step carries one token per sequence: its modelled transfer, collectives per token
+        # and TP what-ifs would be per engine step beside terms per token emitted (LevelSplit.token_view).
         raise InputError(
             f"--attribution {run_dir}",
-            f"has no per-token time at {where} ({how})",
-            "a run whose speculative decoding was counted (tpcomm attribute with a hook that records request ids)",
+            f"ran speculative decoding at {where} ({lv.spec_decode.drafts_per_seq:.2f} drafts per sequence per "
+            "step): predict's what-ifs model a step of one token per sequence and are not anchored on it",
+            "a run without speculative decoding; the report sizes the measured split's own levers per token emitted",
         )
-    # under speculative decoding the split per token emitted (LevelSplit.token_view), read from spec_decode
-    at = f"{where}.spec_decode" if how else where
+    t = lv.per_token_ms
     return {
         "run_dir": str(run_dir),
         "concurrency": lv.concurrency,
         "terms_ms": t.as_dict(),  # the measured terms under their own names (tpcomm/terms.py)
-        "measured_ms_per_token": ms,
-        "measured_from": f"engine_ms_per_token of {at}" + (f" ({how})" if how else ""),
-        "keys_read": [f"{at}.per_token_ms.{k}" for k in ENGINE_TERMS] + [f"{at}.engine_ms_per_token"],
+        "measured_ms_per_token": lv.engine_ms_per_token,
+        "measured_from": f"engine_ms_per_token of {where}",
+        "keys_read": [f"{where}.per_token_ms.{k}" for k in ENGINE_TERMS] + [f"{where}.engine_ms_per_token"],
         "seqs_per_step": lv.seqs_per_step or 1.0,
         "conditions": att.conditions,
     }

@@ -20,6 +20,7 @@ from typing import Any
 
 from tpcomm import redact
 from tpcomm.analysis.closure import closure_text
+from tpcomm.analysis.specdecode import flag
 from tpcomm.judge import definitions
 from tpcomm.report import readers
 from tpcomm.report import sections as S
@@ -234,6 +235,7 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
     ]
     d.notes = (
         [f"C={lv.concurrency} repeat {lv.repeat}: {lv.note}" for lv in levels if lv.note]
+        + [f"C={lv.concurrency} repeat {lv.repeat}: {flag(lv.spec_decode)}" for lv in levels if lv.spec_decode]
         + [
             f"C={lv.concurrency}: {lv.collectives_per_step.get('detail')}"
             for lv in levels
