@@ -460,6 +460,8 @@ def test_speculative_decoding_counted_from_the_hook_s_step_requests_at_any_concu
     bad = specdecode.spec_decode(rows, pd.DataFrame(), req[req["request_id"] >= 4], 2, split, sr)
     assert bad.tokens_per_step is None and "(a recompute after preemption): 1" in bad.why_not, bad.why_not
     assert "fewer tokens than decode steps: 1" in bad.why_not
+    failed = specdecode.spec_decode(rows, pd.DataFrame(), req.assign(ok=False), 2, split, sr)
+    assert failed.tokens_per_step is None and failed.why_not == "no request of the level completed", failed.why_not
 
 
 def test_a_request_across_a_clock_step_is_not_paired_by_client_times_and_the_level_says_so():

@@ -93,8 +93,10 @@ def by_step_requests(step_reqs: pd.DataFrame | None, requests: pd.DataFrame, mos
     by reason: a later step of more than 1 + `most_drafts` tokens (a recompute after preemption), fewer client
     tokens than decode steps, more than they scheduled."""
     need = {"request_id", "output_tokens", "prompt_tokens"}
-    if step_reqs is None or step_reqs.empty or requests.empty or not need <= set(requests.columns):
+    if step_reqs is None or step_reqs.empty or not need <= set(requests.columns):
         return None
+    if requests.empty:
+        return Count(0, 0, 0, None, BY_STEP_REQUESTS, "no request of the level completed")
     sr = step_reqs[step_reqs["rank"] == step_reqs["rank"].min()].sort_values("step")
     by_req = {int(r): g["tokens"].to_numpy(dtype=np.int64) for r, g in sr.groupby("request")}
     tokens = steps = n_req = drafted = 0
