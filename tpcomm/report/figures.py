@@ -135,8 +135,12 @@ def fig_breakdown(breakdown: BreakdownSection) -> Figure | None:
     ax = fig.add_subplot()
     xs = list(range(len(levels)))
     bottom = [0.0] * len(levels)
+    # per token emitted (LevelSplit.token_view: under speculative decoding the step over its tokens); a level whose
+    # tokens per step were not counted stays per engine step, named in the title
+    per_step = [lv.token_view()[0] is None for lv in levels]
+    split = [lv.per_token_ms if step else lv.token_view()[1] for lv, step in zip(levels, per_step)]
     for key in ENGINE_TERMS:
-        raw = [getattr(lv.per_token_ms, key) if lv.per_token_ms else 0.0 for lv in levels]
+        raw = [getattr(t, key) if t else 0.0 for t in split]
         # A negative term cannot be stacked: drawn as 0 and marked (a measured split has none: each term is a mean of durations).
         vals = [max(v, 0.0) for v in raw]
         ax.bar(xs, vals, bottom=bottom, color=COLORS[key], width=0.55, label=BY_NAME[key].label)
@@ -156,7 +160,15 @@ def fig_breakdown(breakdown: BreakdownSection) -> Figure | None:
         ax.plot([p[0] + 0.33 for p in itl], [p[1] for p in itl], "k^", ms=4, mfc="white", label="client TPOT p50")
     ax.set_xticks(xs, [f"C={lv.concurrency}" + (f" r{lv.repeat}" if lv.repeat else "") for lv in levels])
     ax.set_ylabel("ms per token")
-    ax.set_title("engine per-token time, split (bar top = engine ms per token) beside the client's TPOT p50", pad=14)
+    steps = [f"C={lv.concurrency}" for lv, step in zip(levels, per_step) if step and lv.spec_decode is not None]
+    spec = any(lv.spec_decode is not None for lv in levels)
+    ax.set_title(
+        "engine per-token time, split (bar top = engine ms per token"
+        + ("; speculative decoding: per token emitted" if spec else "")
+        + (f", per engine step at {', '.join(steps)}" if steps else "")
+        + ") beside the client's TPOT p50",
+        pad=14,
+    )
     ax.legend(fontsize=6, frameon=False, ncol=6, loc="lower center", bbox_to_anchor=(0.5, 0.98))
     ax.set_ylim(0, max(bottom + [p[1] for p in itl]) * 1.25 or 1)
     return fig
