@@ -116,8 +116,8 @@ def compute(inp: RunInputs) -> RunLevers:
     more = False
     if head is not None and pred and pred.calibration:
         whatifs, basis = pred.what_if, "predict anchored on this run's measured split"
-    elif head is not None and head.token_view()[1] is not None:
-        measured = L.measured_whatifs(head.token_view()[1].as_dict())
+    elif head is not None and (per_token := head.token_view()[1]) is not None:
+        measured = L.measured_whatifs(per_token.as_dict())
         whatifs, basis = [what_if(w) for w in measured], "the measured split (one term removed)"
         more = head.spec_decode is None  # predict does not anchor on a run with speculative decoding
     elif pred:

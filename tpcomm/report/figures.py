@@ -137,8 +137,9 @@ def fig_breakdown(breakdown: BreakdownSection) -> Figure | None:
     bottom = [0.0] * len(levels)
     # per token emitted (LevelSplit.token_view: under speculative decoding the step over its tokens); a level whose
     # tokens per step were not counted stays per engine step, named in the title
-    per_step = [lv.token_view()[0] is None for lv in levels]
-    split = [lv.per_token_ms if step else lv.token_view()[1] for lv, step in zip(levels, per_step)]
+    views = [lv.token_view() for lv in levels]
+    per_step = [ms is None for ms, _, _ in views]
+    split = [lv.per_token_ms if ms is None else t for lv, (ms, t, _) in zip(levels, views)]
     for key in ENGINE_TERMS:
         raw = [getattr(t, key) if t else 0.0 for t in split]
         # A negative term cannot be stacked: drawn as 0 and marked (a measured split has none: each term is a mean of durations).
