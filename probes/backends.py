@@ -125,6 +125,24 @@ class GlooBackend(Backend):
         return NOT_IN_BACKEND["gloo"].get(op) or super().unsupported(op)
 
 
+def _unlink_own_segment(group_name: str, rank: int) -> None:
+    """Remove this rank's shared-memory name once every rank has mapped every segment.
+
+    vLLM's SHMManager (csrc/cpu/shm.cpp) creates "<group name>_<rank>" with O_EXCL and unlinks the names only
+    in its destructor, a static one that a rank leaving by os._exit or a kill never runs: each probe left two
+    names in /dev/shm, and a later probe that drew the same port (the default ident's part) died at "create shm
+    in SHMManager failed. errno: 17" (CI, 2026-12-07). _init_cpu_shm's second barrier follows every rank's
+    join, so the mappings are all made; the memory stays until the last one goes."""
+    try:
+        from _posixshmem import shm_unlink
+    except ImportError:  # not a POSIX CPython: nothing was created by name here
+        return
+    try:
+        shm_unlink(f"/{group_name}_{rank}")
+    except OSError:
+        pass  # already gone: the destructor's own unlink ignores this too
+
+
 class ShmBackend(Backend):
     """vLLM's CpuCommunicator, built the way GroupCoordinator builds it for the TP group."""
 
@@ -163,6 +181,7 @@ class ShmBackend(Backend):
             raise Ineligible(
                 "vLLM's CpuCommunicator fell back to torch.distributed (ranks disagree on the SHM group name)"
             )
+        _unlink_own_segment(self.comm.dist_module.group_name, self.comm.rank)
 
     lineup_name = "tiny shm all_reduce"
 

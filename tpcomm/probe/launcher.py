@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import struct
@@ -83,6 +84,7 @@ class Launch:
 
     def start(self) -> None:
         port = free_port()
+        ident = secrets.token_hex(4)
         root = str(Path(__file__).resolve().parents[2])
         for r in range(self.n):
             env = {
@@ -93,6 +95,8 @@ class Launch:
                 "LOCAL_WORLD_SIZE": str(self.n),
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port),
+                # the shm backend's segment names: one run's own, never an earlier run's on a reused port
+                "VLLM_DIST_IDENT": f"{os.environ.get('VLLM_DIST_IDENT') or 'tpcomm-probe'}-{port}-{ident}",
                 "TPCOMM_PROBE_SUPERVISED": "1",
                 "OMP_NUM_THREADS": str(self.threads),
                 "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
