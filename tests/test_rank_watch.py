@@ -335,3 +335,38 @@ def test_a_look_late_every_time_leaves_the_level_unwatched_and_says_so(procs, mo
     finally:
         watch.stop()
         hook.stop()
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
+def test_a_hook_call_in_flight_is_given_up_when_a_worker_dies(procs):
+    """A dead worker never answers the hook (its routes are collective RPCs to every worker): attribute's stop
+    after a level whose worker was killed just after its requests waited out its 30 s timeout and flagged "a
+    worker hung?" (2026-12-07). A call through the watch ends as soon as the death is seen. The route that never
+    answers is a socket that accepts and stays silent."""
+    from tpcomm.attribute import records
+    from tpcomm.attribute.ranks import DeathSeen
+
+    hook = _Hook(_seen(procs))
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    mute = ServerInfo(url=f"http://127.0.0.1:{silent.getsockname()[1]}", model="m", served=["m"])
+    watch = RankWatch(hook.info, concurrency=2).start()
+    try:
+        assert watch.call(lambda x: x + 1, 6) == 7  # answered: its value
+        with pytest.raises(KeyError):  # its own error, raised in the caller's thread
+            watch.call({}.__getitem__, "x")
+        killer = threading.Timer(0.5, os.kill, (procs[1].pid, signal.SIGKILL))
+        killer.start()
+        t0 = time.monotonic()
+        with pytest.raises(DeathSeen):
+            watch.call(records.status, mute, timeout_s=30)
+        took = time.monotonic() - t0
+        with pytest.raises(DeathSeen):  # a death already seen: not asked at all
+            watch.call(records.status, mute, timeout_s=30)
+        death = watch.stop()
+    finally:
+        hook.stop()
+        silent.close()
+    assert death is not None and (death.rank, death.pid) == (1, procs[1].pid)
+    assert 0.4 < took < 5, took  # given up at the death, not at the call's 30 s timeout

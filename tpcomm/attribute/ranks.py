@@ -29,7 +29,9 @@ import os
 import select
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 from tpcomm.attribute import load, records
 from tpcomm.attribute.hook_client import HookClient, HookTimeout, HookUnavailable
@@ -52,6 +54,8 @@ WHOLE_S = 0.25  # measured: a whole-group SIGKILL had the API server end 150 ms 
 # worker killed in that level was then told as "server stopped answering".
 START_TRIES = 3
 LOOK_TIMEOUT_S = 5.0
+CALL_POLL_S = 0.05  # RankWatch.call: how often a hook call in flight checks for a death seen meanwhile
+T = TypeVar("T")
 _STOPPED_STATES = ("T", "t")
 
 
@@ -254,6 +258,35 @@ class RankWatch:
                 self._hook.close()
         return self.death
 
+    def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """fn(*args, **kwargs), given up as soon as a watched worker is seen dead (DeathSeen, a ServerGone). A
+        dead worker never answers the hook (its routes are collective RPCs to every worker): a call after a
+        death waited out its whole timeout, 30 s after a worker killed just after a level's requests, and the
+        level was also flagged "a worker hung?" (2026-12-07). Once the watch has stopped, or watches nothing,
+        fn runs as it is. The call given up ends by its own timeout in a daemon thread."""
+        if self.death is not None:
+            raise DeathSeen([])
+        if self._stop.is_set() or not self._threads:
+            return fn(*args, **kwargs)
+        box: dict = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread below
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="tpcomm-hook-call", daemon=True).start()
+        while not done.wait(CALL_POLL_S):
+            if self.death is not None:
+                raise DeathSeen([])
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
     def stopped(self, min_s: float = STOPPED_S) -> RankStopped | None:
         """A worker stopped (state T) for at least `min_s` without a break, as of the latest look."""
         now = time.monotonic_ns()
@@ -425,6 +458,10 @@ class RankWatch:
                 return
             d = self.death
             d.others = sorted((set(d.others) | {r for r, _ in dead}) - {d.rank} - set(d.same_time))
+
+
+class DeathSeen(load.ServerGone):
+    """A watched worker was seen dead while the hook was asked (RankWatch.call): the answer was not waited for."""
 
 
 class RankDied(load.ServerGone):

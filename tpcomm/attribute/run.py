@@ -120,6 +120,11 @@ def _host_meter(watch: RankWatch | None) -> HostLoadMeter | None:
     return m
 
 
+def _watched(watch: RankWatch | None, fn, *args, **kwargs):
+    """A hook call given up once `watch` sees a worker die (ranks.DeathSeen, a ServerGone); as it is without one."""
+    return fn(*args, **kwargs) if watch is None else watch.call(fn, *args, **kwargs)
+
+
 class WorkerStalled(load.ServerGone):
     """A TP worker stopped answering (stopped, hung): the run stops there, naming it (`stopped`: which)."""
 
@@ -378,7 +383,9 @@ class Attribute:
         self._armed = session if self.plugin_on else None
         try:
             start_error = (
-                self._hook(lambda info: records.start(info, session, lease_s), watch) if self.plugin_on else None
+                self._hook(lambda info: _watched(watch, records.start, info, session, lease_s), watch)
+                if self.plugin_on
+                else None
             )
         except load.ServerGone as e:
             death = watch.stop(requests_failed=True) if watch is not None else None
@@ -534,8 +541,9 @@ class Attribute:
         `cpu_base`: the workers' CPU wait at the start of the level's last round (None: the recording's start,
         "unknown": it could not be read), so the level's CPU wait covers the round its figures come from."""
         problem = None
+        # each call given up once the watch sees a worker die (ServerGone: the caller names the death)
         try:
-            st = records.status(self.info, timeout_s=HOOK_TIMEOUT_S)
+            st = _watched(watch, records.status, self.info, timeout_s=HOOK_TIMEOUT_S)
             coverage.merge_sites_off(self.info.plugin, st)  # sites the hook switched off during the level
             problem = records.session_problem(st, session, self._started_ns(c))
             lv["cpu_wait"] = None if cpu_base == "unknown" else records.cpu_wait(st, since=cpu_base)
@@ -543,7 +551,7 @@ class Attribute:
             self._stalled(lv, "GET /tpcomm/v1/status", e, watch)
         except records.HookError as e:
             problem = f"the hook's status could not be read before stopping ({e})"
-        self._hook(lambda info: records.stop(info, session, timeout_s=HOOK_TIMEOUT_S), watch, lv)
+        self._hook(lambda info: _watched(watch, records.stop, info, session, timeout_s=HOOK_TIMEOUT_S), watch, lv)
         self._armed = None
         if problem:
             lv["hook_problem"] = problem
@@ -720,7 +728,7 @@ class Attribute:
         """Fetch this level's records (only while they are still our session's) into the run directory; the
         error, if they could not be fetched."""
         try:
-            coll, steps, sreq, meta = records.fetch_level(self.info, session)
+            coll, steps, sreq, meta = _watched(watch, records.fetch_level, self.info, session)
         except records.HookTimeout as e:
             self._stalled(lv, "GET /tpcomm/v1/records", e, watch)
         except records.RecordingTaken as e:
