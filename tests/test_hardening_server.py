@@ -389,12 +389,16 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
     records, and the verdict must agree with it: flagged where another request was in them, complete where
     none was."""
     errors: list[str] = []
-    body = {"model": "tiny", "prompt": "tensor parallel", "max_tokens": BG_TOKENS, "ignore_eos": True}
+    body = {"model": "tiny", "prompt": "tensor parallel", "max_tokens": BG_TOKENS, "ignore_eos": True, "stream": True}
+    done = threading.Event()  # attribute ended: the streams are closed (vLLM aborts them), not waited out
 
     def one() -> None:
         try:
-            r = httpx.post(srv.url + "/v1/completions", headers=H, json=body, timeout=300)
-            assert r.status_code == 200, r.text[:500]
+            with httpx.stream("POST", srv.url + "/v1/completions", headers=H, json=body, timeout=300) as r:
+                assert r.status_code == 200, r.read()[:500]
+                for _ in r.iter_lines():
+                    if done.is_set():
+                        break
         except Exception as e:  # said in the assertion below, not lost in a thread
             errors.append(repr(e))
 
@@ -409,6 +413,7 @@ def test_background_traffic_beside_concurrency_1_is_named(srv, hook, tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
+        done.set()
         for t in bg:
             if t.is_alive():
                 t.join(300)
