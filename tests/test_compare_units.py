@@ -472,3 +472,22 @@ def test_a_multi_rank_run_with_no_collective_recorded_is_no_change_of_kind(tmp_p
     cmp = compare_runs(untimed, tp2)
     assert [t.name for t in cmp.levels[0].terms if t.kind] == [], cmp.levels[0].terms
     assert "made no collective call" not in cmp.verdict
+
+
+def test_at_one_sequence_per_step_tok_per_s_resolves_with_the_per_token_time(synth, tmp_path):
+    """tok/s at C=1 is 1000 / the per-token time: the two resolve together, and tok/s's interval is the per-token
+    time's mapped through 1000 / (A + d) - 1000 / A. Resampled each on its own they disagreed at the edge on a
+    busy A/A (2026-12-07: per-token -0.77 to +0.023 ms not resolved, tok/s +2.7 to +168 resolved, called a
+    change). Small compute shifts straddle the edge here: some resolved, some not, each consistent."""
+    seen = set()
+    for i, us in enumerate((3000.0, 3030.0, 3060.0, 3090.0, 3150.0, 3300.0)):
+        b = run_dir(tmp_path / f"b{i}", seed=10 + i, compute_us=us)
+        lv = compare_runs(synth["a"], b).levels[0]
+        pt, tps = lv.term("per_token"), lv.term("tok_per_s")
+        assert tps.resolved == pt.resolved, (us, pt, tps)
+        pa = pt.a
+        assert tps.lo == pytest.approx(1e3 / (pa + pt.hi) - 1e3 / pa) and tps.hi == pytest.approx(
+            1e3 / (pa + pt.lo) - 1e3 / pa
+        ), (us, pt, tps)
+        seen.add(pt.resolved)
+    assert seen == {True, False}, seen  # the edge was straddled: both outcomes met

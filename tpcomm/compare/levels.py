@@ -80,7 +80,7 @@ def level_diff(
             if problem is None and (s is None or s.problem):
                 problem = f"{side}: " + (s.problem if s is not None else "no per-step data for this level")
     band = differences(sa, sb) if problem is None else None
-    ivs = band.intervals if band else {}
+    ivs = _tok_per_s_as_per_token(dict(band.intervals), a + b, va.get("per_token")) if band else {}
     terms = []
     for name, unit, in_sum in ROWS:
         x, y = va.get(name), vb.get(name)
@@ -142,6 +142,27 @@ def level_diff(
         + [n for lv in b for n in _notes(lv, _side("B", lv, b))],
         cpu_wait_ms_per_step=waits,
     )
+
+
+def _tok_per_s_as_per_token(ivs: dict[str, Interval], levels: list[LevelSplit], pa: float | None) -> dict:
+    """At one sequence per engine step in every repeat of both runs, tok/s is 1000 / the per-token time: its
+    interval is the per-token time's mapped through 1000 / (A + d) - 1000 / A (A: run A's per-token time), so
+    the two resolve together. Resampled each on its own, the differences of a figure and of its reciprocal can
+    disagree at the edge: a busy A/A (2026-12-07) had the per-token time -0.77 to +0.023 ms, not resolved, and
+    tok/s +2.7 to +168, resolved, and called a change. With more sequences per step tok/s also moves with
+    them, and keeps its own interval."""
+    pt = ivs.get("per_token")
+    if pt is None or not pa or pa <= 0 or "tok_per_s" not in ivs:
+        return ivs
+    if any(lv.seqs_per_step != 1.0 for lv in levels) or pa + pt.lo <= 0:
+        return ivs
+
+    def tps(d: float) -> float:
+        return 1e3 / (pa + d) - 1e3 / pa
+
+    own = ivs["tok_per_s"]
+    ivs["tok_per_s"] = Interval(own.diff, tps(pt.hi), tps(pt.lo), own.se)
+    return ivs
 
 
 def _cpu_wait(levels: list[LevelSplit]) -> tuple[float | None, frozenset]:
