@@ -358,10 +358,17 @@ def test_a_hook_call_in_flight_is_given_up_when_a_worker_dies(procs):
             watch.call({}.__getitem__, "x")
         killer = threading.Timer(0.5, os.kill, (procs[1].pid, signal.SIGKILL))
         killer.start()
+        seen = {}
+
+        def ask(given_up):  # a pull told when it is given up (RankWatch.call's give_up)
+            seen["given_up"] = given_up
+            return records.status(mute, timeout_s=30)
+
         t0 = time.monotonic()
         with pytest.raises(DeathSeen):
-            watch.call(records.status, mute, timeout_s=30)
+            watch.call(ask, give_up="given_up")
         took = time.monotonic() - t0
+        assert seen["given_up"].is_set()  # a paged pull asks for no further page
         with pytest.raises(DeathSeen):  # a death already seen: not asked at all
             watch.call(records.status, mute, timeout_s=30)
         death = watch.stop()

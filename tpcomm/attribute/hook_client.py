@@ -66,6 +66,7 @@ class HookClient:
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.verify = verify
+        self.given_up: Any = None  # a threading.Event: once set, records() asks for no further page
         self._http: Any = None
         if keep_alive:
             import httpx
@@ -179,6 +180,8 @@ class HookClient:
         first = doc.get("meta") or {}
         pages = int(first.get("pages") or 1)
         for page in range(1, pages):
+            if self.given_up is not None and self.given_up.is_set():  # the caller moved on (RankWatch.call)
+                raise HookError(f"server {self.url}", f"the records' pull was given up before page {page} of {pages}")
             more = _doc(self._request("GET", "/tpcomm/v1/records", {**params, "page": page}), "records")
             meta = more.get("meta") or {}
             changed = [k for k in ("session", "started_ns", "pages") if meta.get(k) != first.get(k)]

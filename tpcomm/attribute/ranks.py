@@ -258,14 +258,19 @@ class RankWatch:
                 self._hook.close()
         return self.death
 
-    def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
+    def call(self, fn: Callable[..., T], *args, give_up: str | None = None, **kwargs) -> T:
         """fn(*args, **kwargs), given up as soon as a watched worker is seen dead (DeathSeen, a ServerGone). A
         dead worker never answers the hook (its routes are collective RPCs to every worker): a call after a
         death waited out its whole timeout, 30 s after a worker killed just after a level's requests, and the
         level was also flagged "a worker hung?" (2026-12-07). Once the watch has stopped, or watches nothing,
-        fn runs as it is. The call given up ends by its own timeout in a daemon thread."""
+        fn runs as it is. A call given up goes on in a daemon thread until its own timeout; `give_up` names a
+        keyword of fn's that takes a threading.Event, set when the call is given up (at a death or Ctrl-C), so
+        a paged pull stops at its next page instead of holding the server's one pull slot to the end."""
         if self.death is not None:
             raise DeathSeen([])
+        flag = threading.Event()
+        if give_up is not None:
+            kwargs[give_up] = flag
         if self._stop.is_set() or not self._threads:
             return fn(*args, **kwargs)
         box: dict = {}
@@ -280,9 +285,13 @@ class RankWatch:
                 done.set()
 
         threading.Thread(target=run, name="tpcomm-hook-call", daemon=True).start()
-        while not done.wait(CALL_POLL_S):
-            if self.death is not None:
-                raise DeathSeen([])
+        try:
+            while not done.wait(CALL_POLL_S):
+                if self.death is not None:
+                    raise DeathSeen([])
+        except BaseException:  # the death above, or Ctrl-C in the wait
+            flag.set()
+            raise
         if "error" in box:
             raise box["error"]
         return box["value"]

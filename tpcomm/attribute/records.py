@@ -92,10 +92,12 @@ def fetch(
     return _client(info, timeout_s).frames(session)
 
 
-def fetch_level(info: ServerInfo, session: str | None = None, timeout_s: float = 120):
+def fetch_level(info: ServerInfo, session: str | None = None, timeout_s: float = 120, given_up=None):
     """(collectives, steps, step requests, meta): fetch() and which of attribute's own requests each step
-    served (recorder.py)."""
-    return _client(info, timeout_s).level_frames(session)
+    served (recorder.py). `given_up`: a threading.Event; once set, no further page is asked for."""
+    client = _client(info, timeout_s)
+    client.given_up = given_up
+    return client.level_frames(session)
 
 
 from_columnar = records_to_frames

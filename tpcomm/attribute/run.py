@@ -125,7 +125,10 @@ def _watched(watch: RankWatch | None, fn, *args, **kwargs):
     Only for calls that may still land after the run has moved on (Ctrl-C: the call goes on in its thread):
     status, stop and the records' fetch, never the recording's start, which would then arm the hook after the
     stop sent for it (a test's press in the start did so during the next test, 2026-12-07)."""
-    return fn(*args, **kwargs) if watch is None else watch.call(fn, *args, **kwargs)
+    if watch is None:
+        kwargs.pop("give_up", None)
+        return fn(*args, **kwargs)
+    return watch.call(fn, *args, **kwargs)
 
 
 class WorkerStalled(load.ServerGone):
@@ -729,7 +732,7 @@ class Attribute:
         """Fetch this level's records (only while they are still our session's) into the run directory; the
         error, if they could not be fetched."""
         try:
-            coll, steps, sreq, meta = _watched(watch, records.fetch_level, self.info, session)
+            coll, steps, sreq, meta = _watched(watch, records.fetch_level, self.info, session, give_up="given_up")
         except records.HookTimeout as e:
             self._stalled(lv, "GET /tpcomm/v1/records", e, watch)
         except records.RecordingTaken as e:
