@@ -101,11 +101,13 @@ def run_dir(
     cpu_wait_ms: float | None = None,
     ranks: tuple[str, ...] = ("0", "1"),
     delivery_slope_us: float = 0.0,
+    reference_ms: float | None = None,
 ) -> Path:
     """A single-stream run directory (C=1) from make_records/make_client, analysed by attribute's own code;
     `cpu_wait_ms`: the ranks' CPU wait per engine step the level doc states (as the hook's status gives it);
     `delivery_slope_us`: each token reaches the client that much later than the one before it, beyond the
-    engine's pace (an API server falling behind over a stream: the delivery term)."""
+    engine's pace (an API server falling behind over a stream: the delivery term); `reference_ms`: the host's
+    reference work's median time the level doc states (the host's speed, as attribute's client measures it)."""
     from tpcomm.analysis.attribution import analyse_run_dir
     from tpcomm.analysis.synthetic import make_client, make_records
     from tpcomm.rundir import contract as C
@@ -131,6 +133,16 @@ def run_dir(
         n = int(steps["step"].nunique())
         per = {"ms": cpu_wait_ms / len(ranks) * n, "steps": n}
         level["cpu_wait"] = {"ms_per_step": cpu_wait_ms, "per_rank": {r: per for r in ranks}}
+    if reference_ms is not None:
+        level["host_load"] = {
+            "cpus": 2,
+            "loadavg_1m": None,
+            "cpu_pressure_pct": None,
+            "api_server_wait_ms_per_token": None,
+            "high": False,
+            "reference_ms": reference_ms,
+            "reference_median_ms": reference_ms,
+        }
     rd.write_json(C.LOAD_LEVELS, [level])
     analyse_run_dir(rd, conditions={"model": "synthetic", "output_len": output_len, "tp": 2})
     return path

@@ -30,14 +30,14 @@ def _running(out: Path) -> bool:
 
 def wait_armed(
     hook,
-    suffix: str,
+    suffix: str | tuple[str, ...],
     p: subprocess.Popen,
     out: Path,
     timeout: float = 300,
     exclude: str | None = None,
     log: str | None = None,
 ) -> float:
-    """Until the hook's recording is armed for attribute's session ending in `suffix` (polled, not guessed; a
+    """Until the hook's recording is armed for attribute's session ending in `suffix` (or one of them; polled, not guessed; a
     session named `exclude`, an earlier run's, does not count); the seconds that took. When attribute ends first
     or `timeout` passes, attribute is stopped and the test fails with the story: each status call's time and
     answer, the run's status.json, levels and requests, and the end of the server's `log`."""

@@ -184,6 +184,41 @@ def test_a_shift_the_host_load_could_make_is_not_called_a_change(tmp_path):
     assert any("summed over other ranks" in n for n in cmp.levels[0].notes), cmp.levels[0].notes
 
 
+def test_a_shift_a_slower_host_could_make_is_not_called_a_change(tmp_path):
+    """The host's speed (its reference work's median time, attribute's client on the server's machine) as the
+    second allowance beside the ranks' CPU wait, which is unchanged here: compute 20% longer in B (3.0 -> 3.6
+    ms per step) with B's host running the reference 25% slower is resolved but possibly the host; 1% slower
+    leaves it a change; a faster host in B can only have hidden part of B's slowdown (a change); and the shape
+    CI met (2026-12-07: an A/A across a restart, every term shorter in B, the ranks' CPU wait 0.4 ms per step
+    apart against 0.87 ms per token): A's host slower by as much as B's terms are shorter is no change."""
+    a = run_dir(tmp_path / "a", seed=1, cpu_wait_ms=0.05, reference_ms=3.0)
+    slow = run_dir(tmp_path / "slow", seed=3, compute_us=3600.0, cpu_wait_ms=0.05, reference_ms=3.75)
+    lv = compare_runs(a, slow).levels[0]
+    assert lv.reference_ms == pytest.approx([3.0, 3.75])
+    for name in ("per_token", "compute", "tok_per_s"):
+        t = lv.term(name)
+        assert t.resolved and t.host_load and not t.changed, t
+    assert "reference work 25% slower in B (A 3.00, B 3.75 ms" in lv.term("compute").host_load, lv.term("compute")
+    assert "CPU wait" not in lv.term("compute").host_load  # the wait did not move: only the speed is named
+    cmp = compare_runs(a, run_dir(tmp_path / "same", seed=3, compute_us=3600.0, cpu_wait_ms=0.05, reference_ms=3.03))
+    assert cmp.levels[0].term("compute").changed and cmp.verdict.startswith("At C=1: B is"), cmp.verdict
+    fast = run_dir(tmp_path / "fast", seed=3, compute_us=3600.0, cpu_wait_ms=0.05, reference_ms=2.4)
+    assert compare_runs(a, fast).levels[0].term("compute").changed
+    cond = {(c.section, c.name): (c.a, c.b) for c in compare_runs(a, fast).conditions}
+    assert cond[("load", "C=1 repeat 0 host's reference work")] == (
+        "mean 3.00 ms, median 3.00 ms (18 runs)",
+        "mean 2.40 ms, median 2.40 ms (18 runs)",
+    )
+    # CI's shape, mirrored: A ran on the slower host, B's terms are shorter by about as much
+    slow_a = run_dir(tmp_path / "slow-a", seed=1, compute_us=3600.0, cpu_wait_ms=0.05, reference_ms=3.75)
+    lv = compare_runs(slow_a, run_dir(tmp_path / "fast-b", seed=3, cpu_wait_ms=0.05, reference_ms=3.0)).levels[0]
+    assert lv.term("compute").resolved and [t.name for t in lv.terms if t.changed] == [], lv.terms
+    # not measured in one run (a remote server, an older run): no speed allowance, and the change stands
+    cmp = compare_runs(run_dir(tmp_path / "a-none", seed=1, cpu_wait_ms=0.05), slow)
+    assert cmp.levels[0].term("compute").changed and cmp.levels[0].reference_ms == [None, pytest.approx(3.75)]
+    assert any("host's speed" in n and "not measured in A" in n for n in cmp.levels[0].notes), cmp.levels[0].notes
+
+
 def test_tp1_against_tp2_moves_the_collectives(tmp_path):
     """A TP 1 run has step records and no collectives: attribute splits it (transfer and wait exactly 0, the plan
     of TP 1 matched), and against TP 2 the collectives are resolved, positive, with the plan's bytes named."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -164,6 +166,37 @@ def test_host_load_meter_reads_this_machine():
     assert doc["cpus"] == os.cpu_count() and doc["loadavg_1m"] is not None
     assert 0 <= doc["cpu_pressure_pct"] <= 100.5 and doc["api_server_wait_ms_per_token"] >= 0
     assert doc["high"] == (doc["cpu_pressure_pct"] >= 50 or doc["loadavg_1m"] > doc["cpus"])
+    assert doc["reference_ms"] > 0
+
+
+def test_the_hosts_reference_work_is_slower_beside_busy_processes():
+    """The host's speed as compare uses it (analysis/hostload.py: the reference work's mean time, waits for a
+    CPU included): real busy processes, two per CPU, leave this thread a third of a core or less, and the mean
+    of its 18 runs grows by at least half over the same measurement on either side of them (the host as it is:
+    phase 1 runs another test beside). The median, the speed while it ran, is printed, not judged: a CFS slice
+    outlasts one run, and the clock is the host's."""
+    from tpcomm.analysis.hostload import HostLoadMeter
+
+    def measure() -> dict:
+        m = HostLoadMeter(None)
+        m.start()
+        return m.stop(tokens=1)
+
+    before = measure()
+    n = 2 * (os.cpu_count() or 1)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(0.3)
+        loaded = measure()
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    after = measure()
+    got = [(d["reference_ms"], d["reference_median_ms"]) for d in (before, loaded, after)]
+    print(f"\nreference work (mean, median) ms: before {got[0]}, beside {n} busy processes {got[1]}, after {got[2]}")
+    assert loaded["reference_ms"] >= 1.5 * max(before["reference_ms"], after["reference_ms"]), got
+    assert all(0 < med <= mean * 1.5 for mean, med in got), got
 
 
 def test_compare_shows_delivery_term_by_term(busy_run):

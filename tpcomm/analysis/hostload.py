@@ -5,7 +5,12 @@ or the API server's pid there): Linux CPU pressure (/proc/pressure/cpu, `some to
 runnable task waited for a CPU, in us) over the level's last round, the 1-minute load average at its end,
 the API server's own CPU wait (the schedstat run_delay of its threads, ns) over the same round, per
 token the round delivered, and the client's (this process's) the same way: which of the two waited is
-where a token's delivery went on a loaded host. Others' processes on a shared machine are in the pressure and the load: they are
+where a token's delivery went on a loaded host. And the host's speed as one thread gets it: a fixed reference
+workload (REFERENCE_CODE, ~1.5 ms, in a fresh interpreter) run 9 times before the round and 9 times after it, its mean time (a wait
+for a CPU included: measured here, beside 2 and 4 busy processes on 2 CPUs, 1.5 -> 3.1 and 4.7 ms) and its
+median (the speed while it ran: a slower clock, the hypervisor's steal, a neighbour on the core's caches;
+1.5 ms beside the busy processes too, as a CFS slice outlasts one run); compare sets a difference of the mean
+between two runs against their terms (compare/levels.py). Others' processes on a shared machine are in the pressure and the load: they are
 the host's, and the report says so. Nothing here asks the server anything.
 
 Units: *_pct percent, *_ms milliseconds, *_ns / *_us as named.
@@ -13,11 +18,56 @@ Units: *_pct percent, *_ms milliseconds, *_ns / *_us as named.
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 HIGH_PRESSURE_PCT = 50.0  # some runnable task waited for a CPU half of the time: the host was loaded
+REFERENCE_RUNS = 9  # timed runs of the reference work at each end of a round (after one untimed run)
+REFERENCE_N = 30_000  # the reference work's loop count: about 1.5 ms on a 2020s server core
+
+
+# The reference work and its timing, run in a fresh interpreter (`python -I -S -c`): in attribute's own
+# process its runs took 50-56 ms on average against a 1.6 ms median (2026-12-07, a real A/A on 2 cores): rare
+# stalls of about a second from the client's own threads and heap, not the host's. Integer arithmetic in the
+# interpreter, no memory traffic to speak of; the same work in every run of this schema.
+REFERENCE_CODE = """
+import sys, time, json
+def work(n):
+    x = 0
+    for i in range(n):
+        x = (x * 31 + i) & 0xFFFFFFFF
+    return x
+runs, n = int(sys.argv[1]), int(sys.argv[2])
+work(n)
+out = []
+for _ in range(runs):
+    t0 = time.perf_counter_ns()
+    work(n)
+    out.append((time.perf_counter_ns() - t0) / 1e6)
+print(json.dumps(out))
+"""
+
+
+def reference_runs(runs: int = REFERENCE_RUNS, n: int = REFERENCE_N) -> list[float]:
+    """ms of each of `runs` timed runs of the reference work in a fresh interpreter (the first, untimed, warms
+    it); [] where that could not run (no interpreter to start, a 10 s timeout: the figure is then not measured,
+    and the level is not held up by it)."""
+    try:
+        p = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", REFERENCE_CODE, str(runs), str(n)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        got = json.loads(p.stdout) if p.returncode == 0 else []
+        return [float(x) for x in got] if isinstance(got, list) else []
+    except (OSError, ValueError, TypeError, subprocess.SubprocessError):
+        return []
 
 
 def _pressure_us() -> int | None:
@@ -54,6 +104,7 @@ class HostLoadMeter:
         self._t0 = self._p0 = self._d0 = None
 
     def start(self) -> None:
+        self._ref = reference_runs()  # before the clocks: its own time is not in the round's pressure
         self._t0, self._p0 = time.monotonic_ns(), _pressure_us()
         self._d0 = _run_delay_ns(self.api_pid) if self.api_pid else None
         self._c0 = _run_delay_ns(os.getpid())
@@ -77,6 +128,7 @@ class HostLoadMeter:
             load1 = float(Path("/proc/loadavg").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             load1 = None
+        ref = self._ref + reference_runs()  # the round bracketed: before it and after it
         cpus = os.cpu_count() or 1  # the machine's: the load average is the machine's
         high = (pressure is not None and pressure >= HIGH_PRESSURE_PCT) or (load1 is not None and load1 > cpus)
         return {
@@ -86,4 +138,6 @@ class HostLoadMeter:
             "api_server_wait_ms_per_token": api,
             "client_wait_ms_per_token": client,
             "high": bool(high),
+            "reference_ms": statistics.mean(ref) if len(ref) == 2 * REFERENCE_RUNS else None,
+            "reference_median_ms": statistics.median(ref) if len(ref) == 2 * REFERENCE_RUNS else None,
         }

@@ -152,6 +152,13 @@ def facts(run) -> list[tuple[str, str, Any, str]]:
             add("load", f"C={lv.concurrency} repeat {lv.repeat} window", what, "summary")
             cw = f"{fmt(lv.cpu_wait.ms_per_step)} ms per engine step" if lv.cpu_wait else "not measured"
             add("load", f"C={lv.concurrency} repeat {lv.repeat} ranks' CPU wait", cw, "summary (hook: schedstat)")
+            h = lv.host_load
+            ref = (
+                f"mean {fmt(h.reference_ms)} ms, median {fmt(h.reference_median_ms)} ms (18 runs)"
+                if h and h.reference_ms is not None
+                else "not measured"
+            )
+            add("load", f"C={lv.concurrency} repeat {lv.repeat} host's reference work", ref, "summary (client)")
     return out
 
 

