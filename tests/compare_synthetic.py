@@ -107,7 +107,7 @@ def run_dir(
     `cpu_wait_ms`: the ranks' CPU wait per engine step the level doc states (as the hook's status gives it);
     `delivery_slope_us`: each token reaches the client that much later than the one before it, beyond the
     engine's pace (an API server falling behind over a stream: the delivery term); `reference_ms`: the host's
-    reference work's median time the level doc states (the host's speed, as attribute's client measures it)."""
+    reference work's trimmed mean time the level doc states (the host's speed, as attribute's client measures it)."""
     from tpcomm.analysis.attribution import analyse_run_dir
     from tpcomm.analysis.synthetic import make_client, make_records
     from tpcomm.rundir import contract as C

@@ -626,6 +626,7 @@ def test_a_death_before_the_levels_first_request_keeps_the_level(monkeypatch):
 
     class Watch:
         death, note = None, None
+        local, api = {}, None  # not on the server's machine: no host figures
 
         def __init__(self, *a):
             pass

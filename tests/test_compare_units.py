@@ -185,7 +185,7 @@ def test_a_shift_the_host_load_could_make_is_not_called_a_change(tmp_path):
 
 
 def test_a_shift_a_slower_host_could_make_is_not_called_a_change(tmp_path):
-    """The host's speed (its reference work's median time, attribute's client on the server's machine) as the
+    """The host's speed (its reference work's trimmed mean time, attribute's client on the server's machine) as the
     second allowance beside the ranks' CPU wait, which is unchanged here: compute 20% longer in B (3.0 -> 3.6
     ms per step) with B's host running the reference 25% slower is resolved but possibly the host; 1% slower
     leaves it a change; a faster host in B can only have hidden part of B's slowdown (a change); and the shape
@@ -206,8 +206,8 @@ def test_a_shift_a_slower_host_could_make_is_not_called_a_change(tmp_path):
     assert compare_runs(a, fast).levels[0].term("compute").changed
     cond = {(c.section, c.name): (c.a, c.b) for c in compare_runs(a, fast).conditions}
     assert cond[("load", "C=1 repeat 0 host's reference work")] == (
-        "mean 3.00 ms, median 3.00 ms (18 runs)",
-        "mean 2.40 ms, median 2.40 ms (18 runs)",
+        "mean 3.00 ms (the slowest 2 left out), median 3.00 ms (18 runs)",
+        "mean 2.40 ms (the slowest 2 left out), median 2.40 ms (18 runs)",
     )
     # CI's shape, mirrored: A ran on the slower host, B's terms are shorter by about as much
     slow_a = run_dir(tmp_path / "slow-a", seed=1, compute_us=3600.0, cpu_wait_ms=0.05, reference_ms=3.75)

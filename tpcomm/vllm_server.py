@@ -172,10 +172,9 @@ class VllmServer:
         p, self.proc = self.proc, None
         if p is None:
             return
-        try:
-            pgid = os.getpgid(p.pid)
-        except ProcessLookupError:
-            return
+        # The group is the leader's pid (start_new_session): known even where the leader itself is gone (a test
+        # killed the API server and reaped it), when os.getpgid would fail and leave its engine core and workers.
+        pgid = p.pid
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5)):
             try:
                 os.killpg(pgid, sig)

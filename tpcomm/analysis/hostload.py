@@ -6,12 +6,15 @@ runnable task waited for a CPU, in us) over the level's last round, the 1-minute
 the API server's own CPU wait (the schedstat run_delay of its threads, ns) over the same round, per
 token the round delivered, and the client's (this process's) the same way: which of the two waited is
 where a token's delivery went on a loaded host. And the host's speed as one thread gets it: a fixed reference
-workload (REFERENCE_CODE, ~1.5 ms, in a fresh interpreter) run 9 times before the round and 9 times after it, its mean time (a wait
-for a CPU included: measured here, beside 2 and 4 busy processes on 2 CPUs, 1.5 -> 3.1 and 4.7 ms) and its
-median (the speed while it ran: a slower clock, the hypervisor's steal, a neighbour on the core's caches;
-1.5 ms beside the busy processes too, as a CFS slice outlasts one run); compare sets a difference of the mean
-between two runs against their terms (compare/levels.py). Others' processes on a shared machine are in the pressure and the load: they are
-the host's, and the report says so. Nothing here asks the server anything.
+workload (REFERENCE_CODE, ~1.5 ms, in a fresh interpreter) run 9 times before the level's recording starts
+and 9 times after its records are read (outside the window of the ranks' CPU wait, which it would add to:
+the workers spin for a CPU for a second after each call), its trimmed mean (a wait for a CPU included:
+measured here, beside 2 and 4 busy processes on 2 CPUs, 1.5 -> 3.1 and 4.7 ms) and its median (the speed
+while it ran: a slower clock, the hypervisor's steal, a neighbour on the core's caches; 1.5 ms beside the
+busy processes too, as a CFS slice outlasts one run). It sees the host at the level's edges, not during it.
+compare sets a difference of the mean between two runs against their terms (compare/levels.py). Others'
+processes on a shared machine are in the pressure and the load: they are the host's, and the report says
+so. Nothing here asks the server anything.
 
 Units: *_pct percent, *_ms milliseconds, *_ns / *_us as named.
 """
@@ -19,6 +22,7 @@ Units: *_pct percent, *_ms milliseconds, *_ns / *_us as named.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -29,6 +33,7 @@ from pathlib import Path
 HIGH_PRESSURE_PCT = 50.0  # some runnable task waited for a CPU half of the time: the host was loaded
 REFERENCE_RUNS = 9  # timed runs of the reference work at each end of a round (after one untimed run)
 REFERENCE_N = 30_000  # the reference work's loop count: about 1.5 ms on a 2020s server core
+REFERENCE_TRIM = 2  # the slowest runs of the 18 left out of the mean (reference_figures)
 
 
 # The reference work and its timing, run in a fresh interpreter (`python -I -S -c`): in attribute's own
@@ -70,6 +75,19 @@ def reference_runs(runs: int = REFERENCE_RUNS, n: int = REFERENCE_N) -> list[flo
         return []
 
 
+def reference_figures(before: list[float], after: list[float]) -> dict:
+    """HostLoad's reference fields from the runs before a level's recording and after it: the mean without
+    the slowest REFERENCE_TRIM runs (one CFS slice lost in one run of 18 would move a plain mean by up to a
+    fifth; contention that reaches more runs than that still shows) and the median. None each where either
+    side did not run in full, or a time is not a positive number."""
+    runs = before + after
+    ok = len(before) == len(after) == REFERENCE_RUNS and all(math.isfinite(x) and x > 0 for x in runs)
+    if not ok:
+        return {"reference_ms": None, "reference_median_ms": None}
+    kept = sorted(runs)[: len(runs) - REFERENCE_TRIM]
+    return {"reference_ms": statistics.mean(kept), "reference_median_ms": statistics.median(runs)}
+
+
 def _pressure_us() -> int | None:
     try:
         for line in Path("/proc/pressure/cpu").read_text().splitlines():
@@ -104,7 +122,6 @@ class HostLoadMeter:
         self._t0 = self._p0 = self._d0 = None
 
     def start(self) -> None:
-        self._ref = reference_runs()  # before the clocks: its own time is not in the round's pressure
         self._t0, self._p0 = time.monotonic_ns(), _pressure_us()
         self._d0 = _run_delay_ns(self.api_pid) if self.api_pid else None
         self._c0 = _run_delay_ns(os.getpid())
@@ -128,7 +145,6 @@ class HostLoadMeter:
             load1 = float(Path("/proc/loadavg").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             load1 = None
-        ref = self._ref + reference_runs()  # the round bracketed: before it and after it
         cpus = os.cpu_count() or 1  # the machine's: the load average is the machine's
         high = (pressure is not None and pressure >= HIGH_PRESSURE_PCT) or (load1 is not None and load1 > cpus)
         return {
@@ -138,6 +154,4 @@ class HostLoadMeter:
             "api_server_wait_ms_per_token": api,
             "client_wait_ms_per_token": client,
             "high": bool(high),
-            "reference_ms": statistics.mean(ref) if len(ref) == 2 * REFERENCE_RUNS else None,
-            "reference_median_ms": statistics.median(ref) if len(ref) == 2 * REFERENCE_RUNS else None,
         }

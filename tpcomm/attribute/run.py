@@ -25,7 +25,7 @@ import pandas as pd
 
 from tpcomm.analysis import coverage
 from tpcomm.analysis.delivery import client_boot_id
-from tpcomm.analysis.hostload import HostLoadMeter
+from tpcomm.analysis.hostload import HostLoadMeter, reference_figures, reference_runs
 from tpcomm.attribute import aiorun, load, records
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.ranks import RankDied, RankStopped, RankWatch
@@ -110,10 +110,15 @@ class AttributeConfig:
 HOOK_TIMEOUT_S = 30.0  # a status or stop call after a level: the workers answer between engine steps
 
 
+def _on_server_machine(watch: RankWatch | None) -> bool:
+    """The client runs on the server's machine: the watch verified a worker's or the API server's pid here."""
+    return watch is not None and bool(watch.local or watch.api)
+
+
 def _host_meter(watch: RankWatch | None) -> HostLoadMeter | None:
-    """A started meter of the machine's load where the client runs on the server's machine (the watch verified
-    a worker's or the API server's pid here); None elsewhere (not measured)."""
-    if watch is None or not (watch.local or watch.api):
+    """A started meter of the machine's load where the client runs on the server's machine; None elsewhere
+    (not measured)."""
+    if not _on_server_machine(watch):
         return None
     m = HostLoadMeter(watch.api[1] if watch.api else None)
     m.start()
@@ -387,6 +392,8 @@ class Attribute:
         # Counted as ours before the answer: a start that times out may still take effect when the stopped
         # worker runs again; the stop that run() then sends names this session and is queued behind it.
         self._armed = session if self.plugin_on else None
+        # the host's speed before the level, outside the window of the ranks' CPU wait (analysis/hostload.py)
+        ref_before = reference_runs() if _on_server_machine(watch) else None
         try:
             start_error = (
                 self._hook(lambda info: records.start(info, session, lease_s), watch) if self.plugin_on else None
@@ -412,23 +419,34 @@ class Attribute:
         if watch is not None and watch.note:
             self.notes.append(f"C={c}: {watch.note}")
         try:
-            self._rounds(c, rep, prompts, session, start_error, watch)
+            self._rounds(c, rep, prompts, session, start_error, watch, ref_before)
         finally:  # Ctrl-C or a failure of our own: no watch thread or pidfd left behind (stop() runs once)
             if watch is not None:
                 watch.stop()
 
     def _rounds(
-        self, c: int, rep: int, prompts: load.Prompts, session: str, start_error: str | None, watch: RankWatch | None
+        self,
+        c: int,
+        rep: int,
+        prompts: load.Prompts,
+        session: str,
+        start_error: str | None,
+        watch: RankWatch | None,
+        ref_before: list[float] | None = None,
     ) -> None:
         """The level's load rounds until one is steady, then its records; `watch` names a worker that dies or
-        stops. `start_error`: why the hook's recording could not be started (None: it was, or no plugin)."""
+        stops. `start_error`: why the hook's recording could not be started (None: it was, or no plugin).
+        `ref_before`: the reference work's runs before the level (None: not on the server's machine)."""
         spec = self.cfg.spec
         t_level = time.time_ns()  # the level's requests start now (a death is timed from here)
         abort = _abort_for(watch) if watch is not None else None
         cpu_base: dict | str | None = None  # the workers' CPU wait at the start of the round (see _level_records)
         for rnd in range(spec.max_rounds):
             if rnd and self.plugin_on and start_error is None:
-                cpu_base = self._cpu_wait_now()
+                try:
+                    cpu_base = self._cpu_wait_now(watch)
+                except load.ServerGone:  # ranks.DeathSeen: a worker died between the rounds, seen at once
+                    self._gone([], c, rep, rnd, watch, t_level)
             self.progress.level_start(c, rep, rnd, spec.requests)
             meter = _host_meter(watch)
             offset = self._next_id
@@ -515,6 +533,9 @@ class Attribute:
             self._died_after_requests(lv, watch, t_level, failed=asked, wait=gone)
         elif self.plugin_on:
             lv["records_problem"] = f"the hook's recording could not be started ({start_error})"
+        if ref_before is not None and lv.get("host_load") is not None:
+            with aiorun.ctrl_c_held():  # ~30 ms; the level's doc is written whole
+                lv["host_load"].update(reference_figures(ref_before, reference_runs()))
         self._write_load()
         self.progress.level_end(lv)
 
@@ -566,10 +587,12 @@ class Attribute:
             if fetch_error:
                 lv["records_problem"] = f"the hook's records could not be fetched ({fetch_error})"
 
-    def _cpu_wait_now(self) -> dict | str:
-        """The workers' CPU wait since the recording's start, as of now; "unknown" where it cannot be read."""
+    def _cpu_wait_now(self, watch: RankWatch | None = None) -> dict | str:
+        """The workers' CPU wait since the recording's start, as of now; "unknown" where it cannot be read.
+        Watched: a worker's death gives the call up (ranks.DeathSeen) instead of waiting out its timeout."""
         try:
-            return records.cpu_wait(records.status(self.info, timeout_s=HOOK_TIMEOUT_S)) or "unknown"
+            st = _watched(watch, records.status, self.info, timeout_s=HOOK_TIMEOUT_S)
+            return records.cpu_wait(st) or "unknown"
         except records.HookError:
             return "unknown"
 

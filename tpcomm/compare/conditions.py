@@ -154,7 +154,7 @@ def facts(run) -> list[tuple[str, str, Any, str]]:
             add("load", f"C={lv.concurrency} repeat {lv.repeat} ranks' CPU wait", cw, "summary (hook: schedstat)")
             h = lv.host_load
             ref = (
-                f"mean {fmt(h.reference_ms)} ms, median {fmt(h.reference_median_ms)} ms (18 runs)"
+                f"mean {fmt(h.reference_ms)} ms (the slowest 2 left out), median {fmt(h.reference_median_ms)} ms (18 runs)"
                 if h and h.reference_ms is not None
                 else "not measured"
             )

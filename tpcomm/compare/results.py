@@ -92,7 +92,7 @@ class LevelDiff:
     # [A, B]: the TP workers' CPU wait per engine step, ms (summed over ranks, mean over repeats; None: not
     # measured): the host's contention during each run (tpcomm.rundir.results.CpuWait)
     cpu_wait_ms_per_step: list[float | None] = field(default_factory=lambda: [None, None])
-    # the host's speed: its reference work's median ms in A and B (analysis/hostload.py); None: not measured
+    # the host's speed: its reference work's trimmed mean ms in A and B (analysis/hostload.py); None: not measured
     reference_ms: list[float | None] = field(default_factory=lambda: [None, None])
 
     def term(self, name: str) -> TermDiff | None:
