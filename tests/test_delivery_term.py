@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -175,6 +173,8 @@ def test_the_hosts_reference_work_is_slower_beside_busy_processes():
     them (the host as it is: phase 1 runs another test beside). The median, the speed while it ran, is printed,
     not judged: a CFS slice outlasts one run, and the clock is the host's. And a short or broken side is no
     figure, not a wrong one."""
+    from spinners import SPIN, spinning
+
     from tpcomm.analysis.hostload import REFERENCE_RUNS, reference_figures, reference_runs
 
     def measure() -> dict:
@@ -182,14 +182,8 @@ def test_the_hosts_reference_work_is_slower_beside_busy_processes():
 
     before = measure()
     n = 2 * (os.cpu_count() or 1)
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        time.sleep(0.3)
+    with spinning([["-c", SPIN]] * n):
         loaded = measure()
-    finally:
-        for p in busy:
-            p.kill()
-            p.wait()
     after = measure()
     got = [(d["reference_ms"], d["reference_median_ms"]) for d in (before, loaded, after)]
     print(f"\nreference work (mean, median) ms: before {got[0]}, beside {n} busy processes {got[1]}, after {got[2]}")

@@ -150,8 +150,8 @@ def test_the_ranks_cpu_wait_rises_when_the_cores_are_taken(vllm_server):
     while the spinners ran, a background load that faded during the test; a pair compares runs seconds apart."""
     import os
     import statistics
-    import subprocess
-    import sys
+
+    from spinners import spinning
 
     from tpcomm.attribute.records import cpu_wait
 
@@ -170,14 +170,8 @@ def test_the_ranks_cpu_wait_rises_when_the_cores_are_taken(vllm_server):
     pairs = []
     for _ in range(4):
         quiet = one()
-        spin = [subprocess.Popen([sys.executable, "-c", code, str(c)], start_new_session=True) for c in cpus * 2]
-        try:
-            time.sleep(0.5)
+        with spinning([["-c", code, str(c)] for c in cpus * 2], settle_s=0.5, new_session=True):
             busy = one()
-        finally:
-            for p in spin:
-                p.kill()
-                p.wait()
         pairs.append((quiet, busy))
     print(f"\nranks' CPU wait per step (ms), workers on CPUs {cpus}, (alone, beside spinners): {pairs}")
     assert statistics.median(b - q for q, b in pairs) > 0.5, pairs
