@@ -340,8 +340,11 @@ def test_two_concurrent_attribute_clients_both_end_incomplete(srv, hook, tmp_pat
     # a runs levels (up to 40 repeats of C=1,2) from before b starts until after b ends, and is then stopped with
     # Ctrl-C: each run's levels have the other's requests beside them or its recording restarted by the other,
     # whatever the host's speed. With a fixed number of repeats a ran out first on CI (2026-12-07: a complete,
-    # exit 0) as it had on a busy AVX-512 host the other way round (b's start-up 9 s, 2026-12-06).
-    load = ["--concurrency", "1,2", "--requests", "4", "--output-len", "64", *FAST]
+    # exit 0) as it had on a busy AVX-512 host the other way round (b's start-up 9 s, 2026-12-06). 16 requests a
+    # level: with 4 (a level of ~0.7 s here) b's C=1 fell whole into a's gap between two levels (its records'
+    # pull, the host's reference work, the next start) and both runs were rightly clean there (2026-12-07,
+    # beside a busy process: a's every level complete); a level must outlast the other client's gap.
+    load = ["--concurrency", "1,2", "--requests", "16", "--output-len", "64", *FAST]
     a = _popen(srv.url, outs[0], *load, "--repeat", "40")
     b = None
     try:

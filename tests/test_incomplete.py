@@ -21,7 +21,8 @@ from tpcomm.rundir import contract as C
 from tpcomm.rundir.documents import LoadLevel
 from tpcomm.rundir.results import from_json
 
-REAL = Path(__file__).parent / "data" / "attribute_tiny_tp2"
+DATA = Path(__file__).parent / "data"
+REAL = DATA / "attribute_tiny_tp2"
 
 
 def level_incomplete(level: dict, seqs_per_step):
@@ -49,6 +50,34 @@ def test_a_level_is_complete_only_when_nothing_took_from_it():
         "2 of 8 requests failed",
         "the batch held other traffic: 3.50 sequences per decode step on average where this level runs 2 streams",
     ]
+
+
+def test_one_decode_step_above_c_is_other_traffic_whatever_the_mean():
+    """A closed loop of C never has more than C in flight: a decode step with more is another client's, also
+    where the level's own steps carry fewer than C as often and the mean stays below C (the figures of the
+    recorded run below)."""
+    ok = {"concurrency": 2, "repeat": 1, "requests": 16, "failed": 0}
+    got = complete.level_incomplete(load_level(ok), 1.984, {2: 314, 1: 195, 3: 184})
+    assert got == (
+        "the batch held other traffic: 184 of 693 decode steps carried more sequences than this level's 2 streams "
+        "(up to 3; 1.98 sequences per decode step on average)"
+    )
+    assert complete.level_incomplete(load_level(ok), 1.98, {2: 500, 1: 10}) is None  # ours alone
+    assert "2.01 sequences per decode step" in complete.level_incomplete(load_level(ok), 2.01, None)  # no counts
+
+
+def test_other_traffic_at_c2_is_judged_step_by_step(tmp_path):
+    """A real run's C=2 level beside another `attribute` client's C=1 (tests/test_hardening_server.py, 2026-12-07,
+    beside a busy process; cut to that level): 184 of its 693 decode steps carried 3 sequences, 195 carried 1
+    (its own two streams out of step), and the mean, 1.98, was all the rule read: the level was called complete
+    and the test that asks for the other client's traffic to be named failed. Re-analysed, it is incomplete."""
+    from tpcomm.analysis.attribution import analyse_run_dir
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "attribute_other_traffic_c2", run)
+    (lv,) = analyse_run_dir(run).levels
+    assert (lv.concurrency, lv.repeat) == (2, 1) and lv.seqs_per_step < 2
+    assert lv.incomplete and lv.incomplete.startswith("the batch held other traffic: 184 of 693 decode steps")
 
 
 def test_the_summary_carries_the_judgement_and_no_headline_comes_from_an_incomplete_level(tmp_path):

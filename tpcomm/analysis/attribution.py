@@ -213,12 +213,13 @@ def analyse_run_dir(
         tok = tokens[(tokens["concurrency"] == c) & (tokens["repeat"] == rep)]
         same = delivery.one_clock(nodes, att.conditions)
         mine = level_step_requests(step_reqs, lreq)
-        doc, window_seqs = _level(lv, win, rows, al, st, lreq, tok, cc, sites, same, source, mine, every_step, out_rank)
+        doc, window = _level(lv, win, rows, al, st, lreq, tok, cc, sites, same, source, mine, every_step, out_rank)
         # Other traffic is judged over the whole window's decode steps: at C=1 the split rests on the requests
         # whose steps paired cleanly, and another client's prefill is what breaks a pairing, so the split's own
-        # steps showed 1.00 sequences per step beside 90 steps of 2 in the window (2026-12-06)
-        seqs = [x for x in (doc.seqs_per_step, window_seqs) if x is not None]
-        doc.incomplete = complete.level_incomplete(lv, max(seqs) if seqs else None)
+        # steps showed 1.00 sequences per step beside 90 steps of 2 in the window (2026-12-06); and step by step,
+        # not by the mean alone (complete.py: 184 steps of 3 at C=2 averaged 1.98, 2026-12-07)
+        seqs = [x for x in (doc.seqs_per_step, window.get("seqs_per_step")) if x is not None]
+        doc.incomplete = complete.level_incomplete(lv, max(seqs) if seqs else None, window.get("seqs_counts"))
         att.levels.append(doc)
         if text := closure_text(c, rep, doc.closure, doc.stalls, doc.delivery_term):
             att.notes.append(text)
@@ -378,7 +379,7 @@ def _level(
         host_load=HostLoad(**lv.host_load) if lv.host_load else None,
         spec_decode=sd,
     )
-    return doc, whole.get("seqs_per_step")
+    return doc, whole
 
 
 def level_step_requests(step_reqs: pd.DataFrame | None, requests: pd.DataFrame) -> pd.DataFrame | None:

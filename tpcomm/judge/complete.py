@@ -6,11 +6,12 @@ do not when:
 - a TP worker stopped answering (stopped, hung or dead: `worker_problem`, named by attribute/ranks.py);
 - another client took the hook (started or stopped the recording, or restarted it during the records pull:
   `hook_problem`), or its records could not be fetched (`records_problem`);
-- the batch held other traffic: decode steps carried more sequences than the C streams of the level
-  (`seqs_per_step`: the larger of its split's and its whole window's, each a mean over decode steps; at C=1
-  the split's steps are those of the cleanly paired requests, which other traffic leaves out: above C, at
-  least one step held a sequence
-  that was not ours, since a closed loop of C never has more than C in flight);
+- the batch held other traffic: decode steps carried more sequences than the C streams of the level. A
+  closed loop of C never has more than C in flight, so one decode step of the window with more than C held a
+  sequence that was not ours (`seqs_counts`: the window's decode steps by their sequence count). The mean
+  alone (`seqs_per_step`: the larger of the split's and the whole window's) misses it where the level's own
+  steps carry fewer than C as often: at C=2 beside another client's C=1, 184 steps of 3 and 195 of 1 (its
+  own streams out of step) averaged 1.98 (2026-12-07); it is the rule where no counts were kept;
 - it was interrupted (Ctrl-C).
 
 An incomplete level keeps its measured figures, but no headline comes from it, and `attribute` ends
@@ -25,8 +26,11 @@ from tpcomm.rundir.documents import LoadLevel
 SEQS_EPS = 1e-6
 
 
-def level_incomplete(level: LoadLevel, seqs_per_step: float | None) -> str | None:
-    """Why the level (an entry of load/levels.json) is incomplete, or None when it is not."""
+def level_incomplete(
+    level: LoadLevel, seqs_per_step: float | None, seqs_counts: dict[int, int] | None = None
+) -> str | None:
+    """Why the level (an entry of load/levels.json) is incomplete, or None when it is not. `seqs_counts`: the
+    window's decode steps by how many sequences each carried (None: not kept, the mean alone judges)."""
     c = level.concurrency
     why = []
     if level.interrupted:
@@ -39,7 +43,15 @@ def level_incomplete(level: LoadLevel, seqs_per_step: float | None) -> str | Non
         why.append(level.records_problem)
     if level.failed:
         why.append(f"{level.failed} of {level.requests} requests failed")
-    if seqs_per_step is not None and seqs_per_step > c + SEQS_EPS:
+    above = {k: n for k, n in (seqs_counts or {}).items() if k > c}
+    if above:
+        steps = sum((seqs_counts or {}).values())
+        mean = f"; {seqs_per_step:.2f} sequences per decode step on average" if seqs_per_step is not None else ""
+        why.append(
+            f"the batch held other traffic: {sum(above.values())} of {steps} decode steps carried more sequences "
+            f"than this level's {c} stream{'' if c == 1 else 's'} (up to {max(above)}{mean})"
+        )
+    elif seqs_per_step is not None and seqs_per_step > c + SEQS_EPS:
         why.append(
             f"the batch held other traffic: {seqs_per_step:.2f} sequences per decode step on average where this "
             f"level runs {c} stream{'' if c == 1 else 's'}"
