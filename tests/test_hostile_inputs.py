@@ -64,10 +64,13 @@ def one_line_exit_2(r, *needles: str) -> str:
 
 class Fake:
     """A server that is not vLLM: `models` is what GET /v1/models sends ("drip": one byte every 2 s; "huge":
-    a 1.5 GB Content-Length, "flood": an endless chunked body); `stream` the body lines of a completion."""
+    a 1.5 GB Content-Length, "flood": an endless chunked body); `stream` the body lines of a completion, ended
+    by `data: [DONE]` unless `done` is False (a stream cut cleanly on the way)."""
 
-    def __init__(self, stream: list[bytes] | None = None, models: str = "ok", key: str | None = None):
-        self.stream, self.models, self.key = stream or [], models, key
+    def __init__(
+        self, stream: list[bytes] | None = None, models: str = "ok", key: str | None = None, done: bool = True
+    ):
+        self.stream, self.models, self.key, self.done = stream or [], models, key, done
         self.auth_seen: list[str] = []
         fake = self
 
@@ -134,7 +137,8 @@ class Fake:
                     return self._send(404, b'{"detail": "Not Found"}')
                 if not self._auth():
                     return
-                body = b"".join(b"data: " + line + b"\n\n" for line in fake.stream) + b"data: [DONE]\n\n"
+                body = b"".join(b"data: " + line + b"\n\n" for line in fake.stream)
+                body += b"data: [DONE]\n\n" if fake.done else b""
                 self._send(200, body, "text/event-stream")
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -171,6 +175,20 @@ def test_a_server_streaming_what_is_not_an_openai_chunk_is_one_line(fake, tmp_pa
     one_line_exit_2(r, "--server-url", "malformed stream")
     assert secs < 120
     assert RunDir(out).stage_state("attribute") == "failed"  # never left "running"
+
+
+def test_a_stream_cut_before_its_done_is_a_failed_request_not_a_finished_one(tmp_path, fake):
+    """Well-formed token chunks that end without `data: [DONE]` (a proxy's idle timeout closes it cleanly): the
+    request may still run in the engine, and the stream's next request would run beside it. It was counted a
+    finished request (a helper's review, 2026-12-07); now it fails, named, and the run says so."""
+    chunk = b'{"choices": [{"index": 0, "text": "a", "finish_reason": null}]}'
+    srv = fake(stream=[chunk] * 4, done=False)
+    out = tmp_path / "run"
+    r, secs, _ = tpcomm("attribute", "--server-url", srv.url, "--out", str(out), *ATTR)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: every warm-up request failed (the stream ended without its [DONE]"), last
+    assert secs < 120
 
 
 def test_a_models_list_dripping_one_byte_every_2_s_ends_within_its_deadline(fake, tmp_path):

@@ -222,11 +222,13 @@ async def stream_request(
                 body = (await r.aread())[:65536].decode(errors="replace")
                 row["error"] = f"HTTP {r.status_code}: {error_text(body, r.headers.get('content-type', ''))}"
             else:
+                done = False
                 async for line in sse_lines(r, spec.timeout_s):
                     if not line.startswith("data:"):
                         continue  # blank separators and SSE comments (pings)
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        done = True
                         break
                     msg = jsonsafe.loads(data, "a stream chunk", "an OpenAI streaming chunk")
                     t = clock.now()
@@ -259,6 +261,11 @@ async def stream_request(
                         row["fingerprint"] = fp[:200] if isinstance(fp, str) else None
                     if err := msg.get("error"):
                         row["error"] = f"stream error: {str(err)[:300]}"
+                if not done and not row["error"]:
+                    # vLLM ends every stream with [DONE] (or an error chunk): one that just stops was cut on the
+                    # way (a proxy's idle timeout), and its request may still run in the engine beside the next
+                    # one this stream sends, which the level would then count as another client's traffic
+                    row["error"] = CUT
                 row["ok"] = bool(tokens) and not row["error"]
                 if not tokens and not row["error"]:
                     row["error"] = "no token chunk received"
@@ -300,6 +307,7 @@ async def stream_request(
 
 
 MALFORMED = "malformed stream"  # a server that streams something other than OpenAI chunks (not vLLM)
+CUT = "the stream ended without its [DONE]: cut on the way (a proxy?); the request may still run in the engine"
 MAX_LINE = 1 << 20  # one SSE line; vLLM's chunks are a few hundred bytes (a few kB with logprobs)
 
 
@@ -456,7 +464,15 @@ async def run_round(
 def looks_like_disconnect(error: str) -> bool:
     return any(
         k in error
-        for k in ("ConnectError", "RemoteProtocolError", "ReadError", "ConnectTimeout", "ReadTimeout", "HTTP 5")
+        for k in (
+            "ConnectError",
+            "RemoteProtocolError",
+            "ReadError",
+            "ConnectTimeout",
+            "ReadTimeout",
+            "HTTP 5",
+            "without its [DONE]",  # a stream closed cleanly mid-way: a proxy, or a server going away
+        )
     )
 
 
