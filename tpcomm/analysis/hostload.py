@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 HIGH_PRESSURE_PCT = 50.0  # some runnable task waited for a CPU half of the time: the host was loaded
-REFERENCE_RUNS = 9  # timed runs of the reference work at each end of a round (after one untimed run)
+REFERENCE_RUNS = 9  # timed runs of the reference work at each edge of a level (after one untimed run)
 REFERENCE_N = 30_000  # the reference work's loop count: about 1.5 ms on a 2020s server core
 REFERENCE_TRIM = 2  # the slowest runs of the 18 left out of the mean (reference_figures)
 

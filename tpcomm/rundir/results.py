@@ -196,8 +196,9 @@ class HostLoad:
     high: bool  # pressure at least HIGH_PRESSURE_PCT or load above the CPU count
     client_wait_ms_per_token: float | None = None  # the same for tpcomm's own client process
     # the host's speed as one thread got it: a fixed workload (analysis/hostload.REFERENCE_CODE, in a fresh
-    # interpreter) run 9 times before the round and 9 after it; mean ms (waits for a CPU included) and median
-    # ms (the speed while it ran); larger is slower. None: not measured, or a run older than these fields.
+    # interpreter) run 9 times before the level's recording and 9 after its records; mean ms without the
+    # slowest 2 (waits for a CPU included) and median ms (the speed while it ran); larger is slower. None: not
+    # measured (not on the server's machine, or a run older than these fields).
     reference_ms: float | None = None
     reference_median_ms: float | None = None
 
