@@ -297,14 +297,14 @@ def engine_split(rank_rows: pd.DataFrame) -> dict:
     }
     if clock == "gpu":
         out["steps_without_gpu_span"] = int((rank_rows["clock"] == "none").sum())
-    if not pairs.empty:  # decode steps by how many sequences each carried (one rank's count: all ranks run it)
-        one = pairs[pairs["rank"] == pairs["rank"].min()]
-        out["seqs_counts"] = {int(k): int(v) for k, v in one["num_seqs"].value_counts().items()}
     if pairs.empty:
         out["note"] = "no decode step recorded with the step before it in this level's window" + (
             " with their GPU span read" if clock == "gpu" and out["steps_without_gpu_span"] else ""
         )
         return out
+    # decode steps by how many sequences each carried (one rank's count: every rank runs the same steps)
+    one = pairs[pairs["rank"] == pairs["rank"].min()]
+    out["seqs_counts"] = {int(k): int(v) for k, v in one["num_seqs"].value_counts().items()}
     collectives = carries_collectives(rank_rows)
     by_rank = []
     for rank, p in pairs.groupby("rank", sort=True):
