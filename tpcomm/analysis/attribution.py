@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpcomm.analysis import clocks, coverage, delivery, levers, pairing, profile_levels, specdecode
+from tpcomm.analysis import clocks, coverage, delivery, levers, pairing, profile_levels, serverclock, specdecode
 from tpcomm.analysis.align import align, alignment_quality
 from tpcomm.analysis.closure import client_figures, closure, closure_text, find_stalls
 from tpcomm.analysis.crosscheck import (
@@ -74,6 +74,16 @@ def windows_from_requests(req: pd.DataFrame) -> list[dict]:
         lo, hi = steady_window(g, int(c))
         out.append({"concurrency": int(c), "repeat": int(rep), "t_start_ns": lo, "t_end_ns": hi})
     return out
+
+
+def _placed(windows: list[dict], levels: list[LoadLevel], same_machine: bool) -> dict:
+    """(concurrency, repeat) -> (the level's window on the server's clock, ServerClock): serverclock.place with
+    the bound the client measured at the level's recording start (load/levels.json `server_clock`)."""
+    bounds = {(lv.concurrency, lv.repeat): lv.server_clock for lv in levels}
+    return {
+        (w["concurrency"], w["repeat"]): serverclock.place(w, bounds.get((w["concurrency"], w["repeat"])), same_machine)
+        for w in windows
+    }
 
 
 def on_one_clock(coll: pd.DataFrame, steps: pd.DataFrame, hook_status: dict | None, align_clocks: bool = True):
@@ -155,6 +165,9 @@ def analyse_run_dir(
         return att
 
     aligned, steps, nodes, offsets = on_one_clock(coll, steps, hook_status, align_clocks)
+    # Each level's window onto the server's clock, where the client bounded it (serverclock.py)
+    placed = _placed(windows, levels, delivery.one_clock(nodes, att.conditions))
+    windows = att.windows = [w for w, _ in placed.values()]
     att.nodes = {str(r): n for r, n in sorted(nodes.items())}
     att.clocks = {str(r): o for r, o in sorted(offsets.items())}
     # Analysis once: the aligned records and the one-step timeline the report draws are written here.
@@ -211,7 +224,9 @@ def analyse_run_dir(
             continue
         lreq = req[(req["concurrency"] == c) & (req["repeat"] == rep)] if req is not None else pd.DataFrame()
         tok = tokens[(tokens["concurrency"] == c) & (tokens["repeat"] == rep)]
-        same = delivery.one_clock(nodes, att.conditions)
+        sclock = placed[(c, rep)][1] if (c, rep) in placed else None
+        # the delays need one clock: a bound that excludes 0 says the two are not one, boot ids or not
+        same = delivery.one_clock(nodes, att.conditions) and not (sclock and sclock.resolved)
         mine = level_step_requests(step_reqs, lreq)
         doc, window = _level(lv, win, rows, al, st, lreq, tok, cc, sites, same, source, mine, every_step, out_rank)
         # Other traffic is judged over the whole window's decode steps: at C=1 the split rests on the requests
@@ -220,6 +235,9 @@ def analyse_run_dir(
         # not by the mean alone (complete.py: 184 steps of 3 at C=2 averaged 1.98, 2026-12-07)
         seqs = [x for x in (doc.seqs_per_step, window.get("seqs_per_step")) if x is not None]
         doc.incomplete = complete.level_incomplete(lv, max(seqs) if seqs else None, window.get("seqs_counts"))
+        doc.server_clock = sclock
+        if sclock is not None and sclock.placement in ("moved", "widened"):
+            att.notes.append(f"C={c}: {sclock.text()}")
         att.levels.append(doc)
         if text := closure_text(c, rep, doc.closure, doc.stalls, doc.delivery_term):
             att.notes.append(text)

@@ -26,6 +26,7 @@ import pandas as pd
 from tpcomm.analysis import coverage
 from tpcomm.analysis.delivery import client_boot_id
 from tpcomm.analysis.hostload import HostLoadMeter, reference_figures, reference_runs
+from tpcomm.analysis.serverclock import bound_from_start
 from tpcomm.attribute import aiorun, load, records
 from tpcomm.attribute.levels import level_figures, repeat_spread, steadiness
 from tpcomm.attribute.ranks import RankDied, RankStopped, RankWatch
@@ -170,6 +171,7 @@ class Attribute:
         self.notes: list[str] = []
         self._next_id = 0
         self._current: tuple[int, int] | None = None  # (concurrency, repeat) of the level running now
+        self._clock_bound: dict | None = None  # the running level's server clock bound (analysis/serverclock.py)
         self._armed: str | None = None  # the session this run armed and has not stopped yet (Ctrl-C stops it)
         # Where the run is outside the warm-up and the levels (Ctrl-C's reason names it): "the start of the run",
         # "the analysis" (kept when a Ctrl-C stops it), "the profiled round", "the end of the run".
@@ -394,10 +396,18 @@ class Attribute:
         self._armed = session if self.plugin_on else None
         # the host's speed before the level, outside the window of the ranks' CPU wait (analysis/hostload.py)
         ref_before = reference_runs() if _on_server_machine(watch) else None
+        # The start's answer and the client's wall clock either side of it bound the server's clock against
+        # ours (analysis/serverclock.py): the level's window is read on ours and cut from steps stamped on theirs.
+        started: dict = {}
+
+        def start(info):
+            t0 = time.time_ns()
+            doc = records.start(info, session, lease_s)
+            started.update(bound=bound_from_start(doc, t0, time.time_ns()))
+
+        self._clock_bound = None
         try:
-            start_error = (
-                self._hook(lambda info: records.start(info, session, lease_s), watch) if self.plugin_on else None
-            )
+            start_error = self._hook(start, watch) if self.plugin_on else None
         except load.ServerGone as e:
             death = watch.stop(requests_failed=True) if watch is not None else None
             if death and not getattr(e, "reason", None):
@@ -409,6 +419,7 @@ class Attribute:
             if watch is not None:
                 watch.stop()
             raise
+        self._clock_bound = started.get("bound")
         if start_error is not None:  # answered with an error: nothing was armed
             self._armed = None
         elif self.plugin_on:
@@ -627,6 +638,8 @@ class Attribute:
             "repeat_spread_pct": None,
             "flags": list(flags),
             "conditions": self.conditions(),
+            # the server's clock against ours over this level's recording start (None: not measured)
+            "server_clock": self._clock_bound if self._current == (c, rep) else None,
         }
         if (lv.get("itl_burst_pct") or 0) > 10:
             lv["flags"].append(
@@ -826,6 +839,7 @@ class Attribute:
             from tpcomm.analysis.profile_levels import next_repeat
 
             rep = next_repeat(self.levels)
+            self._clock_bound = None  # no recording start to time: the traces' window as the client read it
             req, tok = self._add_rows(sink, (1, rep), 0, True)
             lv = self._level_doc(1, rep, 0, req, tok, None, "the profiled round (torch profiler on)", [])
             lv["profiled"] = True

@@ -237,6 +237,11 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         [f"C={lv.concurrency} repeat {lv.repeat}: {lv.note}" for lv in levels if lv.note]
         + [f"C={lv.concurrency} repeat {lv.repeat}: {flag(lv.spec_decode)}" for lv in levels if lv.spec_decode]
         + [
+            f"C={lv.concurrency} repeat {lv.repeat}: {lv.server_clock.text()}"
+            for lv in levels
+            if lv.server_clock is not None and lv.server_clock.placement in ("moved", "widened")
+        ]
+        + [
             f"C={lv.concurrency}: {lv.collectives_per_step.get('detail')}"
             for lv in levels
             if lv.collectives_per_step.get("detail")

@@ -258,6 +258,9 @@ class LoadLevel:
     interrupted: str | None = None
     rank_died: dict[str, Any] | None = None  # attribute/ranks.py: the rank, its pid, how it ended
     stopped_rank: dict[str, Any] | None = None
+    # the server's clock (rank 0's) against the client's, bounded by the level's recording start: {rank, lo_ms,
+    # hi_ms, rtt_ms} (analysis/serverclock.py); None: not measured (no plugin, a run older than this field)
+    server_clock: dict[str, Any] | None = None
 
 
 # ---- the smaller documents --------------------------------------------------------------

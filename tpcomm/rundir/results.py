@@ -204,6 +204,38 @@ class HostLoad:
 
 
 @dataclass
+class ServerClock:
+    """How a level's window was placed on the server's clock (analysis/serverclock.py)."""
+
+    placement: str  # "moved" | "widened" | "as measured" | "not measured"
+    rank: int | None = None  # the rank whose clock was bounded (rank 0: the ranks are put on it)
+    lo_ms: float | None = None  # server clock - client clock, at least
+    hi_ms: float | None = None  # at most
+    rtt_ms: float | None = None  # the start call's round trip (hi - lo)
+
+    @property
+    def resolved(self) -> bool:
+        """The bound excludes 0: the clocks differ."""
+        return self.lo_ms is not None and self.hi_ms is not None and (self.lo_ms > 0 or self.hi_ms < 0)
+
+    def text(self) -> str:
+        if self.lo_ms is None or self.hi_ms is None:
+            return "the server's clock against the client's: not measured (no recording start timed)"
+        mid = (self.lo_ms + self.hi_ms) / 2
+        side = f"{abs(mid):.1f} ms {'ahead of' if mid >= 0 else 'behind'}"
+        what = {
+            "moved": "the level's window was moved onto the server's clock",
+            "widened": "the client is on another machine: the level's window was widened by the offset the bound "
+            "leaves possible",
+            "as measured": "one clock: the window as the client read it",
+        }.get(self.placement, self.placement)
+        return (
+            f"the server's clock (rank {self.rank}) is {side} the client's (server - client between {self.lo_ms:+.1f} "
+            f"and {self.hi_ms:+.1f} ms, bounded by the recording's start call, {self.hi_ms - self.lo_ms:.1f} ms round trip): {what}"
+        )
+
+
+@dataclass
 class Site:
     group: str
     op: str
@@ -264,6 +296,8 @@ class LevelSplit:
     delivery_term: DeliveryTerm | None = None  # the fifth term (None: a summary older than schema 3)
     host_load: HostLoad | None = None  # the machine's load during the level (None: not measured)
     spec_decode: SpecDecode | None = None  # None: no draft token scheduled (or a summary older than this field)
+    # how the level's window was placed on the server's clock (None: a summary older than this field)
+    server_clock: ServerClock | None = None
 
     def token_view(self) -> tuple[float | None, Terms | None, str | None]:
         """(ms per token a stream gets, its terms, what they are): the split itself where a decode step makes one
