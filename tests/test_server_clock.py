@@ -142,3 +142,14 @@ def test_the_report_says_where_a_window_was_moved_and_by_how_much(tmp_path):
         text = " ".join((p.extract_text() or "").replace("\n", " ") for p in pdf.pages)
     assert "C=4 repeat 0: the server's clock (rank 0) is 1999.5 ms ahead of the client's" in text, text[-3000:]
     assert "moved onto the server's clock" in text
+
+
+def test_the_client_is_beside_rank_0_by_its_boot_id_whatever_the_other_nodes():
+    from tpcomm.analysis.serverclock import client_beside
+
+    nodes = {0: {"boot_id": "a"}, 1: {"boot_id": "b"}}  # two nodes; the bound is of rank 0's clock
+    assert client_beside(nodes, {"client_boot_id": "a"})
+    assert not client_beside(nodes, {"client_boot_id": "b"})
+    # a run older than the client's boot id: loopback means one machine (and one clock) only with one node
+    assert client_beside({0: {"boot_id": "a"}}, {"server_url": "http://127.0.0.1:8000"})
+    assert not client_beside({0: {"boot_id": "a"}}, {"server_url": "http://10.0.0.5:8000"})

@@ -166,7 +166,7 @@ def analyse_run_dir(
 
     aligned, steps, nodes, offsets = on_one_clock(coll, steps, hook_status, align_clocks)
     # Each level's window onto the server's clock, where the client bounded it (serverclock.py)
-    placed = _placed(windows, levels, delivery.one_clock(nodes, att.conditions))
+    placed = _placed(windows, levels, serverclock.client_beside(nodes, att.conditions))
     windows = att.windows = [w for w, _ in placed.values()]
     att.nodes = {str(r): n for r, n in sorted(nodes.items())}
     att.clocks = {str(r): o for r, o in sorted(offsets.items())}

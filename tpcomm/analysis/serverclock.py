@@ -30,6 +30,7 @@ Units: *_ns wall clock nanoseconds, *_ms milliseconds.
 
 from __future__ import annotations
 
+from tpcomm.analysis.delivery import one_clock
 from tpcomm.rundir.results import ServerClock
 
 
@@ -70,3 +71,11 @@ def place(window: dict, bound: dict | None, same_machine: bool) -> tuple[dict, S
     out["t_start_ns"] = int(window["t_start_ns"] + round(lo * 1e6))
     out["t_end_ns"] = int(window["t_end_ns"] + round(hi * 1e6))
     return out, sc
+
+
+def client_beside(nodes: dict, conditions: dict, rank: int = 0) -> bool:
+    """The client ran on the machine of `rank` (whose clock the bound is of): its boot id is that rank's. Runs
+    recorded before the client noted its boot id: the server reached on loopback (delivery.one_clock's rule)."""
+    if conditions.get("client_boot_id"):
+        return (nodes.get(rank) or {}).get("boot_id") == conditions["client_boot_id"]
+    return one_clock(nodes, conditions)
