@@ -81,7 +81,9 @@ def _placed(windows: list[dict], levels: list[LoadLevel], same_machine: bool) ->
     the bound the client measured at the level's recording start (load/levels.json `server_clock`)."""
     bounds = {(lv.concurrency, lv.repeat): lv.server_clock for lv in levels}
     return {
-        (w["concurrency"], w["repeat"]): serverclock.place(w, bounds.get((w["concurrency"], w["repeat"])), same_machine)
+        (w["concurrency"], w["repeat"]): serverclock.place(
+            w, bounds.get((w["concurrency"], w["repeat"])), same_machine, outer=w["concurrency"] == 1
+        )
         for w in windows
     }
 
@@ -228,7 +230,10 @@ def analyse_run_dir(
         # the delays need one clock: a bound that excludes 0 says the two are not one, boot ids or not
         same = delivery.one_clock(nodes, att.conditions) and not (sclock and sclock.resolved)
         mine = level_step_requests(step_reqs, lreq)
-        doc, window = _level(lv, win, rows, al, st, lreq, tok, cc, sites, same, source, mine, every_step, out_rank)
+        apart = sclock.text() if sclock and sclock.resolved else None
+        doc, window = _level(
+            lv, win, rows, al, st, lreq, tok, cc, sites, same, source, mine, every_step, out_rank, apart
+        )
         # Other traffic is judged over the whole window's decode steps: at C=1 the split rests on the requests
         # whose steps paired cleanly, and another client's prefill is what breaks a pairing, so the split's own
         # steps showed 1.00 sequences per step beside 90 steps of 2 in the window (2026-12-06); and step by step,
@@ -236,8 +241,8 @@ def analyse_run_dir(
         seqs = [x for x in (doc.seqs_per_step, window.get("seqs_per_step")) if x is not None]
         doc.incomplete = complete.level_incomplete(lv, max(seqs) if seqs else None, window.get("seqs_counts"))
         doc.server_clock = sclock
-        if sclock is not None and sclock.placement in ("moved", "widened"):
-            att.notes.append(f"C={c}: {sclock.text()}")
+        if sclock is not None and sclock.placed:
+            att.notes.append(f"C={c} repeat {rep}: {sclock.text()}")
         att.levels.append(doc)
         if text := closure_text(c, rep, doc.closure, doc.stalls, doc.delivery_term):
             att.notes.append(text)
@@ -262,6 +267,7 @@ def client_side(
     step_reqs: pd.DataFrame | None = None,
     every_step: pd.DataFrame | None = None,
     out_rank: int | None = None,
+    clock_apart: str | None = None,
 ) -> dict:
     """One level's client side beside its engine rows (rank_steps rows of the level, all kinds): the engine's
     split over the whole window, stalls, each request paired with its own steps (pairing.py), the closure and
@@ -273,7 +279,8 @@ def client_side(
     them, not on the client's clock, and on the rows of their own steps (from `every_step`, rank_steps rows of
     the whole run, where given: a level's window leaves out its closed loop's tail, where fewer than C streams
     ran, yet the requests of the tail made tokens there too). `out_rank`: the rank whose step end makes a token
-    (pairing.output_rank; None: the mean over ranks)."""
+    (pairing.output_rank; None: the mean over ranks). `clock_apart`: why the client's clock and the server's
+    are not one (serverclock.py: the bound excludes 0), where they are known to differ."""
     whole = engine_split(rows)
     stalls = find_stalls(tokens, whole["engine_ms_per_token"])
     ok = requests[requests["ok"]] if "ok" in requests.columns else requests
@@ -292,6 +299,9 @@ def client_side(
     else:
         pairs, problem = pairing.by_client_times(rows, spans, out_rank), None
         how = "client times"
+        if clock_apart:  # the client's times against the engine's step ends: not on two clocks apart
+            pairs = pairs.assign(engine_ms_per_token=np.nan, paired=False, why="not paired")
+            problem = f"pairing by the client's token times needs one clock: {clock_apart}"
     cz, dl, compared = closure(pairs, concurrency, how, problem)
     held = sorted(int(r) for r in spans.loc[~spans["observed"], "request_id"])
     split, split_requests = whole, None
@@ -360,11 +370,12 @@ def _level(
     step_reqs=None,
     every_step=None,
     out_rank=None,
+    clock_apart=None,
 ) -> tuple[LevelSplit, float | None]:
     """One level's split, client side and closure (see the module docstring and closure.py), and the mean
     sequences per decode step over the level's whole window."""
     c, rep = lv.concurrency, lv.repeat
-    cs = client_side(rows, lreq, tok, c, same_clock, step_reqs, every_step, out_rank)
+    cs = client_side(rows, lreq, tok, c, same_clock, step_reqs, every_step, out_rank, clock_apart)
     whole, sp = cs["whole"], cs["split"]
     flags = []
     if (lv.itl_burst_pct or 0) > 10:

@@ -13,15 +13,17 @@ so between the client's send (t0) and its receipt of the answer (t1):
     offset = server clock - client clock  lies in  [started_ns - t1, started_ns - t0]
 
 whatever the network's asymmetry; its width is the call's round trip. A client time t is server time t +
-offset, so the level's window [a, b] holds its steps on the server's clock inside [a + lo, b + hi]. And
-since the requests are sent after the start answered (a >= t1), a + lo >= started_ns: the moved window never
-reaches back before the level's own recording began.
+offset, so the level's window [a, b] holds its steps on the server's clock inside [a + lo, b + hi] (at C=1,
+where the pairing needs every prefill step of the level), and every step inside [a + hi, b + lo] is in it
+(above C=1, where the window is the steady part and a wider one would take in steps of the ramp). Since the
+requests are sent after the start answered (a >= t1), a + lo >= started_ns: the moved window never reaches
+back before the level's own recording began.
 
 Placement (`place`):
 - "moved": the bound excludes 0 (the clocks differ by more than the call's round trip can hide): the window
   becomes [a + lo, b + hi], and the delivery delays are not on one clock;
-- "widened": the bound holds 0 and the client is on another machine: [a + min(lo, 0), b + max(hi, 0)],
-  the offset the bound leaves possible taken in (at most one round trip either side);
+- "allowed for": the bound holds 0 and the client is on another machine: the window placed as "moved" is,
+  the offset the bound leaves possible taken into account (at most one round trip either side);
 - "as measured": the bound holds 0 on the server's machine (one clock): the window as the client read it;
 - "not measured": no bound (no plugin, an older run, a start that did not answer): the window as read.
 
@@ -34,15 +36,19 @@ from tpcomm.analysis.delivery import one_clock
 from tpcomm.rundir.results import ServerClock
 
 
-def bound_from_start(doc: object, t0_ns: int, t1_ns: int, ref_rank: int = 0) -> dict | None:
+def bound_from_start(doc: object, t0_ns: int, t1_ns: int, session: str | None = None, ref_rank: int = 0) -> dict | None:
     """{rank, lo_ms, hi_ms, rtt_ms} from the hook's answer to the recording start (`doc`: its summary, with
     per_rank started_ns) and the client's wall clock just before the call (t0) and just after its answer (t1).
     None where the answer carries no start time for the reference rank (the rank 0 whose clock the analysis
-    puts every rank on), or the client's clock went backwards over the call (a step: no bound)."""
+    puts every rank on), where that rank's recording is not this start's (`session`, armed: a disabled hook
+    answers with its last start's time, which would move the window back onto an earlier level), or the
+    client's clock went backwards over the call (a step: no bound)."""
     if not isinstance(doc, dict) or t1_ns < t0_ns:
         return None
     per = [r for r in doc.get("per_rank") or [] if isinstance(r, dict) and r.get("rank") == ref_rank]
-    started = per[0].get("started_ns") if per else None
+    if not per or (session is not None and (per[0].get("session") != session or per[0].get("armed") is not True)):
+        return None
+    started = per[0].get("started_ns")
     if not isinstance(started, int) or isinstance(started, bool) or started <= 0:
         return None
     return {
@@ -53,10 +59,13 @@ def bound_from_start(doc: object, t0_ns: int, t1_ns: int, ref_rank: int = 0) -> 
     }
 
 
-def place(window: dict, bound: dict | None, same_machine: bool) -> tuple[dict, ServerClock]:
+def place(window: dict, bound: dict | None, same_machine: bool, outer: bool = True) -> tuple[dict, ServerClock]:
     """(the window on the server's clock, how it was placed). `window`: {t_start_ns, t_end_ns, ...} on the
     client's clock; `bound`: the level's bound_from_start (None: not measured); `same_machine`: the client on
-    the server's machine (boot ids), where an unresolved bound means one clock."""
+    the server's machine (boot ids), where a bound that holds 0 means one clock. `outer`: the window that
+    holds every step the client's window may hold, [a + lo, b + hi] (C=1: the pairing needs each request's
+    prefill step in it); else the one that holds only such steps, [a + hi, b + lo] (above C=1 the window is
+    the steady part, where all C streams ran: the outer one would take in steps of the ramp)."""
     if not bound or bound.get("lo_ms") is None or bound.get("hi_ms") is None:
         return window, ServerClock("not measured")
     lo, hi = float(bound["lo_ms"]), float(bound["hi_ms"])
@@ -64,12 +73,16 @@ def place(window: dict, bound: dict | None, same_machine: bool) -> tuple[dict, S
     if sc.resolved:
         sc.placement = "moved"
     elif not same_machine:
-        sc.placement, lo, hi = "widened", min(lo, 0.0), max(hi, 0.0)
+        sc.placement = "allowed for"
     else:
         return window, sc
+    first, last = (lo, hi) if outer else (hi, lo)
     out = dict(window)
-    out["t_start_ns"] = int(window["t_start_ns"] + round(lo * 1e6))
-    out["t_end_ns"] = int(window["t_end_ns"] + round(hi * 1e6))
+    out["t_start_ns"] = int(window["t_start_ns"] + round(first * 1e6))
+    out["t_end_ns"] = int(window["t_end_ns"] + round(last * 1e6))
+    if out["t_end_ns"] <= out["t_start_ns"]:  # a window shorter than the round trip: the outer one
+        out["t_start_ns"] = int(window["t_start_ns"] + round(lo * 1e6))
+        out["t_end_ns"] = int(window["t_end_ns"] + round(hi * 1e6))
     return out, sc
 
 

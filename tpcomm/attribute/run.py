@@ -403,7 +403,7 @@ class Attribute:
         def start(info):
             t0 = time.time_ns()
             doc = records.start(info, session, lease_s)
-            started.update(bound=bound_from_start(doc, t0, time.time_ns()))
+            started.update(bound=bound_from_start(doc, t0, time.time_ns(), session))
 
         self._clock_bound = None
         try:

@@ -134,11 +134,7 @@ def render(res: dict, console: Console | None = None) -> None:
         if a.spec_decode is not None and (line := f"C={a.concurrency}: {specdecode.flag(a.spec_decode)}") not in notes:
             notes.append(line)
         sc = a.server_clock  # the window placed on the server's clock (analysis/serverclock.py)
-        if (
-            sc is not None
-            and sc.placement in ("moved", "widened")
-            and (line := f"C={a.concurrency}: {sc.text()}") not in notes
-        ):
+        if sc is not None and sc.placed and (line := f"C={a.concurrency} repeat {a.repeat}: {sc.text()}") not in notes:
             notes.append(line)
     for n in notes:
         con.print(f"[yellow]{n}")

@@ -239,7 +239,7 @@ def _breakdown(inp: readers.Inputs, cmds: dict[str, str]) -> Section:
         + [
             f"C={lv.concurrency} repeat {lv.repeat}: {lv.server_clock.text()}"
             for lv in levels
-            if lv.server_clock is not None and lv.server_clock.placement in ("moved", "widened")
+            if lv.server_clock is not None and lv.server_clock.placed
         ]
         + [
             f"C={lv.concurrency}: {lv.collectives_per_step.get('detail')}"

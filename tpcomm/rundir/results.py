@@ -207,11 +207,16 @@ class HostLoad:
 class ServerClock:
     """How a level's window was placed on the server's clock (analysis/serverclock.py)."""
 
-    placement: str  # "moved" | "widened" | "as measured" | "not measured"
+    placement: str  # "moved" | "allowed for" | "as measured" | "not measured"
     rank: int | None = None  # the rank whose clock was bounded (rank 0: the ranks are put on it)
     lo_ms: float | None = None  # server clock - client clock, at least
     hi_ms: float | None = None  # at most
     rtt_ms: float | None = None  # the start call's round trip (hi - lo)
+
+    @property
+    def placed(self) -> bool:
+        """The window was placed by the bound (moved, or allowing for it): the report and terminal say so."""
+        return self.placement in ("moved", "allowed for")
 
     @property
     def resolved(self) -> bool:
@@ -225,8 +230,8 @@ class ServerClock:
         side = f"{abs(mid):.1f} ms {'ahead of' if mid >= 0 else 'behind'}"
         what = {
             "moved": "the level's window was moved onto the server's clock",
-            "widened": "the client is on another machine: the level's window was widened by the offset the bound "
-            "leaves possible",
+            "allowed for": "the clocks agree within the bound, the client is on another machine: the level's "
+            "window was placed allowing for the offset the bound leaves possible",
             "as measured": "one clock: the window as the client read it",
         }.get(self.placement, self.placement)
         return (
