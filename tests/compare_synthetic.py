@@ -102,12 +102,14 @@ def run_dir(
     ranks: tuple[str, ...] = ("0", "1"),
     delivery_slope_us: float = 0.0,
     reference_ms: float | None = None,
+    others_cpu_pct: float | None = None,
 ) -> Path:
     """A single-stream run directory (C=1) from make_records/make_client, analysed by attribute's own code;
     `cpu_wait_ms`: the ranks' CPU wait per engine step the level doc states (as the hook's status gives it);
     `delivery_slope_us`: each token reaches the client that much later than the one before it, beyond the
     engine's pace (an API server falling behind over a stream: the delivery term); `reference_ms`: the host's
-    reference work's trimmed mean time the level doc states (the host's speed, as attribute's client measures it)."""
+    reference work's trimmed mean time the level doc states (the host's speed, as attribute's client measures it);
+    `others_cpu_pct`: the CPU others took on the server's machine during the level (with `reference_ms`)."""
     from tpcomm.analysis.attribution import analyse_run_dir
     from tpcomm.analysis.synthetic import make_client, make_records
     from tpcomm.rundir import contract as C
@@ -142,6 +144,8 @@ def run_dir(
             "high": False,
             "reference_ms": reference_ms,
             "reference_median_ms": reference_ms,
+            "others_cpu_pct": others_cpu_pct,
+            "steal_pct": 0.0 if others_cpu_pct is not None else None,
         }
     rd.write_json(C.LOAD_LEVELS, [level])
     analyse_run_dir(rd, conditions={"model": "synthetic", "output_len": output_len, "tp": 2})

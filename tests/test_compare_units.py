@@ -219,6 +219,38 @@ def test_a_shift_a_slower_host_could_make_is_not_called_a_change(tmp_path):
     assert any("host's speed" in n and "not measured in A" in n for n in cmp.levels[0].notes), cmp.levels[0].notes
 
 
+def test_a_shift_others_cpu_could_make_is_not_called_a_change(tmp_path):
+    """Others' CPU on the server's machine (attribute's client reads /proc: the machine's busy time less the
+    server's and its own) as the third allowance: an idle A/A here (2026-12-07) had B 1.18 ms per token faster
+    (3.72 -> 2.55) with the ranks' CPU wait 0.49 ms per step apart and the reference work 1% apart, another
+    test session beside A only. Compute 20% longer in B with others taking 30% of the machine in B and 5% in A
+    (the speed and the wait unchanged) is possibly the host; 2 points apart is a change; others busier in A
+    cannot hide B's slowdown; not measured in one run: the change stands, and a note says so."""
+    kw = {"cpu_wait_ms": 0.05, "reference_ms": 3.0}
+    a = run_dir(tmp_path / "a", seed=1, others_cpu_pct=5.0, **kw)
+    busy_b = run_dir(tmp_path / "busy-b", seed=3, compute_us=3600.0, others_cpu_pct=30.0, **kw)
+    lv = compare_runs(a, busy_b).levels[0]
+    assert lv.others_cpu_pct == pytest.approx([5.0, 30.0])
+    for name in ("per_token", "compute", "tok_per_s"):
+        t = lv.term(name)
+        assert t.resolved and t.host_load and not t.changed, t
+    assert "others took 25.0 points more of the machine's CPU in B (A 5.0%, B 30.0%" in lv.term("compute").host_load
+    assert "reference work" not in lv.term("compute").host_load and "CPU wait" not in lv.term("compute").host_load
+    near = compare_runs(a, run_dir(tmp_path / "near", seed=3, compute_us=3600.0, others_cpu_pct=7.0, **kw))
+    assert near.levels[0].term("compute").changed, near.levels[0].term("compute")
+    busy_a = run_dir(tmp_path / "busy-a", seed=1, others_cpu_pct=30.0, **kw)
+    slow_b = run_dir(tmp_path / "slow-b", seed=3, compute_us=3600.0, others_cpu_pct=5.0, **kw)
+    assert compare_runs(busy_a, slow_b).levels[0].term("compute").changed
+    cmp = compare_runs(run_dir(tmp_path / "a-none", seed=1, **kw), busy_b)
+    assert cmp.levels[0].term("compute").changed
+    assert any("others took on the server's machine was not measured in A" in n for n in cmp.levels[0].notes)
+    cond = {(c.section, c.name): (c.a, c.b) for c in compare_runs(a, busy_b).conditions}
+    assert cond[("load", "C=1 repeat 0 others' CPU")] == (
+        "5.0% of the machine's CPU (steal 0.0%)",
+        "30.0% of the machine's CPU (steal 0.0%)",
+    )
+
+
 def test_tp1_against_tp2_moves_the_collectives(tmp_path):
     """A TP 1 run has step records and no collectives: attribute splits it (transfer and wait exactly 0, the plan
     of TP 1 matched), and against TP 2 the collectives are resolved, positive, with the plan's bytes named."""

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -194,6 +197,46 @@ def test_the_hosts_reference_work_is_slower_beside_busy_processes():
     assert reference_figures(runs, runs[:-1] + [900.0])["reference_ms"] == 1.0
     assert reference_figures(runs, runs[:-1])["reference_ms"] is None  # a side short of its runs
     assert reference_figures(runs, runs[:-1] + [float("nan")])["reference_median_ms"] is None
+
+
+def test_others_cpu_counts_processes_outside_the_servers_tree_and_not_the_server():
+    """Others' CPU (analysis/hostload.py), what compare's third allowance reads: a stand-in server (a process
+    whose child spins, as vLLM's API server's workers do) takes a core and is not counted; one busy process
+    outside its tree is, at about its share of the machine (one core of the CPUs; phase 1's other test process
+    beside it counts as others' too, so the first is bounded from above only by what it can take)."""
+    from spinners import SPIN, spinning
+
+    from tpcomm.analysis.hostload import HostLoadMeter
+
+    code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {SPIN!r}]); time.sleep(60)"
+    server = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        time.sleep(0.5)
+
+        def measure() -> dict:
+            m = HostLoadMeter(server.pid)
+            m.start()
+            time.sleep(2.0)
+            return m.stop(100)
+
+        alone = measure()
+        with spinning([["-c", SPIN]]):
+            beside = measure()
+        cpus = os.cpu_count() or 1
+        print(
+            f"\nothers' CPU: the server alone {alone['others_cpu_pct']:.1f}%, one busy process beside {beside['others_cpu_pct']:.1f}%"
+        )
+        # the busy process outside the tree: up to one core of the machine, and at least a third of what it can take
+        assert beside["others_cpu_pct"] >= alone["others_cpu_pct"] + 100 / cpus / 3, (alone, beside)
+        assert beside["others_cpu_pct"] <= 100 / cpus * 2 + 5, beside  # it and phase 1's other process at most
+        assert alone["steal_pct"] is not None and 0 <= alone["steal_pct"] <= 100
+        # a server whose process cannot be read is no figure (its CPU would count as others')
+        m = HostLoadMeter(2**22 + 12345)
+        m.start()
+        assert m.stop(1)["others_cpu_pct"] is None
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
 
 
 def test_compare_shows_delivery_term_by_term(busy_run):

@@ -88,6 +88,48 @@ def reference_figures(before: list[float], after: list[float]) -> dict:
     return {"reference_ms": statistics.mean(kept), "reference_median_ms": statistics.median(runs)}
 
 
+def _machine_ticks() -> tuple[int, int] | None:
+    """(busy, steal) clock ticks of the whole machine since boot (/proc/stat's cpu line: user, nice, system,
+    irq, softirq; guest time is inside user), or None off Linux."""
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return f[0] + f[1] + f[2] + f[5] + f[6], (f[7] if len(f) > 7 else 0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _tree(root: int) -> set[int]:
+    """`root` and every process descended from it (the vLLM server: API server, engine core, workers)."""
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                st = Path(f"/proc/{d}/stat").read_text()
+                parent[int(d)] = int(st[st.rindex(")") + 2 :].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = {root}, [root]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in out]
+        out.update(kids)
+        todo += kids
+    return out
+
+
+def _cpu_ticks(pids: set[int]) -> dict[int, int]:
+    """utime + stime clock ticks per pid (all its threads), the pids that could be read."""
+    out = {}
+    for pid in pids:
+        try:
+            st = Path(f"/proc/{pid}/stat").read_text()
+            f = st[st.rindex(")") + 2 :].split()
+            out[pid] = int(f[11]) + int(f[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 def _pressure_us() -> int | None:
     try:
         for line in Path("/proc/pressure/cpu").read_text().splitlines():
@@ -125,6 +167,28 @@ class HostLoadMeter:
         self._t0, self._p0 = time.monotonic_ns(), _pressure_us()
         self._d0 = _run_delay_ns(self.api_pid) if self.api_pid else None
         self._c0 = _run_delay_ns(os.getpid())
+        # others' CPU: the machine's busy time less the server's process tree's and this client's
+        self._m0 = _machine_ticks()
+        self._tree = _tree(self.api_pid) if self.api_pid else set()
+        self._s0 = _cpu_ticks(self._tree | {os.getpid()})
+
+    def _others(self, wall_us: float) -> tuple[float | None, float | None]:
+        """(others' CPU, steal) over the round, percent of the machine's CPU time: the machine's busy time
+        (/proc/stat) less the CPU time of the server's process tree (the API server's descendants) and of this
+        client, and the hypervisor's steal (time this machine's CPUs wanted and another guest got). None off
+        Linux or where the server's API process could not be read (then it would count as others')."""
+        m1 = _machine_ticks()
+        if m1 is None or self._m0 is None or not wall_us or not self._tree:
+            return None, None
+        s1 = _cpu_ticks(self._tree | {os.getpid()})
+        if self.api_pid not in s1 or self.api_pid not in self._s0:
+            return None, None
+        ours = sum(s1[p] - self._s0[p] for p in s1 if p in self._s0)
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        capacity = wall_us / 1e6 * hz * (os.cpu_count() or 1)
+        busy, steal = m1[0] - self._m0[0], m1[1] - self._m0[1]
+        others = max(0.0, min(100.0, 100.0 * (busy - ours + steal) / capacity))
+        return others, max(0.0, min(100.0, 100.0 * steal / capacity))
 
     def stop(self, tokens: int) -> dict | None:
         if self._t0 is None:
@@ -146,6 +210,7 @@ class HostLoadMeter:
         except (OSError, ValueError, IndexError):
             load1 = None
         cpus = os.cpu_count() or 1  # the machine's: the load average is the machine's
+        others, steal = self._others(wall_us)
         high = (pressure is not None and pressure >= HIGH_PRESSURE_PCT) or (load1 is not None and load1 > cpus)
         return {
             "cpus": cpus,
@@ -154,4 +219,6 @@ class HostLoadMeter:
             "api_server_wait_ms_per_token": api,
             "client_wait_ms_per_token": client,
             "high": bool(high),
+            "others_cpu_pct": others,
+            "steal_pct": steal,
         }

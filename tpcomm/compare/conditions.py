@@ -159,6 +159,12 @@ def facts(run) -> list[tuple[str, str, Any, str]]:
                 else "not measured"
             )
             add("load", f"C={lv.concurrency} repeat {lv.repeat} host's reference work", ref, "summary (client)")
+            oth = (
+                f"{h.others_cpu_pct:.1f}% of the machine's CPU (steal {h.steal_pct or 0.0:.1f}%)"
+                if h and h.others_cpu_pct is not None
+                else "not measured"
+            )
+            add("load", f"C={lv.concurrency} repeat {lv.repeat} others' CPU", oth, "summary (client: /proc)")
     return out
 
 

@@ -115,7 +115,8 @@ def level_diff(
     (wa, ra), (wb, rb) = _cpu_wait(a), _cpu_wait(b)
     waits = [wa, wb]
     refs = [_reference(a), _reference(b)]
-    host_notes = _host_load(terms, wa, wb, ra == rb, refs)
+    others = [_others(a), _others(b)]
+    host_notes = _host_load(terms, wa, wb, ra == rb, refs, others)
     dsum = [t.diff for t in terms if t.in_sum]
     total = terms[0].diff
     residual = total - sum(dsum) if total is not None and None not in dsum else None
@@ -143,6 +144,7 @@ def level_diff(
         + [n for lv in b for n in _notes(lv, _side("B", lv, b))],
         cpu_wait_ms_per_step=waits,
         reference_ms=refs,
+        others_cpu_pct=others,
     )
 
 
@@ -183,6 +185,13 @@ def _reference(levels: list[LevelSplit]) -> float | None:
     return sum(v) / len(v) if v and None not in v else None
 
 
+def _others(levels: list[LevelSplit]) -> float | None:
+    """The CPU time others took during the level (percent of the machine's: analysis/hostload.py), mean over
+    the level's repeats; None where a repeat lacks it."""
+    v = [lv.host_load.others_cpu_pct if lv.host_load else None for lv in levels]
+    return sum(v) / len(v) if v and None not in v else None
+
+
 # More CPU wait can only make these longer; the wait (and so the collectives) can move either way: a rank
 # delayed in its compute makes the others wait longer, a rank delayed while the others were late less.
 # The client's per-token time is the four engine terms + delivery: its engine part moves as the per-token time.
@@ -194,7 +203,12 @@ CLIENT_SIDE = ("delivery", "delivery_term")
 
 
 def _host_load(
-    terms: list[TermDiff], wa: float | None, wb: float | None, same_ranks: bool, refs: list[float | None]
+    terms: list[TermDiff],
+    wa: float | None,
+    wb: float | None,
+    same_ranks: bool,
+    refs: list[float | None],
+    others: list[float | None] | None = None,
 ) -> list[str]:
     """Mark each resolved difference that the host's contention could account for (TermDiff.host_load); the
     level's notes about it.
@@ -227,7 +241,18 @@ def _host_load(
     own threads during it. The two allowances add (contention shows in both: the sum errs towards "cannot
     tell"); where the CPU wait cannot be used (not measured, other ranks) the speed's applies alone. A term
     on a GPU does not run at the host's speed; its allowance is then larger than it can be, in the same
-    direction."""
+    direction.
+
+    And others' CPU (`others`: percent of the machine's CPU time that processes other than the server's and
+    the client's took during the level, the hypervisor's steal with it; analysis/hostload.py). Where the
+    server can use the whole machine, a share o of it taken by others leaves it 1 - o: its work can take up to
+    1 / (1 - o) as long. So a run whose others took a share d more than the other run's can have each engine
+    term up to d / (1 - o_max) of its A value longer, in that direction (the wait either way); added to the
+    two above. An idle A/A here (2026-12-07) had B 1.18 ms per token faster (3.72 -> 2.55 ms, interval -1.60
+    to -0.75) with the ranks' CPU wait 0.49 ms per step apart and the reference work 1% apart: another test
+    session ran beside A only (its 1-minute load average 4.1 against 3.0). Where the server does not need the
+    whole machine (a GPU server's spare cores), the allowance is larger than it can be: "cannot tell" more
+    often, never a change the host made."""
     by = {t.name: t for t in terms}
     # a change of kind (collectives in one run only) is certain whatever the load: not judged here
     resolved = [t for t in terms if t.resolved and t.name not in CLIENT_SIDE and t.kind is None]
@@ -257,6 +282,15 @@ def _host_load(
             f"{_missing(ra, rb)}: a host that ran slower without a CPU wait (its clock, the hypervisor's steal) "
             "cannot be told from the change (a run by this tpcomm's attribute on the server's machine measures it)"
         )
+    oa, ob = others if others is not None else (None, None)
+    # others' share of the machine in B less A's, scaled to the slowdown it can make (+: B's others took more)
+    do = (ob - oa) / 100 / max(0.05, 1 - max(oa, ob) / 100) if oa is not None and ob is not None else None
+    if do is None:
+        notes.append(
+            f"the CPU time others took on the server's machine was not measured in {_missing(oa, ob)}: a "
+            "neighbour in one run only cannot be told from the change (a run by this tpcomm's attribute on the "
+            "server's machine measures it)"
+        )
     dt = by.get("delivery_term")
     for t in resolved:
         if t.name == "tok_per_s" or t.a is None or t.diff is None or t.lo is None or t.hi is None:
@@ -268,8 +302,9 @@ def _host_load(
         # each allowance only where the load or the speed moved the way the term did (the wait: either way)
         wait_part = abs(dw) if dw is not None and (t.name not in ONE_WAY or t.diff * dw > 0) else 0.0
         speed_part = abs(dr * t.a) if dr is not None and (t.name not in ONE_WAY or t.diff * dr > 0) else 0.0
+        others_part = abs(do * t.a) if do is not None and (t.name not in ONE_WAY or t.diff * do > 0) else 0.0
         near = min(abs(t.lo), abs(t.hi))
-        if (wait_part or speed_part) and wait_part + speed_part >= near:
+        if (wait_part or speed_part or others_part) and wait_part + speed_part + others_part >= near:
             why = []
             if wait_part:
                 why.append(f"the ranks' CPU wait per step changed by {signed(dw)} ms (A {fmt(wa)}, B {fmt(wb)} ms)")
@@ -277,6 +312,11 @@ def _host_load(
                 why.append(
                     f"the host ran its reference work {fmt(abs(100 * dr))}% {'slower' if dr > 0 else 'faster'} in B "
                     f"(A {fmt(ra)}, B {fmt(rb)} ms: up to {fmt(speed_part)} {t.unit} of this term)"
+                )
+            if others_part:
+                why.append(
+                    f"others took {abs(ob - oa):.1f} points more of the machine's CPU in {'B' if ob > oa else 'A'} "
+                    f"(A {oa:.1f}%, B {ob:.1f}%: up to {fmt(others_part)} {t.unit} of this term)"
                 )
             t.host_load = (
                 f"{' and '.join(why)}, together at least the smallest difference the interval admits "

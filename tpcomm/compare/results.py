@@ -7,7 +7,8 @@ What each value means:
   up to the per-token time's (means over decode pairs add: exact, `LevelDiff.sum_residual_ms` is the float
   rounding left). `host_load`: a resolved difference that the change in the host's contention between the
   runs (`LevelDiff.cpu_wait_ms_per_step`) or in its speed (`LevelDiff.reference_ms`, the client's reference
-  work on the server's machine) could account for; `changed` = resolved and not that.
+  work on the server's machine) or in the CPU time others took there (`LevelDiff.others_cpu_pct`) could account
+  for; `changed` = resolved and not that.
   "collective" = transfer + wait (a sub-total, not a fifth term); "delivery" is the client's
   p50 over requests of (client - engine time per token), attribute's statistic, outside the engine's sum.
 - `SiteDiff`: one collective site (group, op, bytes, backend) as attribute lists it per level (top sites by
@@ -94,6 +95,8 @@ class LevelDiff:
     cpu_wait_ms_per_step: list[float | None] = field(default_factory=lambda: [None, None])
     # the host's speed: its reference work's trimmed mean ms in A and B (analysis/hostload.py); None: not measured
     reference_ms: list[float | None] = field(default_factory=lambda: [None, None])
+    # others' CPU on the server's machine during the level, percent of its CPU time, A and B (None: not measured)
+    others_cpu_pct: list[float | None] = field(default_factory=lambda: [None, None])
 
     def term(self, name: str) -> TermDiff | None:
         return next((t for t in self.terms if t.name == name), None)

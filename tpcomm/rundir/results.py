@@ -201,6 +201,11 @@ class HostLoad:
     # measured (not on the server's machine, or a run older than these fields).
     reference_ms: float | None = None
     reference_median_ms: float | None = None
+    # the CPU time others took over the level's last round: the machine's busy time less the server's process
+    # tree's and the client's, with the hypervisor's steal, percent of the machine's CPU time; and the steal
+    # alone. None: not measured (off Linux, the server's processes not readable, a run older than the fields).
+    others_cpu_pct: float | None = None
+    steal_pct: float | None = None
 
 
 @dataclass
