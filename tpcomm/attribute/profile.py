@@ -24,6 +24,7 @@ import httpx
 import pandas as pd
 
 from tpcomm import netread
+from tpcomm.analysis.serverclock import bound_from_start, place
 from tpcomm.attribute import aiorun, load, records
 from tpcomm.attribute.server import ServerInfo
 from tpcomm.errors import InputError
@@ -159,6 +160,7 @@ def _profiled_round(
     from tpcomm.attribute.server import is_alive
 
     state["profiler"] = True  # from the moment it is sent: a start in flight may take effect
+    bound = None  # the server's clock against ours (no plugin: not measured)
     try:
         r = httpx.post(
             info.url + "/start_profile",
@@ -179,7 +181,9 @@ def _profiled_round(
         return {"captured": False, "note": note}, None, None, None
     if session is not None:  # a lease as a level's: one wave of requests to its timeout, and a minute
         state["recording"] = session  # from the moment it is sent (a stop naming it never ends another's)
-        records.start(info, session, int(min(7 * 86400, small.requests * small.timeout_s + 60)))
+        ts = time.time_ns()
+        started = records.start(info, session, int(min(7 * 86400, small.requests * small.timeout_s + 60)))
+        bound = bound_from_start(started, ts, time.time_ns(), session)
     t0 = time.time_ns()
     rows = aiorun.run(
         lambda: load.run_round(
@@ -193,6 +197,10 @@ def _profiled_round(
         )
     )
     t1 = time.time_ns()
+    # the round's window on the server's clock where the recording's start bounded it apart from ours (as a
+    # level's, analysis/serverclock.py; the traces and the hook's records are stamped there)
+    placed, sclock = place({"t_start_ns": t0, "t_end_ns": t1}, bound, same_machine=True)
+    t0, t1 = placed["t_start_ns"], placed["t_end_ns"]
     hook = hook_coll = hook_steps = None
     if session is not None:  # the recording's window is over: stopped and pulled before the profiler's traces
         records.stop(info, session)
@@ -216,6 +224,7 @@ def _profiled_round(
         "ok": sum(r["ok"] for r in rows),
         "output_len": small.output_len,
         "window_ns": [t0, t1],
+        "server_clock": sclock.placement if sclock.placed else None,  # "moved": the window is on the server's clock
         "rows": rows,
     }
     if session is not None:
