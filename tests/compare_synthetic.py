@@ -153,11 +153,18 @@ def run_dir(
 
 
 def run_dir_repeats(
-    path: Path, transfer_us: list[float], seed: int = 7, requests: int = 6, output_len: int = 32
+    path: Path,
+    transfer_us: list[float],
+    seed: int = 7,
+    requests: int = 6,
+    output_len: int = 32,
+    compute_us: list[float] | None = None,
+    cpu_wait_ms: list[float] | None = None,
 ) -> Path:
     """A TP-2 single-stream run directory with one C=1 repeat per entry of `transfer_us` (the all-reduce's
     transfer per call in that repeat: windows a minute apart whose collectives cost differently, as a host's
-    load makes them), analysed by attribute's own analyse_run_dir."""
+    load makes them), analysed by attribute's own analyse_run_dir. `compute_us`, `cpu_wait_ms`: per repeat,
+    its compute per step and the ranks' CPU wait per step its level doc states."""
     from tpcomm.analysis.attribution import analyse_run_dir
     from tpcomm.analysis.synthetic import T0_NS, make_client, make_records
     from tpcomm.rundir import contract as C
@@ -171,7 +178,7 @@ def run_dir_repeats(
             steps=n,
             prefill_every=output_len,
             transfer_us=us,
-            compute_us=3000.0,
+            compute_us=compute_us[i] if compute_us else 3000.0,
             seed=seed + i,
             idle_us=2000.0,
             t0_ns=T0_NS + i * 60 * 10**9,
@@ -187,6 +194,9 @@ def run_dir_repeats(
         reqs.append(req)
         toks.append(tok)
         levels.append({"concurrency": 1, "repeat": i, "conditions": {"output_len": output_len}})
+        if cpu_wait_ms is not None:
+            per = {"ms": cpu_wait_ms[i] / 2 * n, "steps": n}
+            levels[-1]["cpu_wait"] = {"ms_per_step": cpu_wait_ms[i], "per_rank": {"0": per, "1": per}}
     rd = RunDir(path)
     rd.write_table(C.HOOK_COLLECTIVES, pd.concat(colls, ignore_index=True))
     rd.write_table(C.HOOK_STEPS, pd.concat(stepss, ignore_index=True))

@@ -251,6 +251,39 @@ def test_a_shift_others_cpu_could_make_is_not_called_a_change(tmp_path):
     )
 
 
+def test_a_term_that_moves_with_the_wait_within_each_run_gets_that_slope_between_runs(tmp_path):
+    """The failing A/A's shape (2026-12-07, this host: B 1.18 ms per token faster with the ranks' CPU wait 0.49
+    ms per step lower; within one run's repeats the per-token time moved ~2.4 ms per ms of wait). Each run's
+    three repeats move compute 2.4 ms per ms of wait; B's waits are 0.5 ms lower, its compute 1.2 ms: with
+    the rule's 1 ms per ms that was a change, with the runs' own slope it may be the host. Where the repeats
+    show no such slope (the wait flat within each run) the same 1.2 ms stays a change: the between-run
+    difference, which the change itself may cause, never sets the slope."""
+    from compare_synthetic import run_dir_repeats
+
+    from tpcomm.compare.levels import wait_slopes
+
+    def run(name, waits, flat=False, seed=7):
+        comp = [3000.0 + (0 if flat else 2400.0 * (w - waits[0])) + (1.9 - waits[0]) * -2400.0 for w in waits]
+        return run_dir_repeats(tmp_path / name, [5.0] * 3, seed=seed, compute_us=comp, cpu_wait_ms=waits)
+
+    a, b = run("a", [1.90, 1.95, 2.00]), run("b", [1.40, 1.45, 1.50], seed=17)
+    lv = compare_runs(a, b).levels[0]
+    c = lv.term("compute")
+    assert c.resolved and c.diff == pytest.approx(-1.2, abs=0.15), c
+    assert not c.changed and "within each run's repeats this term moved up to" in c.host_load, c
+    assert [t.name for t in lv.terms if t.changed] == [], [(t.name, t.statement) for t in lv.terms if t.changed]
+    from tpcomm.rundir.results import Attribution
+
+    att = lambda p: [x for x in Attribution.from_json(json.loads((p / "attribution/summary.json").read_text())).levels]  # noqa: E731
+    k = wait_slopes(att(a), att(b))
+    assert 2.2 <= k["compute"] <= 5.0 and 2.2 <= k["per_token"] <= 5.0, k
+    # the wait flat within each run: no slope beyond 1, and the 1.2 ms is a change
+    fa = run("fa", [1.95] * 3, flat=True)
+    fb = run_dir_repeats(tmp_path / "fb", [5.0] * 3, seed=17, compute_us=[1800.0] * 3, cpu_wait_ms=[1.45] * 3)
+    assert wait_slopes(att(fa), att(fb)) == {}
+    assert compare_runs(fa, fb).levels[0].term("compute").changed
+
+
 def test_tp1_against_tp2_moves_the_collectives(tmp_path):
     """A TP 1 run has step records and no collectives: attribute splits it (transfer and wait exactly 0, the plan
     of TP 1 matched), and against TP 2 the collectives are resolved, positive, with the plan's bytes named."""

@@ -116,7 +116,7 @@ def level_diff(
     waits = [wa, wb]
     refs = [_reference(a), _reference(b)]
     others = [_others(a), _others(b)]
-    host_notes = _host_load(terms, wa, wb, ra == rb, refs, others)
+    host_notes = _host_load(terms, wa, wb, ra == rb, refs, others, wait_slopes(a, b))
     dsum = [t.diff for t in terms if t.in_sum]
     total = terms[0].diff
     residual = total - sum(dsum) if total is not None and None not in dsum else None
@@ -185,6 +185,43 @@ def _reference(levels: list[LevelSplit]) -> float | None:
     return sum(v) / len(v) if v and None not in v else None
 
 
+# Student's t at 97.5% by degrees of freedom (the upper bound of a slope estimated from a few repeats)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+MAX_WAIT_SLOPE = 5.0  # the most a term may be taken to move per ms of the ranks' CPU wait (see wait_slopes)
+
+
+def wait_slopes(a: list[LevelSplit], b: list[LevelSplit]) -> dict[str, float]:
+    """Per engine term: how far it moved per ms of the ranks' CPU wait within each run's own repeats (the
+    pooled within-run least-squares slope's 95% upper bound, from 1 to MAX_WAIT_SLOPE), where the repeats
+    allow it; 1 elsewhere (the rule's premise). Within a run nothing changed but the host, so a term that
+    moves with the wait there moves with it between the runs too, and the change itself cannot confound the
+    slope (a between-run slope would explain any change that also moved the wait). Measured here, 2 cores, a
+    TP-2 vLLM-CPU server: the per-token time moved 2.4 ms per ms of wait across three repeats of one run (the
+    step thread's wait stands for all the workers' threads' waits, which are not measured)."""
+    runs = [[lv for lv in side if lv.cpu_wait is not None] for side in (a, b)]
+    if any(len(r) < 2 for r in runs) or len(runs[0]) + len(runs[1]) < 5:
+        return {}
+    out = {}
+    for name in ("per_token", *TERMS, "collective"):
+        sxx = sxy = syy = 0.0
+        for r in runs:
+            pts = [(lv.cpu_wait.ms_per_step, values(lv).get(name)) for lv in r]
+            if any(v is None for _, v in pts):
+                break
+            mw, mv = sum(w for w, _ in pts) / len(pts), sum(v for _, v in pts) / len(pts)
+            sxx += sum((w - mw) ** 2 for w, _ in pts)
+            sxy += sum((w - mw) * (v - mv) for w, v in pts)
+            syy += sum((v - mv) ** 2 for _, v in pts)
+        else:
+            df = len(runs[0]) + len(runs[1]) - 3
+            if sxx <= 0 or df not in T975:
+                continue
+            beta = sxy / sxx
+            se = math.sqrt(max(0.0, syy - beta * sxy) / df / sxx)
+            out[name] = min(MAX_WAIT_SLOPE, max(1.0, beta + T975[df] * se))
+    return out
+
+
 def _others(levels: list[LevelSplit]) -> float | None:
     """The CPU time others took during the level (percent of the machine's: analysis/hostload.py), mean over
     the level's repeats; None where a repeat lacks it."""
@@ -209,6 +246,7 @@ def _host_load(
     same_ranks: bool,
     refs: list[float | None],
     others: list[float | None] | None = None,
+    slopes: dict[str, float] | None = None,
 ) -> list[str]:
     """Mark each resolved difference that the host's contention could account for (TermDiff.host_load); the
     level's notes about it.
@@ -218,7 +256,10 @@ def _host_load(
     moments add, so x is summed over ranks). So a change of the ranks' CPU wait per step by dw between the runs
     can move any engine term by up to |dw|: the per-token time, compute, transfer and host gap only in dw's
     direction, the wait either way. A resolved difference whose interval reaches within |dw| of 0, in a
-    direction the load could move it, may be that and nothing else, and is not called a change. The client's
+    direction the load could move it, may be that and nothing else, and is not called a change. That premise
+    holds for the step thread whose wait is measured; the workers' other threads wait unmeasured, so where
+    the runs' own repeats show a term moving by more than 1 ms per ms of wait (`slopes`, wait_slopes: the
+    upper bound of the within-run slope, at most 5), |dw| is scaled by it. The client's
     per-token time (the four engine terms + delivery) gets the per-token time's allowance: its engine part
     moves with the load as that does (it was exempt until 2026-12-06, and a real A/A across a restart called
     it changed while the engine's per-token time inside it was marked as the load), unless the delivery term
@@ -300,14 +341,18 @@ def _host_load(
         if t.name == "client_per_token" and dt is not None and dt.resolved:
             continue  # part of it is a resolved change of delivery, which the ranks' load does not bound
         # each allowance only where the load or the speed moved the way the term did (the wait: either way)
-        wait_part = abs(dw) if dw is not None and (t.name not in ONE_WAY or t.diff * dw > 0) else 0.0
+        k = (slopes or {}).get("per_token" if t.name == "client_per_token" else t.name, 1.0)
+        wait_part = k * abs(dw) if dw is not None and (t.name not in ONE_WAY or t.diff * dw > 0) else 0.0
         speed_part = abs(dr * t.a) if dr is not None and (t.name not in ONE_WAY or t.diff * dr > 0) else 0.0
         others_part = abs(do * t.a) if do is not None and (t.name not in ONE_WAY or t.diff * do > 0) else 0.0
         near = min(abs(t.lo), abs(t.hi))
         if (wait_part or speed_part or others_part) and wait_part + speed_part + others_part >= near:
             why = []
             if wait_part:
-                why.append(f"the ranks' CPU wait per step changed by {signed(dw)} ms (A {fmt(wa)}, B {fmt(wb)} ms)")
+                why.append(
+                    f"the ranks' CPU wait per step changed by {signed(dw)} ms (A {fmt(wa)}, B {fmt(wb)} ms"
+                    + (f"; within each run's repeats this term moved up to {fmt(k)} ms per ms of it)" if k > 1 else ")")
+                )
             if speed_part:
                 why.append(
                     f"the host ran its reference work {fmt(abs(100 * dr))}% {'slower' if dr > 0 else 'faster'} in B "
