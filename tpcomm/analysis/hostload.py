@@ -101,7 +101,11 @@ def _machine_ticks() -> tuple[int, int] | None:
 def _tree(root: int) -> set[int]:
     """`root` and every process descended from it (the vLLM server: API server, engine core, workers)."""
     parent: dict[int, int] = {}
-    for d in os.listdir("/proc"):
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {root}
+    for d in names:
         if d.isdigit():
             try:
                 st = Path(f"/proc/{d}/stat").read_text()
@@ -159,28 +163,37 @@ def _run_delay_ns(pid: int) -> int | None:
 class HostLoadMeter:
     """start() before a round, stop(tokens) after it: the HostLoad document of that round (or None)."""
 
-    def __init__(self, api_pid: int | None):
+    def __init__(self, api_pid: int | None, worker_pids: tuple[int, ...] = ()):
         self.api_pid = api_pid
+        self.worker_pids = tuple(worker_pids)  # the server's workers seen on this machine (Ray's are no children)
         self._t0 = self._p0 = self._d0 = None
+        self._m0, self._tree, self._s0 = None, set(), {}
 
     def start(self) -> None:
         self._t0, self._p0 = time.monotonic_ns(), _pressure_us()
         self._d0 = _run_delay_ns(self.api_pid) if self.api_pid else None
         self._c0 = _run_delay_ns(os.getpid())
-        # others' CPU: the machine's busy time less the server's process tree's and this client's
-        self._m0 = _machine_ticks()
-        self._tree = _tree(self.api_pid) if self.api_pid else set()
-        self._s0 = _cpu_ticks(self._tree | {os.getpid()})
+        # others' CPU: the machine's busy time less the server's process tree's and this client's (the tree
+        # found first, so that the scan's own CPU is not counted as others'); never raises into the level
+        try:
+            self._tree = set().union(*(_tree(p) for p in (self.api_pid, *self.worker_pids) if p))
+            self._m0 = _machine_ticks()
+            self._s0 = _cpu_ticks(self._tree | {os.getpid()})
+        except Exception:  # noqa: BLE001 - a figure not measured, not a failed level
+            self._m0, self._tree, self._s0 = None, set(), {}
 
     def _others(self, wall_us: float) -> tuple[float | None, float | None]:
         """(others' CPU, steal) over the round, percent of the machine's CPU time: the machine's busy time
         (/proc/stat) less the CPU time of the server's process tree (the API server's descendants) and of this
         client, and the hypervisor's steal (time this machine's CPUs wanted and another guest got). None off
         Linux or where the server's API process could not be read (then it would count as others')."""
-        m1 = _machine_ticks()
+        try:
+            m1 = _machine_ticks()
+            s1 = _cpu_ticks(self._tree | {os.getpid()})
+        except Exception:  # noqa: BLE001 - a figure not measured, not a failed level
+            return None, None
         if m1 is None or self._m0 is None or not wall_us or not self._tree:
             return None, None
-        s1 = _cpu_ticks(self._tree | {os.getpid()})
         if self.api_pid not in s1 or self.api_pid not in self._s0:
             return None, None
         ours = sum(s1[p] - self._s0[p] for p in s1 if p in self._s0)

@@ -121,7 +121,7 @@ def _host_meter(watch: RankWatch | None) -> HostLoadMeter | None:
     (not measured)."""
     if not _on_server_machine(watch):
         return None
-    m = HostLoadMeter(watch.api[1] if watch.api else None)
+    m = HostLoadMeter(watch.api[1] if watch.api else None, tuple(watch.local.values()))
     m.start()
     return m
 

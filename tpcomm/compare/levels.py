@@ -116,7 +116,8 @@ def level_diff(
     waits = [wa, wb]
     refs = [_reference(a), _reference(b)]
     others = [_others(a), _others(b)]
-    host_notes = _host_load(terms, wa, wb, ra == rb, refs, others, wait_slopes(a, b))
+    dw = wb - wa if wa is not None and wb is not None else None
+    host_notes = _host_load(terms, wa, wb, ra == rb, refs, others, wait_slopes(a, b, dw))
     dsum = [t.diff for t in terms if t.in_sum]
     total = terms[0].diff
     residual = total - sum(dsum) if total is not None and None not in dsum else None
@@ -185,40 +186,55 @@ def _reference(levels: list[LevelSplit]) -> float | None:
     return sum(v) / len(v) if v and None not in v else None
 
 
-# Student's t at 97.5% by degrees of freedom (the upper bound of a slope estimated from a few repeats)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+# Student's t, one-sided 95%, by degrees of freedom (beyond 30: the normal's 1.645): the upper bound of a slope
+# estimated from a few repeats
+T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812}
+T95.update({12: 1.782, 15: 1.753, 20: 1.725, 30: 1.697})
 MAX_WAIT_SLOPE = 5.0  # the most a term may be taken to move per ms of the ranks' CPU wait (see wait_slopes)
+# the runs' repeats inform a slope only where the wait moved within them by at least this share of the
+# difference between the runs (pooled within-run standard deviation): a flat wait says nothing of it
+MIN_WAIT_SPREAD = 0.1
 
 
-def wait_slopes(a: list[LevelSplit], b: list[LevelSplit]) -> dict[str, float]:
-    """Per engine term: how far it moved per ms of the ranks' CPU wait within each run's own repeats (the
-    pooled within-run least-squares slope's 95% upper bound, from 1 to MAX_WAIT_SLOPE), where the repeats
-    allow it; 1 elsewhere (the rule's premise). Within a run nothing changed but the host, so a term that
-    moves with the wait there moves with it between the runs too, and the change itself cannot confound the
-    slope (a between-run slope would explain any change that also moved the wait). Measured here, 2 cores, a
-    TP-2 vLLM-CPU server: the per-token time moved 2.4 ms per ms of wait across three repeats of one run (the
-    step thread's wait stands for all the workers' threads' waits, which are not measured)."""
+def _t95(df: int) -> float:
+    return next((T95[k] for k in sorted(T95) if k >= df), 1.645)
+
+
+def wait_slopes(a: list[LevelSplit], b: list[LevelSplit], dw: float | None = None) -> dict[str, tuple[float, bool]]:
+    """Per engine term: (k, clipped): how far it may move per ms of the ranks' CPU wait, from each run's own
+    repeats: the pooled within-run least-squares slope's one-sided 95% upper bound (of its size, for the
+    terms that move either way), at least 1 (the rule's premise) and at most MAX_WAIT_SLOPE (`clipped`: the
+    repeats did not bound it below that). Only where each run has 2 repeats with the wait, 5 in all, and the
+    wait moved within them (pooled standard deviation at least MIN_WAIT_SPREAD of |dw|, the difference between
+    the runs); elsewhere no entry (k = 1). Within a run nothing changed but the host, and each run's own mean
+    absorbs the difference between the runs, so a lever that moves the wait cannot set the slope (a slope
+    across the runs would explain any such lever away); it assumes the term moves with the wait alike in both
+    runs. Measured here, 2 cores, a TP-2 vLLM-CPU server: the per-token time moved 2.4 ms per ms of wait across
+    three repeats of one run (the step thread's wait stands for all the workers' threads' waits, which are not
+    measured)."""
     runs = [[lv for lv in side if lv.cpu_wait is not None] for side in (a, b)]
-    if any(len(r) < 2 for r in runs) or len(runs[0]) + len(runs[1]) < 5:
+    n = len(runs[0]) + len(runs[1])
+    if any(len(r) < 2 for r in runs) or n < 5:
         return {}
     out = {}
     for name in ("per_token", *TERMS, "collective"):
         sxx = sxy = syy = 0.0
         for r in runs:
             pts = [(lv.cpu_wait.ms_per_step, values(lv).get(name)) for lv in r]
-            if any(v is None for _, v in pts):
+            if any(v is None or not math.isfinite(v) or not math.isfinite(w) for w, v in pts):
                 break
             mw, mv = sum(w for w, _ in pts) / len(pts), sum(v for _, v in pts) / len(pts)
             sxx += sum((w - mw) ** 2 for w, _ in pts)
             sxy += sum((w - mw) * (v - mv) for w, v in pts)
             syy += sum((v - mv) ** 2 for _, v in pts)
         else:
-            df = len(runs[0]) + len(runs[1]) - 3
-            if sxx <= 0 or df not in T975:
+            spread = math.sqrt(sxx / (n - 2))
+            if spread < max(1e-3, MIN_WAIT_SPREAD * abs(dw or 0.0)):
                 continue
             beta = sxy / sxx
-            se = math.sqrt(max(0.0, syy - beta * sxy) / df / sxx)
-            out[name] = min(MAX_WAIT_SLOPE, max(1.0, beta + T975[df] * se))
+            se = math.sqrt(max(0.0, syy - beta * sxy) / (n - 3) / sxx)
+            size = (beta if name in ONE_WAY else abs(beta)) + _t95(n - 3) * se
+            out[name] = (min(MAX_WAIT_SLOPE, max(1.0, size)), size > MAX_WAIT_SLOPE)
     return out
 
 
@@ -246,7 +262,7 @@ def _host_load(
     same_ranks: bool,
     refs: list[float | None],
     others: list[float | None] | None = None,
-    slopes: dict[str, float] | None = None,
+    slopes: dict[str, tuple[float, bool]] | None = None,
 ) -> list[str]:
     """Mark each resolved difference that the host's contention could account for (TermDiff.host_load); the
     level's notes about it.
@@ -259,7 +275,7 @@ def _host_load(
     direction the load could move it, may be that and nothing else, and is not called a change. That premise
     holds for the step thread whose wait is measured; the workers' other threads wait unmeasured, so where
     the runs' own repeats show a term moving by more than 1 ms per ms of wait (`slopes`, wait_slopes: the
-    upper bound of the within-run slope, at most 5), |dw| is scaled by it. The client's
+    one-sided 95% upper bound of the within-run slope, at most 5), |dw| is scaled by it. The client's
     per-token time (the four engine terms + delivery) gets the per-token time's allowance: its engine part
     moves with the load as that does (it was exempt until 2026-12-06, and a real A/A across a restart called
     it changed while the engine's per-token time inside it was marked as the load), unless the delivery term
@@ -341,7 +357,7 @@ def _host_load(
         if t.name == "client_per_token" and dt is not None and dt.resolved:
             continue  # part of it is a resolved change of delivery, which the ranks' load does not bound
         # each allowance only where the load or the speed moved the way the term did (the wait: either way)
-        k = (slopes or {}).get("per_token" if t.name == "client_per_token" else t.name, 1.0)
+        k, clipped = (slopes or {}).get("per_token" if t.name == "client_per_token" else t.name, (1.0, False))
         wait_part = k * abs(dw) if dw is not None and (t.name not in ONE_WAY or t.diff * dw > 0) else 0.0
         speed_part = abs(dr * t.a) if dr is not None and (t.name not in ONE_WAY or t.diff * dr > 0) else 0.0
         others_part = abs(do * t.a) if do is not None and (t.name not in ONE_WAY or t.diff * do > 0) else 0.0
@@ -351,7 +367,13 @@ def _host_load(
             if wait_part:
                 why.append(
                     f"the ranks' CPU wait per step changed by {signed(dw)} ms (A {fmt(wa)}, B {fmt(wb)} ms"
-                    + (f"; within each run's repeats this term moved up to {fmt(k)} ms per ms of it)" if k > 1 else ")")
+                    + (
+                        f"; within each run's repeats this term moved with it by up to {fmt(k)} ms per ms"
+                        + (" or more: not bounded by the repeats, taken as that" if clipped else "")
+                        + ")"
+                        if k > 1
+                        else ")"
+                    )
                 )
             if speed_part:
                 why.append(
