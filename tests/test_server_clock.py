@@ -175,3 +175,15 @@ def test_the_client_is_beside_rank_0_by_its_boot_id_whatever_the_other_nodes():
     # a run older than the client's boot id: loopback means one machine (and one clock) only with one node
     assert client_beside({0: {"boot_id": "a"}}, {"server_url": "http://127.0.0.1:8000"})
     assert not client_beside({0: {"boot_id": "a"}}, {"server_url": "http://10.0.0.5:8000"})
+
+
+def test_another_clients_stop_is_timed_on_the_workers_clock():
+    """ "stopped N s after our start": the stop's time and our start's, both as the workers stamped them (the
+    client's first send, on a clock 10 s ahead, made it -7.0 s)."""
+    from tpcomm.attribute.records import session_problem
+
+    st = {"session": "s", "armed": False, "started_ns": 10 * 10**9, "stopped_ns": 13 * 10**9}
+    assert "stopped the hook's recording during this level 3.0 s after our start" in session_problem(
+        st, "s", 20 * 10**9
+    )
+    assert "after our start" not in session_problem({**st, "started_ns": 0, "stopped_ns": 5}, "s", 20 * 10**9)

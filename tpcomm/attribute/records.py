@@ -57,7 +57,9 @@ def session_problem(st: dict, session: str, started_ns: int) -> str | None:
         )
     if not st.get("armed"):
         when = st.get("stopped_ns") or 0
-        after = f" {(when - started_ns) / 1e9:.1f} s after our start" if when and started_ns else ""
+        # our recording's start on the workers' clock, as the stop's time is (the client's may be off it)
+        began = st.get("started_ns") or started_ns
+        after = f" {(when - began) / 1e9:.1f} s after our start" if when and began and when >= began else ""
         return f"another client stopped the hook's recording during this level{after}: later steps were not recorded"
     return None
 
