@@ -187,3 +187,25 @@ def test_another_clients_stop_is_timed_on_the_workers_clock():
         st, "s", 20 * 10**9
     )
     assert "after our start" not in session_problem({**st, "started_ns": 0, "stopped_ns": 5}, "s", 20 * 10**9)
+
+
+def test_off_one_clock_the_early_token_check_runs_against_the_bound(tmp_path, truth):
+    """A token cannot reach the client before the step that made it ended: on clocks apart that check runs
+    with the bound (the token's arrival on the server's clock at most a + hi). With the true bound no token
+    is early (the pairing is right); with a bound 1 s short of the truth (a wrong bound, as a wrong pairing
+    would look) every token of C=2 is 'early' and its delivery term fails."""
+    from tpcomm.analysis.attribution import analyse_run_dir
+
+    att = analyse_run_dir(_moved_client(tmp_path, "right", -2000.0, 3.0))
+    assert all(lv.delivery_term.early_tokens == 0 for lv in att.levels), [lv.delivery_term for lv in att.levels]
+    run = _moved_client(tmp_path, "wrong", -2000.0, 3.0)
+    levels = json.loads((run / "load/levels.json").read_text())
+    for lv in levels:
+        lv["server_clock"] = {
+            **lv["server_clock"],
+            "lo_ms": lv["server_clock"]["lo_ms"] - 1000,
+            "hi_ms": lv["server_clock"]["hi_ms"] - 1000,
+        }
+    (run / "load/levels.json").write_text(json.dumps(levels))
+    c2 = next(lv for lv in analyse_run_dir(run).levels if lv.concurrency == 2)
+    assert c2.delivery_term.early_tokens > 300 and c2.delivery_term.ok is False, c2.delivery_term

@@ -34,7 +34,7 @@ from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.rundir import contract as C
 from tpcomm.rundir.documents import LoadLevel
 from tpcomm.rundir.layout import RunDir
-from tpcomm.rundir.results import Attribution, CpuWait, DeliveryTerm, HostLoad, LevelSplit, Site
+from tpcomm.rundir.results import Attribution, CpuWait, DeliveryTerm, HostLoad, LevelSplit, ServerClock, Site
 
 METHOD = (
     "One clock, one window, one statistic per level. Window: the level's steady window (from the moment all C "
@@ -230,9 +230,8 @@ def analyse_run_dir(
         # the delays need one clock: a bound that excludes 0 says the two are not one, boot ids or not
         same = delivery.one_clock(nodes, att.conditions) and not (sclock and sclock.resolved)
         mine = level_step_requests(step_reqs, lreq)
-        apart = sclock.text() if sclock and sclock.resolved else None
         doc, window = _level(
-            lv, win, rows, al, st, lreq, tok, cc, sites, same, source, mine, every_step, out_rank, apart
+            lv, win, rows, al, st, lreq, tok, cc, sites, same, source, mine, every_step, out_rank, sclock
         )
         # Other traffic is judged over the whole window's decode steps: at C=1 the split rests on the requests
         # whose steps paired cleanly, and another client's prefill is what breaks a pairing, so the split's own
@@ -267,7 +266,7 @@ def client_side(
     step_reqs: pd.DataFrame | None = None,
     every_step: pd.DataFrame | None = None,
     out_rank: int | None = None,
-    clock_apart: str | None = None,
+    server_clock: ServerClock | None = None,
 ) -> dict:
     """One level's client side beside its engine rows (rank_steps rows of the level, all kinds): the engine's
     split over the whole window, stalls, each request paired with its own steps (pairing.py), the closure and
@@ -279,8 +278,10 @@ def client_side(
     them, not on the client's clock, and on the rows of their own steps (from `every_step`, rank_steps rows of
     the whole run, where given: a level's window leaves out its closed loop's tail, where fewer than C streams
     ran, yet the requests of the tail made tokens there too). `out_rank`: the rank whose step end makes a token
-    (pairing.output_rank; None: the mean over ranks). `clock_apart`: why the client's clock and the server's
-    are not one (serverclock.py: the bound excludes 0), where they are known to differ."""
+    (pairing.output_rank; None: the mean over ranks). `server_clock`: how the level's window was placed on
+    the server's clock (serverclock.py): where its bound excludes 0 the two clocks are apart, and the
+    client-times pairing is refused; its upper bound lets the early-token check run off one clock."""
+    clock_apart = server_clock.text() if server_clock is not None and server_clock.resolved else None
     whole = engine_split(rows)
     stalls = find_stalls(tokens, whole["engine_ms_per_token"])
     ok = requests[requests["ok"]] if "ok" in requests.columns else requests
@@ -333,6 +334,7 @@ def client_side(
             pairing=how,
             earliest=first,
             split_terms=five["per_token_ms"],
+            offset_hi_ms=server_clock.hi_ms if server_clock is not None else None,
         )
         if dt.measured:
             delivery_rows = dict(zip((int(r) for r, _, _ in per_req), delivery.request_sums(per_req)))
@@ -370,12 +372,12 @@ def _level(
     step_reqs=None,
     every_step=None,
     out_rank=None,
-    clock_apart=None,
+    server_clock=None,
 ) -> tuple[LevelSplit, float | None]:
     """One level's split, client side and closure (see the module docstring and closure.py), and the mean
     sequences per decode step over the level's whole window."""
     c, rep = lv.concurrency, lv.repeat
-    cs = client_side(rows, lreq, tok, c, same_clock, step_reqs, every_step, out_rank, clock_apart)
+    cs = client_side(rows, lreq, tok, c, same_clock, step_reqs, every_step, out_rank, server_clock)
     whole, sp = cs["whole"], cs["split"]
     flags = []
     if (lv.itl_burst_pct or 0) > 10:

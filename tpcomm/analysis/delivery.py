@@ -127,10 +127,13 @@ def delivery_term(
     pairing: str = "prefill segments",
     earliest: dict | None = None,
     split_terms: dict | None = None,
+    offset_hi_ms: float | None = None,
 ) -> DeliveryTerm:
     """The level's delivery term from token_delays() output, beside the split's per-token time over the same
     requests' decode steps (`split_ms`: the sum of the four engine terms). `pairing`: how its tokens were paired
-    with their steps (pairing.py): "prefill segments" (C=1) or "request ids" (the hook's records of them)."""
+    with their steps (pairing.py): "prefill segments" (C=1) or "request ids" (the hook's records of them).
+    `offset_hi_ms`: at most this much is the server's clock ahead of the client's (serverclock.py's bound),
+    where they are not one clock: the early-token check then allows for it."""
     if not_measured or not per_request:
         return DeliveryTerm.not_measured(not_measured or "no request's tokens could be paired with their steps")
     sums = request_sums(per_request)
@@ -166,7 +169,10 @@ def delivery_term(
     # descheduled after its part of the step ends later than the token, which the first rank already made.
     first = [earliest.get(rid, m) for rid, m, _ in per_request] if earliest else [m for _, m, _ in per_request]
     lead = np.concatenate([a - f for (_, _, a), f in zip(per_request, first)]) / 1e6
-    early = int((lead < -EARLY_MS).sum()) if one_clock else 0
+    # off one clock, a token is certainly early only if it is so with the server's clock as far ahead as the
+    # bound allows: its arrival on the server's clock is at most a + hi
+    allow = 0.0 if one_clock else offset_hi_ms
+    early = int((lead + allow < -EARLY_MS).sum()) if allow is not None else 0
     return DeliveryTerm(
         measured=True,
         ms=dl,

@@ -153,10 +153,8 @@ def level_sample(
     """The level's decode pairs in blocks (see the module docstring); `point` = the block sums' estimate.
     `step_reqs`: the level's rows of hook/step_requests.parquet (client_side pairs by them above C=1)."""
     c = lv.concurrency
-    sc = lv.server_clock
-    apart = sc.text() if sc is not None and sc.resolved else None  # as analyse_run_dir paired it
-    cs = client_side(
-        rows, req, tok, c, step_reqs=step_reqs, every_step=every_step, out_rank=out_rank, clock_apart=apart
+    cs = client_side(  # as analyse_run_dir paired it: on the server's clock as the level was placed
+        rows, req, tok, c, step_reqs=step_reqs, every_step=every_step, out_rank=out_rank, server_clock=lv.server_clock
     )
     compared = cs["compared"]
     pairs_doc = cs["pairs"]
