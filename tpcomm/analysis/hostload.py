@@ -98,24 +98,24 @@ def _machine_ticks() -> tuple[int, int] | None:
         return None
 
 
-def _tree(root: int) -> set[int]:
-    """`root` and every process descended from it (the vLLM server: API server, engine core, workers)."""
-    parent: dict[int, int] = {}
+def _tree(*roots: int) -> set[int]:
+    """`roots` and every process descended from them (the vLLM server: API server, engine core, workers), from
+    one scan of /proc."""
+    children: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return {root}
+        return set(roots)
     for d in names:
         if d.isdigit():
             try:
                 st = Path(f"/proc/{d}/stat").read_text()
-                parent[int(d)] = int(st[st.rindex(")") + 2 :].split()[1])
+                children.setdefault(int(st[st.rindex(")") + 2 :].split()[1]), []).append(int(d))
             except (OSError, ValueError, IndexError):
                 continue
-    out, todo = {root}, [root]
+    out, todo = set(roots), list(roots)
     while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == p and c not in out]
+        kids = [c for c in children.get(todo.pop(), []) if c not in out]
         out.update(kids)
         todo += kids
     return out
@@ -176,7 +176,7 @@ class HostLoadMeter:
         # others' CPU: the machine's busy time less the server's process tree's and this client's (the tree
         # found first, so that the scan's own CPU is not counted as others'); never raises into the level
         try:
-            self._tree = set().union(*(_tree(p) for p in (self.api_pid, *self.worker_pids) if p))
+            self._tree = _tree(*(p for p in (self.api_pid, *self.worker_pids) if p))
             self._m0 = _machine_ticks()
             self._s0 = _cpu_ticks(self._tree | {os.getpid()})
         except Exception:  # noqa: BLE001 - a figure not measured, not a failed level

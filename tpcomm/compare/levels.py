@@ -186,8 +186,8 @@ def _reference(levels: list[LevelSplit]) -> float | None:
     return sum(v) / len(v) if v and None not in v else None
 
 
-# Student's t, one-sided 95%, by degrees of freedom (beyond 30: the normal's 1.645): the upper bound of a slope
-# estimated from a few repeats
+# Student's t, one-sided 95%, by degrees of freedom (between and beyond the tabled ones: the next smaller df's,
+# a little wider): the upper bound of a slope estimated from a few repeats
 T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812}
 T95.update({12: 1.782, 15: 1.753, 20: 1.725, 30: 1.697})
 MAX_WAIT_SLOPE = 5.0  # the most a term may be taken to move per ms of the ranks' CPU wait (see wait_slopes)
@@ -197,7 +197,8 @@ MIN_WAIT_SPREAD = 0.1
 
 
 def _t95(df: int) -> float:
-    return next((T95[k] for k in sorted(T95) if k >= df), 1.645)
+    """The tabled t at the largest tabled df not above `df` (a larger t: the bound errs wide, not narrow)."""
+    return T95[max(k for k in T95 if k <= max(df, 1))]
 
 
 def wait_slopes(a: list[LevelSplit], b: list[LevelSplit], dw: float | None = None) -> dict[str, tuple[float, bool]]:
