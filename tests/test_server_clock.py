@@ -209,3 +209,21 @@ def test_off_one_clock_the_early_token_check_runs_against_the_bound(tmp_path, tr
     (run / "load/levels.json").write_text(json.dumps(levels))
     c2 = next(lv for lv in analyse_run_dir(run).levels if lv.concurrency == 2)
     assert c2.delivery_term.early_tokens > 300 and c2.delivery_term.ok is False, c2.delivery_term
+
+
+def test_a_malformed_bound_is_one_line_naming_it(tmp_path):
+    """A hand-edited `server_clock` in load/levels.json: a clear error naming the file and the field (exit 2 from
+    the CLI, as every run-directory file), not a traceback; the run's files are left as they were."""
+    from click.testing import CliRunner
+
+    from tpcomm.cli import cli
+
+    run = _moved_client(tmp_path, "bad", 0.0, 3.0)
+    levels = json.loads((run / "load/levels.json").read_text())
+    levels[1]["server_clock"]["hi_ms"] = "soon"
+    (run / "load/levels.json").write_text(json.dumps(levels))
+    before = (run / "load/levels.json").read_text()
+    res = CliRunner().invoke(cli, ["attribute", "--reanalyse", str(run)])
+    assert res.exit_code == 2, res.output
+    assert "load/levels.json [1.server_clock.hi_ms]" in res.output and "'soon', not a number of ms" in res.output
+    assert (run / "load/levels.json").read_text() == before

@@ -32,6 +32,7 @@ from tpcomm.analysis.timeline import one_step_timeline
 from tpcomm.judge import bottleneck, complete, definitions
 from tpcomm.judge.speaks import level_that_speaks
 from tpcomm.rundir import contract as C
+from tpcomm.rundir.contract import SchemaError
 from tpcomm.rundir.documents import LoadLevel
 from tpcomm.rundir.layout import RunDir
 from tpcomm.rundir.results import Attribution, CpuWait, DeliveryTerm, HostLoad, LevelSplit, ServerClock, Site
@@ -80,6 +81,11 @@ def _placed(windows: list[dict], levels: list[LoadLevel], same_machine: bool) ->
     """(concurrency, repeat) -> (the level's window on the server's clock, ServerClock): serverclock.place with
     the bound the client measured at the level's recording start (load/levels.json `server_clock`)."""
     bounds = {(lv.concurrency, lv.repeat): lv.server_clock for lv in levels}
+    for i, lv in enumerate(levels):  # a hand-edited bound: one line naming it, not a traceback
+        for k in ("lo_ms", "hi_ms"):
+            v = (lv.server_clock or {}).get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v)):
+                raise SchemaError(C.LOAD_LEVELS, f"holds {v!r}, not a number of ms", f"{i}.server_clock.{k}")
     return {
         (w["concurrency"], w["repeat"]): serverclock.place(
             w, bounds.get((w["concurrency"], w["repeat"])), same_machine, outer=w["concurrency"] == 1
