@@ -234,7 +234,7 @@ def test_ctrl_c_in_the_profiled_round_stops_the_servers_profiler_and_our_recordi
     args += ["--input-len", "16", "--output-len", "200", "--warmup", "1", "--max-rounds", "1"]
     args += ["--profile", "--profile-dir", str(prof), "--out", str(out)]
     p = subprocess.Popen(
-        TPCOMM + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        TPCOMM + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, process_group=0
     )
     hook = HookClient(keyed_server.url, api_key=KEY, timeout_s=60)
     try:
@@ -287,7 +287,7 @@ def test_a_whole_server_killed_mid_level_ends_the_run_incomplete_not_blamed_on_a
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        start_new_session=True,
+        process_group=0,  # its own group in this session, beside the server (tpcomm/procgroup.py)
     )
     try:
         wait_armed(HookClient(srv.url, timeout_s=60), "-c2-r0", p, out)  # polled once a second

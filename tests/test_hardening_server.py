@@ -61,7 +61,7 @@ def _popen(url: str, out: Path, *args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
-        start_new_session=True,  # its own process group: a terminal's Ctrl-C reaches the whole group
+        process_group=0,  # its own process group, in this session beside the server (tpcomm/procgroup.py)
     )
 
 

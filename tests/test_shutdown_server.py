@@ -49,7 +49,7 @@ def _attribute(srv, out: Path, *args: str, key: str | None = KEY) -> subprocess.
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # its own process group: killed whole below
+        process_group=0,  # its own process group (killed whole below), in this session (tpcomm/procgroup.py)
     )
 
 

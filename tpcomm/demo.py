@@ -41,6 +41,8 @@ from pathlib import Path
 
 import click
 
+from tpcomm.procgroup import OWN_GROUP, terminal_writes_allowed
+
 TP = 2
 CONCURRENCY = "1,2,4"
 BUDGET_S = 600  # the demo's promise on 2 cores
@@ -137,8 +139,10 @@ class Demo:
         shown = "tpcomm " + " ".join(shlex.quote(a) for a in [command, *args])
         self.say(f"{name}: $ {shown}", bold=True)
         t = time.monotonic()
-        # Own process group: a timeout kills the command and everything it started (e.g. probe ranks).
-        proc = subprocess.Popen([sys.executable, "-m", "tpcomm.cli", command, *args], start_new_session=True)
+        # Own process group: a timeout kills the command and everything it started (e.g. probe ranks); in this
+        # session, beside the demo's server (procgroup.py), writing to this terminal from the background.
+        with terminal_writes_allowed():
+            proc = subprocess.Popen([sys.executable, "-m", "tpcomm.cli", command, *args], **OWN_GROUP)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

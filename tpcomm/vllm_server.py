@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpcomm.procgroup import OWN_GROUP
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -131,7 +133,7 @@ class VllmServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                **OWN_GROUP,  # a group of its own in this session (procgroup.py: a session of its own starves us)
             )
         finally:
             if log is not subprocess.DEVNULL:
@@ -172,7 +174,7 @@ class VllmServer:
         p, self.proc = self.proc, None
         if p is None:
             return
-        # The group is the leader's pid (start_new_session): known even where the leader itself is gone (a test
+        # The group is the leader's pid (OWN_GROUP): known even where the leader itself is gone (a test
         # killed the API server and reaped it), when os.getpgid would fail and leave its engine core and workers.
         pgid = p.pid
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5)):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 
+from tpcomm.procgroup import OWN_GROUP
 from tpcomm.selfcheck.result import FAIL, PASS, SKIP, Check, fork_check, judge_wrong, probe_ops_check
 
 # Each item's wall-clock limit (s): past it the item's processes are stopped and the item FAILs. Together with
@@ -27,11 +28,9 @@ class ItemTimeout(Exception):
 
 
 def _run_bounded(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `cmd` in a session of its own; past `timeout`: SIGINT (the probe's launcher then ends its ranks),
-    SIGKILL to the session 10 s later, and ItemTimeout."""
-    p = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
+    """Run `cmd` in a process group of its own (procgroup.py); past `timeout`: SIGINT (the probe's launcher then ends its ranks),
+    SIGKILL to the group 10 s later, and ItemTimeout."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **OWN_GROUP)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
