@@ -141,13 +141,14 @@ def test_metrics_histograms_agree_with_records(vllm_server, tmp_path):
 def test_the_ranks_cpu_wait_rises_when_the_cores_are_taken(vllm_server):
     """The hook's `cpu_wait` (each worker's step thread, schedstat run_delay over the recording) is the host's
     contention that `compare` checks differences against: a 48-token request recorded on its own, then beside
-    two spinning processes pinned to each CPU the workers may run on (in a session of their own, as a
-    neighbour's would be: a spinner in the server's or the test's session shares that session's CPU under
-    Linux autogroup and moved nothing, measured), four such pairs in turn. With those cores taken the ranks
-    wait for them: in the median pair the wait rises by at least 0.5 ms per engine step (measured on 2 vCPUs:
-    2.5-3.9 alone, 4.0-7.9 beside one spinner per CPU), and every rank counts the steps it ran. Pairs, not
-    three runs alone then three beside: CI's host once waited 11-14 ms per step "alone", falling to 10-11
-    while the spinners ran, a background load that faded during the test; a pair compares runs seconds apart."""
+    two spinning processes pinned to each CPU the workers may run on (in the server's session, which is the
+    test's (tpcomm/procgroup.py): under Linux autogroup, spinners in a session of their own moved the wait by
+    only 0.1-1.7 ms per step beside a server in the test's session, median 0.36, 2026-12-07), four such pairs
+    in turn. With those cores taken the ranks wait for them: in the median pair the wait rises by at least
+    0.5 ms per engine step (measured on 2 vCPUs, 2026-12-07: 1.0-1.2 alone, 34-43 beside two spinners per
+    CPU), and every rank counts the steps it ran. Pairs, not three runs alone then three beside: CI's host once
+    waited 11-14 ms per step "alone", falling to 10-11 while the spinners ran, a background load that faded
+    during the test; a pair compares runs seconds apart."""
     import os
     import statistics
 
@@ -170,7 +171,7 @@ def test_the_ranks_cpu_wait_rises_when_the_cores_are_taken(vllm_server):
     pairs = []
     for _ in range(4):
         quiet = one()
-        with spinning([["-c", code, str(c)] for c in cpus * 2], settle_s=0.5, new_session=True):
+        with spinning([["-c", code, str(c)] for c in cpus * 2], settle_s=0.5):
             busy = one()
         pairs.append((quiet, busy))
     print(f"\nranks' CPU wait per step (ms), workers on CPUs {cpus}, (alone, beside spinners): {pairs}")

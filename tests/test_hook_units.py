@@ -155,34 +155,43 @@ def test_records_pages_cover_every_row_once():
 
 
 _LOAD = """
-import json
+import json, os, sys
+import vllm.plugins
 from vllm.plugins import load_general_plugins
 from vllm.distributed.parallel_state import GroupCoordinator as G
 from vllm.v1.worker.worker_base import WorkerWrapperBase as W
-load_general_plugins()
-print(json.dumps({
-    "patched": sorted(n for n in dir(G) if hasattr(getattr(G, n, None), "_tpcomm_original")),
-    "all_reduce_module": G.all_reduce.__code__.co_filename,
-    "worker_methods": sorted(n for n in dir(W) if n.startswith("tpcomm_")),
-}))
+for value in json.loads(sys.argv[1]):  # one vLLM import for them all: vLLM reads VLLM_PLUGINS at each load
+    os.environ.pop("VLLM_PLUGINS", None)
+    if value is not None:
+        os.environ["VLLM_PLUGINS"] = value
+    vllm.plugins.plugins_loaded = False
+    load_general_plugins()
+    print(json.dumps({
+        "patched": sorted(n for n in dir(G) if hasattr(getattr(G, n, None), "_tpcomm_original")),
+        "all_reduce_module": G.all_reduce.__code__.co_filename,
+        "worker_methods": sorted(n for n in dir(W) if n.startswith("tpcomm_")),
+    }))
 """
 
 
-def _load_plugins(value: str | None) -> dict:
+def _load_plugins(*values: str | None) -> list[dict]:
+    """vLLM's plugin loader run with each VLLM_PLUGINS value in turn (None: unset) in one fresh process."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
-    if value is not None:
-        env["VLLM_PLUGINS"] = value
-    r = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _LOAD, json.dumps(values)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in r.stdout.strip().splitlines()[-len(values) :]]
 
 
 def test_vllm_plugin_loader_patches_only_when_enabled():
-    for value in ("", None, "some_other_plugin"):  # None: VLLM_PLUGINS unset, vLLM loads every plugin
-        off = _load_plugins(value)
+    # None: VLLM_PLUGINS unset, vLLM loads every plugin. The three in one process (each found nothing patched, so
+    # the next starts clean); "tpcomm" in a fresh one, so that a loader that had already run cannot hide it.
+    offs = _load_plugins("", None, "some_other_plugin")
+    for value, off in zip(("", None, "some_other_plugin"), offs, strict=True):
         assert off["patched"] == [] and off["worker_methods"] == [], value
         assert off["all_reduce_module"].endswith("vllm/distributed/parallel_state.py")
-    on = _load_plugins("tpcomm")
+    (on,) = _load_plugins("tpcomm")
     assert {
         "_all_reduce_out_place",
         "_all_gather_out_place",
