@@ -303,8 +303,9 @@ def no_pooled_server(request):
 #     config the server reports, then a killed TP worker (ends it)
 #   plugin on (a): test_attribute_server's, test_predict_server's, test_compare_server's first A/A run
 #     (conftest.aa_first_run), then the whole-server kill (ends it)
-#   compare's own TP-1 server, then plugin on (b), restarted: compare's second A/A run, test_hook_server's,
-#     test_trace_server's (the pooled profiler), then SIGTERM to its API server (ends it)
+#   compare's own TP-1 server, then plugin on (b), restarted: compare's second A/A run (B); plugin on (c),
+#     restarted again: its third (A again), test_hook_server's, test_trace_server's (the pooled profiler), then
+#     SIGTERM to its API server (ends it)
 #   plugin off: the tests without the plugin, test_hook_failsafe_server's reference tokens
 #   every CPU site faulting: test_hook_failsafe_server's, then the executor-timeout drift (leaves its replies out
 #     of step for good)

@@ -596,3 +596,59 @@ def test_at_one_sequence_per_step_tok_per_s_resolves_with_the_per_token_time(syn
         ), (us, pt, tps)
         seen.add(pt.resolved)
     assert seen == {True, False}, seen  # the edge was straddled: both outcomes met
+
+
+def test_a_run_of_a_again_after_b_bounds_the_drift_between_runs(tmp_path):
+    """`compare --again RUN_A2` (A, B, A again): what two runs of A's configuration differ by is the drift
+    between runs, which no figure of the runs shows (an A/A across a restart here, 2026-12-07: 2.23 -> 1.95 ms
+    per token, -12.6% and resolved, with the ranks' CPU wait 1.02 / 0.96 ms per step, the reference work 3%
+    apart, others' CPU under 1%). Compute 20% longer in B with A again also 20% longer than A (the host drifted,
+    nothing changed) is possibly the drift, named with A again's figure; A again within 1% of A leaves it a
+    change; an A again of another configuration is refused in one line naming what differs; and without
+    --again a resolved change says the drift between runs is not in the intervals."""
+    from tpcomm.compare.tables import sections
+    from tpcomm.compare.verdict import caveat
+    from tpcomm.errors import InputError
+
+    a = run_dir(tmp_path / "a", seed=1, cpu_wait_ms=0.05, reference_ms=3.0, others_cpu_pct=0.0)
+    b = run_dir(tmp_path / "b", seed=3, compute_us=3600.0, cpu_wait_ms=0.05, reference_ms=3.0, others_cpu_pct=0.0)
+    drifted = run_dir(
+        tmp_path / "a2", seed=5, compute_us=3600.0, cpu_wait_ms=0.05, reference_ms=3.0, others_cpu_pct=0.0
+    )
+    cmp = compare_runs(a, b, run_again=drifted)
+    lv = cmp.levels[0]
+    assert lv.drift["compute"] == pytest.approx(lv.term("compute").diff, rel=0.1), (lv.drift, lv.term("compute"))
+    for name in ("per_token", "compute", "tok_per_s"):
+        t = lv.term(name)
+        assert t.resolved and t.host_load and not t.changed, t
+    assert "A run again after B differed from A by +0." in lv.term("compute").host_load
+    assert "may be the drift between runs, not the change" in lv.term("compute").host_load
+    assert "cannot be told from the drift between runs" in cmp.verdict and "B is" not in cmp.verdict, cmp.verdict
+    assert cmp.run_again == str(drifted)
+    text = " ".join(str(item[1]) for _, blocks in sections(cmp) for item in blocks if isinstance(item[1], str))
+    assert f"A again (the drift between runs) = {drifted}" in text and "A again differed from A by +0." in text
+    assert Comparison.from_json(json.loads(json.dumps(cmp.to_json()))).levels[0].drift == lv.drift
+    # A again within 1% of A: the same B is a change, and says so
+    steady = run_dir(tmp_path / "a3", seed=5, compute_us=3030.0, cpu_wait_ms=0.05, reference_ms=3.0, others_cpu_pct=0.0)
+    cmp = compare_runs(a, b, run_again=steady)
+    assert cmp.levels[0].term("compute").changed and cmp.verdict.startswith("At C=1: B is"), cmp.verdict
+    # without --again: the change stands, and the caveat names the drift the intervals do not hold
+    cmp = compare_runs(a, b)
+    assert cmp.levels[0].drift is None and cmp.levels[0].term("compute").changed
+    assert "one repeat each" in cmp.caveat  # one repeat per run: that caveat comes first
+    lv = cmp.levels[0]
+    lv.between_repeats = True  # as with --repeat 3 on both sides: then the drift is what the intervals lack
+    assert "not the drift between runs minutes apart" in caveat(lv) and "`--again`" in caveat(lv)
+    lv.drift = {"per_token": 0.0}
+    assert caveat(lv) is None
+    # an A again of another configuration: one line, naming what differs
+    other = run_dir(tmp_path / "other", seed=5, output_len=32, cpu_wait_ms=0.05, reference_ms=3.0, others_cpu_pct=0.0)
+    with pytest.raises(InputError, match=r"--again .*other: is not a run of A's configuration \(output_len 64 vs 32"):
+        compare_runs(a, b, run_again=other)
+    # the command line: --again reaches the comparison (JSON), and a wrong one is one line, exit 2
+    r = CliRunner().invoke(cli, ["compare", str(a), str(b), "--again", str(drifted), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["run_again"] == str(drifted) and doc["levels"][0]["drift"]["compute"] > 0
+    r = CliRunner().invoke(cli, ["compare", str(a), str(b), "--again", str(other)])
+    assert r.exit_code == 2 and "is not a run of A's configuration" in r.output and "Traceback" not in r.output

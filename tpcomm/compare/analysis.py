@@ -18,6 +18,7 @@ from tpcomm.compare.model import model_diff
 from tpcomm.compare.results import Comparison
 from tpcomm.compare.runs import check_pair, load_run
 from tpcomm.compare.verdict import caveat, gate, verdict, verdict_level
+from tpcomm.errors import InputError
 
 METHOD = (
     "Per concurrency level present in both runs: the per-token time (the mean period of the decode "
@@ -44,10 +45,18 @@ METHOD = (
 
 
 def compare_runs(
-    run_a: str | Path, run_b: str | Path, allow_different_models: bool = False, fail_if_slower: float | None = None
+    run_a: str | Path,
+    run_b: str | Path,
+    allow_different_models: bool = False,
+    fail_if_slower: float | None = None,
+    run_again: str | Path | None = None,
 ) -> Comparison:
+    """`run_again`: a run of A's configuration made after B (A, B, A again): what it differs from A by is the
+    drift between runs, allowed for in every resolved difference (compare/levels.py _host_load)."""
     a, b = load_run(run_a, "RUN_A"), load_run(run_b, "RUN_B")
     kind = check_pair(a, b, allow_different_models)
+    again = _again(a, run_again) if run_again is not None else None
+    ga = _by_concurrency(again.attribution.levels) if again is not None else {}
     levels, only_a, only_b, notes = [], [], [], []
     if a.attribution is not None and b.attribution is not None:
         sa, why_a = a.samples()
@@ -70,7 +79,11 @@ def compare_runs(
             if not xs or not ys:
                 continue
             key = lambda lv: (lv.concurrency, lv.repeat)  # noqa: E731
-            levels.append(level_diff(xs, ys, [sa.get(key(lv)) for lv in xs], [sb.get(key(lv)) for lv in ys], why))
+            gs = [lv for lv in ga.get(c, []) if lv.attributed and not lv.incomplete]
+            if again is not None and not gs:
+                notes.append(f"C={c}: the run given as --again has no complete level C={c}: no drift measured there")
+            lvd = level_diff(xs, ys, [sa.get(key(lv)) for lv in xs], [sb.get(key(lv)) for lv in ys], why, gs or None)
+            levels.append(lvd)
     elif a.attribution is not None or b.attribution is not None:
         one = "A" if a.attribution is not None else "B"
         notes.append(f"only {one} has an attribution: the measured levels are not compared, the predictions are")
@@ -91,10 +104,35 @@ def compare_runs(
         verdict_level=head.concurrency if head else None,
         method=METHOD,
         notes=notes,
+        run_again=str(run_again) if run_again is not None else None,
     )
     if fail_if_slower is not None:
         cmp.gate = gate(levels, fail_if_slower)
     return cmp
+
+
+def _again(a, path: str | Path):
+    """The `--again` run: measured, of A's model and A's configuration (every condition compare reads but the
+    versions, the hardware and what each level measured), else an InputError naming what differs."""
+    g = load_run(path, "--again")
+    if g.attribution is None:
+        raise InputError(
+            f"--again {path}", "has no attribution (attribution/summary.json)", "a run by `tpcomm attribute`"
+        )
+    check_pair(a, g, allow_different_models=False)
+    differ = [
+        f"{d.name} {d.a} vs {d.b}"
+        for d in conditions.diff(a, g)
+        # per-level rows (C=...) hold what each level measured; the rest is what the run was asked to be
+        if not d.same and d.section not in ("versions", "hardware") and not d.name.startswith("C=")
+    ]
+    if differ:
+        raise InputError(
+            f"--again {path}",
+            "is not a run of A's configuration (" + "; ".join(differ[:4]) + ")",
+            "a run of RUN_A's configuration made after RUN_B (A, B, A again)",
+        )
+    return g
 
 
 def _by_concurrency(levels) -> dict[int, list]:

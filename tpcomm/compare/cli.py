@@ -31,12 +31,28 @@ import click
     "resolved (its interval excludes 0): a deployment gate.",
 )
 @click.option(
+    "--again",
+    "run_again",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="RUN_A2",
+    help="A run of RUN_A's configuration made after RUN_B (A, B, A again): what it differs from RUN_A by is the "
+    "drift between runs on this host (minutes apart, a restart between), and a difference of B within it is not "
+    "called a change.",
+)
+@click.option(
     "--allow-different-models",
     is_flag=True,
     help="Compare runs of different models (other shapes or architecture); another checkpoint of one model needs no flag.",
 )
 def compare(
-    run_a: str, run_b: str, out: str | None, as_json: bool, fail_if_slower: float | None, allow_different_models: bool
+    run_a: str,
+    run_b: str,
+    out: str | None,
+    as_json: bool,
+    fail_if_slower: float | None,
+    run_again: str | None,
+    allow_different_models: bool,
 ) -> None:
     """What changed between two runs (A before, B after a change), term by term, and whether it is real.
 
@@ -48,7 +64,13 @@ def compare(
     from tpcomm.compare.analysis import compare_runs
     from tpcomm.rundir import contract as C
 
-    cmp = compare_runs(run_a, run_b, allow_different_models=allow_different_models, fail_if_slower=fail_if_slower)
+    cmp = compare_runs(
+        run_a,
+        run_b,
+        allow_different_models=allow_different_models,
+        fail_if_slower=fail_if_slower,
+        run_again=run_again,
+    )
     written = []
     if out:
         from tpcomm.compare.page import render_comparison

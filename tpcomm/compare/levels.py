@@ -65,9 +65,16 @@ def level_diff(
     sa: list[LevelSample | None],
     sb: list[LevelSample | None],
     why: str | None,
+    again: list[LevelSplit] | None = None,
 ) -> LevelDiff:
-    """One concurrency level: `a`, `b` its attributed repeats in each run (with their samples, or None)."""
+    """One concurrency level: `a`, `b` its attributed repeats in each run (with their samples, or None); `again`
+    the level's repeats in a run of A's configuration made after B (`compare --again`), or None."""
     va, vb = _mean_values(a), _mean_values(b)
+    # A again, less A, per term: how far two runs of one configuration drifted apart on this host
+    drift = None
+    if again:
+        vg = _mean_values(again)
+        drift = {k: vg[k] - va[k] for k in va if va.get(k) is not None and vg.get(k) is not None}
     problem = why
     for side, lvs in (("A", a), ("B", b)):  # before the samples: they are per engine step too
         if problem is None and any(lv.spec_decode is not None for lv in lvs):
@@ -117,7 +124,7 @@ def level_diff(
     refs = [_reference(a), _reference(b)]
     others = [_others(a), _others(b)]
     dw = wb - wa if wa is not None and wb is not None else None
-    host_notes = _host_load(terms, wa, wb, ra == rb, refs, others, wait_slopes(a, b, dw))
+    host_notes = _host_load(terms, wa, wb, ra == rb, refs, others, wait_slopes(a, b, dw), drift)
     dsum = [t.diff for t in terms if t.in_sum]
     total = terms[0].diff
     residual = total - sum(dsum) if total is not None and None not in dsum else None
@@ -146,6 +153,7 @@ def level_diff(
         cpu_wait_ms_per_step=waits,
         reference_ms=refs,
         others_cpu_pct=others,
+        drift=drift,
     )
 
 
@@ -264,6 +272,7 @@ def _host_load(
     refs: list[float | None],
     others: list[float | None] | None = None,
     slopes: dict[str, tuple[float, bool]] | None = None,
+    drift: dict[str, float] | None = None,
 ) -> list[str]:
     """Mark each resolved difference that the host's contention could account for (TermDiff.host_load); the
     level's notes about it.
@@ -310,7 +319,15 @@ def _host_load(
     to -0.75) with the ranks' CPU wait 0.49 ms per step apart and the reference work 1% apart: another test
     session ran beside A only (its 1-minute load average 4.1 against 3.0). Where the server does not need the
     whole machine (a GPU server's spare cores), the allowance is larger than it can be: "cannot tell" more
-    often, never a change the host made."""
+    often, never a change the host made.
+
+    And the drift between runs (`drift`: A again less A per term, `compare --again`): what two runs of one
+    configuration differed by, minutes apart and across whatever restart lay between them, is what B can
+    differ from A by with no change at all; either way, added to the three above. On this 2-core host
+    (2026-12-07) two runs of one server configuration minutes apart differed by up to 13% per token with none
+    of the host figures above moving (the ranks' CPU wait 1.02 / 0.96 ms per step, the reference work 3% apart,
+    others' CPU under 1%): a drift no figure of the runs shows. One pair of A runs is one sample of it (its
+    size, not a bound): a B that drifted further is still called a change."""
     by = {t.name: t for t in terms}
     # a change of kind (collectives in one run only) is certain whatever the load: not judged here
     resolved = [t for t in terms if t.resolved and t.name not in CLIENT_SIDE and t.kind is None]
@@ -362,8 +379,10 @@ def _host_load(
         wait_part = k * abs(dw) if dw is not None and (t.name not in ONE_WAY or t.diff * dw > 0) else 0.0
         speed_part = abs(dr * t.a) if dr is not None and (t.name not in ONE_WAY or t.diff * dr > 0) else 0.0
         others_part = abs(do * t.a) if do is not None and (t.name not in ONE_WAY or t.diff * do > 0) else 0.0
+        drift_part = abs((drift or {}).get(t.name) or 0.0)
         near = min(abs(t.lo), abs(t.hi))
-        if (wait_part or speed_part or others_part) and wait_part + speed_part + others_part >= near:
+        parts = wait_part + speed_part + others_part + drift_part
+        if parts and parts >= near:
             why = []
             if wait_part:
                 why.append(
@@ -386,9 +405,21 @@ def _host_load(
                     f"others took {abs(ob - oa):.1f} points more of the machine's CPU in {'B' if ob > oa else 'A'} "
                     f"(A {oa:.1f}%, B {ob:.1f}%: up to {fmt(others_part)} {t.unit} of this term)"
                 )
+            if drift_part:
+                why.append(
+                    f"A run again after B differed from A by {signed(drift[t.name])} {t.unit} in this term (the "
+                    "drift between two runs of one configuration here)"
+                )
+            what = (
+                "the drift between runs"
+                if drift_part and not (wait_part or speed_part or others_part)
+                else "the host's load or the drift between runs"
+                if drift_part
+                else "the host's load"
+            )
             t.host_load = (
                 f"{' and '.join(why)}, together at least the smallest difference the interval admits "
-                f"({fmt(near)} {t.unit}): this may be the host's load, not the change; rerun A and B with the host "
+                f"({fmt(near)} {t.unit}): this may be {what}, not the change; rerun A and B with the host "
                 "equally quiet (or alternate them)"
             )
             t.statement = f"resolved ({signed(t.diff)} {t.unit}, interval {signed(t.lo)} to {signed(t.hi)} {t.unit}), but {t.host_load}"
@@ -396,15 +427,15 @@ def _host_load(
     if pt is not None and tps is not None and pt.host_load and tps.resolved:
         tps.host_load = pt.host_load
         tps.statement = (
-            f"resolved ({signed(tps.diff)} tok/s), but as the per-token time: this may be the host's load, "
-            "not the change"
+            f"resolved ({signed(tps.diff)} tok/s), but as the per-token time: this may be "
+            + ("the drift between runs" if "may be the drift between runs" in pt.host_load else "the host's load")
+            + ", not the change"
         )
     hit = [LABELS[t.name] for t in terms if t.host_load and t.name != "tok_per_s"]
     if hit:
-        notes.append(
-            f"resolved but possibly the host's load ({', '.join(hit)}): "
-            f"{next(t.host_load for t in terms if t.host_load)}"
-        )
+        first = next(t.host_load for t in terms if t.host_load)
+        what = "the drift between runs" if "may be the drift between runs" in first else "the host's load"
+        notes.append(f"resolved but possibly {what} ({', '.join(hit)}): {first}")
     return notes
 
 

@@ -97,6 +97,8 @@ class LevelDiff:
     reference_ms: list[float | None] = field(default_factory=lambda: [None, None])
     # others' CPU on the server's machine during the level, percent of its CPU time, A and B (None: not measured)
     others_cpu_pct: list[float | None] = field(default_factory=lambda: [None, None])
+    # A again less A per term (`compare --again`: a run of A's configuration made after B); None: no such run
+    drift: dict[str, float] | None = None
 
     def term(self, name: str) -> TermDiff | None:
         return next((t for t in self.terms if t.name == name), None)
@@ -158,6 +160,7 @@ class Comparison:
     method: str
     notes: list[str] = field(default_factory=list)
     gate: Gate | None = None
+    run_again: str | None = None  # `--again`: a run of A's configuration made after B (the drift between runs)
 
     def to_json(self) -> dict:
         return to_json(self)

@@ -23,7 +23,9 @@ def _said(t) -> str:
         return "not judged (no interval)"
     if t.resolved and t.host_load:
         return (
-            f"{signed(t.diff)} {t.unit}, resolved, but possibly the host's load (the ranks' CPU wait changed as much)"
+            f"{signed(t.diff)} {t.unit}, resolved, but possibly "
+            + ("the drift between runs" if "may be the drift between runs" in t.host_load else "the host's load")
+            + " (the level's notes say by how much)"
         )
     if t.kind is not None:
         return f"changed by {signed(t.diff)} {t.unit} ({t.kind}: " + (
@@ -140,7 +142,18 @@ def sections(cmp: Comparison) -> list[tuple[str, list]]:
                 f"--fail-if-slower {cmp.gate.pct:g}: " + ("TRIPPED: " if cmp.gate.tripped else "") + cmp.gate.statement,
             )
         )
-    head.append(("small", f"A = {cmp.run_a}; B = {cmp.run_b}; {cmp.kind} comparison."))
+    again = f"; A again (the drift between runs) = {cmp.run_again}" if cmp.run_again else ""
+    head.append(("small", f"A = {cmp.run_a}; B = {cmp.run_b}{again}; {cmp.kind} comparison."))
+    for lv in cmp.levels:
+        pt = (lv.drift or {}).get("per_token")
+        if pt is not None and lv.term("per_token") and lv.term("per_token").a:
+            head.append(
+                (
+                    "small",
+                    f"C={lv.concurrency}: A again differed from A by {signed(pt)} ms per token "
+                    f"({100 * pt / lv.term('per_token').a:+.1f}%): the drift between two runs of A's configuration",
+                )
+            )
     head.append(("small", "Conditions: " + "; ".join(f"{side}: {_conditions(cmp, side)}" for side in ("A", "B"))))
     # Recorded in both runs first; then what one run recorded and the other did not.
     differ = sorted((c for c in cmp.conditions if not c.same), key=lambda c: c.a is None or c.b is None)

@@ -60,7 +60,7 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
             f"(B - A = {signed(pt.diff)} ms, interval {signed(pt.lo)} to {signed(pt.hi)} ms)"
             if not pt.resolved
             else f"{where}: B - A = {signed(pt.diff)} ms per token (interval {signed(pt.lo)} to {signed(pt.hi)} ms), "
-            f"which cannot be told from the host's load: {pt.host_load}"
+            f"which cannot be told from {_host_what(pt.host_load)}: {pt.host_load}"
         )
         parts = [f"{_name(t.name)} changed by {signed(t.diff)} ms" for t in moved]
         if len(parts) > 1:
@@ -68,7 +68,10 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
     parts.append(_collectives(lv))
     loaded = [_name(t.name) for t in lv.terms if t.host_load and t.name not in ("per_token", "tok_per_s")]
     if loaded:
-        parts.append(f"{', '.join(loaded)} resolved but possibly the host's load (the ranks' CPU wait changed as much)")
+        parts.append(
+            f"{', '.join(loaded)} resolved but possibly {_host_what(*(t.host_load for t in lv.terms if t.host_load))}"
+            " (the level's notes say by how much)"
+        )
     d = lv.term("delivery")
     if d is not None and d.resolved:
         parts.append(f"delivery to the client changed by {signed(d.diff)} ms (outside the engine's time)")
@@ -87,13 +90,31 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
 
 
 def caveat(lv: LevelDiff | None) -> str | None:
-    """What the verdict's intervals do not hold, when it matters: one repeat per run."""
-    if lv is None or lv.problem is not None or lv.between_repeats:
+    """What the verdict's intervals do not hold, when it matters: one repeat per run; the drift between runs
+    where the per-token time changed and no run of A again measured it."""
+    if lv is None or lv.problem is not None:
         return None
-    return (
-        "Intervals from the runs' own spread only (one repeat each): a restart or the host's load can move a whole "
-        "run by more; `tpcomm attribute --repeat 3` on both sides puts that spread in."
-    )
+    if not lv.between_repeats:
+        return (
+            "Intervals from the runs' own spread only (one repeat each): a restart or the host's load can move a "
+            "whole run by more; `tpcomm attribute --repeat 3` on both sides puts that spread in."
+        )
+    pt = lv.term("per_token")
+    if lv.drift is None and pt is not None and pt.changed:
+        return (
+            "The intervals hold each run's spread between its repeats, not the drift between runs minutes apart "
+            "or across a restart, which can be larger (docs/compare.md); a run of A again after B, given as "
+            "`--again`, measures it."
+        )
+    return None
+
+
+def _host_what(*host_loads: str) -> str:
+    """What marked differences may be, from the marks' own words (compare/levels.py _host_load: each ends
+    "this may be WHAT, not the change")."""
+    whats = {w for w in ("the drift between runs", "the host's load or the drift between runs", "the host's load")
+             if any(f"may be {w}, not the change" in h for h in host_loads)}  # fmt: skip
+    return whats.pop() if len(whats) == 1 else "the host's load or the drift between runs"
 
 
 def _name(term: str) -> str:
