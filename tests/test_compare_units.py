@@ -628,6 +628,23 @@ def test_a_run_of_a_again_after_b_bounds_the_drift_between_runs(tmp_path):
     text = " ".join(str(item[1]) for _, blocks in sections(cmp) for item in blocks if isinstance(item[1], str))
     assert f"A again (the drift between runs) = {drifted}" in text and "A again differed from A by +0." in text
     assert Comparison.from_json(json.loads(json.dumps(cmp.to_json()))).levels[0].drift == lv.drift
+    back = Comparison.from_json(json.loads(json.dumps(cmp.to_json())))
+    assert back.run_again == str(drifted) and back.levels[0].drift == lv.drift
+    # the gate refuses to judge a slowdown the drift could be (exit 2), as it does the host's load
+    with pytest.raises(InputError, match="cannot be judged: B is .* slower per token at C=1 .*A run again after B"):
+        compare_runs(a, b, fail_if_slower=5, run_again=drifted)
+    # a drift the other way counts as much (runs drift either way)
+    down = run_dir(tmp_path / "a4", seed=5, compute_us=2300.0, cpu_wait_ms=0.05, reference_ms=3.0, others_cpu_pct=0.0)
+    t = compare_runs(a, b, run_again=down).levels[0].term("compute")
+    assert t.resolved and not t.changed and "differed from A by -0." in t.host_load, t
+    # with the host's speed moving too, both are named, and the verdict says either
+    slow = run_dir(tmp_path / "b2", seed=3, compute_us=3600.0, cpu_wait_ms=0.05, reference_ms=3.3, others_cpu_pct=0.0)
+    cmp = compare_runs(a, slow, run_again=drifted)
+    assert "may be the host's load or the drift between runs" in cmp.levels[0].term("compute").host_load
+    assert "cannot be told from the host's load or the drift between runs" in cmp.verdict, cmp.verdict
+    # B itself given as A again: refused
+    with pytest.raises(InputError, match="is RUN_B itself"):
+        compare_runs(a, b, run_again=b)
     # A again within 1% of A: the same B is a change, and says so
     steady = run_dir(tmp_path / "a3", seed=5, compute_us=3030.0, cpu_wait_ms=0.05, reference_ms=3.0, others_cpu_pct=0.0)
     cmp = compare_runs(a, b, run_again=steady)

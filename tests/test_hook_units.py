@@ -166,7 +166,7 @@ for value in json.loads(sys.argv[1]):  # one vLLM import for them all: vLLM read
         os.environ["VLLM_PLUGINS"] = value
     vllm.plugins.plugins_loaded = False
     load_general_plugins()
-    print(json.dumps({
+    print("LOADED " + json.dumps({
         "patched": sorted(n for n in dir(G) if hasattr(getattr(G, n, None), "_tpcomm_original")),
         "all_reduce_module": G.all_reduce.__code__.co_filename,
         "worker_methods": sorted(n for n in dir(W) if n.startswith("tpcomm_")),
@@ -181,12 +181,15 @@ def _load_plugins(*values: str | None) -> list[dict]:
         [sys.executable, "-c", _LOAD, json.dumps(values)], capture_output=True, text=True, env=env, timeout=300
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    return [json.loads(line) for line in r.stdout.strip().splitlines()[-len(values) :]]
+    got = [json.loads(line[len("LOADED ") :]) for line in r.stdout.splitlines() if line.startswith("LOADED ")]
+    assert len(got) == len(values), r.stdout[-2000:]
+    return got
 
 
 def test_vllm_plugin_loader_patches_only_when_enabled():
-    # None: VLLM_PLUGINS unset, vLLM loads every plugin. The three in one process (each found nothing patched, so
-    # the next starts clean); "tpcomm" in a fresh one, so that a loader that had already run cannot hide it.
+    # None: VLLM_PLUGINS unset, vLLM loads every plugin (tpcomm's register() among them, which then marks itself
+    # installed for the life of the process without patching: TPCOMM_HOOK is unset). The three in one process,
+    # each checked to have patched nothing; "tpcomm" in a fresh one, where its register() runs for the first time.
     offs = _load_plugins("", None, "some_other_plugin")
     for value, off in zip(("", None, "some_other_plugin"), offs, strict=True):
         assert off["patched"] == [] and off["worker_methods"] == [], value

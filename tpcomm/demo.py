@@ -142,7 +142,9 @@ class Demo:
         # Own process group: a timeout kills the command and everything it started (e.g. probe ranks); in this
         # session, beside the demo's server (procgroup.py), writing to this terminal from the background.
         with terminal_writes_allowed():
-            proc = subprocess.Popen([sys.executable, "-m", "tpcomm.cli", command, *args], **OWN_GROUP)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tpcomm.cli", command, *args], stdin=subprocess.DEVNULL, **OWN_GROUP
+            )
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -9,6 +9,9 @@ burst of requests vLLM's workers busy-poll their message queue (shm_broadcast.Sp
 core each), and a client in another session got about 40 ms of CPU in that second (a 6 ms computation took
 950 ms); with the server in the client's session the same computation took 7 ms, and one `tpcomm attribute` run
 (C=1,2, 8 requests of 64 tokens, 2 rounds) 3.4-4.4 s instead of 17.7-19.5 s, its splits alike.
+
+A child in a background process group of this terminal's session is stopped by SIGTTIN if it reads the terminal:
+give it stdin=subprocess.DEVNULL (tpcomm's children read no input).
 """
 
 from __future__ import annotations
@@ -38,4 +41,5 @@ def terminal_writes_allowed() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTTOU, old)
+        if old is not None:  # None: a handler set from C, which Python cannot put back
+            signal.signal(signal.SIGTTOU, old)

@@ -40,7 +40,8 @@ METHOD = (
     "arriving) is not in the intervals. The host's load is measured instead: each level carries the ranks' CPU "
     "wait per engine step (the hook: schedstat run_delay of each worker's step thread, summed over ranks); a "
     "resolved difference whose interval reaches within the change of that figure of 0, in a direction the "
-    "load could move it, is marked as possibly the host's load and is not called a change."
+    "load could move it, is marked as possibly the host's load and is not called a change. So is one within "
+    "the drift between runs where a run of A again after B was given (--again: A again less A, per term)."
 )
 
 
@@ -55,7 +56,7 @@ def compare_runs(
     drift between runs, allowed for in every resolved difference (compare/levels.py _host_load)."""
     a, b = load_run(run_a, "RUN_A"), load_run(run_b, "RUN_B")
     kind = check_pair(a, b, allow_different_models)
-    again = _again(a, run_again) if run_again is not None else None
+    again = _again(a, b, run_again) if run_again is not None else None
     ga = _by_concurrency(again.attribution.levels) if again is not None else {}
     levels, only_a, only_b, notes = [], [], [], []
     if a.attribution is not None and b.attribution is not None:
@@ -100,7 +101,7 @@ def compare_runs(
         conditions=conditions.diff(a, b),
         model=model,
         verdict=text,
-        caveat=caveat(head),
+        caveat=caveat(head, again is not None),
         verdict_level=head.concurrency if head else None,
         method=METHOD,
         notes=notes,
@@ -111,20 +112,34 @@ def compare_runs(
     return cmp
 
 
-def _again(a, path: str | Path):
-    """The `--again` run: measured, of A's model and A's configuration (every condition compare reads but the
-    versions, the hardware and what each level measured), else an InputError naming what differs."""
+def _again(a, b, path: str | Path):
+    """The `--again` run: measured, another directory than A's and B's, of A's model and A's configuration,
+    else an InputError naming what differs. Its configuration: every condition compare reads that both it and A
+    hold (a support file such as plan.json or topo.json in one only is no difference), but the versions, the
+    hardware and what each level measured (C=...); and on every condition where A and B differ (the change),
+    A's value."""
     g = load_run(path, "--again")
     if g.attribution is None:
         raise InputError(
             f"--again {path}", "has no attribution (attribution/summary.json)", "a run by `tpcomm attribute`"
         )
+    for other in (a, b):
+        if Path(g.path).resolve() == Path(other.path).resolve():
+            raise InputError(
+                f"--again {path}",
+                f"is {other.label} itself",
+                "another run of RUN_A's configuration, made after RUN_B (A, B, A again)",
+            )
     check_pair(a, g, allow_different_models=False)
+    ab = {(d.section, d.name) for d in conditions.diff(a, b) if not d.same and d.a is not None and d.b is not None}
     differ = [
         f"{d.name} {d.a} vs {d.b}"
         for d in conditions.diff(a, g)
-        # per-level rows (C=...) hold what each level measured; the rest is what the run was asked to be
-        if not d.same and d.section not in ("versions", "hardware") and not d.name.startswith("C=")
+        if not d.same
+        and d.a is not None
+        and d.b is not None
+        and not d.name.startswith("C=")
+        and (d.section not in ("versions", "hardware") or (d.section, d.name) in ab)
     ]
     if differ:
         raise InputError(

@@ -368,9 +368,21 @@ def _host_load(
         )
     dt = by.get("delivery_term")
     for t in resolved:
-        if t.name == "tok_per_s" or t.a is None or t.diff is None or t.lo is None or t.hi is None:
+        if t.a is None or t.diff is None or t.lo is None or t.hi is None:
             continue
         if t.a == 0 or t.b == 0:
+            continue
+        if t.name == "tok_per_s":
+            # the host figures bound times, not rates: tok/s follows the per-token time below; the drift between
+            # runs is in tok/s itself, and marks a tok/s with an interval of its own (several sequences a step)
+            g = abs((drift or {}).get("tok_per_s") or 0.0)
+            if g and g >= min(abs(t.lo), abs(t.hi)):
+                t.host_load = (
+                    f"A run again after B differed from A by {signed(drift['tok_per_s'])} tok/s (the drift between "
+                    f"two runs of one configuration here), at least the smallest difference the interval admits "
+                    f"({fmt(min(abs(t.lo), abs(t.hi)))} tok/s): this may be the drift between runs, not the change"
+                )
+                t.statement = f"resolved ({signed(t.diff)} tok/s), but {t.host_load}"
             continue
         if t.name == "client_per_token" and dt is not None and dt.resolved:
             continue  # part of it is a resolved change of delivery, which the ranks' load does not bound
@@ -419,24 +431,39 @@ def _host_load(
             )
             t.host_load = (
                 f"{' and '.join(why)}, together at least the smallest difference the interval admits "
-                f"({fmt(near)} {t.unit}): this may be {what}, not the change; rerun A and B with the host "
-                "equally quiet (or alternate them)"
+                f"({fmt(near)} {t.unit}): this may be {what}, not the change; "
+                + (
+                    "alternate A and B more times to tell them apart"
+                    if drift_part
+                    else "rerun A and B with the host equally quiet, or run A again after B and give it as --again"
+                )
             )
             t.statement = f"resolved ({signed(t.diff)} {t.unit}, interval {signed(t.lo)} to {signed(t.hi)} {t.unit}), but {t.host_load}"
     pt, tps = by.get("per_token"), by.get("tok_per_s")
     if pt is not None and tps is not None and pt.host_load and tps.resolved:
         tps.host_load = pt.host_load
         tps.statement = (
-            f"resolved ({signed(tps.diff)} tok/s), but as the per-token time: this may be "
-            + ("the drift between runs" if "may be the drift between runs" in pt.host_load else "the host's load")
-            + ", not the change"
+            f"resolved ({signed(tps.diff)} tok/s), but as the per-token time: this may be {host_what(pt.host_load)}, "
+            "not the change"
         )
-    hit = [LABELS[t.name] for t in terms if t.host_load and t.name != "tok_per_s"]
-    if hit:
-        first = next(t.host_load for t in terms if t.host_load)
-        what = "the drift between runs" if "may be the drift between runs" in first else "the host's load"
-        notes.append(f"resolved but possibly {what} ({', '.join(hit)}): {first}")
+    marked = [t for t in terms if t.host_load and t.name != "tok_per_s"]
+    if marked:
+        notes.append(
+            f"resolved but possibly {host_what(*(t.host_load for t in marked))} "
+            f"({', '.join(LABELS[t.name] for t in marked)}): {marked[0].host_load}"
+        )
     return notes
+
+
+def host_what(*host_loads: str) -> str:
+    """What marked differences may be, from the marks' own words (each says "this may be WHAT, not the
+    change"): the host's load, the drift between runs, or either."""
+    whats = {
+        w
+        for w in ("the drift between runs", "the host's load or the drift between runs", "the host's load")
+        if any(f"may be {w}, not the change" in h for h in host_loads)
+    }
+    return whats.pop() if len(whats) == 1 else "the host's load or the drift between runs"
 
 
 def _missing(a, b) -> str:

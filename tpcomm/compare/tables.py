@@ -6,7 +6,7 @@ says the same thing. Only formatting happens here; the numbers come from analysi
 from __future__ import annotations
 
 from tpcomm.columns import Col, fmt, table
-from tpcomm.compare.levels import LABELS, signed
+from tpcomm.compare.levels import LABELS, host_what, signed
 from tpcomm.compare.results import Comparison, LevelDiff
 
 
@@ -23,9 +23,8 @@ def _said(t) -> str:
         return "not judged (no interval)"
     if t.resolved and t.host_load:
         return (
-            f"{signed(t.diff)} {t.unit}, resolved, but possibly "
-            + ("the drift between runs" if "may be the drift between runs" in t.host_load else "the host's load")
-            + " (the level's notes say by how much)"
+            f"{signed(t.diff)} {t.unit}, resolved, but possibly {host_what(t.host_load)} (the level's notes say by "
+            "how much)"
         )
     if t.kind is not None:
         return f"changed by {signed(t.diff)} {t.unit} ({t.kind}: " + (
@@ -173,7 +172,8 @@ def sections(cmp: Comparison) -> list[tuple[str, list]]:
             (
                 "figure",
                 "compare_terms",
-                "B - A per term with its interval (solid: resolved and not possibly the host's load; pale: not)",
+                "B - A per term with its interval (solid: resolved and not possibly the host's load or the drift "
+                "between runs; pale: not)",
             )
         )
     out.append(("Verdict", head))

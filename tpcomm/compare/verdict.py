@@ -7,7 +7,7 @@ the host's load could account for (TermDiff.host_load, levels.py); the collectiv
 
 from __future__ import annotations
 
-from tpcomm.compare.levels import signed
+from tpcomm.compare.levels import host_what, signed
 from tpcomm.compare.results import Gate, LevelDiff
 from tpcomm.errors import InputError
 from tpcomm.judge.speaks import level_that_speaks
@@ -60,7 +60,7 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
             f"(B - A = {signed(pt.diff)} ms, interval {signed(pt.lo)} to {signed(pt.hi)} ms)"
             if not pt.resolved
             else f"{where}: B - A = {signed(pt.diff)} ms per token (interval {signed(pt.lo)} to {signed(pt.hi)} ms), "
-            f"which cannot be told from {_host_what(pt.host_load)}: {pt.host_load}"
+            f"which cannot be told from {host_what(pt.host_load)}: {pt.host_load}"
         )
         parts = [f"{_name(t.name)} changed by {signed(t.diff)} ms" for t in moved]
         if len(parts) > 1:
@@ -69,7 +69,7 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
     loaded = [_name(t.name) for t in lv.terms if t.host_load and t.name not in ("per_token", "tok_per_s")]
     if loaded:
         parts.append(
-            f"{', '.join(loaded)} resolved but possibly {_host_what(*(t.host_load for t in lv.terms if t.host_load))}"
+            f"{', '.join(loaded)} resolved but possibly {host_what(*(t.host_load for t in lv.terms if t.host_load))}"
             " (the level's notes say by how much)"
         )
     d = lv.term("delivery")
@@ -89,7 +89,7 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
     return head + "; " + ", ".join(parts) + "."
 
 
-def caveat(lv: LevelDiff | None) -> str | None:
+def caveat(lv: LevelDiff | None, again: bool = False) -> str | None:
     """What the verdict's intervals do not hold, when it matters: one repeat per run; the drift between runs
     where the per-token time changed and no run of A again measured it."""
     if lv is None or lv.problem is not None:
@@ -103,18 +103,14 @@ def caveat(lv: LevelDiff | None) -> str | None:
     if lv.drift is None and pt is not None and pt.changed:
         return (
             "The intervals hold each run's spread between its repeats, not the drift between runs minutes apart "
-            "or across a restart, which can be larger (docs/compare.md); a run of A again after B, given as "
-            "`--again`, measures it."
+            "or across a restart, which can be larger (docs/compare.md); "
+            + (
+                f"the run given as --again has no complete level C={lv.concurrency} to measure it."
+                if again
+                else "a run of A again after B, given as `--again`, measures it."
+            )
         )
     return None
-
-
-def _host_what(*host_loads: str) -> str:
-    """What marked differences may be, from the marks' own words (compare/levels.py _host_load: each ends
-    "this may be WHAT, not the change")."""
-    whats = {w for w in ("the drift between runs", "the host's load or the drift between runs", "the host's load")
-             if any(f"may be {w}, not the change" in h for h in host_loads)}  # fmt: skip
-    return whats.pop() if len(whats) == 1 else "the host's load or the drift between runs"
 
 
 def _name(term: str) -> str:
@@ -136,7 +132,8 @@ def _collectives(lv: LevelDiff) -> str:
 
 
 def _loaded(*terms) -> str:
-    return " beyond the host's load" if any(t.host_load for t in terms) else ""
+    marks = [t.host_load for t in terms if t.host_load]
+    return f" beyond {host_what(*marks)}" if marks else ""
 
 
 def gate(levels: list[LevelDiff], pct: float) -> Gate:
@@ -162,7 +159,7 @@ def gate(levels: list[LevelDiff], pct: float) -> Gate:
             f"--fail-if-slower {pct:g}",
             f"cannot be judged: B is {t.diff_pct:.1f}% slower per token at C={slower[0].concurrency} (resolved), but "
             f"{t.host_load}",
-            "two runs on a host under the same load",
+            "two runs on a host under the same load, or more runs of A and B alternated",
         )
     if hits:
         t = hits[0].term("per_token")

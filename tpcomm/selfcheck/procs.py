@@ -30,7 +30,9 @@ class ItemTimeout(Exception):
 def _run_bounded(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `cmd` in a process group of its own (procgroup.py); past `timeout`: SIGINT (the probe's launcher then ends its ranks),
     SIGKILL to the group 10 s later, and ItemTimeout."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **OWN_GROUP)
+    p = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **OWN_GROUP
+    )
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
