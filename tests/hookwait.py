@@ -95,3 +95,19 @@ def wait_level_written(out: Path, concurrency: int, p: subprocess.Popen, timeout
             stdout, stderr = p.communicate()
             pytest.fail(_story(out, [], stdout or "", stderr or "", None), pytrace=False)
         time.sleep(0.05)
+
+
+def status_when_answered(hook, timeout: float = 120) -> dict:
+    """The hook's status once the workers answer: a 504 (the route's 8 s wait for every worker ran out) while
+    they are busy, such as writing the torch profiler's traces after its stop (beside a busy process,
+    2026-12-07, that took longer than 8 s), is asked again once a second until `timeout`."""
+    from tpcomm.attribute.hook_client import HookTimeout
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return hook.status()
+        except HookTimeout:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(POLL_S)
