@@ -56,7 +56,8 @@ def compare_runs(
     drift between runs, allowed for in every resolved difference (compare/levels.py _host_load)."""
     a, b = load_run(run_a, "RUN_A"), load_run(run_b, "RUN_B")
     kind = check_pair(a, b, allow_different_models)
-    again = _again(a, b, run_again) if run_again is not None else None
+    cond = conditions.diff(a, b)
+    again = _again(a, b, cond, run_again) if run_again is not None else None
     ga = _by_concurrency(again.attribution.levels) if again is not None else {}
     levels, only_a, only_b, notes = [], [], [], []
     if a.attribution is not None and b.attribution is not None:
@@ -98,7 +99,7 @@ def compare_runs(
         levels=levels,
         only_in_a=only_a,
         only_in_b=only_b,
-        conditions=conditions.diff(a, b),
+        conditions=cond,
         model=model,
         verdict=text,
         caveat=caveat(head, again is not None),
@@ -112,9 +113,9 @@ def compare_runs(
     return cmp
 
 
-def _again(a, b, path: str | Path):
+def _again(a, b, cond_ab: list, path: str | Path):
     """The `--again` run: measured, another directory than A's and B's, of A's model and A's configuration,
-    else an InputError naming what differs. Its configuration: every condition compare reads that both it and A
+    else an InputError naming what differs (`cond_ab`: conditions.diff of A and B). Its configuration: every condition compare reads that both it and A
     hold (a support file such as plan.json or topo.json in one only is no difference), but the versions, the
     hardware and what each level measured (C=...); and on every condition where A and B differ (the change),
     A's value."""
@@ -131,7 +132,7 @@ def _again(a, b, path: str | Path):
                 "another run of RUN_A's configuration, made after RUN_B (A, B, A again)",
             )
     check_pair(a, g, allow_different_models=False)
-    ab = {(d.section, d.name) for d in conditions.diff(a, b) if not d.same and d.a is not None and d.b is not None}
+    ab = {(d.section, d.name) for d in cond_ab if not d.same and d.a is not None and d.b is not None}
     differ = [
         f"{d.name} {d.a} vs {d.b}"
         for d in conditions.diff(a, g)

@@ -66,11 +66,11 @@ def verdict(lv: LevelDiff | None, only_model: str | None = None) -> str:
         if len(parts) > 1:
             parts[-1] += " (in opposite directions, within the same per-token time)"
     parts.append(_collectives(lv))
-    loaded = [_name(t.name) for t in lv.terms if t.host_load and t.name not in ("per_token", "tok_per_s")]
+    loaded = [t for t in lv.terms if t.host_load and t.name not in ("per_token", "tok_per_s")]
     if loaded:
         parts.append(
-            f"{', '.join(loaded)} resolved but possibly {host_what(*(t.host_load for t in lv.terms if t.host_load))}"
-            " (the level's notes say by how much)"
+            f"{', '.join(_name(t.name) for t in loaded)} resolved but possibly "
+            f"{host_what(*(t.host_load for t in loaded))} (the level's notes say by how much)"
         )
     d = lv.term("delivery")
     if d is not None and d.resolved:
