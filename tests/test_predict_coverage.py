@@ -37,10 +37,12 @@ def _tok(doc):
 
 
 def test_an_engine_no_row_ran_says_so_and_its_range_widens_with_the_central_kept(monkeypatch):
-    kw = dict(model="llama-3.1-70b", layout=Layout(tp=8), gpu="a100-sxm", engine="gpt-fast")
+    # SGLang before its overlap scheduler (0.4) on A100: no fitted row ran SGLang on a GPU whose ramp is fitted
+    # (gpt-fast, the example before, has its own A100 ramp fitted on its rows since: tests/test_predict_gpt_fast.py)
+    kw = dict(model="llama-3.1-70b", layout=Layout(tp=8), gpu="a100-sxm", engine="sglang-0.3.6")
     doc, plain = _both(monkeypatch, **kw)
     cov = doc["coverage"]
-    assert cov["covered"] is False and cov["engine_family"] == "gpt-fast"
+    assert cov["covered"] is False and cov["engine_family"] == "sglang"
     w = cov["widened"]
     assert w["input"] == "ramp_us" and w["changed"]
     # the widened ramp spans the fitted ramps of every (GPU, engine) pair, hulled with the A100's own range
@@ -55,14 +57,14 @@ def test_an_engine_no_row_ran_says_so_and_its_range_widens_with_the_central_kept
     assert t["central"] == pytest.approx(t0["central"]) and t["low"] == pytest.approx(t0["low"])
     assert t["high"] > t0["high"] * 1.05
     assert w["tok_per_s_from"] == pytest.approx(t0) and w["tok_per_s_to"] == pytest.approx(t)
-    # the rows that informed it are table rows that fit the constants in use, and none ran gpt-fast
+    # the rows that informed it are table rows that fit the constants in use, and none ran SGLang
     assert set(cov["informed_by"]) == {"kv_efficiency", "a100.memory_efficiency", "a100.ramp_us"}
     for const, ids in cov["informed_by"].items():
         assert ids and all(const in ROWS[i]["fits"] for i in ids), const
     assert set(cov["rows"]) == {i for ids in cov["informed_by"].values() for i in ids}
     assert cov["engines_of_informing_rows"] == ["vllm-0.6.3"]
     assert "NOT COVERED" in cov["statement"] and "widened 10.5-23 -> 6.5-23 us" in cov["statement"]
-    assert "widened for engine gpt-fast" in doc["range"]["inputs"]["ramp_us"]["source"]
+    assert "widened for engine sglang-0.3.6" in doc["range"]["inputs"]["ramp_us"]["source"]
 
 
 def test_a_covered_engine_is_unchanged_by_the_rule(monkeypatch):
@@ -91,9 +93,9 @@ def test_the_held_out_ci_rows_are_covered_and_keep_their_ranges(monkeypatch):
 
 def test_the_console_says_it_only_where_the_engine_is_not_covered():
     base = ["predict", "-m", "llama-3.1-70b", "--tp", "8", "--gpu", "a100-sxm", "--engine"]
-    out = CliRunner().invoke(cli, [*base, "gpt-fast"])
+    out = CliRunner().invoke(cli, [*base, "sglang-0.3.6"])
     assert out.exit_code == 0, out.output
-    assert "engine gpt-fast: NOT COVERED" in out.output and "GEMM ramp widened 10.5-23 -> 6.5-23 us" in out.output
+    assert "engine sglang-0.3.6: NOT COVERED" in out.output and "GEMM ramp widened 10.5-23 -> 6.5-23 us" in out.output
     assert "GEMM ramp 6.5-23 us (central 15.5)" in out.output
     out = CliRunner().invoke(cli, [*base, "vllm-0.6.3"])
     assert out.exit_code == 0 and "COVERED" not in out.output

@@ -28,6 +28,9 @@ class Plan:
     batches: list[int]
     collectives: list[Collective] = field(default_factory=list)
     fusion: dict | None = None  # vLLM's all-reduce + RMSNorm fusion on the target GPU (topo/fusion.py)
+    # The vocabulary sharded over TP (vLLM's plan); predict clears it for an engine that replicates the lm_head
+    # (engine.Engine.vocab_parallel), whose plan then has no embedding all-reduce nor logits gather.
+    vocab_parallel: bool = True
 
     def for_batch(self, batch: int) -> list[Collective]:
         return [c for c in self.collectives if c.batch == batch]

@@ -50,6 +50,9 @@ from tpcomm.models.spec import ModelSpec
 from tpcomm.plan.layout import Layout, padded_vocab, pp_partition
 
 VLLM_VERSION_FOLLOWED = "0.32.0"
+# The collectives of the vocabulary sharded over TP (an engine that replicates the lm_head issues neither).
+EMBED_SITE = "model.embed_tokens"
+LOGITS_SITE = "logits_processor (lm_head vocab shards)"
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ def decode_collectives(m: ModelSpec, lay: Layout, batch: int) -> list[Collective
 
         tp = lay.tp
         if stage == 0:
-            add("all_reduce", "tp", tp, act, 1, "model.embed_tokens", "VocabParallelEmbedding output")
+            add("all_reduce", "tp", tp, act, 1, EMBED_SITE, "VocabParallelEmbedding output")
         moe_set = set(m.moe_layers)
         n_moe = sum(1 for i in layers if i in moe_set)
         n_dense = n - n_moe
@@ -222,7 +225,7 @@ def decode_collectives(m: ModelSpec, lay: Layout, batch: int) -> list[Collective
                 tp,
                 batch * (padded_vocab(m.vocab_size) // tp) * m.dtype_bytes,
                 1,
-                "logits_processor (lm_head vocab shards)",
+                LOGITS_SITE,
                 "LogitsProcessor._gather_logits",
             )
         if stage < lay.pp - 1:

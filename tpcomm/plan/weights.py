@@ -55,7 +55,9 @@ def _attention_layers(m: ModelSpec) -> list[tuple[int, int, int, bool]]:
     return [(n, hd, nkv, has_kv) for (hd, nkv, has_kv), n in groups.items()]
 
 
-def weight_components(m: ModelSpec, lay: Layout, batch: int = 1) -> list[WeightComponent]:
+def weight_components(m: ModelSpec, lay: Layout, batch: int = 1, vocab_parallel: bool = True) -> list[WeightComponent]:
+    """`vocab_parallel`: the engine shards the vocabulary over TP (vLLM's VocabParallelEmbedding and ParallelLMHead,
+    SGLang, TGI); False: every rank holds and reads the whole lm_head (gpt-fast's tp.py shards only the layers)."""
     tp, H, q = lay.tp, m.hidden_size, m.quant
     comps: list[WeightComponent] = []
     L1 = 1 if m.num_layers > 1 else 0  # a representative layer index for module names
@@ -196,6 +198,11 @@ def weight_components(m: ModelSpec, lay: Layout, batch: int = 1) -> list[WeightC
             )
         # fused_moe reads each touched expert's w13 then w2 (two grouped kernels per layer)
         add("routed experts", "expert", params, f"model.layers.{Lm}.mlp.experts.0.down_proj", note, kernels=2 * n_moe)
+    if not vocab_parallel:
+        add("lm_head (replicated)", "replicated", m.vocab_size * H, "lm_head", "every rank reads all of it", kernels=1)
+        rows = min(batch, m.vocab_size)
+        add("embedding rows", "replicated", rows * H, "model.embed_tokens", "B rows of the whole table", linear=False)
+        return comps
     add("lm_head (sharded)", "sharded", padded_vocab(m.vocab_size) * H / tp, "lm_head", kernels=1)
     rows = min(batch, padded_vocab(m.vocab_size) // tp)  # never more rows than the shard holds
     add(

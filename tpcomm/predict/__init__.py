@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tpcomm.errors import InputError
 from tpcomm.plan import Plan, build_plan
-from tpcomm.plan.collectives import VLLM_VERSION_FOLLOWED
+from tpcomm.plan.collectives import EMBED_SITE, LOGITS_SITE, VLLM_VERSION_FOLLOWED
 from tpcomm.plan.layout import Layout
 from tpcomm.plan.weights import weight_components
 from tpcomm.predict import coverage
@@ -42,9 +42,20 @@ from tpcomm.predict.ranges import (
 __all__ = ["predict", "Knobs", "Layout"]
 
 
-def plan_for(model, layout: Layout, batches=(1,)) -> Plan:
-    """build_plan for a Layout (build_plan takes the layout's fields one by one)."""
-    return build_plan(model, batches=batches, **asdict(layout))
+def plan_for(model, layout: Layout, batches=(1,), engine=None) -> Plan:
+    """build_plan for a Layout (build_plan takes the layout's fields one by one); with `engine` (an Engine), the
+    plan as that engine runs it (engine_plan)."""
+    plan = build_plan(model, batches=batches, **asdict(layout))
+    return plan if engine is None else engine_plan(plan, engine)
+
+
+def engine_plan(plan: Plan, engine) -> Plan:
+    """vLLM's plan as `engine` runs it: an engine that replicates the lm_head (Engine.vocab_parallel False:
+    gpt-fast) reads all of it on every rank and issues no embedding all-reduce and no logits gather."""
+    if engine.vocab_parallel or not plan.vocab_parallel:
+        return plan
+    keep = [c for c in plan.collectives if c.site not in (EMBED_SITE, LOGITS_SITE)]
+    return replace(plan, collectives=keep, vocab_parallel=False)
 
 
 def described(plan: Plan, hw: dict) -> dict:
@@ -94,7 +105,7 @@ def load_inputs(model, layout: Layout, gpu, interconnect, batches, engine, knobs
             f"{len(problems)} problems with the inputs",
             " | ".join(str(e) for e in problems),
         )
-    return hw, plan, eng
+    return hw, engine_plan(plan, eng), eng
 
 
 def predict(
@@ -149,7 +160,7 @@ def predict(
     bd = ss["breakdown_ms"]
     coll = bd["collectives"]
     non_coll = ss["step_ms"] - coll
-    fits, stored = fits_memory(plan.model, layout, hw)
+    fits, stored = fits_memory(plan.model, layout, hw, plan.vocab_parallel)
     if fits and cov.widened and cov.widened["changed"]:  # by how much: the single-stream range
         # without the widening (none where the weights do not fit: no tok/s)
         c0, cs0 = evaluate(plan, 1, hw, ri_as_fitted, k)
@@ -331,7 +342,7 @@ def _fitted(k: Knobs, fitted_to: dict[int, float], m, method: str | None = None)
 def _assumptions(ri, kc: Knobs, plan, fitted: list[dict], eng) -> list[str]:
     me, ko, rp, ho = ri.memory_efficiency, ri.kernel_overhead_us, ri.ramp_us, ri.host_ms
     n_k = kernels_per_step(plan.model)
-    n_gemm = sum(c.kernels for c in weight_components(plan.model, plan.layout, 1))
+    n_gemm = sum(c.kernels for c in weight_components(plan.model, plan.layout, 1, plan.vocab_parallel))
     out = [
         f"engine {eng.describe()} ({ho.source})",
         f"memory efficiency {me.low:g}-{me.high:g} of datasheet bandwidth, central {me.central:g} ({me.source})",

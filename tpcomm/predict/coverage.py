@@ -94,10 +94,16 @@ def constants_in_use(hw: dict, eng, ri, known: set[str] | None = None) -> list[s
     if known is None:
         known = {c for r in table_rows() for c in r.get("fits") or []}
     given = lambda f: getattr(ri, f, None) is not None and getattr(ri, f).source.startswith("given")  # noqa: E731
+    from tpcomm.predict.kernels import ENGINE_RAMP_US, engine_ramp_constant
+
     uses = ["kv_efficiency"]
     g = gpu_group(hw)
+    family = getattr(eng, "family", None)
+    own_ramp = engine_ramp_constant(family, g) if (family, g) in ENGINE_RAMP_US else None
     if g:
         uses += [f"{g}.{key}" for key in ("memory_efficiency", "ramp_us") if f"{g}.{key}" in known]
+        if own_ramp in known:  # the engine's own ramp on this GPU stands in for the GPU's (ranges.engine_ramp)
+            uses = [own_ramp if c == f"{g}.ramp_us" else c for c in uses]
     elif "ramp_us" not in hw:  # no fit for this GPU: the generic ramp, derived from every fitted ramp
         uses.append(GENERIC_RAMP)
     if eng is not None:

@@ -207,6 +207,18 @@ class Engine:
             return parts >= CUSTOM_AR_DEFAULT
         return self.family in ("vllm", "sglang", "gpt-fast")
 
+    @property
+    def vocab_parallel(self) -> bool:
+        """Whether the engine shards the vocabulary over TP. vLLM (VocabParallelEmbedding, ParallelLMHead), SGLang
+        and TGI do; gpt-fast's tp.py shards only the attention and FFN linears (`apply_tp`: `_apply_tp_ffn`,
+        `_apply_tp_attn`; `_apply_tp_Transformer` changes the config only), so every rank holds and reads the whole
+        `output` (lm_head) and `tok_embeddings`, with no embedding all-reduce and no logits gather (meta-pytorch/
+        gpt-fast tp.py @6ecad9b; its README's "Memory Bandwidth" column, the bytes of one rank's modules but its
+        embeddings (generate.py `_get_model_size`) x tok/s, counts the lm_head on every rank: Llama-3.1-70B at TP 8
+        1129.61 GB/s / 58.78 tok/s = 19.2 GB per rank, 17.1 of sharded layers and the 2.1 GB lm_head, 128256 x 8192
+        in bf16)."""
+        return self.family != "gpt-fast"
+
     def describe(self) -> str:
         h = self.host_ms
         s = f"{self.name} ({self.runner}{', CUDA graphs' if self.cuda_graphs else ', eager: max(launch, GPU) per step'})"

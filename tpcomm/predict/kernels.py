@@ -33,6 +33,28 @@ RAMP_US = (
     "rtx-pro-6000*): central = their geometric mean, high = the highest fitted, low = 1 us (assumption: a newer "
     "stack may fuse or shorten these kernels below any fit)",
 )
+# A GEMM ramp fitted for one engine on one GPU (family, GPU group of coverage.GPU_GROUPS): it replaces the GPU's
+# ramp (fitted on another engine's rows) for that engine; the constant's name in validation.json's `fits` is
+# engine_ramp_constant(family, group).
+ENGINE_RAMP_US = {
+    ("gpt-fast", "a100"): (
+        5.0,
+        7.4,
+        11.0,
+        "fitted for gpt-fast on A100: Llama-2-7B bf16 at TP 1 / 2 / 4 / 8 on 8x A100 80GB, batch 1 (gpt-fast README "
+        "@6ecad9b, rows marked fitted in validation.json: 104.9 / 168.84 / 254.02 / 328.43 tok/s), least squares on "
+        "the log error with the A100's memory efficiency and the lm_head on every rank (engine.Engine.vocab_parallel): "
+        "7.4 us per weight GEMM against vLLM 0.6.3's 15.5 on the same GPU (torch.compile fuses the layer's small "
+        "kernels into fewer); the range keeps the A100 fit's relative width. Held out: the README's Llama-2-70B, "
+        "Llama-3.1-8B and -70B and Mixtral-8x7B rows",
+    ),
+}
+
+
+def engine_ramp_constant(family: str, group: str) -> str:
+    return f"ramp_us.{family}.{group}"
+
+
 KV_EFFICIENCY = (
     0.3,
     0.45,

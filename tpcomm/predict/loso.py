@@ -36,7 +36,14 @@ from tpcomm.predict.coverage import (
 )
 from tpcomm.predict.engine import HOST, HOST_TP
 from tpcomm.predict.hardware import load_profile
-from tpcomm.predict.kernels import KV_EFFICIENCY, MOE_LAYER_US, RAMP_US, WEIGHT_KERNEL
+from tpcomm.predict.kernels import (
+    ENGINE_RAMP_US,
+    KV_EFFICIENCY,
+    MOE_LAYER_US,
+    RAMP_US,
+    WEIGHT_KERNEL,
+    engine_ramp_constant,
+)
 from tpcomm.predict.latency_range import make_range
 from tpcomm.predict.model import Knobs, step_time
 from tpcomm.predict.ranges import MEMORY_EFFICIENCY_RANGE, Input, central_knobs, evaluate, range_inputs, span
@@ -70,6 +77,9 @@ def constants() -> dict[str, Constant]:
                 f"{g}.memory_efficiency", "memory_efficiency", (0.15, 0.97), _profile_range(g, "memory_efficiency")
             )
         out[f"{g}.ramp_us"] = Constant(f"{g}.ramp_us", "ramp_us", (0.0, 60.0), _profile_range(g, "ramp_us"))
+    for (family, g), v in ENGINE_RAMP_US.items():  # an engine's own ramp on a GPU (ranges.engine_ramp)
+        name = engine_ramp_constant(family, g)
+        out[name] = Constant(name, "ramp_us", (0.0, 60.0), v[:3])
     for runner in ("vllm-v0", "sglang-overlap", "tgi-1.0"):
         out[f"host.{runner}"] = Constant(f"host.{runner}", "host_ms", (0.0, 6.0), HOST[runner][:3])
     # One TP-1 row bounds SGLang's host time from above (host + GPU <= 2.4 ms); it does not fit a value.
@@ -93,6 +103,8 @@ def unfitted(name: str) -> Input:
         return Input(lo, c, hi, f"unfitted ({why}): the generic memory efficiency")
     if name.endswith(".ramp_us"):
         return Input(*RAMP_US[:3], f"unfitted ({why}): the generic GEMM ramp")
+    if name.startswith("ramp_us."):  # with_values puts the fold's ramp of the GPU in its place
+        return Input(*RAMP_US[:3], f"unfitted ({why}): the GPU's GEMM ramp, fitted on other engines' rows")
     if name == "host.vllm-v0":
         return Input(*HOST["vllm-v1"][:3], f"unfitted ({why}): vLLM V1 without async scheduling's range")
     if name == "host.sglang-overlap":
@@ -161,6 +173,9 @@ def with_values(p: Prepared, values: dict[str, Input], ramp_generic: Input):
         changes["host_ms"] = Input(
             base.low + f * t.low, base.central + f * t.central, base.high + f * t.high, base.source
         )
+    own = _own_ramp(p.uses)
+    if own and values[own].source.startswith("unfitted"):  # no row of this engine left: the GPU's ramp of this fold
+        changes["ramp_us"] = values[_gpu_ramp(own)]
     unfit = lambda f: f in changes and changes[f].source.startswith("unfitted")  # noqa: E731
     if p.generic_ramp or unfit("ramp_us"):
         changes["ramp_us"] = ramp_generic  # an unfitted GPU takes the generic ramp of this fold's fits
@@ -254,13 +269,24 @@ def predict_row(p: Prepared, values: dict[str, Input], rows: list[dict] | None =
     spread of the ramps refitted on these rows)."""
     ramp = derived_ramp(values)
     ri = with_values(p, values, ramp)
-    uses = [GENERIC_RAMP if _unfitted_ramp(n, values) else n for n in p.uses]
+    uses = [_gpu_ramp(n) if n == _own_ramp(p.uses) and values[n].source.startswith("unfitted") else n for n in p.uses]
+    uses = [GENERIC_RAMP if _unfitted_ramp(n, values) else n for n in uses]
     cov = coverage(p.eng, uses, rows)
     fitted = {g: values[f"{g}.ramp_us"].central for g in GPU_GROUPS if not _unfitted_ramp(f"{g}.ramp_us", values)}
     ri, cov = widen_uncovered(ri, cov, ramp_fits(load_rows()[0] if rows is None else rows, fitted))
     central, cs = evaluate(p.plan, p.row["batch"], p.hw, ri, p.k)
     r = span(central["tok_per_s"], [c["tok_per_s"] for c in cs])
     return Result(p.row, r["central"], r["low"], r["high"], coverage=cov.as_dict())
+
+
+def _own_ramp(uses) -> str | None:
+    """The engine's own GEMM ramp on the row's GPU among the constants in use (kernels.ENGINE_RAMP_US)."""
+    return next((n for n in uses if n.startswith("ramp_us.")), None)
+
+
+def _gpu_ramp(own: str) -> str:
+    """The GPU's ramp an engine's own ramp stands in for: ramp_us.<engine>.<gpu> -> <gpu>.ramp_us."""
+    return f"{own.rsplit('.', 1)[1]}.ramp_us"
 
 
 def _unfitted_ramp(name: str, values: dict[str, Input]) -> bool:
@@ -341,6 +367,9 @@ def report(by: str = "source") -> dict:
 def _shown(name: str, values: dict[str, Input]) -> dict:
     """A constant as the fold's rows use it (an unfitted GPU ramp is the fold's generic ramp)."""
     v = values[name]
+    if name.startswith("ramp_us.") and v.source.startswith("unfitted"):
+        g = values[_gpu_ramp(name)]
+        return Input(g.low, g.central, g.high, f"{v.source}: {g.source}").as_dict()
     if name.endswith(".ramp_us") and v.source.startswith("unfitted"):
         g = derived_ramp(values)
         v = Input(g.low, g.central, g.high, f"{v.source}, from this fold's fitted ramps")

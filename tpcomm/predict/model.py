@@ -86,7 +86,7 @@ def step_time(plan: Plan, batch: int, hw: dict, lat: LatencySource, k: Knobs, ea
     e_max = _v(k.memory_efficiency, DEFAULT_MEMORY_EFFICIENCY)
     ramp_us = _v(k.ramp_us, 1.5)
     bw = hw["memory_bandwidth_GBps"] * 1e9 * e_max  # B/s
-    comps = weight_components(m, lay, batch)
+    comps = weight_components(m, lay, batch, plan.vocab_parallel)
     # Components cover all layers. With PP each stage's GPU reads 1/pp of them, but the
     # stages run one after another for a token, so the path reads the whole sum.
     routed = sum(c.bytes_per_gpu for c in comps if c.sharding == "expert")
@@ -96,7 +96,7 @@ def step_time(plan: Plan, batch: int, hw: dict, lat: LatencySource, k: Knobs, ea
     slow = _v(k.quant_kernel_factor, 1.0)
     q_bytes = sum(c.bytes_per_gpu for c in comps if c.bits_per_weight < m.quant.base_bits) if slow != 1.0 else 0.0
     weights_ms = ((total_bytes - q_bytes) + q_bytes / slow) / bw * 1e3 + n_gemm * ramp_us / 1e3
-    params_active = sum(c.params_per_gpu for c in weight_components(m, lay, 1))
+    params_active = sum(c.params_per_gpu for c in weight_components(m, lay, 1, plan.vocab_parallel))
     compute_ms = 2 * params_active * batch / (hw["bf16_tflops"] * 1e12 * k.compute_efficiency) * 1e3
     kv_bw = hw["memory_bandwidth_GBps"] * 1e9 * _v(k.kv_efficiency, e_max)
     kv_ms = batch * kv_read_bytes(m, lay, k.context) / kv_bw * 1e3
@@ -155,12 +155,12 @@ def step_time(plan: Plan, batch: int, hw: dict, lat: LatencySource, k: Knobs, ea
     }
 
 
-def fits_memory(m: ModelSpec, layout: Layout, hw: dict) -> tuple[bool, float]:
-    """Weights stored per GPU (all experts) against 90% of its memory."""
+def fits_memory(m: ModelSpec, layout: Layout, hw: dict, vocab_parallel: bool = True) -> tuple[bool, float]:
+    """Weights stored per GPU (all experts) against 90% of its memory (`vocab_parallel`: Plan.vocab_parallel)."""
     # Only TP and EP shard the weights here (as before: dp/pp/dcp left at 1, every layer counted).
     lay = Layout(tp=layout.tp, ep=layout.ep)
     # A batch large enough that every expert is touched: the components then cover every stored weight,
     # plus the full embedding shard (not counted by the per-step reads).
-    comps = weight_components(m, lay, batch=10**7)
+    comps = weight_components(m, lay, batch=10**7, vocab_parallel=vocab_parallel)
     stored = sum(c.bytes_per_gpu for c in comps)
     return stored <= 0.9 * hw["memory_GB"] * 1e9, stored

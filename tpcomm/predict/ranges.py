@@ -99,6 +99,16 @@ class RangeInputs:
         return out
 
 
+def engine_ramp(given, hw: dict, engine) -> Input | None:
+    """The GEMM ramp fitted for this engine on this GPU (kernels.ENGINE_RAMP_US), where one is and none is given."""
+    from tpcomm.predict.coverage import gpu_group
+
+    key = (getattr(engine, "family", None), gpu_group(hw))
+    if given is not None or key not in kernels.ENGINE_RAMP_US:
+        return None
+    return Input(*kernels.ENGINE_RAMP_US[key])
+
+
 def range_inputs(hw: dict, k, lat: LatencyRange, engine=None, model=None, world: int = 1) -> RangeInputs:
     """Given values are fixed; otherwise the profile's range (`*_range` keys), the engine's and the kernel
     tables' (kernels.py, engine.py), else the defaults above. `world`: the TP world size (the engine's host term
@@ -139,7 +149,8 @@ def range_inputs(hw: dict, k, lat: LatencyRange, engine=None, model=None, world:
             "--kernel-overhead-us",
         ),
         lat,
-        ramp_us=pick(k.ramp_us, "ramp_us", kernels.RAMP_US[:3], kernels.RAMP_US[3], "--ramp-us"),
+        ramp_us=engine_ramp(k.ramp_us, hw, engine)
+        or pick(k.ramp_us, "ramp_us", kernels.RAMP_US[:3], kernels.RAMP_US[3], "--ramp-us"),
         kv_efficiency=pick(
             k.kv_efficiency, "kv_efficiency", kernels.KV_EFFICIENCY[:3], kernels.KV_EFFICIENCY[3], "--kv-efficiency"
         ),

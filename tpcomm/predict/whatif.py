@@ -155,11 +155,11 @@ def what_ifs(model, plan: Plan, hw, k, ri, base: tuple[dict, list[dict]], eng) -
             continue  # on CPU the only latency is the probe's, at its own world size
         try:
             # DCP is a subgroup of TP: kept where it still divides the new TP size.
-            p2 = plan_for(model, replace(layout, tp=t, dcp=layout.dcp if t % layout.dcp == 0 else 1), [1])
+            p2 = plan_for(model, replace(layout, tp=t, dcp=layout.dcp if t % layout.dcp == 0 else 1), [1], eng)
         except InputError as e:
             out.append(_none(f"tp{t}", f"TP {t}: not valid for this model ({e})"))
             continue
-        fits, stored = fits_memory(p2.model, p2.layout, hw)
+        fits, stored = fits_memory(p2.model, p2.layout, hw, p2.vocab_parallel)
         fit_txt = "" if fits else f"; does NOT fit: {stored / 1e9:.0f} GB of weights per GPU"
         if ri.latency.kind == "probe":
             out.append(
