@@ -106,13 +106,16 @@ HOST = {
 _V0_TP_SOURCE = (
     "fitted: QwQ-32B (Qwen2.5-32B architecture) on 8x A100 80GB with vLLM 0.7.2 (V0), batch 1: 36.2 / 50 / 63 tok/s "
     "at TP 2 / 4 / 8 (vLLM issue 16300, rows marked fitted) leave 1.1 / 3.5 / 4.4 ms per step beyond the TP-flat "
-    "terms, 1.1-1.75 ms per doubling of TP (central: their least-squares fit); the form (x log2 TP) is an assumption "
-    "that reproduces all three"
+    "terms, 1.1-1.75 ms per doubling of TP (central: their least-squares fit) with the GPUs taken as A100 SXM "
+    "(NVLink, vLLM's custom all-reduce); the form (x log2 TP) is an assumption that reproduces all three. The issue does "
+    "not state the form factor: taken as A100 PCIe (NCCL at TP 4 and 8, about 14 / 22 us a call here), the same rows "
+    "fit 0.68 ms per doubling, and the same sweep at batch 16 (held out) is then within 7% (1.53x against 1.44x "
+    "measured from TP 2 to 8; +21% as SXM): the low end is that fit, the link being an input the source leaves open"
 )
 HOST_TP = {
-    "vllm-v0": (1.1, 1.52, 1.75, _V0_TP_SOURCE),
+    "vllm-v0": (0.68, 1.52, 1.75, _V0_TP_SOURCE),
     "tgi": (
-        1.1,
+        0.68,
         1.52,
         1.75,
         "as vLLM V0's (assumption: TGI's router sends each decode step to every shard and waits for all of them, "
@@ -126,11 +129,11 @@ HOST_TP = {
         "fitted with HOST['tgi-1.0'] on the same three rows (Llama-2-7B fp16, 8x A10G, TGI 1.0.3, TP 1 / 4 / 8): "
         "3.36 ms per doubling of TP (each TP > 1 row alone: 3.16 at TP 4, 3.46 at TP 8), twice vLLM V0's: TGI's "
         "router sends every decode step to each shard over gRPC and waits for all of them; the range keeps the "
-        "relative width of vLLM V0's. Held out: Llama-2-13B and -70B on A10G and the A100 40GB rows of the same "
+        "relative width of vLLM V0's fit as SXM (1.1-1.75: these rows' link, PCIe, is stated). Held out: Llama-2-13B and -70B on A10G and the A100 40GB rows of the same "
         "benchmark (docs/predict.md)",
     ),
     "vllm-v1": (
-        1.1,
+        0.68,
         1.52,
         1.75,
         "as vLLM V0's (assumption: V1 without async scheduling also broadcasts each step to the workers between GPU "
