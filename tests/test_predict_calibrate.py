@@ -67,6 +67,7 @@ def test_attribution_text_output_names_its_source(tiny):
     [
         (["--tp", "4"], "differs from the measured run's TP 2"),
         (["--compare-model", "kimi-k2.5"], "--attribution answers from a measured run"),
+        (["--engine", "gpt-fast"], "is gpt-fast, but --attribution"),  # the run is vLLM's: its plan is vLLM's
     ],
 )
 def test_attribution_bad_input(tiny, args, needle):

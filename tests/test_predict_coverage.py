@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from tpcomm.cli import cli
 from tpcomm.predict import Knobs, Layout, coverage, predict
 from tpcomm.predict.hardware import load_profile
+from tpcomm.predict.kernels import ENGINE_RAMP_US
 from tpcomm.predict.latency_range import LatencyRange
 from tpcomm.predict.ranges import Input, RangeInputs
 from tpcomm.predict.validation import run
@@ -37,7 +38,8 @@ def _tok(doc):
 
 
 def test_an_engine_no_row_ran_says_so_and_its_range_widens_with_the_central_kept(monkeypatch):
-    # SGLang before its overlap scheduler (0.4) on A100: no fitted row ran SGLang on a GPU whose ramp is fitted
+    # SGLang before its overlap scheduler (0.4) on A100: no row informing an A100 prediction ran SGLang (the H20
+    # fit's rows did, on another GPU)
     # (gpt-fast, the example before, has its own A100 ramp fitted on its rows since: tests/test_predict_gpt_fast.py)
     kw = dict(model="llama-3.1-70b", layout=Layout(tp=8), gpu="a100-sxm", engine="sglang-0.3.6")
     doc, plain = _both(monkeypatch, **kw)
@@ -47,8 +49,10 @@ def test_an_engine_no_row_ran_says_so_and_its_range_widens_with_the_central_kept
     assert w["input"] == "ramp_us" and w["changed"]
     # the widened ramp spans the fitted ramps of every (GPU, engine) pair, hulled with the A100's own range
     a100 = load_profile("a100-sxm")
-    fitted = {f["gpu"]: f["central_us"] for f in w["fitted_ramps"]}
-    assert fitted == {g: load_profile(n[0])["ramp_us"] for g, n in coverage.GPU_GROUPS.items()}
+    fitted = {(f["gpu"], tuple(f["engines"])): f["central_us"] for f in w["fitted_ramps"]}
+    gpu_ramps = {g: load_profile(n[0])["ramp_us"] for g, n in coverage.GPU_GROUPS.items()}
+    assert {g: c for (g, e), c in fitted.items() if "gpt-fast" not in e} == gpu_ramps
+    assert fitted[("a100", ("gpt-fast",))] == ENGINE_RAMP_US[("gpt-fast", "a100")][1]  # a second engine's A100 fit
     assert w["from"] == {"low": 10.5, "central": a100["ramp_us"], "high": 23.0}
     assert w["to"] == {"low": min(fitted.values()), "central": a100["ramp_us"], "high": 23.0}
     assert doc["range"]["inputs"]["ramp_us"]["low"] == min(fitted.values())

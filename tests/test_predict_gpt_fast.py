@@ -10,8 +10,10 @@ import pytest
 
 from tpcomm.plan.collectives import EMBED_SITE, LOGITS_SITE
 from tpcomm.plan.layout import padded_vocab
+from tpcomm.plan.weights import weight_components
 from tpcomm.predict import Knobs, Layout, plan_for, predict
 from tpcomm.predict.engine import resolve_engine
+from tpcomm.predict.hardware import load_profile
 from tpcomm.predict.kernels import ENGINE_RAMP_US
 from tpcomm.predict.validation import load_rows, model_of, run
 
@@ -33,14 +35,42 @@ def test_gpt_fast_reads_the_whole_lm_head_on_every_rank_and_issues_no_vocab_coll
     )
     m = p_gf.model
     extra = (m.vocab_size - padded_vocab(m.vocab_size) / 8) * m.hidden_size * m.dtype_bytes  # bytes per rank
-    bw = 2039e9 * 0.8
+    bw = load_profile("a100-sxm")["memory_bandwidth_GBps"] * 1e9 * 0.8
     w_gf, w_vl = (d["single_stream"]["breakdown_ms"]["weights"] for d in (d_gf, d_vl))
     assert w_gf - w_vl == pytest.approx(extra / bw * 1e3, rel=1e-6)
     assert extra > 1.8e9  # Llama-3.1's 128k vocabulary: 1.84 GB more per rank at TP 8
     assert d_gf["single_stream"]["collectives_per_token"] == d_vl["single_stream"]["collectives_per_token"] - 2
+    # the README's own accounting, independent of this formula: its "Memory Bandwidth" column is the bytes of one
+    # rank's modules but its embeddings (generate.py _get_model_size, since the Llama-3.1 rows) x tok/s: 1129.61 GB/s
+    # at 58.78 tok/s = 19.22 GB per rank, which is what predict reads per token but the embedding rows
+    read = sum(c.bytes_per_gpu for c in weight_components(m, Layout(tp=8), 1, False) if c.component != "embedding rows")
+    assert read / 1e9 == pytest.approx(1129.61 / 58.78, rel=0.002)
     # and the memory check counts both whole tables (lm_head and embedding) on every rank
     stored = lambda d: d["memory"]["weights_stored_per_gpu_GB"]  # noqa: E731
     assert stored(d_gf) - stored(d_vl) == pytest.approx(2 * extra / 1e9, rel=1e-6)
+
+
+def test_the_tp_what_ifs_run_the_engines_vocab_layout_too():
+    d = predict("llama-3.1-70b", Layout(tp=8), gpu="a100-sxm", engine="gpt-fast")
+    tp4 = next(w for w in d["what_if"] if w["name"] == "tp4")
+    direct = predict("llama-3.1-70b", Layout(tp=4), gpu="a100-sxm", engine="gpt-fast", what_if=False)
+    for term in ("weights", "collectives"):
+        assert tp4["breakdown_ms"][term] == pytest.approx(direct["single_stream"]["breakdown_ms"][term], rel=1e-9)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit: predict's memory check takes 90% of the profile's memory_GB (80 for an A100 80GB, which "
+    "holds 80 GiB = 85.9 GB) for every engine, vLLM's gpu_memory_utilization default; gpt-fast reserves no such "
+    "fraction, and Llama-3.1-70B at TP 2 (72.65 GB per rank with both whole vocabulary tables, against a 72.0 GB "
+    "budget) ran in its README at 16.03 tok/s (docs/predict.md)",
+)
+def test_every_layout_the_gpt_fast_readme_ran_fits():
+    rows, q = load_rows()
+    for r in rows:
+        if r["engine"] == "gpt-fast":
+            d = predict(model_of(r, q), Layout(tp=r["tp"]), gpu=r["gpu"], engine=r["engine"], what_if=False)
+            assert d["memory"]["fits_90pct"], r["id"]
 
 
 def test_gpt_fast_a100_ramp_is_fitted_on_one_sweep_and_reproduced_from_its_rows():
@@ -76,9 +106,14 @@ def test_gpt_fast_on_a100_is_covered_by_its_own_rows_and_elsewhere_says_it_is_no
     assert set(cov["informed_by"]["ramp_us.gpt-fast.a100"]) == FIT_ROWS and "a100.ramp_us" not in cov["informed_by"]
     r = d["range"]["inputs"]["ramp_us"]
     assert (r["low"], r["central"], r["high"]) == ENGINE_RAMP_US[("gpt-fast", "a100")][:3]
-    # another GPU: no gpt-fast row ran there, so the engine is not covered (its ramp is not this fit)
-    h = predict("llama-3.1-70b", Layout(tp=8), gpu="h100-sxm", engine="gpt-fast", what_if=False)
-    assert not h["coverage"]["covered"] and "ramp_us.gpt-fast.a100" not in h["coverage"]["informed_by"]
+    # the same chip in another profile (same GPU group) takes the same fit
+    p = predict("llama-3.1-70b", Layout(tp=8), gpu="a100-pcie", engine="gpt-fast", what_if=False)
+    assert p["coverage"]["covered"] and "ramp_us.gpt-fast.a100" in p["coverage"]["informed_by"]
+    # a GPU with its own ramp fit from another engine: gpt-fast is not covered there and its ramp widens
+    h = predict("qwen3-32b", Layout(tp=2), gpu="h20", engine="gpt-fast", what_if=False)
+    cov = h["coverage"]
+    assert not cov["covered"] and "h20.ramp_us" in cov["informed_by"] and cov["widened"]["changed"]
+    assert "ramp_us.gpt-fast.a100" not in cov["informed_by"]
 
 
 def test_the_held_out_gpt_fast_rows_are_within_5pct_but_the_published_outlier():
@@ -91,3 +126,17 @@ def test_the_held_out_gpt_fast_rows_are_within_5pct_but_the_published_outlier():
     outlier = "llama3.1-70b-bf16-tp2-a100-gpt-fast"
     assert all(abs(e) <= 0.05 for i, e in errs.items() if i != outlier), errs
     assert errs[outlier] > 0.2
+
+
+def test_compare_model_plans_both_checkpoints_as_the_engine_runs_them():
+    """--compare-model's weight bytes per GPU are the engine's (the lm_head whole on every rank for gpt-fast)."""
+    from tpcomm.predict.compare import compare_models
+
+    kw = dict(layout=Layout(tp=8), gpu="a100-sxm", what_if=False)
+    out = {}
+    for e in ("gpt-fast", "vllm-0.6.3"):
+        d = predict("llama-3.1-70b", engine=e, **kw)
+        out[e] = compare_models("llama-3.1-70b", "qwen2.5-72b", d, d, Layout(tp=8), engine=e)
+    read = out["gpt-fast"]["weight_bytes_per_gpu"][0] - 8192 * 2  # less the embedding row of the one token
+    assert read / 1e9 == pytest.approx(1129.61 / 58.78, rel=0.002)  # the README's bytes per rank at TP 8
+    assert out["gpt-fast"]["weight_bytes_per_gpu"][0] - out["vllm-0.6.3"]["weight_bytes_per_gpu"][0] > 1.8e9

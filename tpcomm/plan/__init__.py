@@ -94,8 +94,8 @@ class Plan:
             "totals": {str(b): self.totals(b) for b in self.batches},
             "weights": {
                 str(b): {
-                    "bytes_per_gpu_per_step": weight_bytes_per_gpu(m, lay, b),
-                    "components": [c.to_dict() for c in weight_components(m, lay, b)],
+                    "bytes_per_gpu_per_step": weight_bytes_per_gpu(m, lay, b, self.vocab_parallel),
+                    "components": [c.to_dict() for c in weight_components(m, lay, b, self.vocab_parallel)],
                 }
                 for b in self.batches
             },

@@ -216,9 +216,9 @@ def weight_components(m: ModelSpec, lay: Layout, batch: int = 1, vocab_parallel:
     return comps
 
 
-def weight_bytes_per_gpu(m: ModelSpec, lay: Layout, batch: int = 1) -> float:
+def weight_bytes_per_gpu(m: ModelSpec, lay: Layout, batch: int = 1, vocab_parallel: bool = True) -> float:
     """Bytes read per decode step on one GPU, summed over the pipeline (the single-token critical path)."""
-    return sum(c.bytes_per_gpu for c in weight_components(m, lay, batch)) / lay.pp
+    return sum(c.bytes_per_gpu for c in weight_components(m, lay, batch, vocab_parallel)) / lay.pp
 
 
 def kv_bytes_per_token(m: ModelSpec, lay: Layout, kv_dtype_bytes: int | None = None) -> dict:

@@ -113,6 +113,12 @@ def predict_calibrated(
     except InputError as e:  # CPU without a probe: no latency model, so what-ifs that need one say so
         lat, lat_err = None, str(e)
     eng = resolve_engine(engine)
+    if eng.family != "vllm":  # the run is vLLM's (the plugin and the profiler traces are vLLM's): its plan is vLLM's
+        raise InputError(
+            f"--engine {engine}",
+            f"is {eng.family}, but --attribution {run_dir} is a run tpcomm measured inside vLLM",
+            "a vllm[-VERSION] engine, or no --engine",
+        )
     # No engine here: the host term is the run's measured host gap, so the model's ratios exclude it.
     kc = central_knobs(range_inputs(hw, k, lat), k)
     m = att["terms_ms"]  # the model's "host" term is the measured host gap below

@@ -296,7 +296,9 @@ def predict(
             engine=engine,
         )
         base = run(model, **same) if doc.get("fitted") else doc
-        doc["compare"] = compare_models(model, compare_model, base, run(compare_model, **same), lay, measured)
+        doc["compare"] = compare_models(
+            model, compare_model, base, run(compare_model, **same), lay, measured, engine=engine
+        )
     _write(out, doc)
     click.echo(json.dumps(doc, indent=2) if as_json else format_predict(doc))
     if doc["memory"]["fits_90pct"] is False:

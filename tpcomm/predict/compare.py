@@ -9,12 +9,22 @@ from tpcomm.predict import plan_for
 
 
 def compare_models(
-    a: str, b: str, doc_a: dict, doc_b: dict, layout: Layout, measured: list[float] | None = None
+    a: str,
+    b: str,
+    doc_a: dict,
+    doc_b: dict,
+    layout: Layout,
+    measured: list[float] | None = None,
+    engine: str | None = None,
 ) -> dict:
-    pa, pb = plan_for(a, layout), plan_for(b, layout)
+    """`engine`: the --engine both were predicted for (its vocabulary layout: Engine.vocab_parallel)."""
+    from tpcomm.predict.engine import resolve_engine
+
+    eng = resolve_engine(engine)
+    pa, pb = plan_for(a, layout, engine=eng), plan_for(b, layout, engine=eng)
     key = lambda c: (c.op, c.group, c.bytes, c.count, c.site)
     same_coll = sorted(map(key, pa.collectives)) == sorted(map(key, pb.collectives))
-    wa, wb = weight_bytes_per_gpu(pa.model, pa.layout), weight_bytes_per_gpu(pb.model, pb.layout)
+    wa, wb = (weight_bytes_per_gpu(p.model, p.layout, vocab_parallel=p.vocab_parallel) for p in (pa, pb))
     same_bytes = abs(wa - wb) <= 1e-6 * max(wa, wb)
     out = {
         "models": [a, b],

@@ -3,7 +3,8 @@ for, and how the range widens where none did (issue 29 item 2: "where no measure
 the range says so and widens, and the JSON names which rows informed it").
 
 The fitted constants are the ones rows of tpcomm/predict/data/validation.json set (each fitted row lists them in
-`fits`): a GPU's memory efficiency and GEMM ramp, vLLM V0's, SGLang's and TGI 1.0's host time, the growth of the host term
+`fits`): a GPU's memory efficiency and GEMM ramp, an engine's own GEMM ramp on a GPU (kernels.ENGINE_RAMP_US:
+gpt-fast on A100, which stands in for that GPU's ramp for that engine), vLLM V0's, SGLang's and TGI 1.0's host time, the growth of the host term
 with TP, the KV efficiency, the fitted MoE backends' cost per layer and the AWQ-GEMM slowdown. A prediction uses
 some of them (`constants_in_use`); the rows that informed it are the fitted rows of those constants among the rows
 available (shipped: the whole table; leave-one-source-out: the rows left once a source is held out), and for a GPU
@@ -21,14 +22,16 @@ of the layer's other small kernels*, which TP-1 data cannot separate (kernels.RA
 changes (torch.compile fuses small kernels; another engine runs other GEMM and norm kernels). On a GPU whose ramp
 was fitted with engine F, a prediction for an engine E that no informing row ran has no measurement of E's
 per-kernel cost. What the rows do measure is how far that cost moves between the (GPU, engine) pairs that have a
-fit: shipped, 6.5 us (H20 + SGLang 0.4.6), 8.5 us (RTX PRO 6000 + vLLM 0.17) and 15.5 us (A100 + vLLM 0.6.3), a
-factor 2.4 (`ramp_fits`; in a leave-one-source-out fold, the fold's own refitted values of the pairs still fitted).
+fit: shipped, 6.5 us (H20 + SGLang 0.4.6), 7.4 us (A100 + gpt-fast), 8.5 us (RTX PRO 6000 + vLLM 0.17) and 15.5
+us (A100 + vLLM 0.6.3), a factor 2.4 (`ramp_fits`; in a leave-one-source-out fold, the fold's own refitted values of
+the pairs still fitted).
 So E's per-kernel cost on this GPU is taken to lie anywhere in that measured spread: the ramp's range becomes the
 hull of the GPU's own fitted range and [lowest fitted central, highest fitted central]; its central is kept, so no
 central prediction moves. A GPU without a fit already takes the generic ramp (1-23 us), which spans every fit:
-nothing to widen there. The spread mixes GPU and engine differences (no GPU has fits from two engines, so the two
-cannot be told apart): as a measure of the engine effect alone it is an upper bound where the GPUs differ, and it
-says nothing of an engine whose per-kernel cost lies outside every fitted pair's.
+nothing to widen there. The spread mixes GPU and engine differences: one GPU has fits from two engines (A100: vLLM
+0.6.3 15.5 us, gpt-fast 7.4, a factor 2.1 on the same chip), the others one each; as a measure of the engine effect
+alone it is an upper bound where the GPUs differ, and it says nothing of an engine whose per-kernel cost lies
+outside every fitted pair's.
 
 Not widened, and said so in docs/predict.md: the memory efficiency (large streaming reads, taken as a property of
 the GPU), the KV efficiency (one fit, vLLM 0.6.3 on A100: no spread across engines to derive a widening from),
@@ -227,8 +230,10 @@ def _shipped_ramp_fits() -> tuple[RampFit, ...]:
 
 
 def ramp_fits(rows=None, centrals: dict[str, float] | None = None) -> list[RampFit]:
-    """The fitted ramps among `rows` (default: the whole table): per GPU group with a row that fits its ramp, the
-    central value (`centrals`, a leave-one-source-out fold's refit; default the shipped profile's)."""
+    """The fitted ramps among `rows` (default: the whole table): per GPU group with a row that fits its ramp, and
+    per engine with its own ramp on a GPU (kernels.ENGINE_RAMP_US) with a row that fits it, the central value
+    (`centrals`, a leave-one-source-out fold's refit, keyed by GPU group or by the engine ramp's constant name;
+    default the shipped profile's or table's)."""
     if rows is None and centrals is None:
         return list(_shipped_ramp_fits())
     from tpcomm.predict.hardware import load_profile
@@ -240,6 +245,15 @@ def ramp_fits(rows=None, centrals: dict[str, float] | None = None) -> list[RampF
         if not fitting or (centrals is not None and g not in centrals):
             continue
         c = load_profile(names[0])["ramp_us"] if centrals is None else centrals[g]
+        out.append(RampFit(g, tuple(sorted({r.get("engine") or "vllm" for r in fitting})), c))
+    from tpcomm.predict.kernels import ENGINE_RAMP_US, engine_ramp_constant
+
+    for (family, g), shipped in ENGINE_RAMP_US.items():
+        name = engine_ramp_constant(family, g)
+        fitting = [r for r in rows if name in (r.get("fits") or [])]
+        if not fitting or (centrals is not None and name not in centrals):
+            continue
+        c = shipped[1] if centrals is None else centrals[name]
         out.append(RampFit(g, tuple(sorted({r.get("engine") or "vllm" for r in fitting})), c))
     return out
 

@@ -109,13 +109,13 @@ _V0_TP_SOURCE = (
     "terms, 1.1-1.75 ms per doubling of TP (central: their least-squares fit) with the GPUs taken as A100 SXM "
     "(NVLink, vLLM's custom all-reduce); the form (x log2 TP) is an assumption that reproduces all three. The issue does "
     "not state the form factor: taken as A100 PCIe (NCCL at TP 4 and 8, about 14 / 22 us a call here), the same rows "
-    "fit 0.68 ms per doubling, and the same sweep at batch 16 (held out) is then within 7% (1.53x against 1.44x "
+    "fit 0.69 ms per doubling, and the same sweep at batch 16 (held out) is then within 7% (1.53x against 1.44x "
     "measured from TP 2 to 8; +21% as SXM): the low end is that fit, the link being an input the source leaves open"
 )
 HOST_TP = {
-    "vllm-v0": (0.68, 1.52, 1.75, _V0_TP_SOURCE),
+    "vllm-v0": (0.69, 1.52, 1.75, _V0_TP_SOURCE),
     "tgi": (
-        0.68,
+        0.69,
         1.52,
         1.75,
         "as vLLM V0's (assumption: TGI's router sends each decode step to every shard and waits for all of them, "
@@ -133,7 +133,7 @@ HOST_TP = {
         "benchmark (docs/predict.md)",
     ),
     "vllm-v1": (
-        0.68,
+        0.69,
         1.52,
         1.75,
         "as vLLM V0's (assumption: V1 without async scheduling also broadcasts each step to the workers between GPU "
@@ -213,13 +213,13 @@ class Engine:
     @property
     def vocab_parallel(self) -> bool:
         """Whether the engine shards the vocabulary over TP. vLLM (VocabParallelEmbedding, ParallelLMHead), SGLang
-        and TGI do; gpt-fast's tp.py shards only the attention and FFN linears (`apply_tp`: `_apply_tp_ffn`,
+        and TGI do (transformers' TP plans are taken as doing so too, an assumption no row checks); gpt-fast's tp.py shards only the attention and FFN linears (`apply_tp`: `_apply_tp_ffn`,
         `_apply_tp_attn`; `_apply_tp_Transformer` changes the config only), so every rank holds and reads the whole
         `output` (lm_head) and `tok_embeddings`, with no embedding all-reduce and no logits gather (meta-pytorch/
-        gpt-fast tp.py @6ecad9b; its README's "Memory Bandwidth" column, the bytes of one rank's modules but its
-        embeddings (generate.py `_get_model_size`) x tok/s, counts the lm_head on every rank: Llama-3.1-70B at TP 8
-        1129.61 GB/s / 58.78 tok/s = 19.2 GB per rank, 17.1 of sharded layers and the 2.1 GB lm_head, 128256 x 8192
-        in bf16)."""
+        gpt-fast tp.py @6ecad9b; its README's "Memory Bandwidth" column, one rank's model bytes x tok/s, counts the
+        lm_head on every rank: Llama-3.1-70B at TP 8 1129.61 GB/s / 58.78 tok/s = 19.2 GB per rank, 17.1 of sharded
+        layers and the 2.1 GB lm_head, 128256 x 8192 in bf16 (generate.py `_get_model_size` skips the embeddings
+        since before those rows; the Llama-2 rows, older, count both whole 0.26 GB tables on every rank))."""
         return self.family != "gpt-fast"
 
     def describe(self) -> str:

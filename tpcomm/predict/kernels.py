@@ -44,8 +44,9 @@ ENGINE_RAMP_US = {
         "fitted for gpt-fast on A100: Llama-2-7B bf16 at TP 1 / 2 / 4 / 8 on 8x A100 80GB, batch 1 (gpt-fast README "
         "@6ecad9b, rows marked fitted in validation.json: 104.9 / 168.84 / 254.02 / 328.43 tok/s), least squares on "
         "the log error with the A100's memory efficiency and the lm_head on every rank (engine.Engine.vocab_parallel): "
-        "7.4 us per weight GEMM against vLLM 0.6.3's 15.5 on the same GPU (torch.compile fuses the layer's small "
-        "kernels into fewer); the range keeps the A100 fit's relative width. Held out: the README's Llama-2-70B, "
+        "7.4 us per weight GEMM as the model counts them (vLLM's fused layout, 4 a dense layer; gpt-fast runs w1 and "
+        "w3 apart, 5) against vLLM 0.6.3's 15.5 on the same GPU (torch.compile fuses the layer's small kernels into "
+        "fewer); the range keeps the A100 fit's relative width. Held out: the README's Llama-2-70B, "
         "Llama-3.1-8B and -70B and Mixtral-8x7B rows",
     ),
 }

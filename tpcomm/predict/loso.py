@@ -3,7 +3,8 @@ together while the fitted constants are refitted on the rows of the other source
 predicted with those constants. So no row is predicted by a constant its own source informed.
 
 The fitted constants (CONSTANTS) are the ones validation.json's rows set (each fitted row lists them in `fits`):
-a GPU's memory efficiency and GEMM ramp (A100, H20), the host time of vLLM V0, of SGLang's overlap scheduler and of
+a GPU's memory efficiency and GEMM ramp (A100, H20), an engine's own GEMM ramp on a GPU (gpt-fast on A100,
+kernels.ENGINE_RAMP_US; held out, it falls back to the fold's ramp of that GPU), the host time of vLLM V0, of SGLang's overlap scheduler and of
 TGI 1.0 (with its own growth with TP; held out, TGI falls back to its stated assumption, vLLM V0's growth),
 the KV efficiency, three MoE backends' fixed cost per layer and the AWQ-GEMM slowdown; the generic GEMM ramp of
 GPUs without a fit is derived from the fitted ramps (kernels.RAMP_US: central = their geometric mean, high = the
@@ -273,6 +274,9 @@ def predict_row(p: Prepared, values: dict[str, Input], rows: list[dict] | None =
     uses = [GENERIC_RAMP if _unfitted_ramp(n, values) else n for n in uses]
     cov = coverage(p.eng, uses, rows)
     fitted = {g: values[f"{g}.ramp_us"].central for g in GPU_GROUPS if not _unfitted_ramp(f"{g}.ramp_us", values)}
+    fitted |= {  # an engine's own ramp on a GPU, where a row of the fold fits it: one more (GPU, engine) pair
+        n: v.central for n, v in values.items() if n.startswith("ramp_us.") and not v.source.startswith("unfitted")
+    }
     ri, cov = widen_uncovered(ri, cov, ramp_fits(load_rows()[0] if rows is None else rows, fitted))
     central, cs = evaluate(p.plan, p.row["batch"], p.hw, ri, p.k)
     r = span(central["tok_per_s"], [c["tok_per_s"] for c in cs])
@@ -367,9 +371,9 @@ def report(by: str = "source") -> dict:
 def _shown(name: str, values: dict[str, Input]) -> dict:
     """A constant as the fold's rows use it (an unfitted GPU ramp is the fold's generic ramp)."""
     v = values[name]
-    if name.startswith("ramp_us.") and v.source.startswith("unfitted"):
-        g = values[_gpu_ramp(name)]
-        return Input(g.low, g.central, g.high, f"{v.source}: {g.source}").as_dict()
+    if name.startswith("ramp_us.") and v.source.startswith("unfitted"):  # the fold's GPU ramp, as with_values uses
+        g = _shown(_gpu_ramp(name), values)
+        return {**g, "source": f"{v.source}: {g['source']}"}
     if name.endswith(".ramp_us") and v.source.startswith("unfitted"):
         g = derived_ramp(values)
         v = Input(g.low, g.central, g.high, f"{v.source}, from this fold's fitted ramps")
