@@ -109,7 +109,7 @@ _V0_TP_SOURCE = (
     "terms, 1.1-1.75 ms per doubling of TP (central: their least-squares fit) with the GPUs taken as A100 SXM "
     "(NVLink, vLLM's custom all-reduce); the form (x log2 TP) is an assumption that reproduces all three. The issue does "
     "not state the form factor: taken as A100 PCIe (NCCL at TP 4 and 8, about 14 / 22 us a call here), the same rows "
-    "fit 0.69 ms per doubling, and the same sweep at batch 16 (held out) is then within 7% (1.53x against 1.44x "
+    "fit 0.69 ms per doubling, and the same sweep at batch 16 (held out) is then +6% (1.53x against 1.44x "
     "measured from TP 2 to 8; +21% as SXM): the low end is that fit, the link being an input the source leaves open"
 )
 HOST_TP = {
