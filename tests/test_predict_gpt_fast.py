@@ -15,7 +15,7 @@ from tpcomm.predict import Knobs, Layout, plan_for, predict
 from tpcomm.predict.engine import resolve_engine
 from tpcomm.predict.hardware import load_profile
 from tpcomm.predict.kernels import ENGINE_RAMP_US
-from tpcomm.predict.validation import load_rows, model_of, run
+from tpcomm.predict.validation import load_rows, predict_for_row, run
 
 FIT_ROWS = {f"llama2-7b-bf16-tp{t}-a100-gpt-fast" for t in (1, 2, 4, 8)}
 
@@ -69,8 +69,7 @@ def test_every_layout_the_gpt_fast_readme_ran_fits():
     rows, q = load_rows()
     for r in rows:
         if r["engine"] == "gpt-fast":
-            d = predict(model_of(r, q), Layout(tp=r["tp"]), gpu=r["gpu"], engine=r["engine"], what_if=False)
-            assert d["memory"]["fits_90pct"], r["id"]
+            assert predict_for_row(r, q)["memory"]["fits_90pct"], r["id"]
 
 
 def test_gpt_fast_a100_ramp_is_fitted_on_one_sweep_and_reproduced_from_its_rows():
@@ -82,15 +81,7 @@ def test_gpt_fast_a100_ramp_is_fitted_on_one_sweep_and_reproduced_from_its_rows(
     assert not any(r.get("fits") for r in rows if r["engine"] == "gpt-fast" and r["id"] not in FIT_ROWS)
 
     def tok(r, ramp):
-        d = predict(
-            model_of(r, q),
-            Layout(tp=r["tp"]),
-            gpu=r["gpu"],
-            engine=r["engine"],
-            knobs=Knobs(context=r["context"], ramp_us=ramp),
-            what_if=False,
-        )
-        return d["single_stream"]["tok_per_s"]
+        return predict_for_row(r, q, ramp_us=ramp)["single_stream"]["tok_per_s"]
 
     loss = lambda v: sum(math.log(tok(r, v) / r["measured_tok_per_s"]) ** 2 for r in fitting)  # noqa: E731
     best = min((loss(a / 20), a / 20) for a in range(60, 200))[1]

@@ -208,8 +208,7 @@ def test_tgi_1_0_host_term_is_fitted_on_one_sweep_and_reproduced_from_its_rows()
     error of host + log2(TP) x growth; other TGI versions keep the stated assumption."""
     import math
 
-    from tpcomm.predict.model import Knobs
-    from tpcomm.predict.validation import load_rows, model_of
+    from tpcomm.predict.validation import load_rows, predict_for_row
 
     e, later = resolve_engine("tgi-1.0.3-eager"), resolve_engine("tgi-2.4")
     assert e.runner == "tgi-1.0" and e.host_source.startswith("TGI 1.0.x") and "fitted" in e.host_source
@@ -220,15 +219,7 @@ def test_tgi_1_0_host_term_is_fitted_on_one_sweep_and_reproduced_from_its_rows()
     assert {r["id"] for r in fitting} == TGI_FIT_ROWS and all(r["fitted"] for r in fitting)
 
     def step_ms(r, host_ms):  # the whole host term given (--host-ms): the step is linear in it
-        d = predict(
-            model_of(r, q),
-            Layout(tp=r["tp"]),
-            gpu=r["gpu"],
-            engine=r["engine"],
-            knobs=Knobs(context=r["context"], host_ms=host_ms),
-            what_if=False,
-        )
-        return d["single_stream"]["ms_per_token"]
+        return predict_for_row(r, q, host_ms=host_ms)["single_stream"]["ms_per_token"]
 
     g = {r["id"]: step_ms(r, 0.0) for r in fitting}
 

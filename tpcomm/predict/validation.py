@@ -91,17 +91,22 @@ def _widened(cov: dict) -> dict | None:
     return {"input": w["input"], "from": w["from"], "to": w["to"]} if w and w["changed"] else None
 
 
+def predict_for_row(row: dict, qconfigs: dict, **knobs) -> dict:
+    """predict.json for a row's model, TP, GPU, engine, batch and context; `knobs`: other Knobs fields, given."""
+    return predict(
+        model_of(row, qconfigs),
+        Layout(tp=row["tp"]),
+        gpu=row["gpu"],
+        engine=row.get("engine"),
+        batches=[row["batch"]],
+        knobs=Knobs(context=row["context"], **knobs),
+        what_if=False,
+    )
+
+
 def run_row(row: dict, qconfigs: dict) -> Result:
     try:
-        doc = predict(
-            model_of(row, qconfigs),
-            Layout(tp=row["tp"]),
-            gpu=row["gpu"],
-            engine=row.get("engine"),
-            batches=[row["batch"]],
-            knobs=Knobs(context=row["context"]),
-            what_if=False,
-        )
+        doc = predict_for_row(row, qconfigs)
     except Exception as e:  # a row the model cannot run is reported, not skipped
         return Result(row, None, None, None, f"{type(e).__name__}: {e}")
     b = next(x for x in doc["batches"] if x["batch"] == row["batch"])
